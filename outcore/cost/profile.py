@@ -1,0 +1,197 @@
+"""Measure per-node forward and backward time on the device at hand.
+
+Each fx node is timed in isolation on the real inputs it sees in a forward pass of the example
+input: forward with autograd recording, then backward from a random output gradient (median of
+``repeat`` runs after ``warmup``). The sum of node times is checked against a timed whole-model
+training step; the ratio is stored in ``graph.meta['profile']``.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
+
+from outcore.errors import GraphError, ModelError
+from outcore.graph.capture import trace
+from outcore.graph.ir import Graph
+
+log = logging.getLogger(__name__)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timeit(fn: Callable[[], Any], warmup: int, repeat: int, device: torch.device,
+            setup: Callable[[], Any] | None = None) -> float:
+    """Median seconds of ``fn(setup())`` over ``repeat`` runs; setup is not timed."""
+    times = []
+    for k in range(warmup + repeat):
+        arg = setup() if setup else None
+        _sync(device)
+        t0 = time.perf_counter()
+        fn(arg) if setup else fn()
+        _sync(device)
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class _EnvRecorder(fx.Interpreter):
+    """Runs the graph and keeps every node's real inputs (detached) for isolated timing."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op in ("call_module", "call_function", "call_method"):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            self.inputs[n.name] = tree_map(
+                lambda v: v.detach() if isinstance(v, torch.Tensor) else v, (args, kwargs))
+        return super().run_node(n)
+
+
+def _node_callable(gm: fx.GraphModule, n: fx.Node) -> Callable[..., Any]:
+    if n.op == "call_module":
+        return gm.get_submodule(str(n.target))
+    if n.op == "call_method":
+        return lambda self_, *a, **k: getattr(self_, str(n.target))(*a, **k)
+    return n.target  # type: ignore[return-value]
+
+
+def _fresh_inputs(saved: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, list[torch.Tensor]]:
+    """Inputs as non-leaf tensors requiring grad (in-place ops stay legal), plus the leaves."""
+    leaves: list[torch.Tensor] = []
+
+    def make(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            leaf = v.detach().clone().requires_grad_(True)
+            leaves.append(leaf)
+            return leaf.clone()
+        return v
+
+    return tree_map(make, saved), leaves
+
+
+def time_node(fn: Callable[..., Any], saved: tuple[tuple[Any, ...], dict[str, Any]],
+              params: list[nn.Parameter], device: torch.device, warmup: int,
+              repeat: int) -> tuple[float, float]:
+    """(forward seconds, backward seconds) of one node on its recorded inputs."""
+
+    def setup_fwd() -> Any:
+        return _fresh_inputs(saved)[0]
+
+    def run_fwd(inp: Any) -> Any:
+        args, kwargs = inp
+        return fn(*args, **kwargs)
+
+    with torch.enable_grad():
+        fwd = _timeit(run_fwd, warmup, repeat, device, setup_fwd)
+        probe = run_fwd(setup_fwd())
+        outs = [t for t in tree_leaves(probe) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not outs:
+            return fwd, 0.0
+        grads = [torch.randn_like(t) for t in outs]
+
+        def setup_bwd() -> Any:
+            out = run_fwd(setup_fwd())
+            return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+        def run_bwd(tensors: list[torch.Tensor]) -> None:
+            torch.autograd.backward(tensors, grads)
+
+        bwd = _timeit(run_bwd, warmup, repeat, device, setup_bwd)
+    for p in params:
+        p.grad = None
+    return fwd, bwd
+
+
+def _default_loss(out: Any) -> torch.Tensor:
+    return sum(t.float().pow(2).mean() for t in tree_leaves(out)
+               if isinstance(t, torch.Tensor) and t.is_floating_point())  # type: ignore[return-value]
+
+
+def time_step(model: nn.Module, inputs: tuple[torch.Tensor, ...], device: torch.device,
+              warmup: int, repeat: int) -> float:
+    """Median seconds of one whole forward + backward of ``model`` on ``inputs``."""
+
+    def step() -> None:
+        loss = _default_loss(model(*inputs))
+        loss.backward()
+
+    t = _timeit(step, warmup, repeat, device)
+    model.zero_grad(set_to_none=True)
+    return t
+
+
+def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | None = None,
+            warmup: int = 2, repeat: int = 5, leaves: tuple[str, ...] = (),
+            progress: Callable[[int, int], None] | None = None) -> Graph:
+    """Fill ``fwd_s`` and ``bwd_s`` of a layer-level graph by timing each node on ``device``.
+
+    Args:
+        g: a graph captured from ``model`` at layer level (``depth=None``).
+        model: the model (moved to ``device`` for timing, then back).
+        example_inputs: the input the graph was captured with (tensor or tuple).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``; default CUDA when present, else CPU.
+        warmup, repeat: runs discarded, and runs whose median is kept.
+        progress: called as ``progress(done, total)`` after each node.
+
+    Returns the graph with times filled, ``meta['costs'] = 'profiled'`` and
+    ``meta['profile'] = {device, step_s, sum_s, ratio}``.
+    """
+    if "depth" in g.meta and g.meta.get("fine_nodes"):
+        raise GraphError("profile a layer-level graph (captured without --depth), then collapse")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    traced = trace(model, leaves=tuple(g.meta.get("forced_leaves", ())) + tuple(leaves))
+    gm = traced.gm
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+    missing = [g.name_of(i) for i in range(g.num_nodes) if g.name_of(i) not in fx_nodes]
+    if missing:
+        raise GraphError(f"graph {g.name!r} does not match the model (no layer {missing[0]!r});"
+                         " capture and profile the same model")
+    original = next((p.device for p in model.parameters()), torch.device("cpu"))
+    model.to(dev)
+    gm.to(dev)
+    inputs = tuple(x.to(dev) for x in inputs)
+    try:
+        rec = _EnvRecorder(gm)
+        with torch.no_grad():
+            rec.run(*inputs)
+        fwd = np.zeros(g.num_nodes)
+        bwd = np.zeros(g.num_nodes)
+        total = g.num_nodes
+        for i in range(total):
+            n = fx_nodes[g.name_of(i)]
+            if n.name in rec.inputs:
+                fn = _node_callable(gm, n)
+                params = list(fn.parameters()) if isinstance(fn, nn.Module) else []
+                fwd[i], bwd[i] = time_node(fn, rec.inputs[n.name], params, dev, warmup, repeat)
+            if progress:
+                progress(i + 1, total)
+        step_s = time_step(model, inputs, dev, warmup, repeat)
+    except ModelError:
+        raise
+    except RuntimeError as e:
+        raise ModelError(f"profiling failed on {dev}: {e}") from e
+    finally:
+        model.to(original)
+    sum_s = float(fwd.sum() + bwd.sum())
+    meta = {**g.meta, "costs": "profiled",
+            "profile": {"device": str(dev), "step_s": step_s, "sum_s": sum_s,
+                        "ratio": sum_s / step_s if step_s > 0 else float("nan"),
+                        "warmup": warmup, "repeat": repeat}}
+    log.info("profiled %d nodes on %s: sum of nodes %.4fs, whole step %.4fs (ratio %.2f)",
+             g.num_nodes, dev, sum_s, step_s, meta["profile"]["ratio"])
+    return g.replace(fwd_s=fwd, bwd_s=bwd, meta=meta)

@@ -1,0 +1,331 @@
+"""Capture a PyTorch model as a layer graph (the only graph module that imports torch).
+
+torch.fx symbolic tracing gives one node per leaf-module call or tensor op; the module path of
+every node is kept (``nn_module_stack``) so blocks can be collapsed later. A module fx cannot trace
+(data-dependent control flow, unsupported Python) is made a leaf, with a warning naming it.
+One forward pass (under ``FakeTensorMode`` by default: no memory, no compute) records output
+shapes and bytes, and what autograd saves for the backward, per node.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
+
+from outcore.errors import CaptureError, ModelError
+from outcore.graph.coarsen import collapse
+from outcore.graph.ir import Graph, build
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Traced:
+    """A traced model: the fx module, the leaves that had to be forced, and its root."""
+
+    gm: fx.GraphModule
+    forced_leaves: tuple[str, ...]
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self, leaves: Iterable[str]):
+        super().__init__()
+        self.leaves = set(leaves)
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return qualname in self.leaves or super().is_leaf_module(m, qualname)
+
+
+def trace(model: nn.Module, leaves: Iterable[str] = ()) -> Traced:
+    """Symbolically trace ``model``; modules that break tracing become leaves (with a warning).
+
+    Raises :class:`CaptureError` when the root module itself cannot be traced.
+    """
+    forced: list[str] = []
+    leaf_set = set(leaves)
+    names = {id(m): q for q, m in model.named_modules()}
+    for _ in range(len(names) + 1):
+        tracer = _Tracer(leaf_set)
+        try:
+            graph = tracer.trace(model)
+        except Exception as e:  # any tracing failure: find the module it happened in
+            culprit = _innermost_module(e, names)
+            if culprit is None or culprit == "" or culprit in leaf_set:
+                raise CaptureError(
+                    f"torch.fx cannot trace {type(model).__name__}: {type(e).__name__}: "
+                    f"{_first_line(e)}; make the data-dependent part a submodule, or pass "
+                    "it as a leaf module") from e
+            log.warning("torch.fx cannot trace module %r (%s: %s); treating it as one leaf "
+                        "layer", culprit, type(e).__name__, _first_line(e))
+            leaf_set.add(culprit)
+            forced.append(culprit)
+            continue
+        gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+        return Traced(gm, tuple(forced))
+    raise CaptureError(f"torch.fx cannot trace {type(model).__name__}")
+
+
+def _innermost_module(e: BaseException, names: dict[int, str]) -> str | None:
+    found = None
+    tb = e.__traceback__
+    while tb is not None:
+        obj = tb.tb_frame.f_locals.get("self")
+        if isinstance(obj, nn.Module) and id(obj) in names:
+            found = names[id(obj)]
+        tb = tb.tb_next
+    return found
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+# ---------------------------------------------------------------------------- recording
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(value)
+               if isinstance(t, torch.Tensor))
+
+
+def _shape_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return list(value.shape)
+    if isinstance(value, (tuple, list)):
+        return [_shape_of(v) for v in value]
+    return None
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the graph once, recording output values' bytes and autograd-saved bytes per node."""
+
+    def __init__(self, gm: fx.GraphModule, param_storages: set[Any]):
+        super().__init__(gm)
+        self.param_storages = param_storages
+        self.current: str | None = None
+        self.saved: dict[str, int] = {}
+        self.seen: set[Any] = set()
+        self.out_bytes: dict[str, int] = {}
+        self.shapes: dict[str, Any] = {}
+        self.dtypes: dict[str, str] = {}
+        self.flops: dict[str, int] = {}
+        self.in_shapes: dict[str, Any] = {}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = StorageWeakRef(t.untyped_storage())
+        if key not in self.seen and key not in self.param_storages and self.current:
+            self.seen.add(key)
+            self.saved[self.current] = self.saved.get(self.current, 0) + \
+                t.untyped_storage().nbytes()
+        return t
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.current = n.name
+        if n.op in ("call_module", "call_function", "call_method"):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            self.in_shapes[n.name] = [list(t.shape) for t in tree_leaves((args, kwargs))
+                                      if isinstance(t, torch.Tensor)]
+        counter = FlopCounterMode(display=False)
+        with counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            result = super().run_node(n)
+        if counter.get_total_flops():
+            self.flops[n.name] = int(counter.get_total_flops())
+        self.out_bytes[n.name] = _nbytes(result)
+        self.shapes[n.name] = _shape_of(result)
+        first = next((t for t in tree_leaves(result) if isinstance(t, torch.Tensor)), None)
+        if first is not None:
+            self.dtypes[n.name] = str(first.dtype).replace("torch.", "")
+        return result
+
+
+def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bool) -> _Recorder:
+    params = {StorageWeakRef(p.untyped_storage()) for p in gm.parameters()}
+    params |= {StorageWeakRef(b.untyped_storage()) for b in gm.buffers()}
+    rec = _Recorder(gm, params)
+    with torch.enable_grad():
+        if fake:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                rec.run(*(mode.from_tensor(x) for x in inputs))
+        else:
+            rec.run(*inputs)
+    return rec
+
+
+def _op_name(n: fx.Node, gm: fx.GraphModule) -> str:
+    if n.op == "placeholder":
+        return "input"
+    if n.op == "output":
+        return "output"
+    if n.op == "get_attr":
+        obj = _get_attr(gm, str(n.target))
+        return "param" if isinstance(obj, nn.Parameter) else "constant"
+    if n.op == "call_module":
+        return type(gm.get_submodule(str(n.target))).__name__.lower()
+    if n.op == "call_method":
+        return str(n.target)
+    target = n.target
+    if target is operator.getitem:
+        return "getitem"
+    return getattr(target, "__name__", str(target)).replace("<built-in function ", "").rstrip(">")
+
+
+def _get_attr(gm: nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+_CONFIG_KEYS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation",
+                "groups", "in_features", "out_features", "num_embeddings", "embedding_dim",
+                "input_size", "hidden_size", "num_layers", "num_heads", "embed_dim",
+                "normalized_shape", "num_features", "output_size")
+
+
+def _layer_config(mod: nn.Module) -> dict[str, Any]:
+    """Hyperparameters of a layer that its cost depends on (JSON-ready)."""
+    config: dict[str, Any] = {}
+    for key in _CONFIG_KEYS:
+        value = getattr(mod, key, None)
+        if isinstance(value, (int, float, bool)) and not isinstance(value, bool) or \
+                isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value):
+            config[key] = list(value) if isinstance(value, (tuple, list)) else value
+    return config
+
+
+def _module_path(n: fx.Node) -> str:
+    if n.op == "call_module":
+        return str(n.target)
+    if n.op == "get_attr":
+        return str(n.target).rpartition(".")[0]
+    stack = n.meta.get("nn_module_stack")
+    if stack:
+        path = list(stack.values())[-1][0]
+        return re.sub(r"@\d+$", "", str(path))
+    return ""
+
+
+def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
+            depth: int | None = None, leaves: Iterable[str] = (), fake: bool = True) -> Graph:
+    """Capture ``model`` as a :class:`Graph` at layer level (or collapsed to ``depth``).
+
+    Args:
+        model: any ``nn.Module``; it is not modified.
+        example_inputs: a tensor or tuple of tensors; its first dimension is the batch.
+        name: graph name (default: the model's class name).
+        depth: collapse blocks deeper than this module depth (None: keep every layer).
+        leaves: module paths to keep as single layers.
+        fake: record shapes under FakeTensorMode (no memory, no compute); False runs for real.
+
+    Costs are not measured here: ``fwd_s``/``bwd_s`` are 0 until :func:`outcore.profile` or
+    :func:`outcore.estimate` fills them. Bytes (params, outputs, saved activations) are exact.
+    """
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    traced = trace(model, leaves)
+    rec = record(traced.gm, inputs, fake=fake)
+    g = graph_from_fx(traced.gm, rec, name or type(model).__name__,
+                      batch_size=int(inputs[0].shape[0]) if inputs and inputs[0].dim() else None)
+    if traced.forced_leaves:
+        g = g.replace(meta={**g.meta, "forced_leaves": list(traced.forced_leaves)})
+    return collapse(g, depth)
+
+
+def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool = True) -> _Recorder:
+    """Run ``gm`` once on ``inputs``, recording bytes and shapes; model failures → ModelError."""
+    shapes = ", ".join("x".join(map(str, x.shape)) for x in inputs)
+    try:
+        return _run_recorder(gm, inputs, fake)
+    except Exception as fake_error:
+        if not fake:
+            raise ModelError(f"the model fails on an input of shape {shapes}: "
+                             f"{type(fake_error).__name__}: {_first_line(fake_error)}; check "
+                             "--input-shape") from fake_error
+        log.debug("fake-tensor run failed (%s); running for real", fake_error)
+        return record(gm, inputs, fake=False)
+
+
+def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,
+                  batch_size: int | None) -> Graph:
+    """The :class:`Graph` of a traced and recorded fx module (one node per fx node)."""
+    nodes = list(gm.graph.nodes)
+    index = {n.name: i for i, n in enumerate(nodes)}
+    owner: dict[int, str] = {}
+    names, ops, modules, attrs = [], [], [], []
+    param_bytes, out_bytes, saved_bytes = [], [], []
+    module_types: dict[str, str] = {}
+    src, dst, eb = [], [], []
+    for n in nodes:
+        for path, typ in (n.meta.get("nn_module_stack") or {}).values():
+            module_types.setdefault(re.sub(r"@\d+$", "", str(path)),
+                                    getattr(typ, "__name__", str(typ)))
+        extra: dict[str, Any] = {"shape": rec.shapes.get(n.name)}
+        if n.name in rec.dtypes:
+            extra["dtype"] = rec.dtypes[n.name]
+        if n.name in rec.in_shapes:
+            extra["in_shapes"] = rec.in_shapes[n.name]
+        if n.name in rec.flops:
+            extra["flops"] = rec.flops[n.name]
+        own = shared = 0
+        tensors: list[tuple[str, torch.Tensor]] = []
+        if n.op == "call_module":
+            mod = gm.get_submodule(str(n.target))
+            module_types.setdefault(str(n.target), type(mod).__name__)
+            config = _layer_config(mod)
+            if config:
+                extra["config"] = config
+            tensors = [(f"{n.target}.{k}" if k else str(n.target), p)
+                       for k, p in mod.named_parameters()]
+        elif n.op == "get_attr":
+            obj = _get_attr(gm, str(n.target))
+            if isinstance(obj, nn.Parameter):
+                tensors = [(str(n.target), obj)]
+        owned, shares = [], []
+        for pname, p in tensors:
+            if id(p) in owner:
+                shared += p.numel() * p.element_size()
+                shares.append(owner[id(p)])
+            else:
+                owner[id(p)] = pname
+                own += p.numel() * p.element_size()
+                owned.append(pname)
+        if owned:
+            extra["params"] = owned
+        if shares:
+            extra["shared_params"] = shares
+        names.append(n.name)
+        ops.append(_op_name(n, gm))
+        modules.append(_module_path(n))
+        attrs.append(extra)
+        param_bytes.append(own)
+        out_bytes.append(rec.out_bytes.get(n.name, 0))
+        saved_bytes.append(rec.saved.get(n.name, 0))
+        seen_inputs: set[str] = set()
+        for inp in n.all_input_nodes:
+            if inp.name in seen_inputs:
+                continue
+            seen_inputs.add(inp.name)
+            src.append(index[inp.name])
+            dst.append(index[n.name])
+            size = rec.out_bytes.get(n.name, 0) if (n.op == "call_function" and
+                                                    n.target is operator.getitem) \
+                else rec.out_bytes.get(inp.name, 0)
+            eb.append(size)
+    n = len(nodes)
+    return build(
+        name, fwd_s=[0.0] * n, bwd_s=[0.0] * n, param_bytes=param_bytes, out_bytes=out_bytes,
+        saved_bytes=saved_bytes, src=src, dst=dst, edge_bytes=eb, names=names, ops=ops,
+        modules=modules, attrs=attrs, batch_size=batch_size,
+        meta={"module_types": module_types, "costs": "none"},
+    )

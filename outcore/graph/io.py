@@ -1,0 +1,172 @@
+"""Read and write graphs in the ``outcore-graph/1`` JSON format (DESIGN.md).
+
+Required: node ``id`` (int) and ``fwd_s``; edge ``src``, ``dst``, ``bytes``. Defaults:
+``bwd_s = 2 * fwd_s``, ``param_bytes = 0``, ``out_bytes`` = largest outgoing edge,
+``saved_bytes = out_bytes``. Any other node field is kept in ``Graph.attrs``; any other top-level
+field in ``Graph.meta``; both are written back unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from outcore.errors import FormatError, GraphError
+from outcore.graph.ir import FORMAT, Graph, build
+
+_NODE_FIELDS = ("id", "name", "op", "module", "fwd_s", "bwd_s", "param_bytes", "out_bytes",
+                "saved_bytes")
+_TOP_FIELDS = ("format", "name", "batch_size", "nodes", "edges")
+
+
+def to_dict(g: Graph) -> dict[str, Any]:
+    """The JSON-ready dict of ``g``."""
+    ids = g.ids.tolist()
+    fwd, bwd = g.fwd_s.tolist(), g.bwd_s.tolist()
+    par, out, saved = g.param_bytes.tolist(), g.out_bytes.tolist(), g.saved_bytes.tolist()
+    nodes = []
+    for i in range(g.num_nodes):
+        node: dict[str, Any] = {"id": ids[i]}
+        if g.names is not None:
+            node["name"] = g.names[i]
+        if g.ops is not None:
+            node["op"] = g.ops[i]
+        if g.modules is not None:
+            node["module"] = g.modules[i]
+        node.update(fwd_s=fwd[i], bwd_s=bwd[i], param_bytes=par[i], out_bytes=out[i],
+                    saved_bytes=saved[i])
+        if g.attrs is not None:
+            node.update(g.attrs[i])
+        nodes.append(node)
+    edges = [{"src": ids[s], "dst": ids[d], "bytes": b}
+             for s, d, b in zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist())]
+    doc = {"format": FORMAT, "name": g.name, "batch_size": g.batch_size}
+    doc.update(g.meta)
+    doc["nodes"] = nodes
+    doc["edges"] = edges
+    return doc
+
+
+def from_dict(doc: Any, *, source: str = "graph") -> Graph:
+    """Build a graph from a parsed ``outcore-graph/1`` document; errors name the bad entry."""
+    if not isinstance(doc, dict):
+        raise FormatError(f"{source}: expected a JSON object with 'nodes' and 'edges'")
+    fmt = doc.get("format")
+    if fmt != FORMAT:
+        hint = " (is this a plan? pass it with --plan)" if str(fmt).startswith("outcore-plan") \
+            else ""
+        raise FormatError(f"{source}: format is {fmt!r}, expected {FORMAT!r}{hint}")
+    nodes = doc.get("nodes")
+    edges = doc.get("edges", [])
+    if not isinstance(nodes, list):
+        raise FormatError(f"{source}: 'nodes' must be a list of node objects")
+    if not isinstance(edges, list):
+        raise FormatError(f"{source}: 'edges' must be a list of edge objects")
+    n = len(nodes)
+    ids = np.empty(n, dtype=np.int64)
+    cols = {k: np.zeros(n) for k in ("fwd_s", "bwd_s", "param_bytes", "out_bytes", "saved_bytes")}
+    given = {k: np.zeros(n, dtype=bool) for k in ("bwd_s", "out_bytes", "saved_bytes")}
+    names: list[str] = []
+    ops: list[str] = []
+    modules: list[str] = []
+    attrs: list[dict[str, Any]] = []
+    has_names = has_ops = has_modules = has_attrs = False
+    for i, node in enumerate(nodes):
+        if not isinstance(node, dict):
+            raise FormatError(f"{source}: node #{i} is not an object")
+        if "id" not in node or not _is_int(node["id"]):
+            raise GraphError(f"{source}: node #{i} needs an integer 'id'")
+        if "fwd_s" not in node:
+            raise GraphError(f"{source}: node {node['id']} has no 'fwd_s' (forward time, seconds)")
+        ids[i] = int(node["id"])
+        for key in cols:
+            if key in node and node[key] is not None:
+                cols[key][i] = _number(node[key], source, node["id"], key)
+                if key in given:
+                    given[key][i] = True
+        has_names |= "name" in node
+        has_ops |= "op" in node
+        has_modules |= "module" in node
+        names.append(str(node.get("name", f"n{node['id']}")))
+        ops.append(str(node.get("op", "op")))
+        modules.append(str(node.get("module", "")))
+        extra = {k: v for k, v in node.items() if k not in _NODE_FIELDS}
+        has_attrs |= bool(extra)
+        attrs.append(extra)
+    index = {int(v): i for i, v in enumerate(ids.tolist())}
+    if len(index) != n:
+        dup = next(v for v in ids.tolist() if (ids == v).sum() > 1)
+        raise GraphError(f"{source}: node id {dup} is used twice")
+    m = len(edges)
+    src = np.empty(m, dtype=np.int64)
+    dst = np.empty(m, dtype=np.int64)
+    eb = np.empty(m)
+    for k, e in enumerate(edges):
+        if not isinstance(e, dict) or "src" not in e or "dst" not in e or "bytes" not in e:
+            raise GraphError(f"{source}: edge #{k} needs 'src', 'dst' and 'bytes'")
+        for end, arr in (("src", src), ("dst", dst)):
+            if not _is_int(e[end]) or int(e[end]) not in index:
+                raise GraphError(f"{source}: edge #{k} {end}={e[end]!r} is not a node id")
+            arr[k] = index[int(e[end])]
+        eb[k] = _number(e["bytes"], source, f"{e['src']}->{e['dst']}", "bytes", edge=True)
+    out_default = np.zeros(n)
+    if m:
+        np.maximum.at(out_default, src, eb)
+    out = np.where(given["out_bytes"], cols["out_bytes"], out_default)
+    meta = {k: v for k, v in doc.items() if k not in _TOP_FIELDS}
+    batch = doc.get("batch_size")
+    return build(
+        str(doc.get("name", Path(source).stem)),
+        ids=ids, fwd_s=cols["fwd_s"],
+        bwd_s=np.where(given["bwd_s"], cols["bwd_s"], 2.0 * cols["fwd_s"]),
+        param_bytes=cols["param_bytes"], out_bytes=out,
+        saved_bytes=np.where(given["saved_bytes"], cols["saved_bytes"], out),
+        src=src, dst=dst, edge_bytes=eb,
+        names=names if has_names else None, ops=ops if has_ops else None,
+        modules=modules if has_modules else None, attrs=attrs if has_attrs else None,
+        batch_size=int(batch) if _is_int(batch) else None, meta=meta,
+    )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) or (
+        isinstance(v, float) and v.is_integer())
+
+
+def _number(v: Any, source: str, who: Any, key: str, edge: bool = False) -> float:
+    what = "edge" if edge else "node"
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise GraphError(f"{source}: {what} {who} has {key}={v!r}; expected a finite number")
+    if v < 0:
+        raise GraphError(f"{source}: {what} {who} has {key}={v}; costs must be non-negative")
+    return float(v)
+
+
+def save(g: Graph, path: str | os.PathLike) -> Path:
+    """Write ``g`` as ``outcore-graph/1`` JSON (atomically: temp file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(to_dict(g), f, separators=(",", ":") if g.num_nodes > 5000 else (", ", ": "),
+                  indent=None if g.num_nodes > 5000 else 1)
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: str | os.PathLike) -> Graph:
+    """Read an ``outcore-graph/1`` file; errors name the file and the bad entry."""
+    path = Path(path)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise FormatError(f"graph file {str(path)!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return from_dict(doc, source=str(path))

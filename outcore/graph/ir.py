@@ -1,0 +1,275 @@
+"""The graph IR: a DAG of layers with costs, held in arrays.
+
+Nodes are addressed by their *index* ``0..n-1`` (positions in the arrays) everywhere inside
+outcore; the *id* is the integer the user's file gave the node (``ids[index]``), kept for I/O.
+Edges are parallel arrays ``src``, ``dst``, ``edge_bytes`` of node indices. Successor and
+predecessor lists are CSR arrays built on first use.
+
+The module path of a node (``"layer1.0.conv1"``) keeps the model hierarchy so that
+:func:`outcore.graph.coarsen.collapse` can fold any block into one node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Sequence
+
+import numpy as np
+
+from outcore.errors import GraphError
+
+FORMAT = "outcore-graph/1"
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """An acyclic dataflow graph with per-node costs.
+
+    Attributes (n nodes, m edges):
+        name: model name.
+        batch_size: batch the costs were measured or estimated for (``None`` if unknown).
+        ids: ``int64[n]`` user-visible node ids, unique.
+        fwd_s, bwd_s: ``float64[n]`` forward and backward time of each node, seconds.
+        param_bytes: ``int64[n]`` bytes of parameters owned by the node.
+        out_bytes: ``int64[n]`` bytes of the node's output.
+        saved_bytes: ``int64[n]`` bytes autograd keeps from the forward until the backward.
+        src, dst: ``int64[m]`` edge endpoints (node indices).
+        edge_bytes: ``int64[m]`` bytes carried by each edge.
+        names, ops, modules: per-node strings (``None`` = not recorded; see :meth:`name`).
+        attrs: per-node dicts of extra fields kept through I/O (shapes, FLOPs, fx names), or None.
+        meta: graph-level extra fields (input shape, depth, cost source, ...).
+    """
+
+    name: str
+    batch_size: int | None
+    ids: np.ndarray
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    param_bytes: np.ndarray
+    out_bytes: np.ndarray
+    saved_bytes: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    edge_bytes: np.ndarray
+    names: tuple[str, ...] | None = None
+    ops: tuple[str, ...] | None = None
+    modules: tuple[str, ...] | None = None
+    attrs: tuple[dict[str, Any], ...] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ sizes and labels
+    @property
+    def num_nodes(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.src.shape[0])
+
+    def __len__(self) -> int:
+        return self.num_nodes
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, nodes={self.num_nodes}, edges={self.num_edges})"
+
+    def name_of(self, i: int) -> str:
+        """Name of node index ``i`` (``n<id>`` when names were not recorded)."""
+        return self.names[i] if self.names is not None else f"n{int(self.ids[i])}"
+
+    def op_of(self, i: int) -> str:
+        return self.ops[i] if self.ops is not None else "op"
+
+    def module_of(self, i: int) -> str:
+        return self.modules[i] if self.modules is not None else ""
+
+    def attr(self, i: int, key: str, default: Any = None) -> Any:
+        return self.attrs[i].get(key, default) if self.attrs is not None else default
+
+    @cached_property
+    def index_of_id(self) -> dict[int, int]:
+        """Map from user id to node index."""
+        return {int(v): i for i, v in enumerate(self.ids.tolist())}
+
+    # ------------------------------------------------------------------ adjacency (CSR)
+    @cached_property
+    def _succ(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _csr(self.src, self.dst, self.num_nodes)
+
+    @cached_property
+    def _pred(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _csr(self.dst, self.src, self.num_nodes)
+
+    @property
+    def succ_ptr(self) -> np.ndarray:
+        """``int64[n+1]``: successors of i are ``succ_idx[succ_ptr[i]:succ_ptr[i+1]]``."""
+        return self._succ[0]
+
+    @property
+    def succ_idx(self) -> np.ndarray:
+        return self._succ[1]
+
+    @property
+    def succ_edge(self) -> np.ndarray:
+        """Edge number of each entry of ``succ_idx``."""
+        return self._succ[2]
+
+    @property
+    def pred_ptr(self) -> np.ndarray:
+        return self._pred[0]
+
+    @property
+    def pred_idx(self) -> np.ndarray:
+        return self._pred[1]
+
+    @property
+    def pred_edge(self) -> np.ndarray:
+        return self._pred[2]
+
+    def successors(self, i: int) -> np.ndarray:
+        p = self.succ_ptr
+        return self.succ_idx[p[i]:p[i + 1]]
+
+    def predecessors(self, i: int) -> np.ndarray:
+        p = self.pred_ptr
+        return self.pred_idx[p[i]:p[i + 1]]
+
+    @cached_property
+    def out_degree(self) -> np.ndarray:
+        return np.diff(self.succ_ptr)
+
+    @cached_property
+    def in_degree(self) -> np.ndarray:
+        return np.diff(self.pred_ptr)
+
+    # ------------------------------------------------------------------ totals
+    @property
+    def total_fwd_s(self) -> float:
+        return float(self.fwd_s.sum())
+
+    @property
+    def total_compute_s(self) -> float:
+        return float(self.fwd_s.sum() + self.bwd_s.sum())
+
+    @property
+    def total_param_bytes(self) -> int:
+        return int(self.param_bytes.sum())
+
+    def replace(self, **changes: Any) -> "Graph":
+        """A new graph with some fields replaced (caches are not carried over)."""
+        fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        fields.update(changes)
+        return Graph(**fields)
+
+
+def _csr(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR of edges a->b grouped by ``a`` (stable: keeps edge order within a row)."""
+    order = np.argsort(a, kind="stable")
+    counts = np.bincount(a, minlength=n) if a.size else np.zeros(n, dtype=np.int64)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr, b[order].astype(np.int64, copy=False), order.astype(np.int64, copy=False)
+
+
+def build(
+    name: str,
+    *,
+    fwd_s: Sequence[float] | np.ndarray,
+    src: Sequence[int] | np.ndarray = (),
+    dst: Sequence[int] | np.ndarray = (),
+    edge_bytes: Sequence[float] | np.ndarray | None = None,
+    ids: Sequence[int] | np.ndarray | None = None,
+    bwd_s: Sequence[float] | np.ndarray | None = None,
+    param_bytes: Sequence[float] | np.ndarray | None = None,
+    out_bytes: Sequence[float] | np.ndarray | None = None,
+    saved_bytes: Sequence[float] | np.ndarray | None = None,
+    names: Sequence[str] | None = None,
+    ops: Sequence[str] | None = None,
+    modules: Sequence[str] | None = None,
+    attrs: Sequence[dict[str, Any]] | None = None,
+    batch_size: int | None = None,
+    meta: dict[str, Any] | None = None,
+    check: bool = True,
+) -> Graph:
+    """Build a :class:`Graph` from node arrays and edges given as node *indices*.
+
+    Missing fields take DESIGN.md defaults: ``bwd_s = 2 * fwd_s``, ``param_bytes = 0``,
+    ``out_bytes`` = largest outgoing edge, ``saved_bytes = out_bytes``. With ``check`` the graph
+    is validated (finite non-negative costs, edges in range, no self loop, acyclic).
+    """
+    fwd = np.asarray(fwd_s, dtype=np.float64)
+    n = fwd.shape[0]
+    s = np.asarray(src, dtype=np.int64).reshape(-1)
+    d = np.asarray(dst, dtype=np.int64).reshape(-1)
+    if s.shape != d.shape:
+        raise GraphError(f"graph {name!r}: {s.size} edge sources but {d.size} destinations")
+    eb = (np.zeros(s.size, dtype=np.int64) if edge_bytes is None
+          else np.asarray(np.rint(np.asarray(edge_bytes, dtype=np.float64)), dtype=np.int64))
+    node_ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
+    bwd = 2.0 * fwd if bwd_s is None else np.asarray(bwd_s, dtype=np.float64)
+    par = _int_array(param_bytes, n)
+    if out_bytes is None:
+        out = np.zeros(n, dtype=np.int64)
+        if s.size:
+            np.maximum.at(out, s, eb)
+    else:
+        out = _int_array(out_bytes, n)
+    saved = out.copy() if saved_bytes is None else _int_array(saved_bytes, n)
+    g = Graph(
+        name=name, batch_size=batch_size, ids=node_ids, fwd_s=fwd, bwd_s=bwd, param_bytes=par,
+        out_bytes=out, saved_bytes=saved, src=s, dst=d, edge_bytes=eb,
+        names=tuple(names) if names is not None else None,
+        ops=tuple(ops) if ops is not None else None,
+        modules=tuple(modules) if modules is not None else None,
+        attrs=tuple(attrs) if attrs is not None else None,
+        meta=dict(meta or {}),
+    )
+    if check:
+        validate(g)
+    return g
+
+
+def _int_array(values: Any, n: int) -> np.ndarray:
+    if values is None:
+        return np.zeros(n, dtype=np.int64)
+    return np.asarray(np.rint(np.asarray(values, dtype=np.float64)), dtype=np.int64)
+
+
+def validate(g: Graph) -> None:
+    """Raise :class:`GraphError` naming the first problem found in ``g``."""
+    n = g.num_nodes
+    for label, arr in (("fwd_s", g.fwd_s), ("bwd_s", g.bwd_s), ("param_bytes", g.param_bytes),
+                       ("out_bytes", g.out_bytes), ("saved_bytes", g.saved_bytes)):
+        if arr.shape != (n,):
+            raise GraphError(f"graph {g.name!r}: {label} has {arr.shape[0]} entries for {n} nodes")
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0)) if arr.dtype.kind == "f" \
+            else np.flatnonzero(arr < 0)
+        if bad.size:
+            i = int(bad[0])
+            raise GraphError(f"graph {g.name!r}: node {int(g.ids[i])} ({g.name_of(i)}) has "
+                             f"{label} = {arr[i]}; costs must be finite and non-negative")
+    for label, seq in (("names", g.names), ("ops", g.ops), ("modules", g.modules),
+                       ("attrs", g.attrs)):
+        if seq is not None and len(seq) != n:
+            raise GraphError(f"graph {g.name!r}: {len(seq)} {label} for {n} nodes")
+    if np.unique(g.ids).size != n:
+        ids, counts = np.unique(g.ids, return_counts=True)
+        raise GraphError(f"graph {g.name!r}: node id {int(ids[counts > 1][0])} is used twice")
+    if g.num_edges:
+        if g.src.min() < 0 or g.dst.min() < 0 or g.src.max() >= n or g.dst.max() >= n:
+            raise GraphError(f"graph {g.name!r}: an edge refers to a node that does not exist")
+        loops = np.flatnonzero(g.src == g.dst)
+        if loops.size:
+            i = int(g.src[loops[0]])
+            raise GraphError(f"graph {g.name!r}: node {int(g.ids[i])} has an edge to itself")
+        if (g.edge_bytes < 0).any():
+            e = int(np.flatnonzero(g.edge_bytes < 0)[0])
+            raise GraphError(f"graph {g.name!r}: edge {int(g.ids[g.src[e]])}->"
+                             f"{int(g.ids[g.dst[e]])} has negative bytes")
+    from outcore.graph.algorithms import find_cycle, topological_order  # local: same package
+    order = topological_order(g, strict=False)
+    if order.size != n:
+        cycle = find_cycle(g)
+        shown = " -> ".join(str(int(g.ids[i])) for i in cycle[:8])
+        raise GraphError(f"graph {g.name!r} has a cycle ({shown}{' ...' if len(cycle) > 8 else ''});"
+                         " a training graph must be acyclic")
