@@ -1,0 +1,87 @@
+"""Device, link and cluster specifications (plain data; no torch).
+
+A :class:`Cluster` is ``nodes`` machines of ``devices_per_node`` devices each. Devices in one
+machine talk over the intra-node link, devices in different machines over the inter-node link
+(each machine's NIC shared by its devices). Transfers cost ``latency_s + bytes / bandwidth``
+(the alpha-beta model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from outcore.errors import UsageError
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator (or CPU socket) as the cost model sees it.
+
+    Attributes:
+        name: preset name (``a100``).
+        memory_bytes: device memory.
+        peak_flops: dense fp32 FLOP/s (``peak_flops_tc`` for tensor-core / matrix units).
+        mem_bandwidth: device memory bandwidth, bytes/s.
+        launch_s: fixed cost per kernel (launch latency / framework overhead), seconds.
+        efficiency: fraction of peak FLOP/s reached by large GEMM/convolutions.
+    """
+
+    name: str
+    memory_bytes: float
+    peak_flops: float
+    mem_bandwidth: float
+    peak_flops_tc: float = 0.0
+    launch_s: float = 5e-6
+    efficiency: float = 0.6
+    host_bandwidth: float = 12e9  # device <-> host (PCIe) bytes/s, for offload
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A communication link: ``time = latency_s + bytes / bandwidth``."""
+
+    bandwidth: float  # bytes/s
+    latency_s: float = 25e-6
+
+    def time(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth if nbytes > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` × ``devices_per_node`` devices with intra- and inter-node links."""
+
+    device: DeviceSpec
+    nodes: int = 1
+    devices_per_node: int = 1
+    intra: LinkSpec = LinkSpec(16e9, 25e-6)
+    inter: LinkSpec = LinkSpec(12.5e9, 5e-6)
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.devices_per_node < 1:
+            raise UsageError("a cluster needs at least one node with at least one device")
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def node_of(self, device: int) -> int:
+        return device // self.devices_per_node
+
+    def link(self, a: int, b: int) -> LinkSpec:
+        """The link between devices ``a`` and ``b``."""
+        return self.intra if self.node_of(a) == self.node_of(b) else self.inter
+
+    def with_memory(self, memory_bytes: float) -> "Cluster":
+        return replace(self, device=replace(self.device, memory_bytes=memory_bytes))
+
+
+def flat_cluster(devices: int, *, memory_bytes: float, bandwidth: float = 16e9,
+                 latency_s: float = 25e-6, device: DeviceSpec | None = None) -> Cluster:
+    """``devices`` devices on one flat network (every pair over the same kind of link)."""
+    dev = device or DeviceSpec("generic", memory_bytes, 1e13, 1e12)
+    dev = replace(dev, memory_bytes=memory_bytes)
+    link = LinkSpec(bandwidth, latency_s)
+    return Cluster(dev, nodes=1, devices_per_node=max(devices, 1), intra=link, inter=link)

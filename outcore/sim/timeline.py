@@ -1,0 +1,139 @@
+"""Timelines: what ran where and when, predicted (simulator) or measured (runtime).
+
+Both the simulator and the runtime produce a :class:`Timeline`, so the same code draws a Gantt
+chart and writes a Chrome trace for either, and two timelines can be merged side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Event:
+    """One action on one rank.
+
+    ``stream`` is ``compute`` or ``comm``; ``kind`` is ``F``, ``B``, ``send``, ``recv``,
+    ``allreduce``, ``optim``, ``offload``, ``prefetch``, ``recompute``, ...; ``label`` is the
+    action's string form (``2F3``).
+    """
+
+    rank: int
+    kind: str
+    label: str
+    start_s: float
+    end_s: float
+    stream: str = "compute"
+    mb: int = -1
+    piece: int = -1
+    bytes: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True, eq=False)
+class Timeline:
+    """Events of one iteration, plus memory over time per rank.
+
+    ``memory[r]`` is ``(times_s, bytes)``: allocated bytes on rank ``r`` from each time on.
+    """
+
+    num_ranks: int
+    events: tuple[Event, ...]
+    iteration_s: float
+    memory: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+    memory_limit_bytes: float | None = None
+    source: str = "simulated"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def busy_s(self) -> np.ndarray:
+        """Compute-busy seconds per rank."""
+        busy = np.zeros(self.num_ranks)
+        for e in self.events:
+            if e.stream == "compute":
+                busy[e.rank] += e.duration_s
+        return busy
+
+    def peak_bytes(self) -> np.ndarray:
+        """Peak allocated bytes per rank (0 where memory was not tracked)."""
+        out = np.zeros(self.num_ranks)
+        for r, (_, b) in enumerate(self.memory):
+            if len(b):
+                out[r] = float(np.max(b))
+        return out
+
+    def comm_bytes(self) -> np.ndarray:
+        """Bytes sent per rank."""
+        out = np.zeros(self.num_ranks)
+        for e in self.events:
+            if e.kind in ("send", "allreduce"):
+                out[e.rank] += e.bytes
+        return out
+
+
+def to_chrome_trace(timelines: Iterable[Timeline], names: Iterable[str] | None = None
+                    ) -> dict[str, Any]:
+    """A Chrome/Perfetto trace; several timelines become several processes side by side.
+
+    Each timeline is a process (``pid``), each rank × stream a thread; memory is a counter track.
+    """
+    timelines = list(timelines)
+    labels = list(names) if names is not None else [t.source for t in timelines]
+    events: list[dict[str, Any]] = []
+    for pid, (tl, label) in enumerate(zip(timelines, labels)):
+        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": label}})
+        for r in range(tl.num_ranks):
+            for k, stream in enumerate(("compute", "comm")):
+                tid = 2 * r + k
+                events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
+                               "args": {"name": f"rank {r} {stream}"}})
+        for e in tl.events:
+            events.append({
+                "ph": "X", "pid": pid, "tid": 2 * e.rank + (e.stream == "comm"),
+                "name": e.label, "cat": e.kind, "ts": e.start_s * 1e6,
+                "dur": max(e.duration_s, 0.0) * 1e6,
+                "args": {"mb": e.mb, "piece": e.piece, "bytes": e.bytes},
+            })
+        for r, (times, values) in enumerate(tl.memory):
+            for t, v in zip(np.asarray(times).tolist(), np.asarray(values).tolist()):
+                events.append({"ph": "C", "pid": pid, "name": f"memory rank {r}", "ts": t * 1e6,
+                               "args": {"MiB": v / 2**20}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def save_chrome_trace(path: str | os.PathLike, timelines: Iterable[Timeline],
+                      names: Iterable[str] | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_chrome_trace(timelines, names)))
+    return path
+
+
+def save_events(path: str | os.PathLike, tl: Timeline) -> Path:
+    """Write a timeline's events and memory as JSON (read back by :func:`load_events`)."""
+    doc = {"format": "outcore-timeline/1", "num_ranks": tl.num_ranks,
+           "iteration_s": tl.iteration_s, "source": tl.source,
+           "memory_limit_bytes": tl.memory_limit_bytes, "meta": tl.meta,
+           "events": [e.__dict__ for e in tl.events],
+           "memory": [[np.asarray(t).tolist(), np.asarray(b).tolist()] for t, b in tl.memory]}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def load_events(path: str | os.PathLike) -> Timeline:
+    doc = json.loads(Path(path).read_text())
+    return Timeline(num_ranks=doc["num_ranks"], events=tuple(Event(**e) for e in doc["events"]),
+                    iteration_s=doc["iteration_s"],
+                    memory=tuple((np.asarray(t), np.asarray(b)) for t, b in doc["memory"]),
+                    memory_limit_bytes=doc.get("memory_limit_bytes"),
+                    source=doc.get("source", "simulated"), meta=doc.get("meta", {}))
