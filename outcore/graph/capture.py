@@ -304,6 +304,7 @@ def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,
             extra["params"] = owned
         if shares:
             extra["shared_params"] = shares
+            extra["shared_bytes"] = shared
         names.append(n.name)
         ops.append(_op_name(n, gm))
         modules.append(_module_path(n))

@@ -1,0 +1,239 @@
+"""Schedule builders: GPipe and 1F1B over the pieces of any placed graph.
+
+The builder list-schedules the tasks ``F(piece, mb)`` and ``B(piece, mb)`` in simulated time:
+a task is ready when its inputs have arrived (forward: the producers' forwards; backward: the
+piece's forward and the consumers' backwards), and each rank runs one task at a time, choosing
+among its ready tasks by the policy:
+
+* ``gpipe`` (Huang et al., 2019): every forward of a rank before any of its backwards; then
+  backwards. All micro-batches' activations are alive at the peak.
+* ``1f1b`` (PipeDream-flush, Narayanan et al., 2021, section 2.2): backward first whenever one is
+  ready; a rank starts a new micro-batch only while fewer than ``limit`` are in flight on it,
+  where ``limit`` = 1 + the largest number of device hops from its pieces to the end of the
+  graph (for a chain of K stages: K - stage), which bounds activation memory.
+
+The per-rank order comes from one consistent execution, so it cannot deadlock whatever the
+real durations are. A lowering pass then inserts the sends and receives: a receive just before
+the compute that needs it, a send right after the compute that produced it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+import numpy as np
+
+from outcore.errors import ScheduleError, UsageError
+from outcore.plan.pieces import Pieces
+from outcore.schedule.costs import PieceCosts
+from outcore.schedule.ir import Action, Schedule
+
+KINDS = {"gpipe": "all forwards, then all backwards (GPipe)",
+         "1f1b": "one forward, one backward; bounded micro-batches in flight (PipeDream-flush)"}
+
+LinkTime = Callable[[int, int, float], float]  # (src rank, dst rank, bytes) -> seconds
+
+
+def inflight_limits(pieces: Pieces, num_ranks: int) -> list[int]:
+    """1F1B bound per rank: 1 + most device hops from any of its pieces to a sink piece."""
+    after = [0] * len(pieces.pieces)
+    for p in reversed(pieces.pieces):
+        best = 0
+        for t in pieces.outputs_of[p.id]:
+            tr = pieces.transfers[t]
+            best = max(best, after[tr.dst] + (0 if tr.local else 1))
+        after[p.id] = best
+    limit = [1] * num_ranks
+    for p in pieces.pieces:
+        limit[p.device] = max(limit[p.device], after[p.id] + 1)
+    return limit
+
+
+def build(pieces: Pieces, num_ranks: int, microbatches: int, kind: str, costs: PieceCosts,
+          link_time: LinkTime, *, buckets: tuple[tuple[int, ...], ...] = (),
+          step: bool = True) -> Schedule:
+    """Build the ``kind`` schedule of ``microbatches`` micro-batches over ``pieces``.
+
+    Args:
+        pieces: the cut of the placed graph; ``piece.device`` is the rank that runs it.
+        num_ranks: number of ranks (ranks without pieces get an empty list).
+        microbatches: micro-batches per iteration (>= 1).
+        kind: ``gpipe`` or ``1f1b``.
+        costs: per-micro-batch costs (durations steer the order; any order built is valid).
+        link_time: seconds to move a number of bytes between two ranks.
+        buckets: rank groups that all-reduce gradients at the end (one ``AR`` each).
+        step: end every rank's list with ``OPT``.
+    """
+    if kind not in KINDS:
+        raise UsageError(f"unknown schedule {kind!r}; choose one of: {', '.join(KINDS)}")
+    if microbatches < 1:
+        raise UsageError(f"micro-batches must be at least 1, got {microbatches}")
+    if any(p.device >= num_ranks or p.device < 0 for p in pieces.pieces):
+        raise ScheduleError(f"a piece is placed on a rank outside 0..{num_ranks - 1}")
+    order = _list_schedule(pieces, num_ranks, microbatches, kind, costs, link_time)
+    actions = lower(pieces, order)
+    tail: list[list[Action]] = [[] for _ in range(num_ranks)]
+    for b, group in enumerate(buckets):
+        for r in group:
+            tail[r].append(Action("AR", bucket=b))
+    if step:
+        for r in range(num_ranks):
+            if actions[r] or tail[r]:
+                tail[r].append(Action("OPT"))
+    full = tuple(tuple(actions[r] + tail[r]) for r in range(num_ranks))
+    return Schedule(kind, num_ranks, microbatches, pieces, full, tuple(buckets),
+                    meta={"limits": inflight_limits(pieces, num_ranks) if kind == "1f1b" else
+                          None})
+
+
+def _list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str, costs: PieceCosts,
+                   link_time: LinkTime) -> list[list[tuple[str, int, int]]]:
+    """Per rank, the compute tasks ``(op, piece, mb)`` in the order a simulation ran them."""
+    P = len(pieces.pieces)
+    dev = [p.device for p in pieces.pieces]
+    ins, outs = pieces.inputs_of, pieces.outputs_of
+    tr = pieces.transfers
+    # remaining dependencies and ready times of each task; task id = (op, piece, mb)
+    deps_f = [[len(ins[p])] * M for p in range(P)]
+    deps_b = [[len(outs[p]) + 1] * M for p in range(P)]
+    ready_f = [[0.0] * M for _ in range(P)]
+    ready_b = [[0.0] * M for _ in range(P)]
+    limits = inflight_limits(pieces, num_ranks)
+    f_left = [0] * num_ranks
+    for p in range(P):
+        f_left[dev[p]] += M
+    f_started = [[False] * M for _ in range(num_ranks)]
+    b_left = [[0] * M for _ in range(num_ranks)]  # backward tasks of mb m left on rank r
+    for p in range(P):
+        for m in range(M):
+            b_left[dev[p]][m] += 1
+    inflight = [0] * num_ranks
+    free_at = [0.0] * num_ranks
+    # ready pools per rank: heaps of (priority, ready_time, op, piece, mb)
+    pool: list[list[tuple[tuple, float, str, int, int]]] = [[] for _ in range(num_ranks)]
+
+    def push(r: int, op: str, p: int, m: int, t: float) -> None:
+        if kind == "1f1b":
+            prio = (0, m, -p) if op == "B" else (1, m, p)
+        else:
+            prio = (1, m, -p) if op == "B" else (0, m, p)
+        heapq.heappush(pool[r], (prio, t, op, p, m))
+
+    for p in range(P):
+        if not ins[p]:
+            for m in range(M):
+                push(dev[p], "F", p, m, 0.0)
+    order: list[list[tuple[str, int, int]]] = [[] for _ in range(num_ranks)]
+    done = 0
+    total = 2 * P * M
+    while done < total:
+        best = None  # (start, rank, entry)
+        for r in range(num_ranks):
+            entry = _pick(pool[r], r, kind, free_at[r], f_left, f_started, inflight, limits)
+            if entry is not None:
+                start = max(free_at[r], entry[1])
+                if best is None or (start, r) < (best[0], best[1]):
+                    best = (start, r, entry)
+        if best is None:
+            raise ScheduleError("the schedule builder is stuck: no rank has a runnable task "
+                                "(the piece graph is inconsistent)")
+        start, r, entry = best
+        pool[r].remove(entry)
+        heapq.heapify(pool[r])
+        _, _, op, p, m = entry
+        end = start + (costs.fwd_s[p] if op == "F" else costs.bwd_s[p])
+        free_at[r] = end
+        order[r].append((op, p, m))
+        done += 1
+        if op == "F":
+            f_left[r] -= 1
+            if not f_started[r][m]:
+                f_started[r][m] = True
+                inflight[r] += 1
+            for t in outs[p]:
+                q = tr[t].dst
+                arrive = end + (0.0 if tr[t].local else
+                                link_time(r, dev[q], costs.transfer_bytes[t]))
+                ready_f[q][m] = max(ready_f[q][m], arrive)
+                deps_f[q][m] -= 1
+                if deps_f[q][m] == 0:
+                    push(dev[q], "F", q, m, ready_f[q][m])
+            ready_b[p][m] = max(ready_b[p][m], end)
+            deps_b[p][m] -= 1
+            if deps_b[p][m] == 0:
+                push(r, "B", p, m, ready_b[p][m])
+        else:
+            b_left[r][m] -= 1
+            if b_left[r][m] == 0:
+                inflight[r] -= 1
+            for t in ins[p]:
+                q = tr[t].src
+                arrive = end + (0.0 if tr[t].local else
+                                link_time(r, dev[q], costs.transfer_bytes[t]))
+                ready_b[q][m] = max(ready_b[q][m], arrive)
+                deps_b[q][m] -= 1
+                if deps_b[q][m] == 0:
+                    push(dev[q], "B", q, m, ready_b[q][m])
+    return order
+
+
+def _pick(heap: list, r: int, kind: str, free: float, f_left: list[int],
+          f_started: list[list[bool]], inflight: list[int], limits: list[int]):
+    """The entry rank ``r`` runs next: the best-priority eligible task ready by the time the
+    earliest eligible one could start."""
+    eligible = []
+    for entry in heap:
+        _, t, op, p, m = entry
+        if op == "B" and kind == "gpipe" and f_left[r] > 0:
+            continue
+        if op == "F" and kind == "1f1b" and not f_started[r][m] and inflight[r] >= limits[r]:
+            continue
+        eligible.append(entry)
+    if not eligible:
+        return None
+    start = max(free, min(e[1] for e in eligible))
+    return min((e for e in eligible if e[1] <= start), key=lambda e: (e[0], e[1]))
+
+
+def lower(pieces: Pieces, order: list[list[tuple[str, int, int]]]) -> list[list[Action]]:
+    """Insert sends and receives around each rank's compute tasks.
+
+    Before ``F(p, m)``: receive every remote input transfer of ``p``; after it, send every
+    remote output transfer. Before ``B(p, m)``: receive the gradients of every remote output
+    transfer; after it, send the gradients of every remote input transfer.
+    """
+    tr = pieces.transfers
+    out: list[list[Action]] = []
+    for tasks in order:
+        acts: list[Action] = []
+        for op, p, m in tasks:
+            if op == "F":
+                acts += [Action("RF", mb=m, transfer=t) for t in pieces.inputs_of[p]
+                         if not tr[t].local]
+                acts.append(Action("F", mb=m, piece=p))
+                acts += [Action("SF", mb=m, transfer=t) for t in pieces.outputs_of[p]
+                         if not tr[t].local]
+            else:
+                acts += [Action("RB", mb=m, transfer=t) for t in pieces.outputs_of[p]
+                         if not tr[t].local]
+                acts.append(Action("B", mb=m, piece=p))
+                acts += [Action("SB", mb=m, transfer=t) for t in pieces.inputs_of[p]
+                         if not tr[t].local]
+        out.append(acts)
+    return out
+
+
+def simple_link(bandwidth: float, latency_s: float) -> LinkTime:
+    """Alpha-beta link time, the same for every pair of ranks."""
+    return lambda a, b, nbytes: latency_s + nbytes / bandwidth if nbytes > 0 else latency_s
+
+
+def summary(s: Schedule) -> dict[str, float]:
+    """Counts of each op in the schedule (for reports and tests)."""
+    counts: dict[str, float] = {}
+    for acts in s.actions:
+        for a in acts:
+            counts[a.op] = counts.get(a.op, 0) + 1
+    counts["ranks"] = float(np.sum([bool(a) for a in s.actions]))
+    return counts

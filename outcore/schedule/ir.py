@@ -1,0 +1,132 @@
+"""The schedule IR: per-rank ordered lists of small actions (DESIGN.md).
+
+An action is forward or backward of one piece for one micro-batch, the send or receive of one
+transfer's tensors (activations forward, gradients backward) for one micro-batch, a gradient
+all-reduce, or the optimizer step. Each action has a compact string form, in the spirit of
+torch.distributed.pipelining (``2F3`` = piece 2 forward of micro-batch 3; ``t5SF3`` = send the
+forward tensors of transfer 5 for micro-batch 3; ``AR0`` = all-reduce bucket 0; ``OPT``):
+
+    F  forward          B  backward
+    SF send activations RF receive activations
+    SB send gradients   RB receive gradients
+    AR all-reduce       OPT optimizer step
+
+The simulator and the runtime execute the same lists: what is predicted is what runs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from outcore.errors import ScheduleError
+from outcore.plan.pieces import Pieces
+
+COMPUTE = ("F", "B")
+SENDS = ("SF", "SB")
+RECVS = ("RF", "RB")
+COLLECTIVE = ("AR",)
+OPS = COMPUTE + SENDS + RECVS + COLLECTIVE + ("OPT",)
+
+_PATTERN = re.compile(r"^(?:(\d+)(F|B)(\d+)|t(\d+)(SF|RF|SB|RB)(\d+)|AR(\d+)|OPT)$")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of one rank.
+
+    Attributes:
+        op: one of ``OPS``.
+        mb: micro-batch (-1 for ``AR``/``OPT``).
+        piece: piece id for ``F``/``B``.
+        transfer: transfer id for sends and receives.
+        bucket: gradient bucket for ``AR``.
+    """
+
+    op: str
+    mb: int = -1
+    piece: int = -1
+    transfer: int = -1
+    bucket: int = -1
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ScheduleError(f"unknown action op {self.op!r}; expected one of {OPS}")
+
+    def __str__(self) -> str:
+        if self.op in COMPUTE:
+            return f"{self.piece}{self.op}{self.mb}"
+        if self.op in SENDS + RECVS:
+            return f"t{self.transfer}{self.op}{self.mb}"
+        if self.op == "AR":
+            return f"AR{self.bucket}"
+        return "OPT"
+
+    @staticmethod
+    def parse(text: str) -> "Action":
+        """Inverse of ``str(action)``."""
+        m = _PATTERN.match(text.strip())
+        if not m:
+            raise ScheduleError(f"cannot read action {text!r}: expected forms like 2F3, t5SF3, "
+                                "AR0, OPT")
+        if m.group(2):
+            return Action(m.group(2), mb=int(m.group(3)), piece=int(m.group(1)))
+        if m.group(5):
+            return Action(m.group(5), mb=int(m.group(6)), transfer=int(m.group(4)))
+        if m.group(7):
+            return Action("AR", bucket=int(m.group(7)))
+        return Action("OPT")
+
+
+def F(piece: int, mb: int) -> Action:
+    return Action("F", mb=mb, piece=piece)
+
+
+def B(piece: int, mb: int) -> Action:
+    return Action("B", mb=mb, piece=piece)
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """Per-rank action lists over the pieces of a placed graph.
+
+    Attributes:
+        kind: the builder (``gpipe``, ``1f1b``).
+        num_ranks: ranks that take part (a rank may have an empty list).
+        microbatches: micro-batches per iteration.
+        pieces: the cut of the placed graph (pieces and transfers; ``piece.device`` is its rank).
+        actions: ``actions[r]`` is rank ``r``'s ordered list.
+        buckets: for each ``AR`` bucket, the ranks that take part (empty: no all-reduce).
+        meta: builder parameters (in-flight limits, micro-batch scale, ...).
+    """
+
+    kind: str
+    num_ranks: int
+    microbatches: int
+    pieces: Pieces
+    actions: tuple[tuple[Action, ...], ...]
+    buckets: tuple[tuple[int, ...], ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def rank_of_piece(self, piece: int) -> int:
+        return self.pieces.pieces[piece].device
+
+    def rank_of_transfer_src(self, transfer: int) -> int:
+        return self.pieces.pieces[self.pieces.transfers[transfer].src].device
+
+    def rank_of_transfer_dst(self, transfer: int) -> int:
+        return self.pieces.pieces[self.pieces.transfers[transfer].dst].device
+
+    def peer(self, rank: int, a: Action) -> int:
+        """The other rank of a send or receive executed by ``rank``."""
+        src, dst = self.rank_of_transfer_src(a.transfer), self.rank_of_transfer_dst(a.transfer)
+        return dst if rank == src else src
+
+    def format(self) -> str:
+        """The schedule as a table: one line per rank, actions by their string form."""
+        width = max((len(str(a)) for acts in self.actions for a in acts), default=3)
+        lines = []
+        for r, acts in enumerate(self.actions):
+            lines.append(f"rank {r}: " + " ".join(str(a).rjust(width) for a in acts))
+        return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""Discrete-event simulation of a schedule on a cluster.
+
+Each rank runs its action list in order on one compute stream. Sends are asynchronous: a message
+leaves when its send is reached, queues for the sender's and receiver's ports (one transfer at a
+time per port and direction: per-link contention) and arrives ``latency + bytes / bandwidth``
+later; a receive blocks the rank until its message has arrived. ``AR`` is a collective: it starts
+when every member has reached it. Data-parallel replicas (``dp > 1``) are not simulated one by
+one: each piece's gradients are all-reduced with a ring cost model on a separate stream as soon
+as its last backward ends (overlapped, as DDP's buckets are), and the optimizer step waits for
+them.
+
+Memory per rank: parameters and optimizer state throughout; a piece's saved activations from its
+forward until its backward of the same micro-batch; received activations and gradients from
+their arrival until the consuming backward ends; one working buffer during each compute.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from outcore.errors import ScheduleError
+from outcore.hardware.spec import Cluster, LinkSpec
+from outcore.schedule.costs import PieceCosts
+from outcore.schedule.ir import Action, Schedule
+from outcore.sim.timeline import Event, Timeline
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Knobs of the simulation.
+
+    Attributes:
+        dp: data-parallel replicas of the whole schedule (>= 1).
+        dp_link: link the data-parallel all-reduce runs over (default: the cluster's inter-node
+            link when there are several nodes, else its intra-node link).
+        optimizer_bytes_per_param_byte: memory traffic of the optimizer step per parameter byte
+            (Adam reads weight, gradient, two moments and writes three: about 7).
+        bucket_bytes: all-reduce bucket bytes for ``AR`` actions, per bucket.
+    """
+
+    dp: int = 1
+    dp_link: LinkSpec | None = None
+    optimizer_bytes_per_param_byte: float = 7.0
+    bucket_bytes: tuple[float, ...] = ()
+
+
+def ring_allreduce_s(nbytes: float, n: int, link: LinkSpec) -> float:
+    """Ring all-reduce time: ``2 (n-1)`` steps of ``nbytes / n`` each (Patarasuk & Yuan, 2009)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) * (link.latency_s + nbytes / n / link.bandwidth)
+
+
+def simulate_schedule(s: Schedule, costs: PieceCosts, cluster: Cluster,
+                      options: SimOptions = SimOptions()) -> Timeline:
+    """Run ``s`` in simulated time and return its :class:`Timeline`."""
+    return _Engine(s, costs, cluster, options).run()
+
+
+class _Engine:
+    def __init__(self, s: Schedule, costs: PieceCosts, cluster: Cluster, opt: SimOptions):
+        self.s, self.c, self.cluster, self.opt = s, costs, cluster, opt
+        R = s.num_ranks
+        self.pc = [0] * R
+        self.events: list[Event] = []
+        self.mem: list[list[tuple[float, float]]] = [[(0.0, float(costs.static_bytes[r]))]
+                                                     for r in range(R)]
+        self.arrival: dict[tuple[int, str, int], float] = {}
+        self.waiting: dict[tuple[int, str, int], int] = {}
+        self.port_out: dict[object, float] = {}
+        self.port_in: dict[object, float] = {}
+        self.ar_arrived: dict[int, dict[int, float]] = {}
+        self.held: dict[tuple[int, int], float] = {}  # (piece, mb) -> received bytes to free
+        self.dp_free = [0.0] * R
+        self.last_b = {}
+        for r, acts in enumerate(s.actions):
+            for a in acts:
+                if a.op == "B":
+                    self.last_b[a.piece] = a.mb  # last backward of each piece in rank order
+        self.queue: list[tuple[float, int, int]] = []
+        self.seq = 0
+        self.finish = [0.0] * R
+
+    # ------------------------------------------------------------------ helpers
+    def wake(self, r: int, t: float) -> None:
+        self.seq += 1
+        heapq.heappush(self.queue, (t, self.seq, r))
+
+    def ports(self, a: int, b: int) -> tuple[object, object, LinkSpec]:
+        cl = self.cluster
+        if cl.size >= max(a, b) + 1 and cl.node_of(a) != cl.node_of(b):
+            return ("nic", cl.node_of(a)), ("nic", cl.node_of(b)), cl.inter
+        return ("dev", a), ("dev", b), cl.intra
+
+    def add_mem(self, r: int, t: float, delta: float) -> None:
+        if delta:
+            self.mem[r].append((t, delta))
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> Timeline:
+        s = self.s
+        for r in range(s.num_ranks):
+            self.wake(r, 0.0)
+        while self.queue:
+            t, _, r = heapq.heappop(self.queue)
+            self.step(r, t)
+        unfinished = [f"rank {r} at {s.actions[r][self.pc[r]]}" for r in range(s.num_ranks)
+                      if self.pc[r] < len(s.actions[r])]
+        if unfinished:
+            raise ScheduleError("the schedule deadlocks in simulation: " +
+                                "; ".join(unfinished[:6]))
+        iteration = max([self.finish[r] for r in range(s.num_ranks)] + [0.0])
+        memory = []
+        for r in range(s.num_ranks):
+            deltas = sorted(self.mem[r], key=lambda x: x[0])
+            times = np.array([d[0] for d in deltas])
+            values = np.cumsum([d[1] for d in deltas])
+            memory.append((times, values))
+        events = tuple(sorted(self.events, key=lambda e: (e.start_s, e.rank, e.stream)))
+        return Timeline(s.num_ranks, events, iteration, tuple(memory),
+                        self.cluster.device.memory_bytes, "simulated",
+                        {"schedule": s.kind, "microbatches": s.microbatches, "dp": self.opt.dp})
+
+    def step(self, r: int, t: float) -> None:
+        """Run rank ``r``'s actions from time ``t`` until it blocks or finishes."""
+        acts = self.s.actions[r]
+        while self.pc[r] < len(acts):
+            a = acts[self.pc[r]]
+            nxt = self.execute(r, a, t)
+            if nxt is None:  # blocked; someone will wake us
+                return
+            if nxt > t:
+                self.pc[r] += 1
+                self.finish[r] = nxt
+                self.wake(r, nxt)
+                return
+            self.pc[r] += 1
+            self.finish[r] = max(self.finish[r], t)
+
+    def execute(self, r: int, a: Action, t: float) -> float | None:
+        """Perform ``a`` at ``t``; return when the rank is free again, or None if blocked."""
+        c, s = self.c, self.s
+        if a.op in ("F", "B"):
+            dur = float(c.fwd_s[a.piece] if a.op == "F" else c.bwd_s[a.piece])
+            end = t + dur
+            self.events.append(Event(r, a.op, str(a), t, end, "compute", a.mb, a.piece))
+            self.add_mem(r, t, c.transient_bytes[a.piece])
+            self.add_mem(r, end, -c.transient_bytes[a.piece])
+            if a.op == "F":
+                self.add_mem(r, end, c.saved_bytes[a.piece])
+            else:
+                self.add_mem(r, end, -c.saved_bytes[a.piece] - self.held.pop((a.piece, a.mb), 0.0))
+                if self.opt.dp > 1 and self.last_b.get(a.piece) == a.mb:
+                    self.dp_allreduce(r, a.piece, end)
+            return end
+        if a.op in ("SF", "SB"):
+            self.send(r, a, t)
+            return t
+        if a.op in ("RF", "RB"):
+            key = (a.transfer, a.op[1], a.mb)
+            arrive = self.arrival.get(key)
+            if arrive is None:
+                self.waiting[key] = r
+                return None
+            tr = s.pieces.transfers[a.transfer]
+            nbytes = float(c.transfer_bytes[a.transfer])
+            self.add_mem(r, arrive, nbytes)
+            consumer = tr.dst if a.op == "RF" else tr.src
+            self.held[(consumer, a.mb)] = self.held.get((consumer, a.mb), 0.0) + nbytes
+            return max(t, arrive)
+        if a.op == "AR":
+            return self.collective(r, a, t)
+        # OPT: wait for data-parallel all-reduces, then update parameters
+        start = max(t, self.dp_free[r])
+        dur = float(c.param_bytes[r]) * self.opt.optimizer_bytes_per_param_byte / \
+            self.cluster.device.mem_bandwidth
+        self.events.append(Event(r, "optim", "OPT", start, start + dur, "compute"))
+        return start + dur if start + dur > t else t
+
+    def send(self, r: int, a: Action, t: float) -> None:
+        s, c = self.s, self.c
+        dst = s.peer(r, a)
+        nbytes = float(c.transfer_bytes[a.transfer])
+        out_port, in_port, link = self.ports(r, dst)
+        start = max(t, self.port_out.get(out_port, 0.0), self.port_in.get(in_port, 0.0))
+        busy = nbytes / link.bandwidth
+        self.port_out[out_port] = start + busy
+        self.port_in[in_port] = start + busy
+        arrive = start + link.latency_s + busy
+        self.events.append(Event(r, "send", str(a), start, arrive, "comm", a.mb, -1, int(nbytes)))
+        key = (a.transfer, a.op[1], a.mb)
+        self.arrival[key] = arrive
+        waiter = self.waiting.pop(key, None)
+        if waiter is not None:
+            self.wake(waiter, arrive)
+
+    def collective(self, r: int, a: Action, t: float) -> float | None:
+        group = self.s.buckets[a.bucket] if a.bucket < len(self.s.buckets) else (r,)
+        arrived = self.ar_arrived.setdefault(a.bucket, {})
+        arrived[r] = t
+        if len(arrived) < len(group):
+            return None
+        start = max(arrived.values())
+        nbytes = self.opt.bucket_bytes[a.bucket] if a.bucket < len(self.opt.bucket_bytes) else 0.0
+        link = self.cluster.intra
+        end = start + ring_allreduce_s(nbytes, len(group), link)
+        for member in group:
+            self.events.append(Event(member, "allreduce", str(a), start, end, "comm",
+                                     bytes=int(nbytes)))
+            if member != r:
+                self.pc[member] += 1
+                self.finish[member] = end
+                self.wake(member, end)
+        return end
+
+    def dp_allreduce(self, r: int, piece: int, t: float) -> None:
+        """Overlapped data-parallel all-reduce of one piece's gradients (ring over ``dp``)."""
+        share = float(self.c.piece_param_bytes[piece])
+        link = self.opt.dp_link or (self.cluster.inter if self.cluster.nodes > 1
+                                    else self.cluster.intra)
+        start = max(t, self.dp_free[r])
+        end = start + ring_allreduce_s(share, self.opt.dp, link)
+        self.dp_free[r] = end
+        if end > start:
+            self.events.append(Event(r, "allreduce", f"DP{piece}", start, end, "comm",
+                                     piece=piece, bytes=int(share)))

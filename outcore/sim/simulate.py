@@ -1,0 +1,127 @@
+"""Simulate a plan: build its schedule, run it in simulated time, summarise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from outcore.errors import UsageError
+from outcore.graph.ir import Graph
+from outcore.hardware.spec import Cluster, DeviceSpec, flat_cluster
+from outcore.plan.plan import Plan
+from outcore.schedule.costs import PieceCosts, mb_scale
+from outcore.schedule.ir import Schedule
+from outcore.schedule.make import make_schedule
+from outcore.sim.engine import SimOptions, simulate_schedule
+from outcore.sim.timeline import Timeline
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """A simulated iteration.
+
+    Attributes:
+        timeline: every action's start and end, memory over time.
+        schedule: the schedule that was simulated (what the runtime would execute).
+        costs: per-piece costs used.
+        iteration_s: time of one iteration (global batch).
+        busy_s, idle_s, bubble_s: per rank: compute time, iteration minus compute, and idle time
+            between the rank's first and last compute (pipeline bubbles).
+        comm_bytes: bytes sent per rank (excluding data-parallel all-reduce).
+        peak_bytes: peak memory per rank.
+        samples_per_s: global batch / iteration time (× data-parallel replicas).
+    """
+
+    timeline: Timeline
+    schedule: Schedule
+    costs: PieceCosts
+    iteration_s: float
+    busy_s: np.ndarray
+    idle_s: np.ndarray
+    bubble_s: np.ndarray
+    comm_bytes: np.ndarray
+    peak_bytes: np.ndarray
+    samples_per_s: float
+    memory_limit_bytes: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"iteration_s": self.iteration_s, "samples_per_s": self.samples_per_s,
+                "busy_s": self.busy_s.tolist(), "idle_s": self.idle_s.tolist(),
+                "bubble_s": self.bubble_s.tolist(), "comm_bytes": self.comm_bytes.tolist(),
+                "peak_bytes": self.peak_bytes.tolist(),
+                "memory_limit_bytes": self.memory_limit_bytes,
+                "schedule": self.schedule.kind, "microbatches": self.schedule.microbatches,
+                "pieces": len(self.schedule.pieces.pieces),
+                "transfers": len(self.schedule.pieces.transfers)}
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_limit_bytes is None or bool(
+            (self.peak_bytes <= self.memory_limit_bytes * (1 + 1e-9)).all())
+
+
+def cluster_from_plan(plan: Plan) -> Cluster:
+    """The cluster a plan was made for (a flat network of ``plan.devices`` devices)."""
+    c = plan.cluster or {}
+    mem = plan.memory_bytes if plan.memory_bytes else float("inf")
+    return flat_cluster(plan.devices, memory_bytes=mem, bandwidth=float(c.get("bandwidth", 16e9)),
+                        latency_s=float(c.get("latency_s", 25e-6)),
+                        device=DeviceSpec(str(c.get("device", "generic")), mem,
+                                          float(c.get("peak_flops", 1e13)),
+                                          float(c.get("mem_bandwidth", 1e12))))
+
+
+def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
+             microbatches: int | None = None, schedule: str | None = None,
+             global_batch: int | None = None, dp: int = 1) -> SimResult:
+    """Predict one training iteration of ``plan`` on ``cluster``.
+
+    Args:
+        plan: where each node runs (``plan.assignment``).
+        g: the graph the plan was made for (costs at ``g.batch_size``).
+        cluster: devices and links (default: from the plan).
+        microbatches: micro-batches per iteration (default: the plan's).
+        schedule: ``gpipe`` or ``1f1b`` (default: the plan's).
+        global_batch: samples per iteration (default ``g.batch_size``); each micro-batch is
+            ``global_batch / microbatches`` samples.
+        dp: data-parallel replicas of the whole plan.
+    """
+    plan.check(g)
+    M = int(microbatches or plan.microbatches or 1)
+    if M < 1:
+        raise UsageError(f"micro-batches must be at least 1, got {M}")
+    if dp < 1:
+        raise UsageError(f"data-parallel degree must be at least 1, got {dp}")
+    kind = schedule or plan.schedule or "1f1b"
+    cl = cluster or cluster_from_plan(plan)
+    batch = global_batch or g.batch_size
+    scale = mb_scale(g, batch / M if batch else None)
+    sched, costs, _ = make_schedule(g, plan.assignment, plan.devices, microbatches=M, kind=kind,
+                                    cluster=cl, scale=scale, optimizer=plan.optimizer)
+    opts = SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())))
+    tl = simulate_schedule(sched, costs, cl, opts)
+    return summarize(tl, sched, costs, batch, dp, plan.memory_bytes)
+
+
+def summarize(tl: Timeline, sched: Schedule, costs: PieceCosts, batch: int | None, dp: int,
+              memory_limit: float | None) -> SimResult:
+    R = tl.num_ranks
+    busy = tl.busy_s()
+    first = np.full(R, np.inf)
+    last = np.zeros(R)
+    for e in tl.events:
+        if e.stream == "compute" and e.kind in ("F", "B"):
+            first[e.rank] = min(first[e.rank], e.start_s)
+            last[e.rank] = max(last[e.rank], e.end_s)
+    span = np.where(np.isfinite(first), last - first, 0.0)
+    compute_fb = np.zeros(R)
+    for e in tl.events:
+        if e.kind in ("F", "B"):
+            compute_fb[e.rank] += e.duration_s
+    bubble = np.maximum(span - compute_fb, 0.0)
+    it = tl.iteration_s
+    samples = (batch or 0) * dp / it if it > 0 else float("inf")
+    return SimResult(tl, sched, costs, it, busy, np.maximum(it - busy, 0.0), bubble,
+                     tl.comm_bytes(), tl.peak_bytes(), samples, memory_limit)
