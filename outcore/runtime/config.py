@@ -1,0 +1,62 @@
+"""The one configuration of a training run (the CLI and the Python API both fill it)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a worker needs to train, besides the graph and the plan.
+
+    Attributes:
+        model: model name (``torchvision:resnet18``, ``outcore:mlp``, ``file.py:fn``).
+        input_shape: example input shape (batch first) or None for the model's default.
+        batch_size: global batch per step.
+        microbatches: micro-batches per step (the batch must divide evenly).
+        steps: training steps to run (in total, counting resumed ones).
+        schedule: ``gpipe`` or ``1f1b``.
+        optimizer: ``adam``, ``adamw`` or ``sgd``; ``lr``, ``momentum``, ``weight_decay``.
+        lr_schedule: ``none``, ``cosine`` or ``step`` (×0.1 every third of the run).
+        seed: seeds weights and data.
+        data: ``synthetic`` or ``imagefolder:PATH``.
+        metrics_out: JSONL file, one object per step (written by rank 0).
+        trace_dir: write a measured Chrome trace / timeline per rank of the last step.
+        checkpoint_dir, checkpoint_every, resume: sharded checkpoints.
+        timeout_s: longest wait for any message, collective or worker.
+        track_memory: measure each rank's peak tensor memory each step.
+        threads: torch threads per worker.
+        return_state: return every rank's final parameters (tests).
+        fail_at_step: make ``fail_rank`` raise (or hang) at this step (fault tests).
+    """
+
+    model: str
+    input_shape: tuple[int, ...] | None = None
+    batch_size: int = 8
+    microbatches: int = 1
+    steps: int = 10
+    schedule: str = "1f1b"
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_schedule: str = "none"
+    seed: int = 0
+    data: str = "synthetic"
+    metrics_out: str | None = None
+    trace_dir: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    timeout_s: float = 60.0
+    track_memory: bool = True
+    threads: int | None = 1
+    return_state: bool = False
+    fail_at_step: int = -1
+    fail_rank: int = -1
+    fail_mode: str = "raise"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

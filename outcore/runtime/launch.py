@@ -1,0 +1,221 @@
+"""Run a function on K local worker processes joined by torch.distributed, or inside the job
+this process is already part of (torchrun, mpirun, srun).
+
+Local workers are spawned (not forked), bound to 127.0.0.1 on a free port, use gloo on CPU and
+NCCL on GPUs (one GPU per worker), run with one thread each unless told otherwise, and are torn
+down whatever happens: when a worker fails, the others are stopped within ``grace_s`` seconds
+and the error names the rank and what it was doing.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+from outcore.errors import LaunchError, OutcoreError, RuntimeFailure
+from outcore.runtime.env import JobEnv, detect, free_port
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    launcher: str
+
+
+def _backend() -> str:
+    import torch
+    return "nccl" if torch.cuda.is_available() and torch.distributed.is_nccl_available() \
+        else "gloo"
+
+
+def init_distributed(env: JobEnv, timeout_s: float, threads: int | None) -> WorkerContext:
+    """Join the process group described by ``env`` (sets the device and thread count)."""
+    import torch
+    import torch.distributed as dist
+
+    backend = _backend()
+    if threads:
+        torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+    os.environ.setdefault("MASTER_ADDR", env.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                                timeout=timedelta(seconds=timeout_s))
+    return WorkerContext(env.rank, env.world_size, env.local_rank, backend, env.launcher)
+
+
+def _worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple,
+            results: Any, timeout_s: float, threads: int | None) -> None:
+    import torch.distributed as dist
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "OUTCORE_LOCAL_WORKER": "1"})
+    try:
+        env = JobEnv("local", rank, world, rank, "127.0.0.1", port)
+        ctx = init_distributed(env, timeout_s, threads)
+        out = fn(ctx, *args)
+        results.put((rank, "ok", _pack(out)))
+    except BaseException as e:  # report everything to the launcher, then exit non-zero
+        msg = str(e) if isinstance(e, OutcoreError) else \
+            f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        try:
+            results.put((rank, "error", msg))
+            results.close()
+            results.join_thread()  # flush the message before dying
+        finally:
+            os._exit(1)
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # best effort on the way out
+                pass
+
+
+def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
+              timeout_s: float = 60.0, threads: int | None = 1, grace_s: float = 5.0,
+              poll: Callable[[], None] | None = None, overall_timeout_s: float | None = None
+              ) -> list[Any]:
+    """Run ``fn(ctx, *args)`` on ``world_size`` spawned local workers; return their results.
+
+    Args:
+        fn: a picklable module-level function; ``ctx`` is a :class:`WorkerContext`.
+        world_size: number of workers.
+        timeout_s: timeout of the process group (every collective and receive).
+        threads: torch threads per worker (None: torch's default).
+        grace_s: time the other workers get to stop after one failed.
+        poll: called about 5 times a second while waiting (progress display).
+        overall_timeout_s: stop everything if the run takes longer than this.
+
+    Raises :class:`RuntimeFailure` naming the first rank that failed and its error.
+    """
+    if world_size < 1:
+        raise LaunchError(f"need at least one worker, got {world_size}")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results,
+                                                timeout_s, threads), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    outputs: dict[int, Any] = {}
+    errors: list[tuple[int, str]] = []
+    started = time.monotonic()
+    try:
+        while len(outputs) < world_size and not errors:
+            try:
+                rank, status, value = results.get(timeout=0.2)
+                if status == "ok":
+                    outputs[rank] = _unpack(value)
+                else:
+                    errors.append((rank, value))
+            except queue_mod.Empty:
+                pass
+            if poll is not None:
+                poll()
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
+                    and r not in outputs]
+            if dead and not errors:
+                _drain(results, outputs, errors)
+                if not errors:
+                    r = dead[0]
+                    errors.append((r, f"worker {r} exited with code {procs[r].exitcode}"
+                                      " (killed or crashed)"))
+            if overall_timeout_s and time.monotonic() - started > overall_timeout_s:
+                errors.append((-1, f"the run took longer than {overall_timeout_s:.0f} s"))
+        if errors:
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+                _drain(results, outputs, errors)
+                time.sleep(0.1)
+            _drain(results, outputs, errors)
+            rank, msg = min(errors, key=lambda e: _root_cause_rank(e[1], e[0]))
+            who = f"rank {rank}" if rank >= 0 else "the run"
+            raise RuntimeFailure(f"{who} failed: {msg.strip()}")
+        return [outputs[r] for r in range(world_size)]
+    except KeyboardInterrupt:
+        raise LaunchError("interrupted; all workers stopped") from None
+    finally:
+        _stop(procs)
+
+
+def _root_cause_rank(msg: str, rank: int) -> tuple[int, int]:
+    """Order errors so that a real failure beats the timeouts it caused in other ranks."""
+    secondary = ("timed out" in msg or "Connection closed" in msg or "connection" in msg.lower()
+                 or "exited with code" in msg)
+    return (1 if secondary else 0, rank)
+
+
+def _drain(results: Any, outputs: dict[int, Any], errors: list[tuple[int, str]]) -> None:
+    while True:
+        try:
+            rank, status, value = results.get_nowait()
+        except (queue_mod.Empty, OSError, ValueError):
+            return
+        if status == "ok":
+            outputs[rank] = _unpack(value)
+        else:
+            errors.append((rank, value))
+
+
+def _pack(value: Any) -> bytes:
+    """Serialise a worker's result (tensors by value: shared-memory handles die with it)."""
+    import io
+
+    import torch
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
+def _unpack(data: bytes) -> Any:
+    import io
+
+    import torch
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _stop(procs: list[Any]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(timeout=5)
+
+
+def run_in_job(fn: Callable[..., Any], args: tuple = (), *, timeout_s: float = 60.0,
+               threads: int | None = None) -> Any:
+    """Run ``fn(ctx, *args)`` in the job this process belongs to (torchrun/mpirun/srun)."""
+    env = detect()
+    if env.launcher == "none":
+        raise LaunchError("not started by torchrun, mpirun or srun: use run_local")
+    ctx = init_distributed(env, timeout_s, threads)
+    import torch.distributed as dist
+    try:
+        return fn(ctx, *args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

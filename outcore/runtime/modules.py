@@ -1,0 +1,146 @@
+"""Build one rank's executable pieces from the traced model and the plan.
+
+Every piece becomes its own ``fx.GraphModule`` whose inputs are the values it receives (from
+other pieces, or the model's inputs) and whose outputs are the values other pieces (or the loss)
+need. All pieces of a rank share the rank's one copy of the model's parameters, so a module
+used by two pieces accumulates one gradient. Parameters and buffers that no node of this rank
+uses are dropped after initialisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from outcore.plan.pieces import Pieces
+
+
+@dataclass
+class PieceModule:
+    """One piece, executable.
+
+    Attributes:
+        id: piece id.
+        module: ``forward(*inputs) -> tuple(outputs)``.
+        inputs: per input, the producer fx node name (a placeholder name for model inputs).
+        outputs: per output, the fx node name whose value it is.
+        model_outputs: fx node names among ``outputs`` that are the model's output.
+    """
+
+    id: int
+    module: fx.GraphModule
+    inputs: list[str]
+    outputs: list[str]
+    model_outputs: list[str]
+
+
+def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
+                        rank: int) -> list[PieceModule]:
+    """Piece modules of ``rank``, in piece order.
+
+    Args:
+        gm: the traced model (shared; pieces reference its submodules and parameters).
+        names: fx node name of each graph node index (the graph ``pieces`` was cut from).
+        pieces: the cut of the placed graph.
+        rank: this rank.
+    """
+    nodes = {n.name: n for n in gm.graph.nodes}
+    piece_of_name = {names[i]: int(p) for i, p in enumerate(pieces.piece_of.tolist())}
+    result = []
+    for piece in pieces.pieces:
+        if piece.device != rank:
+            continue
+        members = [names[i] for i in piece.nodes]
+        member_set = set(members)
+        graph = fx.Graph()
+        env: dict[str, fx.Node] = {}
+        inputs: list[str] = []
+        model_outputs: list[str] = []
+        out_values: dict[str, fx.Node] = {}
+
+        def lookup(n: fx.Node) -> fx.Node:
+            if n.name in env:
+                return env[n.name]
+            ph = graph.placeholder(f"in_{n.name}")
+            env[n.name] = ph
+            inputs.append(n.name)
+            return ph
+
+        for name in members:
+            n = nodes[name]
+            if n.op == "placeholder":
+                ph = graph.placeholder(f"in_{n.name}")
+                env[n.name] = ph
+                inputs.append(n.name)
+                continue
+            if n.op == "output":
+                value = fx.map_arg(n.args[0], lookup)
+                env[n.name] = graph.call_function(_identity, (value,))
+                model_outputs.append(n.name)
+                out_values[n.name] = env[n.name]
+                continue
+            # make sure external inputs become placeholders before the node is copied
+            fx.map_arg((n.args, n.kwargs), lambda a: lookup(a) if a.name not in member_set
+                       else a)
+            env[n.name] = graph.node_copy(n, lambda a: env[a.name] if a.name in env else lookup(a))
+        for name in members:
+            if name in out_values:
+                continue
+            users = nodes[name].users
+            if any(piece_of_name.get(u.name) != piece.id for u in users):
+                out_values[name] = env[name]
+        outputs = list(out_values)
+        graph.output(tuple(out_values[k] for k in outputs))
+        module = fx.GraphModule(gm, graph, f"piece{piece.id}")
+        result.append(PieceModule(piece.id, module, inputs, outputs, model_outputs))
+    return result
+
+
+def _identity(x):
+    return x
+
+
+torch.fx.wrap("_identity")
+
+
+def prune_unowned(gm: fx.GraphModule, pieces_here: list[PieceModule]) -> list[str]:
+    """Drop parameters and buffers no piece of this rank uses; return the kept parameter names.
+
+    The model is built whole (so that a seed gives the same weights as single-process
+    training), then each rank keeps only what its nodes touch.
+    """
+    used_modules: set[str] = set()
+    used_attrs: set[str] = set()
+    for pm in pieces_here:
+        for n in pm.module.graph.nodes:
+            if n.op == "call_module":
+                used_modules.add(str(n.target))
+            elif n.op == "get_attr":
+                used_attrs.add(str(n.target))
+
+    def used(qualname: str) -> bool:
+        if qualname in used_attrs:
+            return True
+        return any(qualname == m or qualname.startswith(m + ".") for m in used_modules)
+
+    kept = []
+    for qualname, _ in list(gm.named_parameters(remove_duplicate=False)):
+        if used(qualname):
+            kept.append(qualname)
+            continue
+        owner, _, attr = qualname.rpartition(".")
+        mod = gm.get_submodule(owner) if owner else gm
+        if attr in mod._parameters:
+            mod._parameters[attr] = nn.Parameter(torch.empty(0, device="meta"),
+                                                 requires_grad=False)
+    for qualname, _ in list(gm.named_buffers(remove_duplicate=False)):
+        if used(qualname):
+            continue
+        owner, _, attr = qualname.rpartition(".")
+        mod = gm.get_submodule(owner) if owner else gm
+        if attr in mod._buffers and mod._buffers[attr] is not None:
+            mod._buffers[attr] = torch.empty(0, device="meta")
+    return sorted(set(kept))

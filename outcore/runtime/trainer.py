@@ -1,0 +1,212 @@
+"""``Trainer``: one rank's share of a plan, ready to train inside torch.distributed.
+
+Every rank builds the whole model from the same seed (so its weights equal single-process
+training's), traces it, cuts the traced graph by the plan into pieces, keeps its own pieces and
+the parameters they use, and runs the schedule the simulator predicts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from outcore.errors import PlanError
+from outcore.graph.coarsen import collapse, groups
+from outcore.graph.ir import Graph
+from outcore.plan.plan import Plan, fingerprint
+from outcore.runtime.comm import Messenger
+from outcore.runtime.data import default_loss, split
+from outcore.runtime.executor import RankExecutor, StepResult
+from outcore.runtime.memtrack import MemoryTracker
+from outcore.runtime.modules import build_piece_modules, prune_unowned
+from outcore.runtime.values import value_metas
+from outcore.graph.capture import trace
+from outcore.schedule.make import make_schedule
+from outcore.sim.simulate import cluster_from_plan
+
+log = logging.getLogger(__name__)
+
+
+def expand_assignment(fine: Graph, plan: Plan) -> np.ndarray:
+    """Device of every layer-level node, from a plan made at any collapse depth of ``fine``."""
+    depth = plan.graph.get("depth")
+    if depth is None or plan.assignment.shape[0] == fine.num_nodes:
+        coarse, group = fine, np.arange(fine.num_nodes)
+    else:
+        group, _ = groups(fine, int(depth))
+        coarse = collapse(fine, int(depth))
+    fp = plan.graph.get("fingerprint")
+    if fp and fp != fingerprint(coarse):
+        raise PlanError(f"the plan was made for another model or depth (graph "
+                        f"{plan.graph.get('name')!r}, depth {depth}); re-plan this model")
+    if plan.assignment.shape[0] != coarse.num_nodes:
+        raise PlanError(f"the plan places {plan.assignment.shape[0]} nodes, the model has "
+                        f"{coarse.num_nodes} at depth {depth}: re-plan this model")
+    return plan.assignment[group]
+
+
+@dataclass
+class StepReport:
+    loss: float
+    peak_bytes: int
+    busy_s: float
+    events: list
+
+
+class Trainer:
+    """This rank's part of a plan (see module docstring).
+
+    Args:
+        model: the whole model, freshly built with the run's seed (not modified in place beyond
+            dropping parameters this rank does not use).
+        graph: the layer-level graph of ``model`` (from :func:`outcore.capture`, with costs);
+            the same on every rank.
+        plan: the plan (``plan.devices`` must equal the world size).
+        microbatches: micro-batches per step.
+        micro_inputs: example inputs of one micro-batch (shapes for receive buffers).
+        schedule: ``gpipe`` or ``1f1b``.
+        loss_fn: ``loss_fn(output, target)``; default: cross-entropy / MSE.
+        optimizer: ``optimizer(params) -> torch.optim.Optimizer`` (default Adam, lr 1e-3).
+        lr_scheduler: ``lr_scheduler(optimizer) -> scheduler`` stepped once per step, or None.
+        device: this rank's device.
+        timeout_s: longest wait for any message or collective.
+        track_memory: measure peak tensor memory of each step.
+    """
+
+    def __init__(self, model: nn.Module, graph: Graph, plan: Plan, *, microbatches: int,
+                 micro_inputs: tuple[torch.Tensor, ...], schedule: str = "1f1b",
+                 loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+                 optimizer: Callable[[list[nn.Parameter]], Any] | None = None,
+                 lr_scheduler: Callable[[Any], Any] | None = None,
+                 device: torch.device | None = None, timeout_s: float = 60.0,
+                 track_memory: bool = True):
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        if plan.devices != self.world:
+            raise PlanError(f"the plan is for {plan.devices} devices but {self.world} processes "
+                            f"are running: start {plan.devices} workers, or re-plan for "
+                            f"{self.world}")
+        self.device = device or torch.device("cpu")
+        self.microbatches = microbatches
+        self.track_memory = track_memory
+        traced = trace(model, leaves=tuple(graph.meta.get("forced_leaves", ())))
+        gm = traced.gm
+        names = [n.name for n in gm.graph.nodes]
+        if names != [graph.name_of(i) for i in range(graph.num_nodes)]:
+            raise PlanError("the graph does not match the model's trace: capture the graph "
+                            "from this model (same options) and plan again")
+        assignment = expand_assignment(graph, plan)
+        self.assignment = assignment
+        cluster = cluster_from_plan(plan)
+        scale = 1.0
+        if graph.batch_size:
+            scale = micro_inputs[0].shape[0] / graph.batch_size
+        self.schedule, self.costs, pieces = make_schedule(
+            graph, assignment, self.world, microbatches=microbatches, kind=schedule,
+            cluster=cluster, scale=scale, optimizer=plan.optimizer)
+        metas = value_metas(gm, micro_inputs)
+        modules = build_piece_modules(gm, names, pieces, self.rank)
+        kept = prune_unowned(gm, modules)
+        # move what this rank keeps; dropped tensors stay on the meta device
+        gm._apply(lambda t: t if t.device.type == "meta" else t.to(self.device))
+        self.gm = gm
+        params = dict(gm.named_parameters(remove_duplicate=False))
+        self.params = [params[k] for k in kept if params[k].requires_grad]
+        self.named_params = {k: params[k] for k in kept}
+        make_opt = optimizer or (lambda ps: torch.optim.Adam(ps, lr=1e-3))
+        self.optimizer = make_opt(self.params) if self.params else None
+        self.lr_scheduler = lr_scheduler(self.optimizer) if (lr_scheduler and self.optimizer) \
+            else None
+        buckets = {}
+        for b, group in enumerate(self.schedule.buckets):
+            pg = dist.new_group(list(group)) if dist.is_initialized() else None
+            if self.rank in group:
+                bucket_names = self.schedule.meta["bucket_params"][b]
+                buckets[b] = (pg, [self.named_params[n] for n in bucket_names
+                                   if n in self.named_params])
+        self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        self.needs_inputs = any(assignment[i] == self.rank for i in range(graph.num_nodes)
+                                if graph.op_of(i) == "input")
+        self.needs_targets = any(assignment[i] == self.rank for i in range(graph.num_nodes)
+                                 if graph.op_of(i) == "output")
+        transfers = pieces.transfers
+
+        def leaf_metas(t: int, direction: str):
+            out = []
+            for i in transfers[t].tensors:
+                leaves = metas[names[i]].tensor_leaves()
+                out += leaves if direction == "F" else [m for m in leaves if m.differentiable]
+            return out
+
+        self.step_index = 0
+        self.messenger = Messenger(self.rank, self.schedule, leaf_metas, self.device, timeout_s,
+                                   use_tags=dist.get_backend() != "nccl"
+                                   if dist.is_initialized() else True,
+                                   step_of=lambda: self.step_index)
+        self.executor = RankExecutor(
+            self.rank, self.schedule, {pm.id: pm for pm in modules}, names, metas,
+            self.messenger, loss_fn or default_loss, self.optimizer, buckets, self.placeholders,
+            self.device, on_step=self._after_optimizer)
+        self.pieces = pieces
+
+    def _after_optimizer(self) -> None:
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    def baseline_tensors(self) -> list[torch.Tensor]:
+        """Tensors alive between steps: parameters, gradients, buffers, optimizer state."""
+        out = [p for p in self.gm.parameters() if p.device.type != "meta"]
+        out += [b for b in self.gm.buffers() if b.device.type != "meta"]
+        if self.optimizer is not None:
+            for st in self.optimizer.state.values():
+                out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+        return out
+
+    def step(self, inputs: tuple[torch.Tensor, ...] | None, targets: Any, *,
+             trace: bool = False) -> StepReport:
+        """One training step on a global batch; returns the global loss (on every rank)."""
+        M = self.microbatches
+        micro_in = split(tuple(x.to(self.device) for x in inputs), M) \
+            if (self.needs_inputs and inputs is not None) else None
+        micro_tg = split(_to(targets, self.device), M) \
+            if (self.needs_targets and targets is not None) else None
+        self.executor.trace = trace
+        if self.track_memory:
+            with MemoryTracker(self.device, self.baseline_tensors()) as mt:
+                result: StepResult = self.executor.run_step(micro_in, micro_tg)
+            peak = mt.peak_bytes
+        else:
+            result = self.executor.run_step(micro_in, micro_tg)
+            peak = 0
+        loss = torch.tensor([result.loss if result.loss is not None else 0.0],
+                            dtype=torch.float64)
+        if dist.is_initialized() and self.world > 1:
+            dist.all_reduce(loss)
+        self.step_index += 1
+        return StepReport(float(loss.item()), peak, result.busy_s, result.events)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's parameters, buffers, optimizer and scheduler state (by parameter name)."""
+        state: dict[str, Any] = {"model": {k: v.detach() for k, v in self.named_params.items()}}
+        state["buffers"] = {k: b for k, b in self.gm.named_buffers() if b.device.type != "meta"}
+        if self.optimizer is not None:
+            index = {id(p): k for k, p in self.named_params.items()}
+            opt = self.optimizer.state_dict()
+            order = [index[id(p)] for group in self.optimizer.param_groups
+                     for p in group["params"]]
+            state["optim"] = {"state": {order[i]: v for i, v in opt["state"].items()},
+                              "param_groups": opt["param_groups"]}
+        if self.lr_scheduler is not None:
+            state["lr_scheduler"] = self.lr_scheduler.state_dict()
+        return state
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, value)

@@ -1,0 +1,78 @@
+"""What every fx node's value looks like at the micro-batch size (from one fake-tensor pass).
+
+Receivers preallocate buffers and rebuild values from this: no shapes travel on the wire.
+A value is a pytree; its tensor leaves travel, its other leaves (ints from ``size()``, None)
+are the same on every rank and are restored from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+
+
+@dataclass(frozen=True)
+class LeafMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+
+    @property
+    def differentiable(self) -> bool:
+        return self.requires_grad and (self.dtype.is_floating_point or self.dtype.is_complex)
+
+
+@dataclass(frozen=True)
+class ValueMeta:
+    """Structure of one node's value: pytree spec, per-leaf tensor meta or constant."""
+
+    spec: TreeSpec
+    leaves: tuple[LeafMeta | Any, ...]
+
+    @property
+    def tensor_positions(self) -> list[int]:
+        return [i for i, x in enumerate(self.leaves) if isinstance(x, LeafMeta)]
+
+    def tensor_leaves(self) -> list[LeafMeta]:
+        return [x for x in self.leaves if isinstance(x, LeafMeta)]
+
+    def rebuild(self, tensors: list[torch.Tensor]) -> Any:
+        """The value, from its tensor leaves (in order) and the recorded constants."""
+        it = iter(tensors)
+        leaves = [next(it) if isinstance(x, LeafMeta) else x for x in self.leaves]
+        return tree_unflatten(leaves, self.spec)
+
+
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """Tensor leaves of a value, in pytree order."""
+    leaves, _ = tree_flatten(value)
+    return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+class _MetaRecorder(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.meta: dict[str, ValueMeta] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        value = result if n.op != "output" else result
+        leaves, spec = tree_flatten(value)
+        self.meta[n.name] = ValueMeta(spec, tuple(
+            LeafMeta(tuple(x.shape), x.dtype, bool(x.requires_grad))
+            if isinstance(x, torch.Tensor) else x for x in leaves))
+        return result
+
+
+def value_metas(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> dict[str, ValueMeta]:
+    """Meta of every node's value for ``inputs`` (run under FakeTensorMode: no memory)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rec = _MetaRecorder(gm)
+    with torch.enable_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        rec.run(*(mode.from_tensor(x) for x in inputs))
+    return rec.meta

@@ -1,0 +1,152 @@
+"""The training worker: what every rank runs for ``outcore train``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from outcore.errors import UsageError
+from outcore.graph.io import from_dict as graph_from_dict
+from outcore.plan.plan import align, from_dict as plan_from_dict
+from outcore.runtime import checkpoint
+from outcore.runtime.config import TrainConfig
+from outcore.runtime.data import ImageFolderData, SyntheticData, split
+from outcore.runtime.trainer import Trainer
+from outcore.sim.timeline import Timeline, save_events
+
+log = logging.getLogger(__name__)
+
+
+def make_optimizer(cfg: TrainConfig):
+    """``params -> optimizer`` for the configured optimizer."""
+    name = cfg.optimizer.lower()
+    if name == "adam":
+        return lambda ps: torch.optim.Adam(ps, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if name == "adamw":
+        return lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if name == "sgd":
+        return lambda ps: torch.optim.SGD(ps, lr=cfg.lr, momentum=cfg.momentum,
+                                          weight_decay=cfg.weight_decay)
+    raise UsageError(f"unknown optimizer {cfg.optimizer!r}: choose adam, adamw or sgd")
+
+
+def make_lr_scheduler(cfg: TrainConfig):
+    if cfg.lr_schedule == "none":
+        return None
+    if cfg.lr_schedule == "cosine":
+        return lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.steps, 1))
+    if cfg.lr_schedule == "step":
+        return lambda opt: torch.optim.lr_scheduler.StepLR(opt, max(cfg.steps // 3, 1), 0.1)
+    raise UsageError(f"unknown lr schedule {cfg.lr_schedule!r}: choose none, cosine or step")
+
+
+def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[str, Any],
+                  device: torch.device):
+    """Resolve the model, build it with the seed, and make this rank's :class:`Trainer`."""
+    from outcore.zoo import resolve_model
+
+    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
+    torch.manual_seed(cfg.seed)
+    model = spec.build()
+    graph = graph_from_dict(graph_doc, source="graph")
+    plan = align(plan_from_dict(plan_doc, source="plan"), graph) \
+        if plan_doc.get("graph", {}).get("depth") is None else plan_from_dict(plan_doc)
+    micro_inputs = split(spec.example_inputs, cfg.microbatches)[0]
+    trainer = Trainer(model, graph, plan, microbatches=cfg.microbatches,
+                      micro_inputs=micro_inputs, schedule=cfg.schedule,
+                      optimizer=make_optimizer(cfg), lr_scheduler=make_lr_scheduler(cfg),
+                      device=device, timeout_s=cfg.timeout_s, track_memory=cfg.track_memory)
+    output_name = next(n.name for n in trainer.gm.graph.nodes if n.op == "output")
+    output_meta = trainer.executor.metas[output_name]
+    if cfg.data == "synthetic":
+        data = SyntheticData(spec.example_inputs, spec.int_high, output_meta, cfg.batch_size,
+                             cfg.seed)
+    elif cfg.data.startswith("imagefolder:"):
+        data = ImageFolderData(cfg.data.split(":", 1)[1], spec.example_inputs[0],
+                               cfg.batch_size, cfg.seed)
+    else:
+        raise UsageError(f"unknown data {cfg.data!r}: use synthetic or imagefolder:PATH")
+    return trainer, data
+
+
+def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
+                 plan_doc: dict[str, Any]) -> dict[str, Any]:
+    """Train ``cfg.steps`` steps on this rank; rank 0 writes the metrics. Returns a summary."""
+    device = torch.device(f"cuda:{torch.cuda.current_device()}") if ctx.backend == "nccl" \
+        else torch.device("cpu")
+    trainer, data = build_trainer(cfg, graph_doc, plan_doc, device)
+    rank, world = trainer.rank, trainer.world
+    start = 0
+    if cfg.resume and cfg.checkpoint_dir:
+        found = checkpoint.latest(cfg.checkpoint_dir)
+        if found is not None:
+            start = checkpoint.load(trainer, found[1])
+            log.info("rank %d resumed after step %d from %s", rank, start, found[1])
+    metrics_file = None
+    if rank == 0 and cfg.metrics_out:
+        Path(cfg.metrics_out).parent.mkdir(parents=True, exist_ok=True)
+        metrics_file = open(cfg.metrics_out, "a" if start else "w")
+    losses, step_times, last_events = [], [], []
+    peaks = [0] * world
+    busy = [0.0] * world
+    try:
+        for step in range(start, cfg.steps):
+            if step == cfg.fail_at_step and rank == cfg.fail_rank:
+                _inject_failure(cfg)
+            need = trainer.needs_inputs or trainer.needs_targets
+            inputs, targets = data.batch(step) if need else (None, None)
+            if world > 1:
+                dist.barrier()
+            t0 = time.perf_counter()
+            report = trainer.step(inputs, targets, trace=(step == cfg.steps - 1
+                                                          and cfg.trace_dir is not None))
+            step_s = time.perf_counter() - t0
+            stats = torch.tensor([float(report.peak_bytes), report.busy_s], dtype=torch.float64)
+            gathered = [torch.zeros_like(stats) for _ in range(world)]
+            if world > 1:
+                dist.all_gather(gathered, stats)
+            else:
+                gathered = [stats]
+            peaks = [int(g[0].item()) for g in gathered]
+            busy = [float(g[1].item()) for g in gathered]
+            losses.append(report.loss)
+            step_times.append(step_s)
+            last_events = report.events
+            if metrics_file is not None:
+                metrics_file.write(json.dumps({
+                    "step": step, "loss": report.loss, "step_s": step_s,
+                    "samples_per_s": cfg.batch_size / step_s, "peak_bytes": peaks,
+                    "busy_s": busy}) + "\n")
+                metrics_file.flush()
+            if cfg.checkpoint_dir and cfg.checkpoint_every and \
+                    (step + 1) % cfg.checkpoint_every == 0:
+                checkpoint.save(trainer, cfg.checkpoint_dir, step + 1)
+    finally:
+        if metrics_file is not None:
+            metrics_file.close()
+    if cfg.trace_dir and last_events:
+        tl = Timeline(world, tuple(last_events), max((e.end_s for e in last_events), default=0),
+                      source="measured", meta={"rank": rank})
+        save_events(Path(cfg.trace_dir) / f"rank{rank}.json", tl)
+    out: dict[str, Any] = {"rank": rank, "losses": losses, "step_s": step_times,
+                           "peak_bytes": peaks, "busy_s": busy,
+                           "pieces": [p.id for p in trainer.pieces.pieces if p.device == rank]}
+    if cfg.return_state:
+        out["state"] = {k: v.detach().cpu().clone() for k, v in trainer.named_params.items()}
+    return out
+
+
+def _inject_failure(cfg: TrainConfig) -> None:
+    """Fault injection for tests: raise, hang, or die hard at a chosen step."""
+    if cfg.fail_mode == "hang":
+        time.sleep(10 * cfg.timeout_s + 60)
+    if cfg.fail_mode == "exit":
+        os._exit(3)
+    raise RuntimeError(f"injected failure at step {cfg.fail_at_step}")

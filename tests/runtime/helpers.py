@@ -1,0 +1,82 @@
+"""Shared helpers for runtime tests: plans from explicit assignments, and a plain single-process
+PyTorch reference that does not use outcore's execution code."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from outcore.graph.capture import capture
+from outcore.graph.io import to_dict as graph_doc
+from outcore.plan.plan import make_plan, to_dict as plan_doc
+from outcore.runtime.config import TrainConfig
+from outcore.runtime.data import SyntheticData, default_loss, split
+from outcore.runtime.values import value_metas
+from outcore.graph.capture import trace
+from outcore.zoo import resolve_model
+
+
+def graph_for(cfg: TrainConfig):
+    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
+    torch.manual_seed(cfg.seed)
+    model = spec.build()
+    micro = split(spec.example_inputs, cfg.microbatches)[0]
+    g = capture(model, micro, name=cfg.model)
+    # simple positive costs so the schedule builder has something to order by
+    g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
+    return g
+
+
+def docs_for(cfg: TrainConfig, assign, devices: int):
+    """Graph and plan documents for ``assign(g) -> int64[n]`` on ``devices`` devices."""
+    g = graph_for(cfg)
+    a = np.asarray(assign(g), dtype=np.int64)
+    plan = make_plan(g, a, strategy="manual", devices=devices, memory_bytes=None,
+                     microbatches=cfg.microbatches, schedule=cfg.schedule)
+    return graph_doc(g), plan_doc(plan), g
+
+
+def chunks(g, k: int) -> np.ndarray:
+    """Contiguous equal-count stages over the graph's (topological) node order."""
+    return np.minimum(np.arange(g.num_nodes) * k // g.num_nodes, k - 1)
+
+
+def reference(cfg: TrainConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Plain PyTorch: same seed, same batches, gradient accumulation over micro-batches."""
+    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
+    torch.manual_seed(cfg.seed)
+    model = copy.deepcopy(spec.build())
+    gm = trace(model).gm
+    out_name = next(n.name for n in gm.graph.nodes if n.op == "output")
+    meta = value_metas(gm, split(spec.example_inputs, cfg.microbatches)[0])[out_name]
+    data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.batch_size, cfg.seed)
+    if cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    losses = []
+    for step in range(cfg.steps):
+        inputs, targets = data.batch(step)
+        total = 0.0
+        for x, y in zip(split(inputs, cfg.microbatches), split(targets, cfg.microbatches)):
+            loss = default_loss(model(*x), y) / cfg.microbatches
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def assert_matches(results, ref_losses, ref_state, rtol=1e-5, atol=1e-6):
+    losses = results[0]["losses"]
+    assert len(losses) == len(ref_losses)
+    np.testing.assert_allclose(losses, ref_losses, rtol=rtol, atol=atol)
+    seen = set()
+    for r in results:
+        for k, v in r["state"].items():
+            torch.testing.assert_close(v, ref_state[k], rtol=rtol, atol=atol, msg=f"param {k}")
+            seen.add(k)
+    assert seen == set(ref_state), f"parameters not held by any rank: {set(ref_state) - seen}"
