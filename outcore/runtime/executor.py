@@ -160,9 +160,11 @@ class RankExecutor:
         values, leaves = [], {}
         for name in pm.inputs:
             v, is_leaf = self._input_value(name, p, mb)
-            values.append(v)
             if is_leaf:
                 leaves[name] = v
+                if name in pm.clone_inputs:
+                    v = self.metas[name].rebuild([t.clone() for t in tensors_of(v)])
+            values.append(v)
         outs = pm.module(*values)
         self.fwd_inputs[(p, mb)] = leaves
         produced = dict(zip(pm.outputs, outs))

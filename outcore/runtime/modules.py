@@ -28,6 +28,8 @@ class PieceModule:
         inputs: per input, the producer fx node name (a placeholder name for model inputs).
         outputs: per output, the fx node name whose value it is.
         model_outputs: fx node names among ``outputs`` that are the model's output.
+        clone_inputs: inputs an in-place operation of the piece modifies (they are passed as
+            copies, since autograd forbids in-place writes to a received leaf tensor).
     """
 
     id: int
@@ -35,6 +37,7 @@ class PieceModule:
     inputs: list[str]
     outputs: list[str]
     model_outputs: list[str]
+    clone_inputs: frozenset[str] = frozenset()
 
 
 def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
@@ -95,8 +98,21 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
         outputs = list(out_values)
         graph.output(tuple(out_values[k] for k in outputs))
         module = fx.GraphModule(gm, graph, f"piece{piece.id}")
-        result.append(PieceModule(piece.id, module, inputs, outputs, model_outputs))
+        clone = frozenset(name for name in inputs
+                          if any(_is_inplace(u, gm) for u in env[name].users))
+        result.append(PieceModule(piece.id, module, inputs, outputs, model_outputs, clone))
     return result
+
+
+def _is_inplace(n: fx.Node, gm: fx.GraphModule) -> bool:
+    """Whether ``n`` may write into its first argument."""
+    if n.kwargs.get("inplace"):
+        return True
+    if n.op == "call_module":
+        return bool(getattr(gm.get_submodule(str(n.target)), "inplace", False))
+    name = getattr(n.target, "__name__", str(n.target))
+    return name.endswith("_") and not name.endswith("__") or name in ("iadd", "isub", "imul",
+                                                                       "itruediv", "setitem")
 
 
 def _identity(x):

@@ -70,13 +70,18 @@ def reference(cfg: TrainConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def assert_matches(results, ref_losses, ref_state, rtol=1e-5, atol=1e-6):
-    losses = results[0]["losses"]
-    assert len(losses) == len(ref_losses)
-    np.testing.assert_allclose(losses, ref_losses, rtol=rtol, atol=atol)
+def assert_matches(results, ref_losses, ref_state, rtol=1e-5):
+    """Losses within ``rtol`` relative; every parameter of every rank within ``rtol`` relative
+    to the largest entry of that tensor (element-wise relative error is meaningless for
+    entries that are zero up to rounding, e.g. attention key biases, whose gradient vanishes)."""
+    for r in results:
+        np.testing.assert_allclose(r["losses"], ref_losses, rtol=rtol, atol=0)
     seen = set()
     for r in results:
         for k, v in r["state"].items():
-            torch.testing.assert_close(v, ref_state[k], rtol=rtol, atol=atol, msg=f"param {k}")
+            scale = max(ref_state[k].abs().max().item(), 1e-3)
+            err = (v - ref_state[k]).abs().max().item()
+            assert err <= rtol * scale, f"rank {r['rank']} parameter {k}: max error {err:.3g} " \
+                                        f"> {rtol:g} x {scale:.3g}"
             seen.add(k)
     assert seen == set(ref_state), f"parameters not held by any rank: {set(ref_state) - seen}"
