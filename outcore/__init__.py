@@ -1,3 +1,20 @@
-"""outcore: train deep networks too large for one device, across many, automatically."""
+"""outcore: train deep networks too large for one device, across many, automatically.
+
+The public functions live in :mod:`outcore.api` and are re-exported here; torch is imported
+only by the functions that need it.
+"""
+
+from outcore.api import (capture, estimate, make_cluster, parallelize, plan, profile,
+                         simulate)
+from outcore.errors import OutcoreError
 
 __version__ = "0.1.0"
+
+__all__ = ["OutcoreError", "capture", "estimate", "make_cluster", "parallelize", "plan",
+           "profile", "simulate", "train"]
+
+
+def train(*args, **kwargs):
+    """Train a model across local workers (see :func:`outcore.train_api.train`)."""
+    from outcore.train_api import train as _train
+    return _train(*args, **kwargs)

@@ -1,0 +1,141 @@
+"""outcore's public functions (DESIGN.md, "Public API"). Each CLI subcommand calls one of them.
+
+    g = outcore.capture(model, example_inputs)            # graph IR with module hierarchy
+    g = outcore.profile(g, model, example_inputs)          # or outcore.estimate(g, "a100")
+    p = outcore.plan(g, devices=4, memory="16GiB", strategy="pardnn")
+    r = outcore.simulate(p, g, microbatches=8, schedule="1f1b")
+    report = outcore.train("outcore:transformer", devices=4, memory="64MiB")
+    trainer = outcore.parallelize(model, example_inputs, plan=p, graph=g)  # in torch.distributed
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from outcore.errors import InfeasibleError, UsageError
+from outcore.graph.ir import Graph
+from outcore.hardware.spec import Cluster, DeviceSpec, flat_cluster
+from outcore.plan.plan import Plan, make_plan
+from outcore.units import parse_bandwidth, parse_bytes, parse_seconds
+
+if TYPE_CHECKING:  # torch-dependent types, imported lazily at call time
+    from outcore.runtime.trainer import Trainer
+    from outcore.sim.simulate import SimResult
+
+log = logging.getLogger(__name__)
+
+
+def capture(model: Any, example_inputs: Any, *, depth: int | None = None,
+            name: str | None = None) -> Graph:
+    """The layer graph of a PyTorch model (see :func:`outcore.graph.capture.capture`)."""
+    from outcore.graph.capture import capture as _capture
+    return _capture(model, example_inputs, depth=depth, name=name)
+
+
+def profile(g: Graph, model: Any, example_inputs: Any, *, device: str | None = None,
+            warmup: int = 2, repeat: int = 5, progress: Any = None) -> Graph:
+    """Measure every node's forward and backward time on the device at hand."""
+    from outcore.cost.profile import profile as _profile
+    return _profile(g, model, example_inputs, device=device, warmup=warmup, repeat=repeat,
+                    progress=progress)
+
+
+def estimate(g: Graph, device: str | DeviceSpec = "cpu") -> Graph:
+    """Predict every node's times from FLOPs and bytes against a device spec (no torch)."""
+    from outcore.cost.analytical import estimate as _estimate
+    return _estimate(g, device)
+
+
+def make_cluster(devices: int, memory: str | float | None = None,
+                 bandwidth: str | float = "16GB/s", latency: str | float = "25us",
+                 device: str | DeviceSpec | None = None) -> Cluster:
+    """A flat cluster of ``devices`` devices from user-facing units."""
+    mem = float(parse_bytes(memory)) if memory is not None else float("inf")
+    if mem <= 0:
+        raise UsageError(f"memory must be positive, got {memory!r}")
+    spec = None
+    if device is not None:
+        if isinstance(device, DeviceSpec):
+            spec = device
+        else:
+            from outcore.hardware.presets import device_preset
+            spec = device_preset(device)
+    return flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
+                        latency_s=parse_seconds(latency), device=spec)
+
+
+def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy: str = "pardnn",
+         bandwidth: str | float = "16GB/s", latency: str | float = "25us",
+         microbatches: int = 1, schedule: str = "1f1b", optimizer: str = "adam",
+         device: str | None = None, seed: int = 0) -> Plan:
+    """Partition ``g`` over ``devices`` devices of ``memory`` each; predict with the simulator.
+
+    Raises :class:`InfeasibleError` (naming the smallest device count or memory that would fit)
+    when nothing fits. The returned plan's ``predicted`` holds the simulated iteration time,
+    per-device peak memory, busy time and communication, and the planner's lower bound.
+    """
+    from outcore.partition import partition
+
+    if not isinstance(devices, (int, np.integer)) or devices < 1:
+        raise UsageError(f"devices must be a positive integer, got {devices!r}")
+    cluster = make_cluster(devices, memory, bandwidth, latency, device)
+    mem = None if memory is None else float(parse_bytes(memory))
+    result = partition(g, int(devices), memory_bytes=mem, cluster=cluster, strategy=strategy,
+                       optimizer=optimizer, microbatches=microbatches, seed=seed)
+    cluster_doc = {"bandwidth": cluster.intra.bandwidth, "latency_s": cluster.intra.latency_s,
+                   "device": cluster.device.name, "peak_flops": cluster.device.peak_flops,
+                   "mem_bandwidth": cluster.device.mem_bandwidth}
+    p = make_plan(g, result.assignment, strategy=result.strategy, devices=int(devices),
+                  memory_bytes=mem, schedule=schedule, microbatches=microbatches,
+                  optimizer=optimizer, cluster=cluster_doc,
+                  extra={"notes": list(result.notes), "devices_used": result.devices_used})
+    from outcore.sim.simulate import simulate as _simulate
+    sim = _simulate(p, g)
+    predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
+                 "planner_makespan_s": result.makespan_s,
+                 "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}
+    return p.replace(predicted=predicted)
+
+
+def simulate(p: Plan, g: Graph, *, microbatches: int | None = None, schedule: str | None = None,
+             cluster: Cluster | None = None, dp: int = 1,
+             global_batch: int | None = None) -> "SimResult":
+    """Predict one training iteration of a plan (see :func:`outcore.sim.simulate`)."""
+    from outcore.sim.simulate import simulate as _simulate
+    return _simulate(p, g, microbatches=microbatches, schedule=schedule, cluster=cluster, dp=dp,
+                     global_batch=global_batch)
+
+
+def parallelize(model: Any, example_inputs: Any, *, plan: Plan, graph: Graph | None = None,
+                microbatches: int | None = None, **trainer_options: Any) -> "Trainer":
+    """This rank's :class:`~outcore.runtime.trainer.Trainer` for ``plan``, inside an initialised
+    torch.distributed process group (one process per device of the plan).
+
+    ``model`` must be freshly built with the same seed on every rank. ``graph`` is the graph the
+    plan was made for (captured from ``model`` at layer level); captured here if omitted.
+    ``example_inputs`` is one global batch (its first dimension is split into micro-batches).
+    """
+    from outcore.runtime.data import split
+    from outcore.runtime.trainer import Trainer
+
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    M = int(microbatches or plan.microbatches or 1)
+    micro = split(inputs, M)[0]
+    if graph is None:
+        graph = capture(model, micro)
+    return Trainer(model, graph, plan, microbatches=M, micro_inputs=micro,
+                   schedule=plan.schedule, **trainer_options)
+
+
+def check_fits(p: Plan) -> None:
+    """Raise :class:`InfeasibleError` when the plan's predicted peaks exceed its memory limit."""
+    peaks = p.predicted.get("peak_bytes")
+    if p.memory_bytes and peaks and max(peaks) > p.memory_bytes * (1 + 1e-9):
+        worst = int(np.argmax(peaks))
+        from outcore.units import format_bytes
+        raise InfeasibleError(f"device {worst} needs {format_bytes(max(peaks))}, limit "
+                              f"{format_bytes(p.memory_bytes)}: add devices, raise --memory, "
+                              "or use fewer micro-batches in flight (--schedule 1f1b)")

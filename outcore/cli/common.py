@@ -1,0 +1,78 @@
+"""Shared CLI pieces: model arguments, unit arguments, console output."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from outcore.errors import UsageError
+
+console = Console(stderr=False, highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+MODEL_HELP = ("the model: torchvision:<builder> (e.g. torchvision:resnet50), outcore:<zoo model>"
+              " (resnet_k, wide_resnet, amoebanet, transformer, lstm_lm, mlp, diamond, "
+              "two_tower; options after a colon: outcore:resnet_k:depth=110), or "
+              "path/to/file.py:function returning a module or (module, example_input)")
+
+
+def add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("model", nargs=None if required else "?", help=MODEL_HELP)
+    p.add_argument("--input-shape", metavar="SHAPE",
+                   help="example input shape, batch first: 8x3x224x224 (default: the model's own)")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="batch size (overrides the first dimension of --input-shape)")
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*[str(x) for x in r])
+    return t
+
+
+def check_output_suffix(path: str, allowed: tuple[str, ...]) -> Path:
+    p = Path(path)
+    if p.suffix.lower() not in allowed:
+        raise UsageError(f"cannot write {path!r}: the file name must end in "
+                         f"{', '.join(allowed)}")
+    return p
+
+
+def is_graph_file(text: str) -> bool:
+    return text.endswith(".json") and Path(text).is_file()
+
+
+def note(msg: str) -> None:
+    err_console.print(msg)
+
+
+def stdout_is_tty() -> bool:
+    return sys.stdout.isatty()

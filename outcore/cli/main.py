@@ -1,0 +1,66 @@
+"""The ``outcore`` command. Each subcommand calls one public function of :mod:`outcore.api`.
+
+Errors that the user can fix print as one line on stderr with exit code 2; ``--debug`` shows the
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from outcore import __version__
+from outcore.errors import OutcoreError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from outcore.cli import graph_cmd, plan_cmd, simulate_cmd, train_cmd
+
+    parser = argparse.ArgumentParser(
+        prog="outcore",
+        description="Train deep networks too large for one device across many: capture the "
+                    "graph, cost it, partition it under a memory limit, simulate, and run it "
+                    "on torch.distributed.",
+        epilog="Run `outcore <command> --help` for each command's options.")
+    parser.add_argument("--version", action="version", version=f"outcore {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    graph_cmd.add_parser(sub, "graph")
+    graph_cmd.add_parser(sub, "profile")
+    plan_cmd.add_parser(sub)
+    simulate_cmd.add_parser(sub)
+    train_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    try:
+        from rich.logging import RichHandler
+        handler: logging.Handler = RichHandler(show_path=False, show_time=False)
+    except ImportError:  # pragma: no cover
+        handler = logging.StreamHandler()
+    logging.basicConfig(level=level, handlers=[handler], format="%(message)s")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except OutcoreError as e:
+        if args.debug:
+            raise
+        print(f"outcore {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("outcore: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""``outcore plan``: partition a graph (or a model) over devices under a memory limit."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from outcore.cli.common import (MODEL_HELP, check_output_suffix, console, is_graph_file,
+                                nonneg_int, note, positive_int, table)
+from outcore.units import format_bytes, format_seconds
+
+DESCRIPTION = """Partition a graph over K devices so that every device's training memory fits
+--memory and the iteration is as fast as possible, then predict it with the simulator. Prints
+per device: nodes, compute time, peak memory against the limit, bytes sent; the predicted
+iteration time and a lower bound (the larger of the critical path and total work / K). Writes
+outcore-plan/1 JSON. Units: plain numbers are bytes, bytes/s and seconds; or 80GiB, 512MB,
+16GB/s, 100Gb/s, 25us, 1.5ms."""
+
+
+def strategies_help() -> str:
+    try:
+        from outcore.partition import STRATEGIES
+        return "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items())
+    except ImportError:  # pragma: no cover
+        return "pardnn, pipeline"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="partition a graph over devices under a memory limit",
+                       description=DESCRIPTION)
+    p.add_argument("source", metavar="GRAPH.json|MODEL",
+                   help="an outcore-graph/1 file, or a model (" + MODEL_HELP + ")")
+    p.add_argument("--devices", "-k", type=positive_int, required=True, help="number of devices")
+    p.add_argument("--memory", metavar="SIZE", help="memory per device (e.g. 80GiB); default: "
+                   "unlimited")
+    p.add_argument("--bandwidth", default="16GB/s", help="link bandwidth (default 16GB/s)")
+    p.add_argument("--latency", default="25us", help="link latency (default 25us)")
+    p.add_argument("--strategy", default="pardnn", help="planner: " + strategies_help())
+    p.add_argument("--microbatches", type=positive_int, default=1,
+                   help="micro-batches per iteration (default 1)")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
+    p.add_argument("--optimizer", default="adam",
+                   help="optimizer the memory model assumes: adam (4x params), sgd (2x), "
+                        "sgd-momentum (3x)")
+    p.add_argument("--input-shape", metavar="SHAPE", help="for a MODEL: example input shape")
+    p.add_argument("--batch-size", type=int, help="for a MODEL: batch size")
+    p.add_argument("--depth", type=nonneg_int, help="plan on blocks of this module depth")
+    p.add_argument("--profile", action="store_true",
+                   help="for a MODEL: profile layer times here (default: estimate them)")
+    p.add_argument("--estimate", metavar="DEVICE", default=None,
+                   help="for a MODEL: device preset whose times to estimate (default cpu)")
+    p.add_argument("-o", "--output", default="plan.json", help="plan file (default plan.json)")
+    p.add_argument("--picture", metavar="FILE.png|svg",
+                   help="also draw the graph coloured by device")
+    p.add_argument("--gantt", metavar="FILE.png", help="also draw the simulated timeline")
+    p.set_defaults(func=run)
+
+
+def load_or_capture(source: str, args: argparse.Namespace):
+    """A graph from a JSON file, or captured and costed from a model name."""
+    import outcore
+    from outcore.graph import load
+
+    if is_graph_file(source):
+        return load(source), False
+    from outcore.units import parse_shape
+    from outcore.zoo import resolve_model
+    import torch
+    shape = parse_shape(args.input_shape) if args.input_shape else None
+    spec = resolve_model(source, input_shape=shape, batch_size=args.batch_size)
+    torch.manual_seed(0)
+    model = spec.build()
+    g = outcore.capture(model, spec.example_inputs, name=source)
+    if getattr(args, "profile", False):
+        g = outcore.profile(g, model, spec.example_inputs, repeat=3)
+    else:
+        g = outcore.estimate(g, args.estimate or "cpu")
+    return g, True
+
+
+def run(args: argparse.Namespace) -> int:
+    import outcore
+    from outcore.graph import collapse, save
+    from outcore.plan import save as save_plan
+
+    out = check_output_suffix(args.output, (".json",))
+    g, captured = load_or_capture(args.source, args)
+    if args.depth is not None:
+        g = collapse(g, args.depth)
+    p = outcore.plan(g, args.devices, args.memory, strategy=args.strategy,
+                     bandwidth=args.bandwidth, latency=args.latency,
+                     microbatches=args.microbatches, schedule=args.schedule,
+                     optimizer=args.optimizer)
+    save_plan(p, out)
+    note(f"wrote {out}")
+    if captured:
+        gpath = out.with_name(out.stem + ".graph.json")
+        save(g, gpath)
+        note(f"wrote {gpath} (the graph the plan is for: outcore simulate {out} --graph {gpath})")
+    print_plan(g, p)
+    if args.picture:
+        from outcore.viz import draw_graph
+        check_output_suffix(args.picture, (".png", ".svg"))
+        draw_graph(g, args.picture, assignment=p.assignment, title=f"{g.name}: {p.strategy}")
+        note(f"wrote {args.picture}")
+    if args.gantt:
+        from outcore.viz import draw_timeline
+        check_output_suffix(args.gantt, (".png", ".svg"))
+        draw_timeline(outcore.simulate(p, g).timeline, args.gantt)
+        note(f"wrote {args.gantt}")
+    return 0
+
+
+def print_plan(g, p) -> None:
+    pred = p.predicted
+    K = p.devices
+    nodes = np.bincount(p.assignment, minlength=K)
+    compute = np.bincount(p.assignment, weights=g.fwd_s + g.bwd_s, minlength=K)
+    peaks = pred.get("peak_bytes", [0] * K)
+    sent = pred.get("comm_bytes", [0] * K)
+    limit = p.memory_bytes
+    rows = []
+    for d in range(K):
+        use = f"{format_bytes(peaks[d])}" + (f" / {format_bytes(limit)}" if limit else "")
+        rows.append([d, int(nodes[d]), format_seconds(float(compute[d])), use,
+                     format_bytes(sent[d])])
+    console.print(table(f"plan: {p.strategy} on {K} devices ({g.name})",
+                        ["device", "nodes", "compute", "peak memory", "sent"], rows))
+    lb = pred.get("lower_bound_s")
+    it = pred.get("iteration_s")
+    console.print(f"predicted iteration {format_seconds(it)}"
+                  + (f"   lower bound {format_seconds(lb)}" if lb else "")
+                  + (f"   ({lb / it:.0%} of optimal)" if lb and it else "")
+                  + f"   schedule {p.schedule}, {p.microbatches} micro-batch"
+                  + ("es" if p.microbatches > 1 else ""))
+    for line in p.extra.get("notes", []):
+        console.print(f"  note: {line}")

@@ -1,0 +1,159 @@
+"""``outcore train``: the main job — plan a model over local workers and train it."""
+
+from __future__ import annotations
+
+import argparse
+
+from outcore.cli.common import MODEL_HELP, console, note, positive_int, table
+from outcore.units import format_bytes, format_seconds
+
+# The embedded default job: a model whose training step does not fit one device of DEFAULT_MEMORY,
+# trained across DEFAULT_DEVICES local workers.
+DEFAULT_MODEL = "outcore:resnet_k:depth=56,width=16"
+DEFAULT_DEVICES = 4
+DEFAULT_MEMORY = "24MiB"
+DEFAULT_BATCH = 32
+
+DESCRIPTION = f"""Train a model across devices: capture its graph, cost every layer (profiled
+here, or estimated), plan it under --memory per device (or use --plan), then spawn --devices
+local workers (gloo on CPU, NCCL on GPUs; under torchrun, mpirun or srun it joins that job
+instead) and train with the plan's schedule. Shows progress; ends with a report of measured
+throughput, busy time and peak memory per device next to the plan's prediction, and a timeline
+picture. With no MODEL it runs the default job: {DEFAULT_MODEL} on {DEFAULT_DEVICES} workers
+with {DEFAULT_MEMORY} each, which one device of that size cannot train."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="plan and train a model across local workers (main job)",
+                       description=DESCRIPTION)
+    p.add_argument("model", nargs="?", help=MODEL_HELP + f" (default {DEFAULT_MODEL})")
+    p.add_argument("--devices", "-k", type=positive_int, help="workers, one per device "
+                   f"(default {DEFAULT_DEVICES} for the default job, else 1)")
+    p.add_argument("--memory", help="memory per device the plan must fit (e.g. 16GiB)")
+    p.add_argument("--strategy", default="pardnn", help="planner (see outcore plan --help)")
+    p.add_argument("--plan", metavar="PLAN.json", help="use this plan instead of planning")
+    p.add_argument("--input-shape", metavar="SHAPE", help="example input shape, e.g. 8x3x32x32")
+    p.add_argument("--batch-size", type=positive_int, help="global batch per step (default 8; "
+                   f"{DEFAULT_BATCH} for the default job)")
+    p.add_argument("--microbatches", type=positive_int,
+                   help="micro-batches per step (default 2 x devices when the batch allows)")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
+    p.add_argument("--steps", type=positive_int, default=10, help="training steps (default 10)")
+    p.add_argument("--epochs", type=positive_int,
+                   help="epochs over an image folder (instead of --steps)")
+    p.add_argument("--optimizer", choices=["adam", "adamw", "sgd"], default="adam")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    p.add_argument("--lr-schedule", choices=["none", "cosine", "step"], default="none")
+    p.add_argument("--seed", type=int, default=0, help="seeds weights and data (default 0)")
+    p.add_argument("--data", default="synthetic",
+                   help="synthetic (seeded random batches) or imagefolder:PATH")
+    p.add_argument("--costs", default="profile",
+                   help="profile (time each layer here) or estimate[:DEVICE]")
+    p.add_argument("--run-dir", help="where artifacts go (default outcore-runs/<time>-<model>)")
+    p.add_argument("--metrics-out", metavar="FILE.jsonl",
+                   help="per-step metrics, one JSON object per line")
+    p.add_argument("--trace", metavar="DIR", help="also copy the measured timeline files here")
+    p.add_argument("--checkpoint-dir", help="write sharded checkpoints here")
+    p.add_argument("--checkpoint-every", type=positive_int, default=0, metavar="N",
+                   help="checkpoint every N steps")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="longest wait for any message or worker before failing (default 60)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    import outcore
+
+    default_job = args.model is None
+    model = args.model or DEFAULT_MODEL
+    devices = args.devices or (DEFAULT_DEVICES if default_job else 1)
+    memory = args.memory or (DEFAULT_MEMORY if default_job else None)
+    batch = args.batch_size or (DEFAULT_BATCH if default_job else 8)
+    steps = args.steps
+    if args.epochs:
+        steps = _steps_for_epochs(args, batch)
+    if default_job:
+        note(f"default job: {model} on {devices} local workers with {memory} each "
+             "(one device of that size cannot train it)")
+    columns = [TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=console, transient=False) as bar:
+        prep = bar.add_task("preparing", total=1, info="")
+        task = bar.add_task("training", total=steps, info="", visible=False)
+
+        def on_progress(phase: str, done: int, total: int) -> None:
+            bar.update(prep, description=phase, completed=done, total=max(total, 1))
+
+        def on_metrics(m: dict) -> None:
+            bar.update(prep, visible=False)
+            bar.update(task, visible=True, completed=m["step"] + 1,
+                       info=f"loss {m['loss']:.4f}  {m['samples_per_s']:.1f} samples/s")
+
+        report = outcore.train(
+            model, devices, memory=memory, strategy=args.strategy, plan=args.plan,
+            input_shape=args.input_shape, batch_size=batch, microbatches=args.microbatches,
+            steps=steps, schedule=args.schedule, optimizer=args.optimizer, lr=args.lr,
+            lr_schedule=args.lr_schedule, seed=args.seed, data=args.data, costs=args.costs,
+            run_dir=args.run_dir, metrics_out=args.metrics_out,
+            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+            resume=args.resume, timeout_s=args.timeout, progress=on_progress,
+            on_metrics=on_metrics)
+    print_report(report)
+    if args.trace:
+        _copy_trace(report, args.trace)
+    return 0
+
+
+def _steps_for_epochs(args: argparse.Namespace, batch: int) -> int:
+    from outcore.errors import UsageError
+    if not args.data.startswith("imagefolder:"):
+        raise UsageError("--epochs needs --data imagefolder:PATH; with synthetic data use --steps")
+    import torchvision
+    n = len(torchvision.datasets.ImageFolder(args.data.split(":", 1)[1]))
+    return max(1, args.epochs * (n // batch))
+
+
+def _copy_trace(report, directory: str) -> None:
+    import shutil
+    from pathlib import Path
+    dest = Path(directory)
+    dest.mkdir(parents=True, exist_ok=True)
+    for key in ("trace", "timeline"):
+        if key in report.files:
+            shutil.copy(report.files[key], dest)
+    src = report.run_dir / "trace"
+    if src.is_dir():
+        for f in src.glob("rank*.json"):
+            shutil.copy(f, dest)
+    note(f"wrote the timelines to {dest}")
+
+
+def print_report(report) -> None:
+    pred = report.predicted
+    K = report.plan.devices
+    p_peak = pred.get("peak_bytes", [None] * K)
+    p_busy = pred.get("busy_s", [None] * K)
+    limit = report.plan.memory_bytes
+    rows = []
+    for r in range(K):
+        rows.append([r, format_seconds(report.busy_s[r]),
+                     format_seconds(p_busy[r]) if p_busy[r] is not None else "-",
+                     format_bytes(report.peak_bytes[r]) if report.peak_bytes[r] else "-",
+                     format_bytes(p_peak[r]) if p_peak[r] is not None else "-",
+                     format_bytes(limit) if limit else "-"])
+    console.print(table(f"{report.config.model}: {K} device(s), {report.plan.strategy} plan, "
+                        f"{report.config.schedule}, {report.config.microbatches} micro-batches",
+                        ["rank", "busy (measured)", "busy (predicted)", "peak memory (measured)",
+                         "peak (predicted)", "limit"], rows))
+    it = pred.get("iteration_s")
+    console.print(f"step time {format_seconds(report.median_step_s)} measured (median), "
+                  f"{format_seconds(it) if it else '-'} predicted;  "
+                  f"{report.samples_per_s:.1f} samples/s;  loss {report.losses[0]:.4f} -> "
+                  f"{report.losses[-1]:.4f}")
+    for key in ("timeline", "trace", "metrics", "plan"):
+        if report.files.get(key):
+            console.print(f"{key}: {report.files[key]}")
