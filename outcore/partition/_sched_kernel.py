@@ -1,0 +1,170 @@
+"""Compiled inner loop of the emulator: list scheduling of one phase (forward or backward).
+
+A *task* is one node for one micro-batch: ``task = mb * n + v``. A phase is a DAG of tasks given
+by two CSR views of the graph: ``dep`` (what a task waits for: predecessors in the forward,
+successors in the backward) and ``ntf`` (whom a finished task notifies, with the edge numbers).
+Each device runs one task at a time; whenever a device is idle it starts, among the tasks whose
+inputs have all arrived, the one that became ready first (first in, first out: the list
+scheduling of TensorFlow's executor that ParDNN emulates). Transfers between devices take
+``latency + bytes / bandwidth`` and do not contend (one independent link per transfer).
+
+Events at equal times are processed together before any device picks its next task, so a device
+that frees up at ``t`` sees every task arriving at ``t``; tasks ready at the same time queue in
+the order their last input arrived (events in (time, task) order, notifications in CSR order).
+The result is a pure function of the inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from outcore.partition._jit import njit
+
+
+@njit
+def _fheap_push(keys, items, size, key, item):
+    """Push (key, item) on a binary min-heap ordered by (key, item); return the new size."""
+    i = size
+    while i > 0:
+        p = (i - 1) >> 1
+        pk = keys[p]
+        if pk < key or (pk == key and items[p] < item):
+            break
+        keys[i] = pk
+        items[i] = items[p]
+        i = p
+    keys[i] = key
+    items[i] = item
+    return size + 1
+
+
+@njit
+def _fheap_pop(keys, items, size):
+    """Remove the top of the heap (caller reads ``keys[0], items[0]`` first); return new size."""
+    size -= 1
+    if size == 0:
+        return 0
+    key = keys[size]
+    item = items[size]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        r = c + 1
+        if r < size and (keys[r] < keys[c] or (keys[r] == keys[c] and items[r] < items[c])):
+            c = r
+        if keys[c] < key or (keys[c] == key and items[c] < item):
+            keys[i] = keys[c]
+            items[i] = items[c]
+            i = c
+        else:
+            break
+    keys[i] = key
+    items[i] = item
+    return size
+
+
+@njit
+def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, release,
+                   lat, inv_bw, edge_bytes, num_dev, start, end, cause):
+    """List-schedule ``n * mbs`` tasks; fill ``start``, ``end`` (seconds) and ``cause``.
+
+    Args:
+        n, mbs: nodes and micro-batches; task ``t`` is node ``t % n`` of micro-batch ``t // n``.
+        dep_ptr: CSR row pointers of what each node waits for (only the counts are used).
+        ntf_ptr, ntf_idx, ntf_edge: CSR of whom each node notifies, with edge numbers.
+        dur: ``float64[n]`` task duration, seconds. dev: ``int64[n]`` device of each node.
+        release: time before which no task starts (the end of the previous phase).
+        lat, inv_bw: ``float64[D, D]`` link latency (s) and seconds per byte between devices.
+        edge_bytes: ``int64[m]`` bytes per edge (0 bytes = free control dependency).
+        num_dev: number of devices D.
+        start, end: ``float64[n * mbs]`` outputs. cause: ``int64[n * mbs]`` output: the task
+            whose completion let this one start (a data predecessor, or the previous task on the
+            device when the device was the bottleneck); -1 when it started at ``release``.
+    """
+    total = n * mbs
+    nnz = ntf_idx.shape[0]
+    delay = np.zeros(nnz, np.float64)  # transfer time of each notification, by CSR entry
+    for v in range(n):
+        dv = dev[v]
+        for k in range(ntf_ptr[v], ntf_ptr[v + 1]):
+            dw = dev[ntf_idx[k]]
+            eb = edge_bytes[ntf_edge[k]]
+            if dw != dv and eb > 0:
+                delay[k] = lat[dv, dw] + eb * inv_bw[dv, dw]
+    remaining = np.empty(total, np.int32)
+    ready_at = np.zeros(total, np.float64)
+    data_cause = np.full(total, -1, np.int64)
+    base = np.zeros(num_dev + 1, np.int64)
+    for v in range(n):
+        base[dev[v] + 1] += mbs
+    for d in range(num_dev):
+        base[d + 1] += base[d]
+    queue = np.empty(total, np.int64)  # one FIFO region per device: earliest ready first
+    qhead = base[:num_dev].copy()
+    qtail = base[:num_dev].copy()
+    busy = np.zeros(num_dev, np.bool_)
+    last = np.full(num_dev, -1, np.int64)
+    ev_key = np.empty(total + 1, np.float64)
+    ev_item = np.empty(total + 1, np.int64)
+    nev = 0
+    for t in range(total):
+        v = t % n
+        remaining[t] = dep_ptr[v + 1] - dep_ptr[v]
+        if remaining[t] == 0:
+            ready_at[t] = release
+            d = dev[v]
+            queue[qtail[d]] = t
+            qtail[d] += 1
+    now = release
+    while True:
+        for d in range(num_dev):  # idle devices start their earliest-ready task
+            if busy[d] or qhead[d] == qtail[d]:
+                continue
+            t = queue[qhead[d]]
+            qhead[d] += 1
+            v = t % n
+            start[t] = now
+            end[t] = now + dur[v]
+            if data_cause[t] >= 0 and ready_at[t] == now:
+                cause[t] = data_cause[t]
+            elif last[d] >= 0 and now > ready_at[t]:
+                cause[t] = last[d]
+            else:
+                cause[t] = data_cause[t]
+            busy[d] = True
+            nev = _fheap_push(ev_key, ev_item, nev, end[t], 2 * t)
+        if nev == 0:
+            break
+        now = ev_key[0]
+        while nev > 0 and ev_key[0] == now:
+            item = ev_item[0]
+            nev = _fheap_pop(ev_key, ev_item, nev)
+            t = item >> 1
+            v = t % n
+            d = dev[v]
+            if item & 1:  # arrival: every input is on the device
+                queue[qtail[d]] = t
+                qtail[d] += 1
+                continue
+            busy[d] = False  # finish
+            last[d] = t
+            mb0 = (t // n) * n
+            for k in range(ntf_ptr[v], ntf_ptr[v + 1]):
+                tw = mb0 + ntf_idx[k]
+                arrive = now + delay[k]
+                if data_cause[tw] < 0 or arrive > ready_at[tw]:
+                    ready_at[tw] = arrive
+                    data_cause[tw] = t
+                remaining[tw] -= 1
+                if remaining[tw] == 0:
+                    if ready_at[tw] < release:
+                        ready_at[tw] = release
+                    if ready_at[tw] == now:  # arrived already: queue it without an event
+                        dq = dev[ntf_idx[k]]
+                        queue[qtail[dq]] = tw
+                        qtail[dq] += 1
+                    else:
+                        nev = _fheap_push(ev_key, ev_item, nev, ready_at[tw], 2 * tw + 1)
+    return 0

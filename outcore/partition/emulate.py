@@ -1,0 +1,231 @@
+"""A fast node-level emulator of one training iteration of a placed graph.
+
+Model (what the planners optimise; the schedule simulator in ``outcore.sim`` is the detailed one):
+
+* **Forward.** Every node runs on its device; each device runs one node at a time; a node is
+  *ready* when the outputs of all its predecessors have arrived (same device: at once; another
+  device: ``latency + bytes / bandwidth`` after the producer ends, links never contend). An idle
+  device starts the node that became ready first (FIFO list scheduling, as TensorFlow's executor
+  that ParDNN emulates; ties in the order the last inputs arrived).
+* **Backward.** It starts once the whole forward has ended (the loss is computed, then
+  ``loss.backward()``). The backward of ``v`` runs on ``v``'s device (autograd keeps saved tensors
+  where the forward ran) once the backwards of all its successors have ended and their gradients
+  have arrived (same bytes as the forward edge, reverse direction); again first ready, first run.
+* **Micro-batches.** With ``M`` micro-batches, every node runs once per micro-batch, GPipe-like:
+  all forwards (micro-batch 0 first), then all backwards. ``M = 1`` is ParDNN's setting.
+* **Memory.** See :mod:`outcore.partition.model`: static + in-flight activations + received
+  tensors + one transient buffer; the timeline peaks at the end of the forward.
+
+The emulator is ParDNN's "schedule emulation" (paper section 4.2) adapted to PyTorch semantics;
+its critical path drives the refinement of ParDNN step 1.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from outcore.errors import UsageError
+from outcore.graph.ir import Graph
+from outcore.hardware.spec import Cluster
+from outcore.partition._jit import njit
+from outcore.partition._sched_kernel import schedule_phase
+from outcore.partition.model import Context, make_context
+
+log = logging.getLogger(__name__)
+
+FORWARD, BACKWARD = 0, 1
+
+
+@dataclass(frozen=True, eq=False)
+class Emulation:
+    """One emulated iteration.
+
+    Attributes (n nodes, M micro-batches, D devices):
+        makespan_s: end of the last backward, seconds.
+        forward_s: end of the last forward (the backward starts there).
+        busy_s: ``float64[D]`` compute seconds per device.
+        fwd_start_s, fwd_end_s, bwd_start_s, bwd_end_s: ``float64[M, n]`` per micro-batch and node.
+        critical_path: ``int64[L, 3]`` rows ``(phase, mb, node)`` from the first to the last task
+            of the chain of tasks that determined the makespan (phase 0 forward, 1 backward);
+            consecutive tasks are linked by a data dependency or by waiting for the device.
+        peak_bytes: ``float64[D]`` peak memory per device (memory model).
+        memory: per device ``(times_s, bytes)`` step function, only with ``timeline=True``.
+    """
+
+    makespan_s: float
+    forward_s: float
+    busy_s: np.ndarray
+    fwd_start_s: np.ndarray
+    fwd_end_s: np.ndarray
+    bwd_start_s: np.ndarray
+    bwd_end_s: np.ndarray
+    critical_path: np.ndarray
+    peak_bytes: np.ndarray
+    memory: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=())
+
+
+def emulate(g: Graph, assignment: np.ndarray, cluster: Cluster | None = None, *,
+            devices: int | None = None, optimizer: str = "adam", microbatches: int = 1,
+            timeline: bool = False) -> Emulation:
+    """Emulate one training iteration of ``g`` placed by ``assignment``.
+
+    Args:
+        g: the graph.
+        assignment: ``int[n]`` device of each node index.
+        cluster: links between devices (default: flat, 16 GB/s, 25 us).
+        devices: number of devices (default: ``max(assignment) + 1``).
+        optimizer: sets the parameter copies of the memory model (Adam: 4).
+        microbatches: M (see module docstring).
+        timeline: also return the memory over time per device.
+    """
+    a = np.asarray(assignment, dtype=np.int64)
+    if a.shape != (g.num_nodes,):
+        raise UsageError(f"assignment has shape {a.shape}, the graph has {g.num_nodes} nodes")
+    if a.size and a.min() < 0:
+        raise UsageError("assignment has a negative device number")
+    k = int(a.max()) + 1 if devices is None and a.size else int(devices or 1)
+    if a.size and a.max() >= k:
+        raise UsageError(f"assignment uses device {int(a.max())} but devices={k}")
+    ctx = make_context(g, k, cluster=cluster, optimizer=optimizer, microbatches=microbatches)
+    return run(ctx, a, timeline=timeline)
+
+
+def run(ctx: Context, assignment: np.ndarray, *, timeline: bool = False,
+        critical_path: bool = True) -> Emulation:
+    """Emulate with a prepared :class:`Context` (planners call this in their loops)."""
+    g = ctx.g
+    n, mbs, k = g.num_nodes, ctx.microbatches, ctx.devices
+    a = np.ascontiguousarray(assignment, dtype=np.int64)
+    if n == 0:
+        z = np.zeros((mbs, 0))
+        return Emulation(0.0, 0.0, np.zeros(k), z, z, z, z, np.zeros((0, 3), np.int64),
+                         np.zeros(k))
+    fstart, fend = np.empty(n * mbs), np.empty(n * mbs)
+    fcause = np.empty(n * mbs, np.int64)
+    schedule_phase(n, mbs, g.pred_ptr, g.succ_ptr, g.succ_idx, g.succ_edge,
+                   np.ascontiguousarray(g.fwd_s, np.float64), a, 0.0,
+                   ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, fstart, fend, fcause)
+    forward_s = float(fend.max())
+    bstart, bend = np.empty(n * mbs), np.empty(n * mbs)
+    bcause = np.empty(n * mbs, np.int64)
+    schedule_phase(n, mbs, g.succ_ptr, g.pred_ptr, g.pred_idx, g.pred_edge,
+                   np.ascontiguousarray(g.bwd_s, np.float64), a, forward_s,
+                   ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, bstart, bend, bcause)
+    makespan = float(bend.max())
+    cp = (_trace(fend, fcause, bend, bcause, n) if critical_path
+          else np.zeros((0, 3), np.int64))
+    busy = mbs * np.bincount(a, weights=ctx.work_s, minlength=k)
+    peak = ctx.memory(a)
+    shape = (mbs, n)
+    em = Emulation(makespan, forward_s, busy, fstart.reshape(shape), fend.reshape(shape),
+                   bstart.reshape(shape), bend.reshape(shape), cp, peak)
+    if timeline:
+        em = Emulation(**{**em.__dict__, "memory": memory_timeline(ctx, a, em)})
+    return em
+
+
+def _trace(fend: np.ndarray, fcause: np.ndarray, bend: np.ndarray, bcause: np.ndarray,
+           n: int) -> np.ndarray:
+    """The chain of causes from the last backward task back to a task with no cause."""
+    rows = _trace_kernel(fend, fcause, bend, bcause, n)
+    return rows[::-1].copy()
+
+
+@njit
+def _trace_kernel(fend, fcause, bend, bcause, n):
+    total = fend.shape[0]
+    tb = 0
+    for i in range(total):  # last backward to end; ties: smallest task
+        if bend[i] > bend[tb]:
+            tb = i
+    tf = 0
+    for i in range(total):  # the backward was released by the last forward task
+        if fend[i] > fend[tf]:
+            tf = i
+    m = 0
+    t = tb
+    while t >= 0:
+        m += 1
+        t = bcause[t]
+    t = tf
+    while t >= 0:
+        m += 1
+        t = fcause[t]
+    out = np.empty((m, 3), np.int64)
+    m = 0
+    t = tb
+    while t >= 0:
+        out[m, 0] = 1
+        out[m, 1] = t // n
+        out[m, 2] = t % n
+        m += 1
+        t = bcause[t]
+    t = tf
+    while t >= 0:
+        out[m, 0] = 0
+        out[m, 1] = t // n
+        out[m, 2] = t % n
+        m += 1
+        t = fcause[t]
+    return out[:m]
+
+
+def memory_timeline(ctx: Context, assignment: np.ndarray, em: Emulation
+                    ) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Per device, allocated bytes as a step function ``(times_s, bytes from that time on)``.
+
+    Static bytes and the transient buffer are counted from time 0; a node's saved activation from
+    its forward start to its backward end; a received tensor from its arrival to the end of the
+    backward of its last consumer on that device. At equal times frees come before allocations.
+    """
+    g = ctx.g
+    k = ctx.devices
+    n = g.num_nodes
+    static, _, trans = ctx.memory_parts(assignment)
+    times: list[np.ndarray] = []
+    devs: list[np.ndarray] = []
+    deltas: list[np.ndarray] = []
+    for mb in range(ctx.microbatches):
+        times += [em.fwd_start_s[mb], em.bwd_end_s[mb]]
+        devs += [assignment, assignment]
+        sb = g.saved_bytes.astype(np.float64)
+        deltas += [sb, -sb]
+        du, dv = assignment[g.src], assignment[g.dst]
+        cross = np.flatnonzero((du != dv) & (g.edge_bytes > 0))
+        if cross.size:
+            u, d, eb = g.src[cross], dv[cross], g.edge_bytes[cross].astype(np.float64)
+            arrive = em.fwd_end_s[mb][u] + ctx.lat_s[du[cross], d] + eb * ctx.inv_bw[du[cross], d]
+            free = em.bwd_end_s[mb][g.dst[cross]]
+            key = u * k + d
+            order = np.lexsort((eb, key))
+            key_s = key[order]
+            first = np.ones(key_s.size, bool)
+            first[1:] = key_s[1:] != key_s[:-1]
+            gid = np.cumsum(first) - 1
+            ng = int(gid[-1]) + 1
+            g_bytes = np.zeros(ng)
+            np.maximum.at(g_bytes, gid, eb[order])
+            g_in = np.full(ng, np.inf)
+            np.minimum.at(g_in, gid, arrive[order])
+            g_out = np.zeros(ng)
+            np.maximum.at(g_out, gid, free[order])
+            g_dev = key_s[first] % k
+            times += [g_in, g_out]
+            devs += [g_dev, g_dev]
+            deltas += [g_bytes, -g_bytes]
+    t = np.concatenate(times)
+    d = np.concatenate(devs)
+    x = np.concatenate(deltas)
+    order = np.lexsort((x, t))  # by time, frees (negative) first
+    out = []
+    for dev in range(k):
+        sel = order[d[order] == dev]
+        base = static[dev] + trans[dev]
+        tt = np.concatenate(([0.0], t[sel]))
+        yy = base + np.concatenate(([0.0], np.cumsum(x[sel])))
+        out.append((tt, yy))
+    del n
+    return tuple(out)

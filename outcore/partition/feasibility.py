@@ -1,0 +1,57 @@
+"""What to tell a user whose graph does not fit: the smallest fix that would.
+
+The device count named is the fewest *contiguous* stages (over the program order) that fit the
+limit, found by a memory-only greedy; ParDNN and the pipeline planner both try that split, so a
+request for that many devices succeeds. It is an upper bound on the true minimum (a placement that
+is not contiguous might fit on fewer). The memory named is the least per-device limit under which
+the requested device count fits with a contiguous split (found by binary search).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from outcore.errors import InfeasibleError
+from outcore.partition.model import Context
+from outcore.partition.pipeline import fewest_stages, least_memory
+from outcore.units import format_bytes
+
+
+def node_floor_bytes(ctx: Context) -> tuple[float, int]:
+    """(least bytes the largest node needs on any device, its index): params, saved, output."""
+    g = ctx.g
+    if g.num_nodes == 0:
+        return 0.0, 0
+    need = (g.param_bytes * float(ctx.factor) + float(ctx.microbatches) * g.saved_bytes
+            + g.out_bytes.astype(np.float64))
+    i = int(np.argmax(need))
+    return float(need[i]), i
+
+
+def infeasible(ctx: Context, strategy: str, best_peak_bytes: float | None = None,
+               *, inflight: str = "all", own_placement: bool = True) -> InfeasibleError:
+    """An :class:`InfeasibleError` naming the fewest devices and least memory that would fit.
+
+    ``own_placement`` is False for baselines, whose placement is fixed: the devices named are
+    then those with which ``pardnn``/``pipeline`` fit.
+    """
+    limit = float(ctx.memory_bytes or 0.0)
+    k = ctx.devices
+    floor, node = node_floor_bytes(ctx)
+    worst = f" (the best placement needs {format_bytes(best_peak_bytes)})" \
+        if best_peak_bytes is not None else ""
+    if floor > limit:
+        name = ctx.g.name_of(node)
+        return InfeasibleError(
+            f"{strategy}: node {name} alone needs {format_bytes(floor)} and the limit is "
+            f"{format_bytes(limit)} per device, so no number of devices fits; use devices with "
+            f"at least {format_bytes(floor)}, or enable activation checkpointing or offload",
+            min_devices=None, min_memory_bytes=least_memory(ctx, k, inflight=inflight))
+    kmin = fewest_stages(ctx, inflight=inflight)
+    mem = least_memory(ctx, k, inflight=inflight)
+    who = "" if own_placement else " with strategy 'pardnn' or 'pipeline'"
+    fix_dev = f"use {kmin} devices{who}" if kmin is not None else "no device count fits"
+    return InfeasibleError(
+        f"{strategy}: no placement on {k} device{'s' if k != 1 else ''} fits "
+        f"{format_bytes(limit)} per device{worst}; {fix_dev}, or {format_bytes(mem)} per "
+        f"device on {k}", min_devices=kmin, min_memory_bytes=mem)

@@ -1,0 +1,113 @@
+"""ParDNN: critical-path partitioning of a training graph under a memory limit.
+
+Qararyah, Wahib, Dikbayır, Belviranli, Unat, "A Computational-Graph Partitioning Method for
+Training Memory-Constrained DNNs", Parallel Computing 2021 (arXiv 2008.08636). The steps, named
+as in the paper (section 4):
+
+* **Step 1** - *slicing* (:mod:`~outcore.partition.pardnn_slicing`): K primary clusters along
+  successive critical paths, secondary linear clusters through the rest; *mapping*
+  (:mod:`~outcore.partition.pardnn_mapping`): secondaries onto primaries by level-aware load
+  balancing; *refinement* (:mod:`~outcore.partition.pardnn_refine`): path swapping and node
+  switching on the critical path of the emulated schedule.
+* **Step 2** (:mod:`~outcore.partition.pardnn_memory`): emulate, model memory per device, and
+  repair every overflow by moving the nodes with the least communication per byte freed.
+
+What this driver adds (``docs/planning.md`` explains why):
+
+* refinement runs after step 2 and keeps only moves that still fit, so the repair does not undo
+  it (with no memory limit the order makes no difference);
+* it plans for every device count in {K, K/2, K/4, ..., 1} (powers of two below K) and keeps the
+  fastest plan that fits, so a plan is never slower than the best plan found on fewer devices,
+  and may use fewer devices than asked;
+* under a memory limit it also starts step 2 and the refinement from a memory-balanced contiguous
+  split, and keeps whichever start ends faster, so that a fitting plan is found whenever a
+  contiguous one exists (the message of :class:`~outcore.errors.InfeasibleError` relies on it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from outcore.partition.model import Context
+from outcore.partition.pardnn_mapping import map_secondaries
+from outcore.partition.pardnn_memory import repair_memory
+from outcore.partition.pardnn_refine import refine
+from outcore.partition.pardnn_slicing import Slices, slice_graph
+from outcore.partition.pipeline import assignment_from_bounds, stage_bounds
+from outcore.partition.result import Candidate, best_of, evaluate
+from outcore.units import format_seconds
+
+log = logging.getLogger(__name__)
+
+LARGE_GRAPH_NODES = 250_000
+
+
+def device_counts(k: int) -> list[int]:
+    """Device counts ParDNN tries for a request of ``k``: k, then powers of two below, then 1."""
+    ks = {k, 1}
+    c = 2
+    while c < k:
+        ks.add(c)
+        c *= 2
+    return sorted(ks, reverse=True)
+
+
+def refine_rounds(ctx: Context) -> int:
+    """Refinement rounds (each one emulation): K + 2, at most 8; 3 on graphs over 250k nodes."""
+    if ctx.g.num_nodes > LARGE_GRAPH_NODES:
+        return 3
+    return min(ctx.devices + 2, 8)
+
+
+def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
+    """Run ParDNN for ``ctx``; return (best fitting candidate or None, notes, all candidates)."""
+    notes: list[str] = []
+    cands: list[Candidate] = []
+    slices: dict[int, Slices] = {}
+    limited = ctx.memory_bytes is not None
+    for k in device_counts(ctx.devices):
+        sub = ctx.with_devices(k)
+        if k == 1:
+            cands.append(evaluate(sub, np.zeros(ctx.g.num_nodes, np.int64), "1 device"))
+            continue
+        sl = slice_graph(sub, k)
+        slices[k] = sl
+        a = map_secondaries(sub, sl)
+        line = (f"K={k}: step 1 sliced {sl.primaries} primary and {sl.num_secondaries} "
+                "secondary clusters")
+        if limited:
+            a, rs = repair_memory(sub, a)
+            line += f"; step 2 moved {rs.moved_nodes} nodes in {rs.passes} passes"
+            if not rs.fits:
+                line += " and did not fit"
+        notes.append(line)
+        cands.append(evaluate(sub, a, f"pardnn K={k}"))
+        if limited:
+            bounds = stage_bounds(sub, k, inflight="all")
+            if bounds is not None:
+                seed = assignment_from_bounds(sub, bounds)
+                cands.append(evaluate(sub, seed, f"pardnn K={k} from a contiguous split"))
+    multi = sorted((c for c in cands if c.fits and c.label != "1 device"),
+                   key=lambda c: (c.makespan_s, c.label))
+    keep = 1 if ctx.g.num_nodes > LARGE_GRAPH_NODES else 2
+    rounds = refine_rounds(ctx)
+    for c in multi[:keep]:
+        k = int(c.label.split("K=")[1].split()[0])
+        sub = ctx.with_devices(k)
+        sl = slices[k]
+        a, em, st = refine(sub, c.assignment, sl.sec_ptr, sl.sec_nodes, rounds=rounds,
+                           em=c.emulation)
+        notes.append(f"{c.label}: refinement {st.rounds} rounds, {st.accepted} accepted, "
+                     f"{st.moved_nodes} nodes moved, {format_seconds(st.start_s)} -> "
+                     f"{format_seconds(st.end_s)}")
+        cands.append(evaluate(sub, a, c.label + ", refined", em=em))
+    best = best_of(cands)
+    tried = ", ".join(f"{c.label}: {format_seconds(c.makespan_s)}"
+                      + ("" if c.fits else " (does not fit)") for c in cands)
+    notes.append(f"candidates: {tried}")
+    if best is not None:
+        notes.append(f"chose {best.label}")
+    log.debug("pardnn: %s", "; ".join(notes))
+    return best, notes, cands

@@ -1,0 +1,248 @@
+"""ParDNN step 2: fit the memory limit by moving the nodes that cost least per byte freed.
+
+Qararyah et al. 2021, section 4.2: emulate the schedule, model each device's memory over time,
+and at every overflow move nodes off the device, choosing them as a 0-1 *min-knapsack*: minimise
+the added communication subject to the freed bytes covering the overflow, solved greedily by cost
+per byte. Re-emulate and repeat until every device fits.
+
+In outcore's execution model the memory timeline of every device peaks at the end of the forward
+(:mod:`outcore.partition.model`), so the overflow and the bytes a move frees are exact sums and
+need no timeline. The greedy is *lazy*: a node's cost per byte is recomputed when it reaches the
+top of the heap (moving a neighbour changes it), and the neighbours of each moved node are pushed
+again, so freed regions grow contiguously instead of scattering. For node ``v`` leaving device
+``d`` for device ``x``:
+
+* bytes freed on ``d``: ``factor * param(v) + M * saved(v)``, plus every tensor ``d`` received
+  only for ``v``, minus ``v``'s output if ``d`` keeps a consumer of it (``d`` must now receive it);
+* bytes added on ``x``: the same static and saved bytes, plus tensors ``x`` must now receive for
+  ``v``, minus ``v``'s output if ``x`` was receiving it, plus growth of ``x``'s transient buffer;
+* cost: change of forward + backward communication seconds; ``x`` is the device with the lowest
+  cost among those that stay within the limit (ties: most free memory, then lowest index).
+
+Tensor sizes in this bookkeeping are each producer's largest outgoing edge (an upper bound);
+after each pass the exact model is recomputed. The reference prototype's second heuristic (moving
+whole forwarding paths) has no counterpart: PyTorch does not forward buffers between ops.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from outcore.partition._jit import njit
+from outcore.partition._move_kernel import edge_cost
+from outcore.partition._sched_kernel import _fheap_pop as _pop
+from outcore.partition._sched_kernel import _fheap_push as _push
+from outcore.partition.model import Context
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RepairStats:
+    passes: int
+    moved_nodes: int
+    fits: bool
+
+
+def repair_memory(ctx: Context, assign: np.ndarray, *, max_passes: int | None = None
+                  ) -> tuple[np.ndarray, RepairStats]:
+    """Move nodes until every device fits ``ctx.memory_bytes``; return (assignment, stats).
+
+    ``stats.fits`` is False when the greedy found no way to fit (the caller tries other plans).
+    """
+    a = np.ascontiguousarray(assign, dtype=np.int64).copy()
+    limit = ctx.memory_bytes
+    if limit is None:
+        return a, RepairStats(0, 0, True)
+    g = ctx.g
+    k = ctx.devices
+    passes = max_passes if max_passes is not None else 2 * k + 4
+    umax = np.zeros(g.num_nodes)
+    if g.num_edges:
+        np.maximum.at(umax, g.src, g.edge_bytes.astype(np.float64))
+    original = a.copy()
+    done = 0
+    for _ in range(passes):
+        mem = ctx.memory(a)
+        over = mem - limit
+        if (over <= 0).all():
+            break
+        done += 1
+        cnt = _consumer_counts(g.src, g.dst, a, g.num_nodes, k)
+        _, _, trans = ctx.memory_parts(a)
+        progress = False
+        for d in np.argsort(-over, kind="stable").tolist():
+            if over[d] <= 0:
+                break
+            moved = _relieve(d, float(over[d]), float(limit), a, mem.copy(), cnt, trans.copy(),
+                             umax, float(ctx.factor), float(ctx.microbatches),
+                             g.param_bytes.astype(np.float64), g.saved_bytes.astype(np.float64),
+                             g.out_bytes.astype(np.float64), g.succ_ptr, g.succ_idx, g.succ_edge,
+                             g.pred_ptr, g.pred_idx, g.pred_edge, ctx.edge_bytes, ctx.lat_s,
+                             ctx.inv_bw, k)
+            progress |= moved > 0
+            mem = ctx.memory(a)
+            cnt = _consumer_counts(g.src, g.dst, a, g.num_nodes, k)
+            _, _, trans = ctx.memory_parts(a)
+        if not progress:
+            break
+    fits = ctx.fits(ctx.memory(a))
+    moved_nodes = int((a != original).sum())
+    log.debug("memory repair: %d passes, %d nodes moved, fits=%s", done, moved_nodes, fits)
+    return a, RepairStats(done, moved_nodes, fits)
+
+
+def _consumer_counts(src: np.ndarray, dst: np.ndarray, a: np.ndarray, n: int, k: int
+                     ) -> np.ndarray:
+    """``int32[n, k]``: how many out-edges of each node end on each device."""
+    cnt = np.zeros(n * k, np.int32)
+    if src.size:
+        np.add.at(cnt, src * k + a[dst], 1)
+    return cnt.reshape(n, k)
+
+
+@njit
+def _freed(v, d, a, cnt, umax, factor, mbs, param, saved, pred_ptr, pred_idx):
+    """Bytes device ``d`` frees when ``v`` leaves it."""
+    b = factor * param[v] + mbs * saved[v]
+    for j in range(pred_ptr[v], pred_ptr[v + 1]):
+        u = pred_idx[j]
+        if a[u] != d and cnt[u, d] == 1:
+            b += mbs * umax[u]
+    if cnt[v, d] > 0:
+        b -= mbs * umax[v]
+    return b
+
+
+@njit
+def _added(v, x, a, cnt, umax, trans, factor, mbs, param, saved, out, pred_ptr, pred_idx):
+    """Bytes device ``x`` gains when ``v`` moves onto it."""
+    b = factor * param[v] + mbs * saved[v]
+    for j in range(pred_ptr[v], pred_ptr[v + 1]):
+        u = pred_idx[j]
+        if a[u] != x and cnt[u, x] == 0:
+            b += mbs * umax[u]
+    if cnt[v, x] > 0:
+        b -= mbs * umax[v]
+    if out[v] > trans[x]:
+        b += out[v] - trans[x]
+    return b
+
+
+@njit
+def _best_move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out, succ_ptr,
+               succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat, inv_bw, k):
+    """(target, comm delta s, bytes added on target) of the best move of ``v`` off ``d``."""
+    best = -1
+    best_cost = 0.0
+    best_add = 0.0
+    for x in range(k):
+        if x == d:
+            continue
+        add = _added(v, x, a, cnt, umax, trans, factor, mbs, param, saved, out, pred_ptr,
+                     pred_idx)
+        if mem[x] + add > limit:
+            continue
+        cost = 0.0
+        for j in range(succ_ptr[v], succ_ptr[v + 1]):
+            y = a[succ_idx[j]]
+            eb = edge_bytes[succ_edge[j]]
+            cost += edge_cost(x, y, eb, lat, inv_bw) - edge_cost(d, y, eb, lat, inv_bw)
+        for j in range(pred_ptr[v], pred_ptr[v + 1]):
+            y = a[pred_idx[j]]
+            eb = edge_bytes[pred_edge[j]]
+            cost += edge_cost(y, x, eb, lat, inv_bw) - edge_cost(y, d, eb, lat, inv_bw)
+        if (best < 0 or cost < best_cost
+                or (cost == best_cost and limit - mem[x] > limit - mem[best])):
+            best = x
+            best_cost = cost
+            best_add = add
+    return best, best_cost, best_add
+
+
+@njit
+def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved, out, succ_ptr,
+             succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat, inv_bw, k):
+    """Greedy min-knapsack on device ``d``: move nodes until ``need`` bytes are freed.
+
+    Updates ``a`` (and the scratch ``mem``, ``cnt``, ``trans``) in place; returns nodes moved.
+    """
+    n = a.shape[0]
+    cap = 1
+    for v in range(n):
+        if a[v] == d:
+            cap += 1 + (succ_ptr[v + 1] - succ_ptr[v]) + (pred_ptr[v + 1] - pred_ptr[v])
+    keys = np.empty(cap, np.float64)
+    items = np.empty(cap, np.int64)
+    size = 0
+    eps = 1e-12
+    for v in range(n):
+        if a[v] != d:
+            continue
+        key = _key(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out,
+                   succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat,
+                   inv_bw, k, eps)
+        if key < np.inf:
+            size = _push(keys, items, size, key, v)
+    freed = 0.0
+    moved = 0
+    while size > 0 and freed < need:
+        key = keys[0]
+        v = items[0]
+        size = _pop(keys, items, size)
+        if a[v] != d:
+            continue
+        now = _key(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out,
+                   succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat,
+                   inv_bw, k, eps)
+        if now == np.inf:
+            continue
+        if now > key + 1e-18 + 1e-9 * abs(key) and size < cap:
+            size = _push(keys, items, size, now, v)
+            continue
+        x, _, add = _best_move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved,
+                               out, succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge,
+                               edge_bytes, lat, inv_bw, k)
+        gain = _freed(v, d, a, cnt, umax, factor, mbs, param, saved, pred_ptr, pred_idx)
+        a[v] = x
+        for j in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = pred_idx[j]
+            cnt[u, d] -= 1
+            cnt[u, x] += 1
+        mem[d] -= gain
+        mem[x] += add
+        if out[v] > trans[x]:
+            trans[x] = out[v]
+        freed += gain
+        moved += 1
+        for side in range(2):
+            j0 = succ_ptr[v] if side == 0 else pred_ptr[v]
+            j1 = succ_ptr[v + 1] if side == 0 else pred_ptr[v + 1]
+            for j in range(j0, j1):
+                y = succ_idx[j] if side == 0 else pred_idx[j]
+                if a[y] != d or size >= cap:
+                    continue
+                ky = _key(y, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out,
+                          succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge,
+                          edge_bytes, lat, inv_bw, k, eps)
+                if ky < np.inf:
+                    size = _push(keys, items, size, ky, y)
+    return moved
+
+
+@njit
+def _key(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out, succ_ptr,
+         succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat, inv_bw, k, eps):
+    """Cost per byte freed of moving ``v`` off ``d`` (inf: frees nothing or fits nowhere)."""
+    gain = _freed(v, d, a, cnt, umax, factor, mbs, param, saved, pred_ptr, pred_idx)
+    if gain <= 0:
+        return np.inf
+    x, cost, _ = _best_move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved,
+                            out, succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge,
+                            edge_bytes, lat, inv_bw, k)
+    if x < 0:
+        return np.inf
+    return (cost + eps) / gain
