@@ -33,7 +33,7 @@ class View:
         mode: ``nodes``, ``modules`` or ``bands``.
         depth: module depth when ``mode == 'modules'``.
         layer: given layer of each drawn node (bands only; otherwise None).
-        order: given left-to-right key of each drawn node (bands: the device; otherwise None).
+        column: swimlane of each drawn node (bands: its device; otherwise None).
         note: what was done, for the title (empty when nothing was done).
     """
 
@@ -42,7 +42,7 @@ class View:
     mode: str
     depth: int | None = None
     layer: np.ndarray | None = None
-    order: np.ndarray | None = None
+    column: np.ndarray | None = None
     note: str = ""
 
 
@@ -119,7 +119,7 @@ def bands(g: Graph, max_nodes: int, assignment: np.ndarray | None = None) -> Vie
     log.info("graph %r: %d nodes > %d, drawing %d level bands (%d boxes)", g.name, n,
              max_nodes, nb, m)
     split = " x device" if assignment is not None and k > 1 else ""
-    return View(view, group, "bands", layer=box_band, order=box_dev,
+    return View(view, group, "bands", layer=box_band, column=box_dev,
                 note=f"{n} nodes in {nb} bands of topological levels{split}: {m} boxes")
 
 

@@ -182,7 +182,7 @@ def _bars(ax, evs: list[Event], y: float, h: float, scale: float, in_per_unit: f
         return set()
     sub, k = stack_lanes(evs)
     hh = h / k
-    min_w = 0.6 / 72 / in_per_unit  # at least ~0.6 pt wide, so instants stay visible
+    min_w = 1.2 / 72 / in_per_unit  # at least ~1.2 pt wide, so instants stay visible
     groups: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for e, j in zip(evs, sub):
         x0, w = e.start_s * scale, max(e.duration_s * scale, min_w)

@@ -22,8 +22,8 @@ from outcore.units import format_bytes, format_seconds
 from outcore.viz.condense import View, condense, device_shares
 from outcore.viz.layout import Layout, layered_layout
 from outcore.viz.legend import Header, draw_header
-from outcore.viz.style import (CUT_RED, EDGE_GREY, check_path, cost_cmap, cost_norm, device_colours, save_figure,
-                               text_width_in)
+from outcore.viz.style import (CUT_RED, EDGE_GREY, check_path, cost_cmap, cost_norm,
+                               device_colours, save_figure, text_width_in)
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def draw_graph(g: Graph, path: str | os.PathLike, *, assignment: Any = None,
     vg = view.graph
     lay = layered_layout(vg.num_nodes, vg.src, vg.dst, boxes.width,
                          node_height=NODE_H_IN + 0.04 * boxes.by_device,
-                         layer=view.layer, order_key=view.order)
+                         layer=view.layer, column=view.column)
     log.info("graph %r: %d boxes in %d layers, %d crossings", g.name, vg.num_nodes,
              len(lay.layers), lay.crossings)
     header = _header(g, view, devices, boxes, title)
@@ -115,36 +115,35 @@ def _assignment(g: Graph, assignment: Any) -> np.ndarray | None:
 
 
 def _boxes(view: View, g: Graph, devices: np.ndarray | None, label_chars: int) -> Boxes:
+    """Labels, widths and fills of the drawn nodes."""
     vg = view.graph
     cost = vg.fwd_s + vg.bwd_s
-    has_cost = bool((cost > 0).any())
     line1, line2 = [], []
     for i in range(vg.num_nodes):
         line1.append(shorten(node_label(vg.name_of(i), vg.module_of(i)), label_chars))
         op = vg.op_of(i)
-        line2.append(f"{op} · {format_seconds(float(cost[i]))}" if has_cost else op)
+        line2.append(f"{op} · {format_seconds(float(cost[i]))}" if cost[i] > 0 else op)
     width = np.array([max(text_width_in(a, NAME_PT), text_width_in(b, OP_PT)) + 0.16
                       for a, b in zip(line1, line2)])
     io = np.array([vg.op_of(i) in ("input", "output") for i in range(vg.num_nodes)], dtype=bool)
-    if devices is not None:
-        colours = device_colours(int(devices.max()) + 1 if devices.size else 1)
-        fills = [[(colours[d], s) for d, s in shares]
-                 for shares in device_shares(view, g, devices)]
-    elif has_cost:
-        fills = [[(c, 1.0)] for c in _cost_shades(cost)]
-    else:
-        fills = [[(_hex(PLAIN_FILL), 1.0)] for _ in range(vg.num_nodes)]
-    for i in np.flatnonzero(io & (cost == 0)):
-        if devices is None:
-            fills[i] = [(_hex(IO_FILL), 1.0)]
-    share = cost / cost.max() if has_cost else np.zeros(vg.num_nodes)
-    return Boxes(line1, line2, np.maximum(width, 0.5), fills, share, io, devices is not None)
+    share = cost / cost.max() if (cost > 0).any() else np.zeros(vg.num_nodes)
+    return Boxes(line1, line2, np.maximum(width, 0.5), _fills(view, g, devices, io), share, io,
+                 devices is not None)
 
 
-def _hex(colour: str) -> tuple[float, ...]:
+def _fills(view: View, g: Graph, devices: np.ndarray | None, io: np.ndarray
+           ) -> list[list[tuple[tuple[float, ...], float]]]:
+    """Per drawn node, ``(rgb, share of width)`` stripes: devices, else a compute-time shade."""
     from matplotlib.colors import to_rgb
 
-    return to_rgb(colour)
+    cost = view.graph.fwd_s + view.graph.bwd_s
+    if devices is not None:
+        colours = device_colours(int(devices.max()) + 1 if devices.size else 1)
+        return [[(colours[d], s) for d, s in shares]
+                for shares in device_shares(view, g, devices)]
+    shades = _cost_shades(cost) if (cost > 0).any() else [to_rgb(PLAIN_FILL)] * cost.size
+    return [[(to_rgb(IO_FILL) if io[i] and cost[i] == 0 else shades[i], 1.0)]
+            for i in range(cost.size)]
 
 
 def _cost_shades(cost: np.ndarray) -> list[tuple[float, ...]]:

@@ -261,7 +261,8 @@ def _isotonic(target: np.ndarray, weight: np.ndarray, sep: np.ndarray) -> np.nda
 
 
 def assign_x(layers: list[list[int]], vedges: np.ndarray, width: np.ndarray,
-             num_nodes: int, gap_in: float = 0.22, iterations: int = 6) -> np.ndarray:
+             num_nodes: int, gap_in: float = 0.22, iterations: int = 6,
+             pinned: np.ndarray | None = None) -> np.ndarray:
     """Horizontal centre of every vertex, inches (left edge of the drawing at 0).
 
     Args:
@@ -271,35 +272,50 @@ def assign_x(layers: list[list[int]], vedges: np.ndarray, width: np.ndarray,
         num_nodes: vertices below this index are real nodes, the rest dummies.
         gap_in: minimum gap between two real boxes; dummies keep half of it.
         iterations: down-and-up placement passes.
+        pinned: optional ``float[num_nodes]`` x to hold nodes at (NaN: free), inches.
     """
     preds, succs = _adjacency(width.size, vedges)
     x = np.zeros(width.size)
     dummy = np.arange(width.size) >= num_nodes
+    pin = np.full(width.size, np.nan)
+    if pinned is not None:
+        pin[:num_nodes] = pinned
 
     def seps(lay: list[int]) -> np.ndarray:
         a, b = np.asarray(lay[:-1], dtype=np.int64), np.asarray(lay[1:], dtype=np.int64)
         g = np.where(dummy[a] & dummy[b], 0.25, np.where(dummy[a] | dummy[b], 0.6, 1.0))
         return (width[a] + width[b]) / 2 + gap_in * g
 
-    def place(lay: list[int], nbrs_sets: tuple[list[list[int]], ...]) -> None:
+    def place(lay: list[int], near_by: list[list[int]], far_by: list[list[int]]) -> None:
+        """Move ``lay`` towards its neighbours in ``near_by`` (else, weakly, ``far_by``)."""
         target, weight = [], []
         for v in lay:
-            near = [x[w] for nb in nbrs_sets for w in nb[v]]
-            target.append(float(np.mean(near)) if near else x[v])
-            weight.append((2.0 if dummy[v] else 1.0) if near else 0.05)
+            if not np.isnan(pin[v]):
+                target.append(pin[v])
+                weight.append(1e6)
+            elif near_by[v]:
+                target.append(float(np.mean(x[near_by[v]])))
+                weight.append(2.0 if dummy[v] else 1.0)
+            elif far_by[v]:
+                target.append(float(np.mean(x[far_by[v]])))
+                weight.append(0.3)
+            else:
+                target.append(x[v])
+                weight.append(0.05)
         x[lay] = _isotonic(np.asarray(target), np.asarray(weight), seps(lay))
 
     for lay in layers:
         if lay:
             x[lay] = np.concatenate([[0.0], np.cumsum(seps(lay))])
             x[lay] -= x[lay].mean()
+            x[lay] = np.where(np.isnan(pin[lay]), x[lay], pin[lay])
     for _ in range(iterations):
         for lay in layers[1:]:
-            place(lay, (preds,))
+            place(lay, preds, succs)
         for lay in layers[-2::-1]:
-            place(lay, (succs,))
+            place(lay, succs, preds)
     for lay in layers[1:]:  # last word to the parents: chains run straight down
-        place(lay, (preds,))
+        place(lay, preds, succs)
     if width.size:
         x -= (x - width / 2).min()
     return x
@@ -319,9 +335,18 @@ def assign_y(layers: list[list[int]], vedges: np.ndarray, x: np.ndarray,
     return tops[layer_of] + node_height / 2
 
 
+def column_centres(column: np.ndarray, width: np.ndarray, gap_in: float = 0.5) -> np.ndarray:
+    """x of each node when every column is as wide as its widest box, plus ``gap_in``."""
+    cols, idx = np.unique(column, return_inverse=True)
+    col_w = np.zeros(cols.size)
+    np.maximum.at(col_w, idx, width)
+    left = np.concatenate([[0.0], np.cumsum(col_w + gap_in)[:-1]])
+    return (left + col_w / 2)[idx]
+
+
 def layered_layout(n: int, src: np.ndarray, dst: np.ndarray, width: np.ndarray, *,
                    node_height: float = 0.36, layer: np.ndarray | None = None,
-                   order_key: np.ndarray | None = None, sweeps: int = 8) -> Layout:
+                   column: np.ndarray | None = None, sweeps: int = 8) -> Layout:
     """Lay out a DAG top to bottom.
 
     Args:
@@ -331,8 +356,9 @@ def layered_layout(n: int, src: np.ndarray, dst: np.ndarray, width: np.ndarray, 
         node_height: box height, inches.
         layer: optional given layer per node; edges not going downward are then ``flat``.
             Default: :func:`assign_layers` (every edge goes down).
-        order_key: optional fixed left-to-right key per node (ties: depth-first order);
-            crossing reduction is then skipped, dummies stay where depth-first order put them.
+        column: optional column per node (swimlanes, e.g. the device of a band): nodes are
+            ordered by column and centred in it, long edges run on the right; no crossing
+            reduction is done.
         sweeps: crossing-reduction passes.
     """
     src = np.asarray(src, dtype=np.int64)
@@ -342,14 +368,16 @@ def layered_layout(n: int, src: np.ndarray, dst: np.ndarray, width: np.ndarray, 
     layer = np.asarray(layer, dtype=np.int64) - (int(np.min(layer)) if n else 0)
     vlayer, routes, flat, vedges = route_edges(layer, src, dst)
     layers = initial_order(vlayer, vedges)
-    if order_key is None:
+    vwidth = np.concatenate([np.asarray(width, dtype=np.float64), np.zeros(vlayer.size - n)])
+    pinned = None
+    if column is None:
         layers, crossings = reduce_crossings(layers, vedges, sweeps)
     else:
-        key = np.asarray(order_key, dtype=np.float64)
-        layers = [sorted(lay, key=lambda v: key[v] if v < n else np.inf) for lay in layers]
+        col = np.asarray(column, dtype=np.int64)
+        layers = [sorted(lay, key=lambda v: col[v] if v < n else np.inf) for lay in layers]
         crossings = count_crossings(layers, vedges)
-    vwidth = np.concatenate([np.asarray(width, dtype=np.float64), np.zeros(vlayer.size - n)])
-    x = assign_x(layers, vedges, vwidth, n)
+        pinned = column_centres(col, vwidth[:n])
+    x = assign_x(layers, vedges, vwidth, n, pinned=pinned)
     y = assign_y(layers, vedges, x, node_height)
     pos = np.zeros(vlayer.size, dtype=np.int64)
     for lay in layers:

@@ -47,7 +47,7 @@ def test_bands_split_by_device():
     devices = (np.arange(g.num_nodes) * 3) // g.num_nodes
     view = condense(g, 60, devices)
     assert view.graph.num_nodes <= 60
-    assert set(view.order.tolist()) == {0, 1, 2}
+    assert set(view.column.tolist()) == {0, 1, 2}
     assert (view.layer[view.graph.src] <= view.layer[view.graph.dst]).all()
     shares = device_shares(view, g, devices)
     assert all(abs(sum(s for _, s in row) - 1) < 1e-9 for row in shares)

@@ -14,7 +14,7 @@ from tests.viz.files import png_size, svg_text
 
 
 def test_timeline_png(tmp_path):
-    png_size(draw_timeline(one_f_one_b(4, 6), tmp_path / "t.png"))
+    png_size(draw_timeline(one_f_one_b(4, 6), tmp_path / "t.png", dpi=50))
 
 
 def test_timeline_svg_has_lanes_units_and_limit(tmp_path):
@@ -44,7 +44,7 @@ def test_timeline_without_memory_or_events(tmp_path):
 def test_comparison(tmp_path):
     pred = one_f_one_b(3, 4)
     meas = one_f_one_b(3, 4, jitter=0.2, source="measured", seed=2)
-    png_size(draw_comparison(pred, meas, tmp_path / "c.png"))
+    png_size(draw_comparison(pred, meas, tmp_path / "c.png", dpi=40))
     text = svg_text(draw_comparison(pred, meas, tmp_path / "c.svg"))
     assert "predicted:" in text and "measured:" in text and "%)" in text
 

@@ -16,7 +16,7 @@ from tests.viz.graphs import blocks, diamond, synthetic
 
 
 def test_png_is_written(tmp_path):
-    out = draw_graph(diamond(), tmp_path / "d.png")
+    out = draw_graph(diamond(), tmp_path / "d.png", dpi=60)
     assert out == tmp_path / "d.png"
     png_size(out)
 
@@ -35,7 +35,7 @@ def test_bad_suffix_names_the_allowed_ones(tmp_path, name):
 
 
 def test_upper_case_suffix_is_fine(tmp_path):
-    png_size(draw_graph(diamond(), tmp_path / "d.PNG"))
+    png_size(draw_graph(diamond(), tmp_path / "d.PNG", dpi=60))
 
 
 def test_assignment_legend_and_cut(tmp_path):
@@ -95,3 +95,14 @@ def test_same_graph_same_bytes(tmp_path):
     a = draw_graph(blocks(3, 4), tmp_path / "a.svg").read_bytes()
     b = draw_graph(blocks(3, 4), tmp_path / "b.svg").read_bytes()
     assert a == b
+
+
+def test_drawing_needs_neither_torch_nor_pyplot(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from outcore.viz import draw_graph; from tests.viz.graphs import diamond;"
+            f"draw_graph(diamond(), {str(tmp_path / 'd.svg')!r});"
+            "assert 'torch' not in sys.modules, 'torch imported';"
+            "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
