@@ -88,8 +88,14 @@ def metis(ctx: Context, seed: int = 0) -> tuple[np.ndarray, str]:
     scale_v = 1e4 / w.max() if w.max() > 0 else 1.0
     vweights = np.maximum(1, np.rint(w * scale_v)).astype(np.int64)
     opts = pymetis.Options(seed=int(seed))
-    _, parts = pymetis.part_graph(k, xadj=xadj, adjncy=dst, vweights=vweights,
-                                  eweights=eweights, options=opts)
+    adjacency = (pymetis.CSRAdjacency(xadj, dst) if hasattr(pymetis, "CSRAdjacency")
+                 else None)
+    if adjacency is not None:
+        _, parts = pymetis.part_graph(k, adjacency, vweights=vweights, eweights=eweights,
+                                      options=opts)
+    else:  # pymetis < 2025
+        _, parts = pymetis.part_graph(k, xadj=xadj, adjncy=dst, vweights=vweights,
+                                      eweights=eweights, options=opts)
     return np.asarray(parts, np.int64), "metis: pymetis k-way, balanced on time"
 
 

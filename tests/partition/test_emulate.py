@@ -1,0 +1,116 @@
+"""The node-level emulator against timelines worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from outcore.errors import UsageError
+from outcore.graph.ir import build
+from outcore.hardware.spec import flat_cluster
+from outcore.partition.emulate import emulate
+from outcore.partition.model import make_context
+
+# a link of 100 B/s and 0.5 s latency: a 100-byte tensor takes 0.5 + 1 = 1.5 s
+SLOW = flat_cluster(2, memory_bytes=1e9, bandwidth=100.0, latency_s=0.5)
+
+
+def diamond():
+    """a -> b, a -> c, b -> d, c -> d; 100 bytes per edge."""
+    return build("diamond", fwd_s=[1, 2, 3, 1], bwd_s=[2, 4, 6, 2], src=[0, 0, 1, 2],
+                 dst=[1, 2, 3, 3], edge_bytes=[100] * 4, saved_bytes=[10, 20, 30, 40],
+                 param_bytes=[1, 1, 1, 1])
+
+
+def test_one_device_runs_everything_in_sequence():
+    em = emulate(diamond(), np.zeros(4, np.int64), SLOW, devices=2)
+    # forward a 0-1, b 1-3, c 3-6, d 6-7; backward from 7: d 7-9, then b and c are ready
+    # together (first in, first out: b was notified first) b 9-13, c 13-19, a 19-21
+    assert em.fwd_start_s[0].tolist() == [0, 1, 3, 6]
+    assert em.fwd_end_s[0].tolist() == [1, 3, 6, 7]
+    assert em.bwd_start_s[0].tolist() == [19, 9, 13, 7]
+    assert em.bwd_end_s[0].tolist() == [21, 13, 19, 9]
+    assert em.forward_s == 7 and em.makespan_s == 21
+    assert em.busy_s.tolist() == [21, 0]
+
+
+def test_cross_device_branch_pays_transfers_both_ways():
+    em = emulate(diamond(), np.array([0, 0, 1, 0]), SLOW, devices=2)
+    # forward: a 0-1 | b 1-3 | c on device 1 gets a's output at 1 + 1.5 = 2.5, runs 2.5-5.5
+    #          d needs c's output at 5.5 + 1.5 = 7: 7-8
+    # backward from 8: d 8-10 | b 10-14 | c gets d's gradient at 10 + 1.5 = 11.5: 11.5-17.5
+    #          a needs b (14) and c's gradient at 17.5 + 1.5 = 19: 19-21
+    assert em.fwd_start_s[0].tolist() == [0, 1, 2.5, 7]
+    assert em.fwd_end_s[0].tolist() == [1, 3, 5.5, 8]
+    assert em.bwd_start_s[0].tolist() == [19, 10, 11.5, 8]
+    assert em.bwd_end_s[0].tolist() == [21, 14, 17.5, 10]
+    assert em.makespan_s == 21
+    assert em.busy_s.tolist() == [12, 9]
+    # the chain that set the makespan: a, c, d forward, then d, c, a backward
+    assert em.critical_path.tolist() == [[0, 0, 0], [0, 0, 2], [0, 0, 3],
+                                         [1, 0, 3], [1, 0, 2], [1, 0, 0]]
+
+
+def test_memory_peaks_at_end_of_forward_and_matches_model():
+    em = emulate(diamond(), np.array([0, 0, 1, 0]), SLOW, devices=2, timeline=True)
+    # device 0: 4 x (1 + 1 + 1) params + saved 10 + 20 + 40 + c's output 100
+    #           + transient (largest output on it: 100)
+    # device 1: 4 x 1 + saved 30 + a's output 100 + transient 100
+    assert em.peak_bytes.tolist() == [12 + 70 + 100 + 100, 4 + 30 + 100 + 100]
+    for dev, (t, y) in enumerate(em.memory):
+        assert y.max() == em.peak_bytes[dev]
+        assert y[-1] == y[0]  # everything allocated during the iteration is freed
+    t0, y0 = em.memory[0]
+    assert y0[np.searchsorted(t0, em.forward_s, side="right") - 1] == em.peak_bytes[0]
+
+
+def test_two_microbatches_pipeline_through_a_cut():
+    g = build("chain", fwd_s=[1, 2], bwd_s=[2, 4], src=[0], dst=[1], edge_bytes=[100],
+              param_bytes=[10, 20], saved_bytes=[5, 7])
+    em = emulate(g, np.array([0, 1]), SLOW, devices=2, microbatches=2, timeline=True)
+    # forward: a0 0-1, a1 1-2 | b0 gets a0 at 2.5: 2.5-4.5 | b1 arrives 3.5, waits: 4.5-6.5
+    # backward from 6.5: b0 6.5-10.5, b1 10.5-14.5 | a0 gradient at 12: 12-14 | a1 at 16: 16-18
+    assert em.fwd_start_s.tolist() == [[0, 2.5], [1, 4.5]]
+    assert em.bwd_end_s.tolist() == [[14, 10.5], [18, 14.5]]
+    assert em.makespan_s == 18
+    assert em.critical_path.tolist() == [[0, 0, 0], [0, 0, 1], [0, 1, 1],
+                                         [1, 0, 1], [1, 1, 1], [1, 1, 0]]
+    # device 1 holds both micro-batches' saved bytes and received tensors at once
+    assert em.peak_bytes.tolist() == [40 + 2 * 5 + 100, 80 + 2 * (7 + 100) + 0]
+    assert max(y.max() for _, y in em.memory[1:]) == em.peak_bytes[1]
+
+
+def test_zero_durations_and_zero_byte_edges_cost_nothing():
+    g = build("z", fwd_s=[0, 0, 0], bwd_s=[0, 0, 0], src=[0, 1], dst=[1, 2], edge_bytes=[0, 0])
+    em = emulate(g, np.array([0, 1, 0]), SLOW, devices=2)
+    assert em.makespan_s == 0.0
+    g2 = g.replace(edge_bytes=np.array([100, 0]))
+    em2 = emulate(g2, np.array([0, 1, 0]), SLOW, devices=2)
+    assert em2.makespan_s == 3.0  # 1.5 s forward + 1.5 s gradient on the one paid edge
+
+
+def test_single_node_and_empty_assignment_errors():
+    g = build("one", fwd_s=[2.0], bwd_s=[3.0])
+    em = emulate(g, np.zeros(1, np.int64))
+    assert em.makespan_s == 5.0 and em.critical_path.tolist() == [[0, 0, 0], [1, 0, 0]]
+    with pytest.raises(UsageError):
+        emulate(g, np.zeros(2, np.int64))
+    with pytest.raises(UsageError):
+        emulate(g, np.array([-1]))
+
+
+def test_slow_link_uses_fractional_bandwidth():
+    link = flat_cluster(2, memory_bytes=1e9, bandwidth=0.3e9, latency_s=1e-5)
+    g = build("c", fwd_s=[1e-3, 1e-3], bwd_s=[1e-3, 1e-3], src=[0], dst=[1], edge_bytes=[3e8])
+    em = emulate(g, np.array([0, 1]), link, devices=2)
+    comm = 1e-5 + 3e8 / 0.3e9  # 1.00001 s, not truncated to whole GB/s
+    assert em.makespan_s == pytest.approx(4e-3 + 2 * comm)
+
+
+def test_lower_bound_is_critical_path_or_average_work():
+    g = diamond()
+    ctx = make_context(g, 2)
+    assert ctx.critical_path_s == 1 + 2 + 3 + 6 + 1 + 2  # a, c, d with backward
+    assert ctx.lower_bound_s() == max(15, 21 / 2)
+    ctx4 = make_context(g, 1, microbatches=4)
+    assert ctx4.lower_bound_s() == 4 * 21
