@@ -110,12 +110,11 @@ def _shape_of(value: Any) -> Any:
 class _Recorder(fx.Interpreter):
     """Runs the graph once, recording output values' bytes and autograd-saved bytes per node."""
 
-    def __init__(self, gm: fx.GraphModule, param_storages: set[Any]):
+    def __init__(self, gm: fx.GraphModule):
         super().__init__(gm)
-        self.param_storages = param_storages
         self.current: str | None = None
         self.saved: dict[str, int] = {}
-        self.seen: set[Any] = set()
+        self.seen: dict[Any, tuple[str, int]] = {}
         self.out_bytes: dict[str, int] = {}
         self.shapes: dict[str, Any] = {}
         self.dtypes: dict[str, str] = {}
@@ -124,11 +123,17 @@ class _Recorder(fx.Interpreter):
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = StorageWeakRef(t.untyped_storage())
-        if key not in self.seen and key not in self.param_storages and self.current:
-            self.seen.add(key)
-            self.saved[self.current] = self.saved.get(self.current, 0) + \
-                t.untyped_storage().nbytes()
+        if key not in self.seen and self.current:
+            self.seen[key] = (self.current, t.untyped_storage().nbytes())
         return t
+
+    def saved_by_node(self, exclude: set[Any]) -> dict[str, int]:
+        """Bytes each node saves first, leaving out the storages in ``exclude``."""
+        out: dict[str, int] = {}
+        for key, (node, nbytes) in self.seen.items():
+            if key not in exclude:
+                out[node] = out.get(node, 0) + nbytes
+        return out
 
     def run_node(self, n: fx.Node) -> Any:
         self.current = n.name
@@ -150,16 +155,21 @@ class _Recorder(fx.Interpreter):
 
 
 def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bool) -> _Recorder:
-    params = {StorageWeakRef(p.untyped_storage()) for p in gm.parameters()}
-    params |= {StorageWeakRef(b.untyped_storage()) for b in gm.buffers()}
-    rec = _Recorder(gm, params)
+    state = list(gm.parameters()) + list(gm.buffers())
+    rec = _Recorder(gm)
     with torch.enable_grad():
         if fake:
             from torch._subclasses.fake_tensor import FakeTensorMode
             with FakeTensorMode(allow_non_fake_inputs=True) as mode:
                 rec.run(*(mode.from_tensor(x) for x in inputs))
+                # parameters were converted to fake tensors on first use (memoised): exclude
+                # what autograd saved of them by their fake storages
+                exclude = {StorageWeakRef(mode.from_tensor(t).untyped_storage()) for t in state}
         else:
             rec.run(*inputs)
+            exclude = set()
+    exclude |= {StorageWeakRef(t.untyped_storage()) for t in state}
+    rec.saved = rec.saved_by_node(exclude)
     return rec
 
 

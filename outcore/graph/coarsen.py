@@ -65,8 +65,6 @@ def collapse(g: Graph, depth: int | None) -> Graph:
         return g
     group, names = groups(g, depth)
     k = len(names)
-    if k == g.num_nodes:
-        return g.replace(meta={**g.meta, "depth": depth})
 
     def sums(arr: np.ndarray) -> np.ndarray:
         return np.bincount(group, weights=arr, minlength=k)

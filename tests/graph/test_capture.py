@@ -1,0 +1,162 @@
+"""Capture: torch.fx graphs of torchvision and zoo models, module paths, bytes, fallbacks."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from outcore.errors import CaptureError, ModelError
+from outcore.graph import collapse, from_dict, to_dict
+from outcore.graph.algorithms import topological_order
+from outcore.graph.capture import capture
+from outcore.zoo import resolve_model, zoo_names
+
+
+def _capture(spec: str, batch: int = 2, **kw):
+    s = resolve_model(spec, batch_size=batch, **kw)
+    torch.manual_seed(0)
+    m = s.build()
+    return capture(m, s.example_inputs, name=spec), m
+
+
+def test_resnet50_layers_params_and_blocks():
+    g, m = _capture("torchvision:resnet50", input_shape=(2, 3, 224, 224))
+    assert g.num_nodes == 177
+    assert g.total_param_bytes == sum(p.numel() * 4 for p in m.parameters())
+    i = g.names.index("layer1_0_conv1")
+    assert g.modules[i] == "layer1.0.conv1" and g.ops[i] == "conv2d"
+    assert g.attr(i, "shape") == [2, 64, 56, 56]
+    assert g.out_bytes[i] == 2 * 64 * 56 * 56 * 4
+    # every residual add joins two paths
+    adds = [k for k in range(g.num_nodes) if g.ops[k] == "add"]
+    assert len(adds) == 16 and all(g.in_degree[k] == 2 for k in adds)
+    d1 = collapse(g, 1)
+    assert list(d1.names) == ["x", "conv1", "bn1", "relu", "maxpool", "layer1", "layer2",
+                              "layer3", "layer4", "avgpool", "flatten", "fc", "output"]
+    assert d1.total_param_bytes == g.total_param_bytes
+    assert d1.fwd_s.sum() == pytest.approx(g.fwd_s.sum())
+    d2 = collapse(g, 2)
+    assert "layer3.5" in d2.names and d2.num_nodes == 25
+    assert d1.saved_bytes.sum() == g.saved_bytes.sum()
+
+
+def test_saved_bytes_are_what_autograd_keeps():
+    """The sum of per-node saved bytes equals what autograd saves for the whole model."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    g, m = _capture("outcore:diamond", batch=4)
+    seen = {}
+    params = {StorageWeakRef(p.untyped_storage()) for p in m.parameters()}
+
+    def pack(t):
+        k = StorageWeakRef(t.untyped_storage())
+        if k not in params:
+            seen[k] = t.untyped_storage().nbytes()
+        return t
+
+    x = resolve_model("outcore:diamond", batch_size=4).example_inputs
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        m(*x)
+    assert g.saved_bytes.sum() == sum(seen.values()) > 0
+
+
+@pytest.mark.parametrize("name", zoo_names())
+def test_every_zoo_model_captures_and_round_trips(name):
+    g, m = _capture(f"outcore:{name}")
+    assert g.num_nodes > 3
+    assert g.total_param_bytes == sum(p.numel() * p.element_size() for p in m.parameters())
+    order = topological_order(g)
+    assert order.size == g.num_nodes
+    h = from_dict(to_dict(g))
+    np.testing.assert_array_equal(h.src, g.src)
+    assert h.names == g.names and h.modules == g.modules
+
+
+def test_transformer_heads_are_parallel_branches():
+    g, _ = _capture("outcore:transformer:layers=1,heads=4")
+    heads = collapse(g, 4)
+    idx = [heads.names.index(f"blocks.0.heads.{k}") for k in range(4)]
+    # no head feeds another: they are siblings between the layer norm and the concatenation
+    for a in idx:
+        for b in idx:
+            assert not ((heads.src == a) & (heads.dst == b)).any()
+    sources = {int(heads.src[(heads.dst == i)][0]) for i in idx}
+    assert len(sources) == 1 and heads.names[sources.pop()] == "blocks.0.ln1"
+
+
+def test_two_inputs_two_outputs_and_skips():
+    g, _ = _capture("outcore:two_tower")
+    assert [g.names[i] for i in range(g.num_nodes) if g.ops[i] == "input"] == ["a", "b"]
+    out = g.names.index("output")
+    assert g.in_degree[out] == 2
+    d, _ = _capture("outcore:diamond")
+    cat = d.names.index("cat")
+    assert d.in_degree[cat] == 2  # the long skip from the first layer joins here
+
+
+def test_lstm_grid_has_time_and_layer_edges():
+    g, _ = _capture("outcore:lstm_lm:unroll=True,seq=4,layers=3")
+    cells = [i for i in range(g.num_nodes) if g.ops[i] == "lstmcell"]
+    assert len(cells) == 12
+
+
+class Wobbly(nn.Module):
+    """Data-dependent control flow: fx cannot trace this module."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.a(x)
+        return -self.a(x)
+
+
+class HasWobbly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Linear(4, 4)
+        self.wobbly = Wobbly()
+        self.post = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.post(self.wobbly(self.pre(x)))
+
+
+def test_untraceable_module_becomes_a_named_leaf(caplog):
+    with caplog.at_level(logging.WARNING):
+        g = capture(HasWobbly(), torch.randn(3, 4))
+    assert "wobbly" in caplog.text
+    assert g.meta["forced_leaves"] == ["wobbly"]
+    i = g.names.index("wobbly")
+    assert g.ops[i] == "wobbly" and g.param_bytes[i] == (16 + 4) * 4
+
+
+def test_untraceable_root_is_a_clear_error():
+    with pytest.raises(CaptureError, match="cannot trace Wobbly"):
+        capture(Wobbly(), torch.randn(3, 4))
+
+
+def test_model_failing_on_the_input_names_the_shape():
+    with pytest.raises(ModelError, match="shape 3x5.*--input-shape"):
+        capture(nn.Linear(4, 2), torch.randn(3, 5))
+
+
+def test_shared_module_params_counted_once():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(torch.tanh(self.lin(x)))
+
+    g = capture(Tied(), torch.randn(2, 4))
+    calls = [i for i in range(g.num_nodes) if g.ops[i] == "linear"]
+    assert [int(g.param_bytes[i]) for i in calls] == [80, 0]
+    assert g.attr(calls[1], "shared_params") == ["lin.weight", "lin.bias"]
+    assert collapse(g, 1).num_nodes == g.num_nodes  # the two calls stay two blocks

@@ -1,0 +1,104 @@
+"""Schedule builders and checks, against tables written out in their visual shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from outcore.errors import ScheduleError, UsageError
+from outcore.graph import build as gbuild
+from outcore.plan import cut
+from outcore.schedule import Action, Schedule, build, check, piece_costs, simple_link
+
+
+def pipeline(k: int, m: int, kind: str) -> Schedule:
+    g = gbuild("chain", fwd_s=[1.0] * k, bwd_s=[2.0] * k, src=list(range(k - 1)),
+               dst=list(range(1, k)), edge_bytes=[0] * (k - 1))
+    P = cut(g, np.arange(k))
+    return build(P, k, m, kind, piece_costs(g, P, k), simple_link(1e9, 0.0))
+
+
+def compute_table(s: Schedule) -> list[str]:
+    return [" ".join(str(a) for a in acts if a.op in ("F", "B")) for acts in s.actions]
+
+
+def test_1f1b_four_stages_four_microbatches():
+    assert compute_table(pipeline(4, 4, "1f1b")) == [
+        "0F0 0F1 0F2 0F3 0B0 0B1 0B2 0B3",
+        "1F0 1F1 1F2 1B0 1F3 1B1 1B2 1B3",
+        "2F0 2F1 2B0 2F2 2B1 2F3 2B2 2B3",
+        "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3",
+    ]
+
+
+def test_gpipe_all_forwards_first():
+    assert compute_table(pipeline(3, 3, "gpipe")) == [
+        "0F0 0F1 0F2 0B0 0B1 0B2",
+        "1F0 1F1 1F2 1B0 1B1 1B2",
+        "2F0 2F1 2F2 2B0 2B1 2B2",
+    ]
+
+
+def test_lowering_puts_receives_before_and_sends_after():
+    s = pipeline(2, 2, "1f1b")
+    assert [str(a) for a in s.actions[0]] == ["0F0", "t0SF0", "0F1", "t0SF1", "t0RB0", "0B0",
+                                              "t0RB1", "0B1", "OPT"]
+    assert [str(a) for a in s.actions[1]] == ["t0RF0", "1F0", "1B0", "t0SB0", "t0RF1", "1F1",
+                                              "1B1", "t0SB1", "OPT"]
+
+
+def test_action_string_form_round_trips():
+    for text in ("2F3", "0B0", "t5SF3", "t0RB12", "AR1", "OPT"):
+        assert str(Action.parse(text)) == text
+    with pytest.raises(ScheduleError, match="cannot read action"):
+        Action.parse("F3")
+
+
+def test_bad_builder_inputs():
+    g = gbuild("c", fwd_s=[1, 1], src=[0], dst=[1])
+    P = cut(g, np.array([0, 1]))
+    with pytest.raises(UsageError, match="unknown schedule"):
+        build(P, 2, 2, "zigzag", piece_costs(g, P, 2), simple_link(1e9, 0))
+    with pytest.raises(UsageError, match="at least 1"):
+        build(P, 2, 0, "1f1b", piece_costs(g, P, 2), simple_link(1e9, 0))
+
+
+def _replace(s: Schedule, rank: int, actions: list[str]) -> Schedule:
+    acts = list(s.actions)
+    acts[rank] = tuple(Action.parse(a) for a in actions)
+    return Schedule(s.kind, s.num_ranks, s.microbatches, s.pieces, tuple(acts), s.buckets)
+
+
+def test_checks_name_the_broken_rule():
+    s = pipeline(2, 1, "1f1b")
+    check(s)
+    with pytest.raises(ScheduleError, match="appears 2 times"):
+        check(_replace(s, 0, ["0F0", "0F0", "t0SF0", "t0RB0", "0B0"]))
+    with pytest.raises(ScheduleError, match="before its forward"):
+        check(_replace(s, 0, ["t0RB0", "0B0", "0F0", "t0SF0"]))
+    with pytest.raises(ScheduleError, match="received 0 times|never sent|sent 1 times"):
+        check(_replace(s, 1, ["1F0", "1B0", "t0SB0"]))
+    with pytest.raises(ScheduleError, match="placed on rank 0"):
+        check(_replace(s, 1, ["t0RF0", "0F0", "1F0", "1B0", "t0SB0"]))
+
+
+def test_deadlock_is_detected():
+    # rank 0 waits for gradients before sending activations: nobody can move
+    s = pipeline(2, 1, "1f1b")
+    bad = _replace(s, 0, ["0F0", "t0RB0", "t0SF0", "0B0"])
+    with pytest.raises(ScheduleError, match="deadlocks"):
+        check(bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 16), st.integers(1, 4), st.integers(1, 5), st.sampled_from(["gpipe", "1f1b"]),
+       st.integers(0, 10**6))
+def test_random_partitions_always_give_valid_schedules(n, k, m, kind, seed):
+    rng = np.random.default_rng(seed)
+    pairs = sorted({(int(a), int(b)) for a, b in rng.integers(0, n, (2 * n, 2)) if a < b})
+    g = gbuild("r", fwd_s=rng.random(n), bwd_s=rng.random(n), src=[a for a, _ in pairs],
+               dst=[b for _, b in pairs], edge_bytes=rng.integers(0, 10**6, len(pairs)))
+    P = cut(g, rng.integers(0, k, n))
+    s = build(P, k, m, kind, piece_costs(g, P, k), simple_link(1e9, 1e-5))
+    check(s)  # every task once, messages matched, no deadlock
