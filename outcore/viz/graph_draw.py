@@ -118,29 +118,32 @@ def _boxes(view: View, g: Graph, devices: np.ndarray | None, label_chars: int) -
     """Labels, widths and fills of the drawn nodes."""
     vg = view.graph
     cost = vg.fwd_s + vg.bwd_s
+    shares = device_shares(view, g, devices) if devices is not None else None
     line1, line2 = [], []
     for i in range(vg.num_nodes):
         line1.append(shorten(node_label(vg.name_of(i), vg.module_of(i)), label_chars))
-        op = vg.op_of(i)
-        line2.append(f"{op} · {format_seconds(float(cost[i]))}" if cost[i] > 0 else op)
+        parts = [vg.op_of(i)] + ([format_seconds(float(cost[i]))] if cost[i] > 0 else [])
+        if shares is not None:  # colours alone are ambiguous for many devices
+            devs = [str(d) for d, _ in shares[i]]
+            parts.append("dev " + "+".join(devs[:3]) + ("+…" if len(devs) > 3 else ""))
+        line2.append(" · ".join(parts))
     width = np.array([max(text_width_in(a, NAME_PT), text_width_in(b, OP_PT)) + 0.16
                       for a, b in zip(line1, line2)])
     io = np.array([vg.op_of(i) in ("input", "output") for i in range(vg.num_nodes)], dtype=bool)
     share = cost / cost.max() if (cost > 0).any() else np.zeros(vg.num_nodes)
-    return Boxes(line1, line2, np.maximum(width, 0.5), _fills(view, g, devices, io), share, io,
-                 devices is not None)
+    return Boxes(line1, line2, np.maximum(width, 0.5), _fills(view, devices, shares, io), share,
+                 io, devices is not None)
 
 
-def _fills(view: View, g: Graph, devices: np.ndarray | None, io: np.ndarray
+def _fills(view: View, devices: np.ndarray | None, shares: list | None, io: np.ndarray
            ) -> list[list[tuple[tuple[float, ...], float]]]:
     """Per drawn node, ``(rgb, share of width)`` stripes: devices, else a compute-time shade."""
     from matplotlib.colors import to_rgb
 
     cost = view.graph.fwd_s + view.graph.bwd_s
-    if devices is not None:
+    if devices is not None and shares is not None:
         colours = device_colours(int(devices.max()) + 1 if devices.size else 1)
-        return [[(colours[d], s) for d, s in shares]
-                for shares in device_shares(view, g, devices)]
+        return [[(colours[d], s) for d, s in row] for row in shares]
     shades = _cost_shades(cost) if (cost > 0).any() else [to_rgb(PLAIN_FILL)] * cost.size
     return [[(to_rgb(IO_FILL) if io[i] and cost[i] == 0 else shades[i], 1.0)]
             for i in range(cost.size)]

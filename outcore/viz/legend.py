@@ -17,6 +17,7 @@ TITLE_PT, LINE_PT, LEGEND_PT = 12.0, 8.0, 8.0
 PAD_IN = 0.3
 ROW_IN = 0.22
 SCALE_IN = 0.55
+SCALE_LABEL = "forward + backward time per box"
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +45,8 @@ class Header:
         texts = [text_width_in(self.title, TITLE_PT) * 1.1]
         texts += [text_width_in(t, LINE_PT) for t in self.lines]
         texts.append(self.entry_width_in())
+        if self.scale is not None:
+            texts.append(1.2 + 0.2 + text_width_in(SCALE_LABEL, LEGEND_PT))
         return max(texts) + 2 * PAD_IN
 
     def columns(self, width_in: float) -> int:
@@ -66,7 +69,8 @@ def draw_header(ax, header: Header, width_in: float) -> float:
     y = _draw_entries(ax, header, width_in, y)
     y = _draw_edge_key(ax, header, y)
     if header.scale is not None:
-        y = _draw_scale(ax, header.scale, y, min(3.0, width_in - 2 * PAD_IN - 1.8))
+        room = width_in - 2 * PAD_IN - 0.2 - text_width_in(SCALE_LABEL, LEGEND_PT)
+        y = _draw_scale(ax, header.scale, y, min(3.0, max(room, 1.2)))
     return y
 
 
@@ -101,11 +105,10 @@ def _draw_edge_key(ax, header: Header, y: float) -> float:
 def _draw_scale(ax, cost: np.ndarray, y: float, length_in: float) -> float:
     """A horizontal colour bar of compute time with a few labelled ticks."""
     norm, cmap = cost_norm(cost), cost_cmap()
-    length_in = max(length_in, 1.5)
     y0 = y - 0.02
     ax.imshow(np.linspace(0, 1, 256)[None, :], cmap=cmap, aspect="auto",
               extent=(PAD_IN, PAD_IN + length_in, y0 + 0.14, y0), zorder=1)
-    ax.text(PAD_IN + length_in + 0.12, y0 + 0.07, "forward + backward time per box",
+    ax.text(PAD_IN + length_in + 0.12, y0 + 0.07, SCALE_LABEL,
             fontsize=LEGEND_PT, va="center")
     left_edge = float("inf")
     for value in sorted(_ticks(norm), reverse=True):  # the top end is always labelled
