@@ -79,7 +79,7 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
         lat, inv_bw: ``float64[D, D]`` link latency (s) and seconds per byte between devices.
         edge_bytes: ``int64[m]`` bytes per edge (0 bytes = free control dependency).
         num_dev: number of devices D.
-        start, end: ``float64[n * mbs]`` outputs. cause: ``int64[n * mbs]`` output: the task
+        start, end: ``float64[n * mbs]`` outputs. cause: ``int32[n * mbs]`` output: the task
             whose completion let this one start (a data predecessor, or the previous task on the
             device when the device was the bottleneck); -1 when it started at ``release``.
     """
@@ -95,13 +95,13 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
                 delay[k] = lat[dv, dw] + eb * inv_bw[dv, dw]
     remaining = np.empty(total, np.int32)
     ready_at = np.zeros(total, np.float64)
-    data_cause = np.full(total, -1, np.int64)
+    data_cause = np.full(total, -1, np.int32)
     base = np.zeros(num_dev + 1, np.int64)
     for v in range(n):
         base[dev[v] + 1] += mbs
     for d in range(num_dev):
         base[d + 1] += base[d]
-    queue = np.empty(total, np.int64)  # one FIFO region per device: earliest ready first
+    queue = np.empty(total, np.int32)  # one FIFO region per device: earliest ready first
     qhead = base[:num_dev].copy()
     qtail = base[:num_dev].copy()
     busy = np.zeros(num_dev, np.bool_)

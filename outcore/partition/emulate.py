@@ -48,7 +48,7 @@ class Emulation:
         forward_s: end of the last forward (the backward starts there).
         busy_s: ``float64[D]`` compute seconds per device.
         fwd_start_s, fwd_end_s, bwd_start_s, bwd_end_s: ``float64[M, n]`` per micro-batch and node.
-        critical_path: ``int64[L, 3]`` rows ``(phase, mb, node)`` from the first to the last task
+        critical_path: ``int32[L, 3]`` rows ``(phase, mb, node)`` from the first to the last task
             of the chain of tasks that determined the makespan (phase 0 forward, 1 backward);
             consecutive tasks are linked by a data dependency or by waiting for the device.
         peak_bytes: ``float64[D]`` peak memory per device (memory model).
@@ -65,6 +65,13 @@ class Emulation:
     critical_path: np.ndarray
     peak_bytes: np.ndarray
     memory: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=())
+
+
+def summary(em: Emulation) -> Emulation:
+    """A copy of ``em`` without per-task arrays (keeps makespan, busy time and peaks)."""
+    z = np.zeros((0, 0))
+    return Emulation(em.makespan_s, em.forward_s, em.busy_s, z, z, z, z,
+                     np.zeros((0, 3), np.int32), em.peak_bytes, ())
 
 
 def emulate(g: Graph, assignment: np.ndarray, cluster: Cluster | None = None, *,
@@ -101,22 +108,24 @@ def run(ctx: Context, assignment: np.ndarray, *, timeline: bool = False,
     a = np.ascontiguousarray(assignment, dtype=np.int64)
     if n == 0:
         z = np.zeros((mbs, 0))
-        return Emulation(0.0, 0.0, np.zeros(k), z, z, z, z, np.zeros((0, 3), np.int64),
+        return Emulation(0.0, 0.0, np.zeros(k), z, z, z, z, np.zeros((0, 3), np.int32),
                          np.zeros(k))
     fstart, fend = np.empty(n * mbs), np.empty(n * mbs)
-    fcause = np.empty(n * mbs, np.int64)
+    if n * mbs >= 2**31 - 1:
+        raise UsageError(f"{n} nodes x {mbs} micro-batches is too many tasks to emulate")
+    fcause = np.empty(n * mbs, np.int32)
     schedule_phase(n, mbs, g.pred_ptr, g.succ_ptr, g.succ_idx, g.succ_edge,
                    np.ascontiguousarray(g.fwd_s, np.float64), a, 0.0,
                    ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, fstart, fend, fcause)
     forward_s = float(fend.max())
     bstart, bend = np.empty(n * mbs), np.empty(n * mbs)
-    bcause = np.empty(n * mbs, np.int64)
+    bcause = np.empty(n * mbs, np.int32)
     schedule_phase(n, mbs, g.succ_ptr, g.pred_ptr, g.pred_idx, g.pred_edge,
                    np.ascontiguousarray(g.bwd_s, np.float64), a, forward_s,
                    ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, bstart, bend, bcause)
     makespan = float(bend.max())
     cp = (_trace(fend, fcause, bend, bcause, n) if critical_path
-          else np.zeros((0, 3), np.int64))
+          else np.zeros((0, 3), np.int32))
     busy = mbs * np.bincount(a, weights=ctx.work_s, minlength=k)
     peak = ctx.memory(a)
     shape = (mbs, n)
@@ -154,7 +163,7 @@ def _trace_kernel(fend, fcause, bend, bcause, n):
     while t >= 0:
         m += 1
         t = fcause[t]
-    out = np.empty((m, 3), np.int64)
+    out = np.empty((m, 3), np.int32)
     m = 0
     t = tb
     while t >= 0:

@@ -27,14 +27,16 @@ What this driver adds (``docs/planning.md`` explains why):
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 
+from outcore.partition.emulate import summary
 from outcore.partition.model import Context
 from outcore.partition.pardnn_mapping import map_secondaries
 from outcore.partition.pardnn_memory import repair_memory
 from outcore.partition.pardnn_refine import refine
-from outcore.partition.pardnn_slicing import Slices, slice_graph
+from outcore.partition.pardnn_slicing import slice_graph
 from outcore.partition.pipeline import assignment_from_bounds, stage_bounds
 from outcore.partition.result import Candidate, best_of, evaluate
 from outcore.units import format_seconds
@@ -65,18 +67,21 @@ def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
     """Run ParDNN for ``ctx``; return (best fitting candidate or None, notes, all candidates)."""
     notes: list[str] = []
     cands: list[Candidate] = []
-    slices: dict[int, Slices] = {}
+    paths: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     limited = ctx.memory_bytes is not None
+    keep = 1 if ctx.g.num_nodes > LARGE_GRAPH_NODES else 2
     for k in device_counts(ctx.devices):
         sub = ctx.with_devices(k)
         if k == 1:
-            cands.append(evaluate(sub, np.zeros(ctx.g.num_nodes, np.int64), "1 device"))
+            one = evaluate(sub, np.zeros(ctx.g.num_nodes, np.int64), "1 device")
+            cands.append(_light(one))
             continue
         sl = slice_graph(sub, k)
-        slices[k] = sl
         a = map_secondaries(sub, sl)
+        paths[k] = (sl.sec_ptr, sl.sec_nodes)
         line = (f"K={k}: step 1 sliced {sl.primaries} primary and {sl.num_secondaries} "
                 "secondary clusters")
+        del sl
         if limited:
             a, rs = repair_memory(sub, a)
             line += f"; step 2 moved {rs.moved_nodes} nodes in {rs.passes} passes"
@@ -89,20 +94,20 @@ def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
             if bounds is not None:
                 seed = assignment_from_bounds(sub, bounds)
                 cands.append(evaluate(sub, seed, f"pardnn K={k} from a contiguous split"))
+        cands = _keep_best_emulations(cands, keep)
     multi = sorted((c for c in cands if c.fits and c.label != "1 device"),
                    key=lambda c: (c.makespan_s, c.label))
-    keep = 1 if ctx.g.num_nodes > LARGE_GRAPH_NODES else 2
     rounds = refine_rounds(ctx)
     for c in multi[:keep]:
         k = int(c.label.split("K=")[1].split()[0])
         sub = ctx.with_devices(k)
-        sl = slices[k]
-        a, em, st = refine(sub, c.assignment, sl.sec_ptr, sl.sec_nodes, rounds=rounds,
+        sec_ptr, sec_nodes = paths[k]
+        a, em, st = refine(sub, c.assignment, sec_ptr, sec_nodes, rounds=rounds,
                            em=c.emulation)
         notes.append(f"{c.label}: refinement {st.rounds} rounds, {st.accepted} accepted, "
                      f"{st.moved_nodes} nodes moved, {format_seconds(st.start_s)} -> "
                      f"{format_seconds(st.end_s)}")
-        cands.append(evaluate(sub, a, c.label + ", refined", em=em))
+        cands.append(_light(evaluate(sub, a, c.label + ", refined", em=em)))
     best = best_of(cands)
     tried = ", ".join(f"{c.label}: {format_seconds(c.makespan_s)}"
                       + ("" if c.fits else " (does not fit)") for c in cands)
@@ -111,3 +116,16 @@ def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
         notes.append(f"chose {best.label}")
     log.debug("pardnn: %s", "; ".join(notes))
     return best, notes, cands
+
+
+def _light(c: Candidate) -> Candidate:
+    """The candidate without its per-task emulation arrays (memory at 1M nodes)."""
+    return replace(c, emulation=summary(c.emulation))
+
+
+def _keep_best_emulations(cands: list[Candidate], keep: int) -> list[Candidate]:
+    """Keep full emulations (needed to refine) only for the ``keep`` best fitting candidates."""
+    ranked = sorted((i for i, c in enumerate(cands) if c.fits and c.label != "1 device"),
+                    key=lambda i: (cands[i].makespan_s, cands[i].label))
+    top = set(ranked[:keep])
+    return [c if i in top else _light(c) for i, c in enumerate(cands)]

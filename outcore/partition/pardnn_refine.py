@@ -106,12 +106,12 @@ def _candidates(ctx: Context, a: np.ndarray, em: Emulation, sec_ptr: np.ndarray,
             members.append(sec_nodes[_ranges(sec_ptr[ok], size)])
             targets.append(target[ok])
             gains.append(gain[ok])
-    cp_sets, cp_targets, cp_gains = _cp_candidates(ctx, a, em)
-    if cp_sets:
-        sizes.append(np.array([s.size for s in cp_sets], np.int64))
-        members.append(np.concatenate(cp_sets))
-        targets.append(np.asarray(cp_targets, np.int64))
-        gains.append(np.asarray(cp_gains, np.float64))
+    cp_sizes, cp_members, cp_targets, cp_gains = _cp_candidates(ctx, a, em)
+    if cp_sizes.size:
+        sizes.append(cp_sizes)
+        members.append(cp_members)
+        targets.append(cp_targets)
+        gains.append(cp_gains)
     if not sizes:
         z = np.zeros(0, np.int64)
         return np.zeros(1, np.int64), z, z, np.zeros(0)
@@ -128,17 +128,22 @@ def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
 
 
 def _cp_candidates(ctx: Context, a: np.ndarray, em: Emulation
-                   ) -> tuple[list[np.ndarray], list[int], list[float]]:
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Node switching at the critical path: gap-aware moves of critical nodes, and moves of
-    the critical runs on either side of each device change that save communication."""
+    the critical runs on either side of each device change that save communication.
+
+    Returns ``(sizes, members, targets, gains)``: move ``i`` moves the next ``sizes[i]`` nodes of
+    ``members`` to ``targets[i]``.
+    """
     g = ctx.g
     cp = em.critical_path
+    z = np.zeros(0, np.int64)
     if cp.shape[0] < 1 or ctx.devices < 2:
-        return [], [], []
+        return z, z, z, np.zeros(0)
+    sizes: list[np.ndarray] = []
     sets: list[np.ndarray] = []
-    targets: list[int] = []
-    gains: list[float] = []
-    n = g.num_nodes
+    targets: list[np.ndarray] = []
+    gains: list[np.ndarray] = []
     mbs = ctx.microbatches
     dev_task = np.tile(a, mbs)
     fs, fe = em.fwd_start_s.ravel(), em.fwd_end_s.ravel()
@@ -147,25 +152,31 @@ def _cp_candidates(ctx: Context, a: np.ndarray, em: Emulation
     bptr, bst, ben = _intervals(dev_task, bs, be, ctx.devices)
     fdur = np.ascontiguousarray(g.fwd_s, np.float64)
     bdur = np.ascontiguousarray(g.bwd_s, np.float64)
-    best_gain: dict[tuple[int, int], float] = {}
+    found_node: list[np.ndarray] = []
+    found_target: list[np.ndarray] = []
+    found_gain: list[np.ndarray] = []
     for mb in np.unique(cp[:, 1]).tolist():
         rows = cp[cp[:, 1] == mb]
         node, target, gain = cp_switch_gains(
-            rows[:, 0].copy(), rows[:, 2].copy(), a, ctx.devices, em.forward_s,
-            em.fwd_start_s[mb], em.fwd_end_s[mb], em.bwd_start_s[mb], em.bwd_end_s[mb], fdur,
-            bdur, fptr, fst, fen, bptr, bst, ben, g.succ_ptr, g.succ_idx, g.succ_edge,
-            g.pred_ptr, g.pred_idx, g.pred_edge, ctx.edge_bytes, ctx.lat_s, ctx.inv_bw)
-        for v, x, gv in zip(node.tolist(), target.tolist(), gain.tolist()):
-            if x >= 0 and gv > 0:
-                best_gain[(v, x)] = best_gain.get((v, x), 0.0) + gv
-    for (v, x), gv in sorted(best_gain.items()):
-        sets.append(np.array([v], np.int64))
-        targets.append(x)
-        gains.append(gv)
-    del n
-    if cp.shape[0] < 2:
-        return sets, targets, gains
-    nodes = cp[:, 2]
+            np.ascontiguousarray(rows[:, 0]), np.ascontiguousarray(rows[:, 2]), a, ctx.devices,
+            em.forward_s, em.fwd_start_s[mb], em.fwd_end_s[mb], em.bwd_start_s[mb],
+            em.bwd_end_s[mb], fdur, bdur, fptr, fst, fen, bptr, bst, ben, g.succ_ptr,
+            g.succ_idx, g.succ_edge, g.pred_ptr, g.pred_idx, g.pred_edge, ctx.edge_bytes,
+            ctx.lat_s, ctx.inv_bw)
+        ok = (target >= 0) & (gain > 0)
+        found_node.append(node[ok])
+        found_target.append(target[ok])
+        found_gain.append(gain[ok])
+    del fptr, fst, fen, bptr, bst, ben
+    if found_node:
+        key = np.concatenate(found_node) * ctx.devices + np.concatenate(found_target)
+        uniq, inv = np.unique(key, return_inverse=True)  # a node in both phases: gains add
+        total = np.bincount(inv, weights=np.concatenate(found_gain), minlength=uniq.size)
+        sizes.append(np.ones(uniq.size, np.int64))
+        sets.append(uniq // ctx.devices)
+        targets.append(uniq % ctx.devices)
+        gains.append(total)
+    nodes = cp[:, 2].astype(np.int64)
     dev = a[nodes]
     phase = cp[:, 0]
     change = np.flatnonzero((dev[1:] != dev[:-1]) & (phase[1:] == phase[:-1]))
@@ -186,16 +197,20 @@ def _cp_candidates(ctx: Context, a: np.ndarray, em: Emulation
                                g.pred_ptr, g.pred_idx, g.pred_edge, ctx.edge_bytes, ctx.lat_s,
                                ctx.inv_bw)
         if delta < -1e-15:
+            sizes.append(np.array([members.size], np.int64))
             sets.append(members)
-            targets.append(target)
-            gains.append(-delta)
+            targets.append(np.array([target], np.int64))
+            gains.append(np.array([-delta]))
 
     for i in change.tolist()[:4096]:
         du, dv = int(dev[i]), int(dev[i + 1])
         ru, rv = run_id[i], run_id[i + 1]
         consider(nodes[run_start[ru]:run_end[ru]], dv)
         consider(nodes[run_start[rv]:run_end[rv]], du)
-    return sets, targets, gains
+    if not sizes:
+        return z, z, z, np.zeros(0)
+    return (np.concatenate(sizes), np.concatenate(sets).astype(np.int64),
+            np.concatenate(targets).astype(np.int64), np.concatenate(gains))
 
 
 def _intervals(dev_task: np.ndarray, start: np.ndarray, end: np.ndarray, k: int
