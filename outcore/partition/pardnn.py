@@ -44,6 +44,7 @@ from outcore.units import format_seconds
 log = logging.getLogger(__name__)
 
 LARGE_GRAPH_NODES = 250_000
+REFINE_TWO_BELOW = 50_000  # refine the two best device counts below this many nodes, else one
 
 
 def device_counts(k: int) -> list[int]:
@@ -69,7 +70,7 @@ def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
     cands: list[Candidate] = []
     paths: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     limited = ctx.memory_bytes is not None
-    keep = 1 if ctx.g.num_nodes > LARGE_GRAPH_NODES else 2
+    keep = 2 if ctx.g.num_nodes < REFINE_TWO_BELOW else 1
     for k in device_counts(ctx.devices):
         sub = ctx.with_devices(k)
         if k == 1:

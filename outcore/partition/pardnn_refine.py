@@ -15,7 +15,7 @@ fails. Candidates:
   communication, when that device's load in the path's window plus the path fits the window;
 * critical-path moves: at each device change ``u -> v`` of the critical path, ``u`` to ``v``'s
   device, ``v`` to ``u``'s, and the critical-path runs ending at ``u`` / starting at ``v``
-  likewise (bounded to half a device's share of nodes).
+  likewise (bounded to half a device's share of nodes, and to the first 256 device changes).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from outcore.partition.emulate import Emulation, run
 from outcore.partition.model import Context
 
 log = logging.getLogger(__name__)
+
+MAX_RUN_MOVES = 256  # device changes of the critical path whose runs are considered per round
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,8 @@ def _cp_candidates(ctx: Context, a: np.ndarray, em: Emulation
     seen: set[tuple[int, int, int]] = set()
 
     def consider(members: np.ndarray, target: int) -> None:
-        members = np.unique(members)
+        if mbs > 1:  # a node appears once per micro-batch
+            members = np.unique(members)
         key = (int(members[0]), int(members.size), target)
         if key in seen or members.size > cap or members.size < 2:
             return
@@ -202,7 +205,7 @@ def _cp_candidates(ctx: Context, a: np.ndarray, em: Emulation
             targets.append(np.array([target], np.int64))
             gains.append(np.array([-delta]))
 
-    for i in change.tolist()[:4096]:
+    for i in change.tolist()[:MAX_RUN_MOVES]:
         du, dv = int(dev[i]), int(dev[i + 1])
         ru, rv = run_id[i], run_id[i + 1]
         consider(nodes[run_start[ru]:run_end[ru]], dv)
