@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -119,8 +120,8 @@ def _draw(timelines: list[Timeline], labels: list[str], out: Path, max_ranks: in
     span = _span(timelines)
     scale, unit = time_unit(span)
     shown = [_ranks_shown(tl, max_ranks) for tl in timelines]
-    busiest = max((sum(1 for e in tl.events if e.rank == r) for tl in timelines
-                   for r in range(tl.num_ranks)), default=0)
+    busiest = max((max(Counter(e.rank for e in tl.events).values(), default=0)
+                   for tl in timelines), default=0)
     width = float(np.clip(7.0 + 0.09 * busiest, 10.0, 24.0))
     has_mem = any(len(tl.memory) for tl in timelines)
     heights = [0.5 + 0.62 * len(s) for s in shown] + ([2.3] if has_mem else [])
@@ -149,13 +150,16 @@ def _gantt(ax, tl: Timeline, ranks: list[int], scale: float, in_per_unit: float)
     ticks, names = [], []
     end = tl.iteration_s * scale
     busy = tl.busy_s()
+    lane_events: dict[tuple[int, bool], list[Event]] = defaultdict(list)
+    for e in tl.events:
+        lane_events[(e.rank, e.stream == "comm")].append(e)
     for row, r in enumerate(ranks):
         top = row * 1.0
         lanes = ((top, COMPUTE_H, "compute"), (top + COMPUTE_H + 0.02, COMM_H, "comm"))
         ax.add_patch(Rectangle((0, top), end, COMPUTE_H, facecolor=IDLE_FILL, hatch="////",
                                edgecolor=IDLE_HATCH, lw=0, zorder=0))
         for y, h, stream in lanes:
-            evs = [e for e in tl.events if e.rank == r and (e.stream == "comm") == (stream == "comm")]
+            evs = lane_events[(r, stream == "comm")]
             used |= _bars(ax, evs, y, h, scale, in_per_unit, label_mb=stream == "compute")
         ticks += [top + COMPUTE_H / 2, top + COMPUTE_H + 0.02 + COMM_H / 2]
         names += [f"rank {r}", "comm"]
@@ -216,23 +220,28 @@ def _rgb(colour: str) -> tuple[float, float, float]:
 
 def _memory(ax, timelines: list[Timeline], shown: list[list[int]], scale: float,
             labels: list[str] | None) -> None:
-    """One step line per rank (solid for the first timeline, dashed for the second)."""
+    """One step line per rank (solid for the first timeline, dashed for the second).
+
+    Up to 10 ranks get tab10 colours; more get an ordered viridis ramp (rank 0 dark).
+    """
     from matplotlib import colormaps
 
     top = max([float(np.max(b)) for tl in timelines for _, b in tl.memory if len(b)] +
               [tl.memory_limit_bytes or 0.0 for tl in timelines] + [1.0])
     div, unit = byte_unit(top)
-    cmap = colormaps["tab10"]
+    many = max(tl.num_ranks for tl in timelines) > 10
     styles = ("-", "--")
     for k, (tl, ranks) in enumerate(zip(timelines, shown)):
         for r in ranks:
+            colour = colormaps["viridis"](r / max(tl.num_ranks - 1, 1) * 0.9) if many \
+                else colormaps["tab10"](r)
             if r >= len(tl.memory) or not len(tl.memory[r][0]):
                 continue
             t, b = np.asarray(tl.memory[r][0], float), np.asarray(tl.memory[r][1], float)
             t, b = np.append(t, max(tl.iteration_s, t[-1])), np.append(b, b[-1])
             who = f"{labels[k].split(':')[0]} " if labels else ""
             ax.plot(t * scale, b / div, drawstyle="steps-post", lw=1.3, ls=styles[k % 2],
-                    color=cmap(r % 10), label=f"{who}rank {r} (peak {format_bytes(b.max())})")
+                    color=colour, label=f"{who}rank {r} (peak {format_bytes(b.max())})")
     limits = {tl.memory_limit_bytes for tl in timelines if tl.memory_limit_bytes}
     for lim in sorted(limits):
         if np.isfinite(lim):

@@ -97,7 +97,7 @@ def draw_graph(g: Graph, path: str | os.PathLike, *, assignment: Any = None,
                          layer=view.layer, column=view.column)
     log.info("graph %r: %d boxes in %d layers, %d crossings", g.name, vg.num_nodes,
              len(lay.layers), lay.crossings)
-    header = _header(g, view, devices, boxes, title)
+    header = _header(g, view, devices, title)
     fig = _render(view, lay, boxes, header, cut_edges(view, g, devices))
     return save_figure(fig, out, dpi)
 
@@ -150,12 +150,12 @@ def _fills(view: View, devices: np.ndarray | None, shares: list | None, io: np.n
 
 
 def _cost_shades(cost: np.ndarray) -> list[tuple[float, ...]]:
+    """Fill colour of each box from its compute time (the header's colour scale)."""
     norm, cmap = cost_norm(cost), cost_cmap()
     return [tuple(cmap(float(norm(c)) if c > 0 else 0.0)[:3]) for c in cost]
 
 
-def _header(g: Graph, view: View, devices: np.ndarray | None, boxes: Boxes,
-            title: str | None) -> Header:
+def _header(g: Graph, view: View, devices: np.ndarray | None, title: str | None) -> Header:
     """Title, summary line and legend entries."""
     parts = [f"{g.num_nodes} nodes, {g.num_edges} edges"]
     if g.total_compute_s > 0:
@@ -176,6 +176,7 @@ def _header(g: Graph, view: View, devices: np.ndarray | None, boxes: Boxes,
 
 
 def _device_entries(g: Graph, devices: np.ndarray) -> list[tuple[tuple[float, ...], str]]:
+    """Legend rows: colour and "device d: n nodes, p% compute" for every device."""
     k = int(devices.max()) + 1
     colours = device_colours(k)
     count = np.bincount(devices, minlength=k)
