@@ -67,37 +67,73 @@ def make_cluster(devices: int, memory: str | float | None = None,
                         latency_s=parse_seconds(latency), device=spec)
 
 
-def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy: str = "pardnn",
+AUTO_CANDIDATES = ("pardnn", "pipeline")
+
+
+def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy: str = "auto",
          bandwidth: str | float = "16GB/s", latency: str | float = "25us",
          microbatches: int = 1, schedule: str = "1f1b", optimizer: str = "adam",
          device: str | None = None, seed: int = 0) -> Plan:
     """Partition ``g`` over ``devices`` devices of ``memory`` each; predict with the simulator.
 
-    Raises :class:`InfeasibleError` (naming the smallest device count or memory that would fit)
-    when nothing fits. The returned plan's ``predicted`` holds the simulated iteration time,
-    per-device peak memory, busy time and communication, and the planner's lower bound.
+    The graph is one micro-batch: an iteration runs ``microbatches`` micro-batches of
+    ``g.batch_size`` samples. ``strategy="auto"`` runs every planner of ``AUTO_CANDIDATES`` and
+    keeps the plan the simulator (the schedule the runtime executes) finds fastest among those
+    that fit. Raises :class:`InfeasibleError` (naming the smallest device count or memory that
+    would fit) when nothing fits. ``predicted`` holds the simulated iteration time, per-device
+    peak memory, busy time and communication, and the planner's lower bound.
     """
-    from outcore.partition import partition
+    from outcore.partition import STRATEGIES, partition
+    from outcore.sim.simulate import simulate as _simulate
 
     if not isinstance(devices, (int, np.integer)) or devices < 1:
         raise UsageError(f"devices must be a positive integer, got {devices!r}")
+    if strategy != "auto" and strategy not in STRATEGIES:
+        raise UsageError(f"unknown strategy {strategy!r}: use auto or one of "
+                         f"{', '.join(STRATEGIES)}")
     cluster = make_cluster(devices, memory, bandwidth, latency, device)
     mem = None if memory is None else float(parse_bytes(memory))
-    result = partition(g, int(devices), memory_bytes=mem, cluster=cluster, strategy=strategy,
-                       optimizer=optimizer, microbatches=microbatches, seed=seed)
     cluster_doc = {"bandwidth": cluster.intra.bandwidth, "latency_s": cluster.intra.latency_s,
                    "device": cluster.device.name, "peak_flops": cluster.device.peak_flops,
                    "mem_bandwidth": cluster.device.mem_bandwidth}
-    p = make_plan(g, result.assignment, strategy=result.strategy, devices=int(devices),
-                  memory_bytes=mem, schedule=schedule, microbatches=microbatches,
-                  optimizer=optimizer, cluster=cluster_doc,
-                  extra={"notes": list(result.notes), "devices_used": result.devices_used})
-    from outcore.sim.simulate import simulate as _simulate
-    sim = _simulate(p, g)
-    predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
-                 "planner_makespan_s": result.makespan_s,
-                 "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}
-    return p.replace(predicted=predicted)
+    names = AUTO_CANDIDATES if strategy == "auto" else (strategy,)
+    tried: list[tuple[float, int, Plan]] = []
+    notes: list[str] = []
+    first_error: InfeasibleError | None = None
+    for k, name in enumerate(names):
+        try:
+            result = partition(g, int(devices), memory_bytes=mem, cluster=cluster,
+                               strategy=name, optimizer=optimizer, microbatches=microbatches,
+                               seed=seed)
+        except InfeasibleError as e:
+            first_error = first_error or e
+            notes.append(f"{name}: {e}")
+            continue
+        p = make_plan(g, result.assignment, strategy=result.strategy, devices=int(devices),
+                      memory_bytes=mem, schedule=schedule, microbatches=microbatches,
+                      optimizer=optimizer, cluster=cluster_doc,
+                      extra={"notes": list(result.notes), "devices_used": result.devices_used})
+        sim = _simulate(p, g)
+        predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
+                     "planner_makespan_s": result.makespan_s,
+                     "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}
+        p = p.replace(predicted=predicted)
+        verdict = "fits" if sim.fits else "does not fit"
+        notes.append(f"{name}: simulated {sim.iteration_s * 1e3:.2f} ms per iteration, "
+                     f"peak {max(sim.peak_bytes) / 2**20:.1f} MiB ({verdict})")
+        if sim.fits:
+            tried.append((sim.iteration_s, k, p))
+    if not tried:
+        if first_error is not None:
+            raise first_error
+        raise InfeasibleError(f"no plan fits {memory} per device when simulated with the "
+                              f"{schedule} schedule ({'; '.join(notes)}): add devices or raise "
+                              "--memory")
+    _, _, best = min(tried, key=lambda t: (t[0], t[1]))
+    if strategy == "auto":
+        notes.append(f"auto: chose {best.strategy}")
+        best = best.replace(extra={**best.extra, "notes": best.extra["notes"] + notes})
+    return best
 
 
 def simulate(p: Plan, g: Graph, *, microbatches: int | None = None, schedule: str | None = None,

@@ -132,7 +132,7 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
 
 
 def train(model: str, devices: int = 1, *, memory: str | float | None = None,
-          strategy: str = "pardnn", plan: str | None = None,
+          strategy: str = "auto", plan: str | None = None,
           input_shape: str | tuple[int, ...] | None = None, batch_size: int = 8,
           microbatches: int | None = None, steps: int = 10, schedule: str = "1f1b",
           optimizer: str = "adam", lr: float = 1e-3, lr_schedule: str = "none", seed: int = 0,

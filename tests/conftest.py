@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+# one thread per process (torch reads this when it is first imported); pure-python suites
+# never import torch at all
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -17,14 +19,3 @@ def _restore_environment():
     yield
     os.environ.clear()
     os.environ.update(before)
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _one_thread():
-    try:
-        import torch
-    except ImportError:  # pure-python parts need no torch
-        yield
-        return
-    torch.set_num_threads(1)
-    yield

@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "unlimited")
     p.add_argument("--bandwidth", default="16GB/s", help="link bandwidth (default 16GB/s)")
     p.add_argument("--latency", default="25us", help="link latency (default 25us)")
-    p.add_argument("--strategy", default="pardnn", help="planner: " + strategies_help())
+    p.add_argument("--strategy", default="auto", help="planner: auto (every planner below, the fastest plan by simulation wins); " + strategies_help())
     p.add_argument("--microbatches", type=positive_int, default=1,
                    help="micro-batches per iteration (default 1)")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")

@@ -116,7 +116,8 @@ class RankExecutor:
         kind = {"SF": "send", "SB": "send", "RF": "recv", "RB": "recv", "AR": "allreduce",
                 "OPT": "optim"}.get(a.op, a.op)
         stream = "comm" if a.op in ("SF", "SB", "RF", "RB", "AR") else "compute"
-        return Event(self.rank, kind, str(a), start, end, stream, a.mb, a.piece)
+        peer = self.s.peer(self.rank, a) if a.op in ("SF", "SB", "RF", "RB") else -1
+        return Event(self.rank, kind, str(a), start, end, stream, a.mb, a.piece, peer=peer)
 
     def execute(self, a: Action) -> None:
         op = a.op

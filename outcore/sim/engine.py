@@ -70,6 +70,7 @@ class _Engine:
                                                      for r in range(R)]
         self.arrival: dict[tuple[int, str, int], float] = {}
         self.waiting: dict[tuple[int, str, int], int] = {}
+        self.blocked_since: dict[int, float] = {}
         self.port_out: dict[object, float] = {}
         self.port_in: dict[object, float] = {}
         self.ar_arrived: dict[int, dict[int, float]] = {}
@@ -164,9 +165,14 @@ class _Engine:
             arrive = self.arrival.get(key)
             if arrive is None:
                 self.waiting[key] = r
+                self.blocked_since.setdefault(r, t)
                 return None
             tr = s.pieces.transfers[a.transfer]
             nbytes = float(c.transfer_bytes[a.transfer])
+            since = self.blocked_since.pop(r, t)
+            if arrive > since:  # the rank waits for this message
+                self.events.append(Event(r, "recv", str(a), since, arrive, "comm", a.mb, -1,
+                                         int(nbytes), s.peer(r, a)))
             self.add_mem(r, arrive, nbytes)
             consumer = tr.dst if a.op == "RF" else tr.src
             self.held[(consumer, a.mb)] = self.held.get((consumer, a.mb), 0.0) + nbytes
@@ -190,7 +196,8 @@ class _Engine:
         self.port_out[out_port] = start + busy
         self.port_in[in_port] = start + busy
         arrive = start + link.latency_s + busy
-        self.events.append(Event(r, "send", str(a), start, arrive, "comm", a.mb, -1, int(nbytes)))
+        self.events.append(Event(r, "send", str(a), start, arrive, "comm", a.mb, -1, int(nbytes),
+                                 dst))
         key = (a.transfer, a.op[1], a.mb)
         self.arrival[key] = arrive
         waiter = self.waiting.pop(key, None)

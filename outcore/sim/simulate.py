@@ -84,8 +84,10 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
         cluster: devices and links (default: from the plan).
         microbatches: micro-batches per iteration (default: the plan's).
         schedule: ``gpipe`` or ``1f1b`` (default: the plan's).
-        global_batch: samples per iteration (default ``g.batch_size``); each micro-batch is
-            ``global_batch / microbatches`` samples.
+        global_batch: samples per iteration. By default the graph is one micro-batch: an
+            iteration runs ``microbatches`` micro-batches of ``g.batch_size`` samples each.
+            Given, each micro-batch is ``global_batch / microbatches`` samples (costs scaled
+            linearly from the graph's batch).
         dp: data-parallel replicas of the whole plan.
     """
     plan.check(g)
@@ -96,7 +98,7 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
         raise UsageError(f"data-parallel degree must be at least 1, got {dp}")
     kind = schedule or plan.schedule or "1f1b"
     cl = cluster or cluster_from_plan(plan)
-    batch = global_batch or g.batch_size
+    batch = global_batch or (g.batch_size * M if g.batch_size else None)
     scale = mb_scale(g, batch / M if batch else None)
     sched, costs, _ = make_schedule(g, plan.assignment, plan.devices, microbatches=M, kind=kind,
                                     cluster=cl, scale=scale, optimizer=plan.optimizer)

@@ -33,6 +33,7 @@ class Event:
     mb: int = -1
     piece: int = -1
     bytes: int = 0
+    peer: int = -1  # the other rank of a send or receive
 
     @property
     def duration_s(self) -> float:
@@ -100,7 +101,7 @@ def to_chrome_trace(timelines: Iterable[Timeline], names: Iterable[str] | None =
                 "ph": "X", "pid": pid, "tid": 2 * e.rank + (e.stream == "comm"),
                 "name": e.label, "cat": e.kind, "ts": e.start_s * 1e6,
                 "dur": max(e.duration_s, 0.0) * 1e6,
-                "args": {"mb": e.mb, "piece": e.piece, "bytes": e.bytes},
+                "args": {"mb": e.mb, "piece": e.piece, "bytes": e.bytes, "peer": e.peer},
             })
         for r, (times, values) in enumerate(tl.memory):
             for t, v in zip(np.asarray(times).tolist(), np.asarray(values).tolist()):

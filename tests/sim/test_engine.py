@@ -12,10 +12,10 @@ from outcore.sim import ring_allreduce_s, simulate
 
 
 def two_stage(kind: str, **kw):
-    # two nodes; costs for a batch of 2 => per micro-batch (M=2): fwd 1 s, bwd 2 s, 1 B sent
-    # over a 2 B/s link (0.5 s)
-    g = gbuild("two", fwd_s=[2.0, 2.0], bwd_s=[4.0, 4.0], src=[0], dst=[1], edge_bytes=[2],
-               out_bytes=[0, 0], saved_bytes=[100, 100], batch_size=2)
+    # two nodes; the graph is one micro-batch: fwd 1 s, bwd 2 s, 1 B sent over a 2 B/s link
+    # (0.5 s), 50 B of saved activations per node
+    g = gbuild("two", fwd_s=[1.0, 1.0], bwd_s=[2.0, 2.0], src=[0], dst=[1], edge_bytes=[1],
+               out_bytes=[0, 0], saved_bytes=[50, 50], batch_size=2)
     p = make_plan(g, np.array([0, 1]), strategy="manual", devices=2, memory_bytes=None,
                   microbatches=2, schedule=kind, cluster={"bandwidth": 2.0, "latency_s": 0.0})
     return simulate(p, g, **kw)
@@ -36,6 +36,10 @@ def test_gpipe_by_hand():
     assert r.peak_bytes[1] == pytest.approx(102)
     np.testing.assert_allclose(r.busy_s, [6, 6])
     np.testing.assert_allclose(r.comm_bytes, [2, 2])  # activations out, gradients back
+    assert r.samples_per_s == pytest.approx(4 / 10)  # 2 micro-batches of 2 samples
+    # the simulator shows the waits for messages as receive events on the comm lane
+    waits = [(e.label, e.start_s, e.end_s) for e in r.timeline.events if e.kind == "recv"]
+    assert ("t0RF0", 0.0, 1.5) in waits and ("t0RB0", 2.0, 6.0) in waits
 
 
 def test_1f1b_by_hand():
