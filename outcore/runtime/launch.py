@@ -147,9 +147,20 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
                 _drain(results, outputs, errors)
                 time.sleep(0.1)
             _drain(results, outputs, errors)
-            rank, msg = min(errors, key=lambda e: _root_cause_rank(e[1], e[0]))
+            for r, p in enumerate(procs):  # workers that died without a word
+                if p.exitcode not in (None, 0) and r not in outputs and \
+                        not any(e[0] == r for e in errors):
+                    errors.append((r, f"worker {r} exited with code {p.exitcode} (killed or "
+                                      "crashed)"))
+            ordered = sorted(errors, key=lambda e: _root_cause_rank(e[1], e[0]))
+            rank, msg = ordered[0]
             who = f"rank {rank}" if rank >= 0 else "the run"
-            raise RuntimeFailure(f"{who} failed: {msg.strip()}")
+            short = _short(msg)
+            text = short if short.startswith(f"rank {rank}") else f"{who} failed: {short}"
+            others = [f"rank {r}: {_short(m)}" for r, m in ordered[1:3] if r != rank]
+            if others:
+                text += " (then " + "; ".join(others) + ")"
+            raise RuntimeFailure(text)
         return [outputs[r] for r in range(world_size)]
     except KeyboardInterrupt:
         raise LaunchError("interrupted; all workers stopped") from None
@@ -157,11 +168,26 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
         _stop(procs)
 
 
+_COMM_WORDS = ("timed out", "timeout", "connection", "read error", "gloo", "nccl",
+               "failed receiving", "failed sending", "peer")
+
+
 def _root_cause_rank(msg: str, rank: int) -> tuple[int, int]:
-    """Order errors so that a real failure beats the timeouts it caused in other ranks."""
-    secondary = ("timed out" in msg or "Connection closed" in msg or "connection" in msg.lower()
-                 or "exited with code" in msg)
-    return (1 if secondary else 0, rank)
+    """Order errors: a worker's own failure first, then a worker that died silently, then the
+    communication errors and timeouts those caused in the other ranks."""
+    low = msg.lower()
+    if "exited with code" in low:
+        return (1, rank)
+    if any(w in low for w in _COMM_WORDS):
+        return (2, rank)
+    return (0, rank)
+
+
+def _short(msg: str) -> str:
+    """The first line of an error, without C++ source locations."""
+    import re
+    line = msg.strip().splitlines()[0] if msg.strip() else "unknown error"
+    return re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", line)[:300]
 
 
 def _drain(results: Any, outputs: dict[int, Any], errors: list[tuple[int, str]]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from outcore.errors import UsageError
+from outcore.errors import OutcoreError, RuntimeFailure, UsageError
 from outcore.graph.io import from_dict as graph_from_dict
 from outcore.plan.plan import align, from_dict as plan_from_dict
 from outcore.runtime import checkpoint
@@ -96,6 +96,7 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
     losses, step_times, last_events = [], [], []
     peaks = [0] * world
     busy = [0.0] * world
+    step = start
     try:
         for step in range(start, cfg.steps):
             if step == cfg.fail_at_step and rank == cfg.fail_rank:
@@ -103,7 +104,7 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
             need = trainer.needs_inputs or trainer.needs_targets
             inputs, targets = data.batch(step) if need else (None, None)
             if world > 1:
-                dist.barrier()
+                _barrier(ctx, cfg.timeout_s)
             t0 = time.perf_counter()
             report = trainer.step(inputs, targets, trace=(step == cfg.steps - 1
                                                           and cfg.trace_dir is not None))
@@ -128,6 +129,13 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
             if cfg.checkpoint_dir and cfg.checkpoint_every and \
                     (step + 1) % cfg.checkpoint_every == 0:
                 checkpoint.save(trainer, cfg.checkpoint_dir, step + 1)
+    except OutcoreError as e:
+        if f"step {step}" in str(e):
+            raise
+        raise type(e)(f"{e} (step {step})") from e
+    except Exception as e:  # name the rank and the step of any failure inside a step
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RuntimeFailure(f"rank {rank} step {step}: {type(e).__name__}: {text}") from e
     finally:
         if metrics_file is not None:
             metrics_file.close()
@@ -141,6 +149,20 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
     if cfg.return_state:
         out["state"] = {k: v.detach().cpu().clone() for k, v in trainer.named_params.items()}
     return out
+
+
+def _barrier(ctx: Any, timeout_s: float) -> None:
+    """Line the ranks up before a step; on gloo, a rank that does not arrive is named."""
+    if ctx.backend == "gloo":
+        from datetime import timedelta
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0]
+            raise RuntimeFailure(f"rank {dist.get_rank()}: waiting for the other ranks before "
+                                 f"a step: {first}") from e
+    else:
+        dist.barrier()
 
 
 def _inject_failure(cfg: TrainConfig) -> None:
