@@ -108,14 +108,14 @@ def _pair(v: Any, default: int = 1) -> tuple[int, ...]:
     return tuple(int(x) for x in v) if isinstance(v, (list, tuple)) else (int(v),)
 
 
-def _first_shape(shape: Any) -> list[int] | None:
-    """The first tensor shape in a (possibly nested) recorded shape."""
-    if not isinstance(shape, list) or not shape:
-        return None if shape != [] else []
+def first_shape(shape: Any) -> list[int] | None:
+    """The first tensor shape in a (possibly nested) recorded shape (``[]`` for a scalar)."""
+    if not isinstance(shape, (list, tuple)):
+        return None
     if all(isinstance(x, int) for x in shape):
-        return shape
+        return list(shape)
     for s in shape:
-        found = _first_shape(s)
+        found = first_shape(s)
         if found is not None:
             return found
     return None
@@ -179,7 +179,7 @@ def work(op: str, attrs: dict[str, Any] | None, *, param_bytes: float, out_bytes
     dtype = str(attrs.get("dtype", "float32"))
     itemsize = _ITEMSIZE.get(dtype, 4)
     in_shapes = [s for s in attrs.get("in_shapes", []) if isinstance(s, list)]
-    out_shape = _first_shape(attrs.get("shape"))
+    out_shape = first_shape(attrs.get("shape"))
     has_shapes = bool(in_shapes) or "in_shapes" in attrs
     if has_shapes:
         in_bytes = float(sum(_prod(s) for s in in_shapes) * itemsize)
@@ -309,7 +309,7 @@ def estimate(g: Graph, device: DeviceSpec | str, *, model: "CostModel | None" = 
         predicted = None
         if model is not None and "in_shapes" in attrs:
             predicted = model.predict(op, attrs.get("config", {}), attrs["in_shapes"],
-                                      _first_shape(attrs.get("shape")),
+                                      first_shape(attrs.get("shape")),
                                       dtype=str(attrs.get("dtype", "float32")),
                                       param_bytes=int(g.param_bytes[i]))
         if predicted is not None:

@@ -23,8 +23,10 @@ relative error). Forms:
 * ``work``: ``t = c0 + c1 × flops + c2 × bytes`` (a calibrated additive roofline), non-negative
   coefficients, least squares on relative error.
 
-A family with fewer than ``MIN_SAMPLES`` samples gets one calibrated rate (seconds per FLOP,
-or per byte for ops without FLOPs), the geometric mean over its samples.
+A family with fewer than ``MIN_SAMPLES`` samples (or fewer than any candidate form has terms)
+is not cross-validated: it gets the ``work`` form from 3 samples on, and below that one
+calibrated rate (seconds per FLOP, or per byte for ops without FLOPs: the geometric mean of
+time / work over its samples).
 
 A :class:`CostModel` predicts ``(fwd_s, bwd_s)`` for the families it was fitted on and returns
 None for others (callers use the roofline, :mod:`outcore.cost.analytical`). It round-trips
@@ -44,7 +46,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from outcore.cost.analytical import ZERO_COST_OPS, _first_shape, kernel_elems, work
+from outcore.cost.analytical import ZERO_COST_OPS, first_shape, kernel_elems, work
 from outcore.errors import FormatError, UsageError
 from outcore.graph.ir import Graph
 
@@ -118,7 +120,7 @@ def samples_from_graph(g: Graph, *, ops: Sequence[str] | None = None) -> list[Sa
             continue
         if ops is not None and op not in ops:
             continue
-        shape = _first_shape(attrs.get("shape"))
+        shape = first_shape(attrs.get("shape"))
         out.append(Sample(op, dict(attrs.get("config", {})),
                           tuple(tuple(s) for s in attrs["in_shapes"] if isinstance(s, list)),
                           tuple(shape) if shape else None, float(g.fwd_s[i]),
@@ -526,15 +528,17 @@ def fit(samples: Sequence[Sample], *, forms: Sequence[str] = DEFAULT_FORMS, fold
             continue
         V, F, B, T = arrays
         fits[fam], cv[fam], counts[fam] = {}, {}, len(T)
-        if len(T) < MIN_SAMPLES:  # too few to choose a form: one calibrated rate
-            for d, name in enumerate(("fwd", "bwd")):
-                fits[fam][name] = _fit_rate(F, B, T[:, d])
-                cv[fam][name] = {"chosen": "rate", "forms": {}}
-            log.info("regression: %s has %d samples (< %d): fitted a single rate", fam,
-                     len(T), MIN_SAMPLES)
-            continue
         n_train = len(T) * (folds - 1) // folds
         candidates = [f for f in forms if _n_terms(f, V.shape[1]) <= n_train]
+        if len(T) < MIN_SAMPLES or not candidates:  # too few to choose a form by CV
+            form = "work" if len(T) >= 3 else "rate"
+            for d, name in enumerate(("fwd", "bwd")):
+                fits[fam][name] = (_fit_work(F, B, T[:, d]) if form == "work"
+                                   else _fit_rate(F, B, T[:, d]))
+                cv[fam][name] = {"chosen": form, "forms": {}}
+            log.info("regression: %s has %d samples, too few to cross-validate: fitted %s",
+                     fam, len(T), form)
+            continue
         for d, name in enumerate(("fwd", "bwd")):
             scores = {}
             for form in candidates:
