@@ -157,9 +157,12 @@ def parallelize(model: Any, example_inputs: Any, *, plan: Plan, graph: Graph | N
     from outcore.runtime.data import split
     from outcore.runtime.trainer import Trainer
 
+    from outcore.plan.replicas import replication_of
+
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     M = int(microbatches or plan.microbatches or 1)
-    micro = split(inputs, M)[0]
+    rep = replication_of(plan)
+    micro = split(inputs, M * (rep.copies if rep else 1))[0]
     if graph is None:
         graph = capture(model, micro)
     return Trainer(model, graph, plan, microbatches=M, micro_inputs=micro,

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from outcore.errors import RuntimeFailure
 from outcore.runtime.comm import Messenger
 from outcore.runtime.modules import PieceModule
+from outcore.plan.replicas import copy_of, fx_name
 from outcore.runtime.values import ValueMeta, tensors_of
 from outcore.schedule.ir import Action, Schedule
 from outcore.sim.timeline import Event
@@ -57,7 +58,7 @@ class RankExecutor:
                  loss_fn: Callable[[Any, Any], torch.Tensor], optimizer: Any,
                  bucket_groups: dict[int, tuple[Any, list[torch.nn.Parameter]]],
                  placeholders: list[str], device: torch.device, trace: bool = False,
-                 on_step: Callable[[], None] | None = None):
+                 on_step: Callable[[], None] | None = None, copies: int = 1):
         self.rank, self.s, self.modules = rank, schedule, modules
         self.names, self.metas, self.msg = names, metas, messenger
         self.loss_fn, self.optimizer = loss_fn, optimizer
@@ -66,6 +67,8 @@ class RankExecutor:
         self.device = device
         self.trace = trace
         self.on_step = on_step
+        self.copies = copies  # replicas x data-parallel copies of the graph in the schedule
+        self.pending_ar: list[tuple[Any, torch.Tensor, list[torch.nn.Parameter], int]] = []
         P = schedule.pieces
         self.piece_of_name = {names[i]: int(p) for i, p in enumerate(P.piece_of.tolist())}
         self.transfer_names = [[names[i] for i in t.tensors] for t in P.transfers]
@@ -78,8 +81,9 @@ class RankExecutor:
     # ------------------------------------------------------------------ per step
     def run_step(self, inputs: list[tuple[torch.Tensor, ...]] | None,
                  targets: list[Any] | None) -> StepResult:
-        """Run this rank's actions once. ``inputs``/``targets`` are per micro-batch (only the
-        ranks holding the model's inputs / output need them)."""
+        """Run this rank's actions once. ``inputs``/``targets`` are per chunk of the global batch
+        (``copies * microbatches`` chunks; micro-batch ``m`` of copy ``c`` is chunk
+        ``c * M + m``); only the ranks holding the model's inputs / output need them."""
         self.inputs, self.targets = inputs, targets
         self.fwd_inputs: dict[tuple[int, int], dict[str, Any]] = {}
         self.fwd_outputs: dict[tuple[int, int], dict[str, Any]] = {}
@@ -136,6 +140,7 @@ class RankExecutor:
         elif op == "AR":
             self.allreduce(a.bucket)
         elif op == "OPT":
+            self.finish_allreduces()
             if self.optimizer is not None:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -147,14 +152,16 @@ class RankExecutor:
     # ------------------------------------------------------------------ compute
     def _input_value(self, name: str, piece: int, mb: int) -> tuple[Any, bool]:
         """Value of input ``name`` of ``piece``; second item: it is a fresh autograd leaf."""
-        if name in self.placeholders and self.piece_of_name[name] == piece:
+        layer = fx_name(name)
+        if layer in self.placeholders and self.piece_of_name[name] == piece:
             assert self.inputs is not None, "this rank holds a model input but got no data"
-            return self.inputs[mb][self.placeholders.index(name)], False
+            chunk = copy_of(name) * self.s.microbatches + mb
+            return self.inputs[chunk][self.placeholders.index(layer)], False
         tid = self.transfer_into[(name, piece)]
         if not self.s.pieces.transfers[tid].local:
             return self.received[(tid, name, mb)], True
         value = self.local[(name, mb)]
-        return _detach_tree(value, self.metas[name]), True
+        return _detach_tree(value, self.metas[layer]), True
 
     def forward(self, p: int, mb: int) -> None:
         pm = self.modules[p]
@@ -164,7 +171,7 @@ class RankExecutor:
             if is_leaf:
                 leaves[name] = v
                 if name in pm.clone_inputs:
-                    v = self.metas[name].rebuild([t.clone() for t in tensors_of(v)])
+                    v = self.metas[fx_name(name)].rebuild([t.clone() for t in tensors_of(v)])
             values.append(v)
         outs = pm.module(*values)
         self.fwd_inputs[(p, mb)] = leaves
@@ -172,9 +179,10 @@ class RankExecutor:
         self.fwd_outputs[(p, mb)] = produced
         for name, value in produced.items():
             if name in pm.model_outputs:
-                target = self.targets[mb] if self.targets is not None else None
-                loss = self.loss_fn(value, target) / self.s.microbatches
-                self.losses[mb] = loss.detach()
+                chunk = copy_of(name) * self.s.microbatches + mb
+                target = self.targets[chunk] if self.targets is not None else None
+                loss = self.loss_fn(value, target) / (self.s.microbatches * self.copies)
+                self.losses[chunk] = loss.detach()
                 produced[name] = loss
             else:
                 self.local[(name, mb)] = value
@@ -223,7 +231,8 @@ class RankExecutor:
 
     # ------------------------------------------------------------------ communication
     def _grad_positions(self, name: str) -> list[int]:
-        return [i for i, m in enumerate(self.metas[name].tensor_leaves()) if m.differentiable]
+        return [i for i, m in enumerate(self.metas[fx_name(name)].tensor_leaves())
+                if m.differentiable]
 
     def send_activations(self, t: int, mb: int) -> None:
         tensors = []
@@ -235,7 +244,7 @@ class RankExecutor:
         tensors = self.msg.recv((t, "F", mb), self.s.rank_of_transfer_src(t))
         it = iter(tensors)
         for name in self.transfer_names[t]:
-            meta = self.metas[name]
+            meta = self.metas[fx_name(name)]
             leaves = []
             for m in meta.tensor_leaves():
                 x = next(it)
@@ -249,7 +258,7 @@ class RankExecutor:
         tensors = []
         for name in self.transfer_names[t]:
             gs = grads.get(name)
-            leaves = self.metas[name].tensor_leaves()
+            leaves = self.metas[fx_name(name)].tensor_leaves()
             for i in self._grad_positions(name):
                 g = gs[i] if gs is not None else None
                 tensors.append(g if g is not None else
@@ -262,25 +271,32 @@ class RankExecutor:
         tensors = self.msg.recv((t, "B", mb), self.s.rank_of_transfer_dst(t))
         it = iter(tensors)
         for name in self.transfer_names[t]:
-            n_leaves = len(self.metas[name].tensor_leaves())
+            n_leaves = len(self.metas[fx_name(name)].tensor_leaves())
             gs: list[torch.Tensor | None] = [None] * n_leaves
             for i in self._grad_positions(name):
                 gs[i] = next(it)
             self._accumulate((name, mb), gs)
 
     def allreduce(self, bucket: int) -> None:
+        """Start summing a bucket's gradients over the ranks that hold its parameters."""
         group, params = self.bucket_groups[bucket]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        if not grads:
+        if not params:
             return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         work = dist.all_reduce(flat, group=group, async_op=True)
-        self.msg._wait(work, f"all-reducing shared parameters (bucket {bucket})")
-        offset = 0
-        for p, g in zip(params, grads):
-            n = g.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
-            offset += n
+        self.pending_ar.append((work, flat, params, bucket))
+
+    def finish_allreduces(self) -> None:
+        """Wait for the started all-reduces and write the summed gradients back."""
+        for work, flat, params, bucket in self.pending_ar:
+            self.msg._wait(work, f"all-reducing the gradients of bucket {bucket}")
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad = flat[offset:offset + n].view_as(p).clone()
+                offset += n
+        self.pending_ar.clear()
 
 
 def _detach_tree(value: Any, meta: ValueMeta) -> Any:

@@ -16,6 +16,7 @@ import torch.fx as fx
 from torch import nn
 
 from outcore.plan.pieces import Pieces
+from outcore.plan.replicas import fx_name
 
 
 @dataclass
@@ -46,9 +47,13 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
 
     Args:
         gm: the traced model (shared; pieces reference its submodules and parameters).
-        names: fx node name of each graph node index (the graph ``pieces`` was cut from).
+        names: name of each graph node index (the graph ``pieces`` was cut from): the fx node
+            name, prefixed ``c<k>/`` in the copies of a replicated plan.
         pieces: the cut of the placed graph.
         rank: this rank.
+
+    A piece's ``inputs``/``outputs`` are graph node names (with the copy prefix); inside the
+    module everything is addressed by fx names.
     """
     nodes = {n.name: n for n in gm.graph.nodes}
     piece_of_name = {names[i]: int(p) for i, p in enumerate(pieces.piece_of.tolist())}
@@ -56,7 +61,9 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
     for piece in pieces.pieces:
         if piece.device != rank:
             continue
-        members = [names[i] for i in piece.nodes]
+        first = names[piece.nodes[0]]
+        prefix = first[:len(first) - len(fx_name(first))]
+        members = [fx_name(names[i]) for i in piece.nodes]
         member_set = set(members)
         graph = fx.Graph()
         env: dict[str, fx.Node] = {}
@@ -93,14 +100,16 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
             if name in out_values:
                 continue
             users = nodes[name].users
-            if any(piece_of_name.get(u.name) != piece.id for u in users):
+            if any(piece_of_name.get(prefix + u.name) != piece.id for u in users):
                 out_values[name] = env[name]
         outputs = list(out_values)
         graph.output(tuple(out_values[k] for k in outputs))
         module = fx.GraphModule(gm, graph, f"piece{piece.id}")
-        clone = frozenset(name for name in inputs
+        clone = frozenset(prefix + name for name in inputs
                           if any(_is_inplace(u, gm) for u in env[name].users))
-        result.append(PieceModule(piece.id, module, inputs, outputs, model_outputs, clone))
+        result.append(PieceModule(piece.id, module, [prefix + k for k in inputs],
+                                  [prefix + k for k in outputs],
+                                  [prefix + k for k in model_outputs], clone))
     return result
 
 

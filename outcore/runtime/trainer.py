@@ -20,6 +20,7 @@ from outcore.errors import PlanError
 from outcore.graph.coarsen import collapse, groups
 from outcore.graph.ir import Graph
 from outcore.plan.plan import Plan, fingerprint
+from outcore.plan.replicas import expand, fx_name
 from outcore.runtime.comm import Messenger
 from outcore.runtime.data import default_loss, split
 from outcore.runtime.executor import RankExecutor, StepResult
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 def expand_assignment(fine: Graph, plan: Plan) -> np.ndarray:
     """Device of every layer-level node, from a plan made at any collapse depth of ``fine``."""
     depth = plan.graph.get("depth")
-    if depth is None or plan.assignment.shape[0] == fine.num_nodes:
+    if depth is None:
         coarse, group = fine, np.arange(fine.num_nodes)
     else:
         group, _ = groups(fine, int(depth))
@@ -69,7 +70,9 @@ class Trainer:
             the same on every rank.
         plan: the plan (``plan.devices`` must equal the world size).
         microbatches: micro-batches per step.
-        micro_inputs: example inputs of one micro-batch (shapes for receive buffers).
+        micro_inputs: example inputs of one micro-batch (shapes for receive buffers); the
+            global batch is ``micro * microbatches * copies`` where ``copies`` is the plan's
+            replicas times its data-parallel degree (1 for a plain plan).
         schedule: ``gpipe`` or ``1f1b``.
         loss_fn: ``loss_fn(output, target)``; default: cross-entropy / MSE.
         optimizer: ``optimizer(params) -> torch.optim.Optimizer`` (default Adam, lr 1e-3).
@@ -101,17 +104,20 @@ class Trainer:
         if names != [graph.name_of(i) for i in range(graph.num_nodes)]:
             raise PlanError("the graph does not match the model's trace: capture the graph "
                             "from this model (same options) and plan again")
-        assignment = expand_assignment(graph, plan)
+        fine_plan = plan.replace(assignment=expand_assignment(graph, plan),
+                                 node_ids=graph.ids.copy())
+        big, assignment, self.copies = expand(graph, fine_plan)
         self.assignment = assignment
         cluster = cluster_from_plan(plan)
         scale = 1.0
         if graph.batch_size:
             scale = micro_inputs[0].shape[0] / graph.batch_size
         self.schedule, self.costs, pieces = make_schedule(
-            graph, assignment, self.world, microbatches=microbatches, kind=schedule,
+            big, assignment, self.world, microbatches=microbatches, kind=schedule,
             cluster=cluster, scale=scale, optimizer=plan.optimizer)
         metas = value_metas(gm, micro_inputs)
-        modules = build_piece_modules(gm, names, pieces, self.rank)
+        big_names = [big.name_of(i) for i in range(big.num_nodes)]
+        modules = build_piece_modules(gm, big_names, pieces, self.rank)
         kept = prune_unowned(gm, modules)
         # move what this rank keeps; dropped tensors stay on the meta device
         gm._apply(lambda t: t if t.device.type == "meta" else t.to(self.device))
@@ -131,16 +137,16 @@ class Trainer:
                 buckets[b] = (pg, [self.named_params[n] for n in bucket_names
                                    if n in self.named_params])
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-        self.needs_inputs = any(assignment[i] == self.rank for i in range(graph.num_nodes)
-                                if graph.op_of(i) == "input")
-        self.needs_targets = any(assignment[i] == self.rank for i in range(graph.num_nodes)
-                                 if graph.op_of(i) == "output")
+        self.needs_inputs = any(assignment[i] == self.rank for i in range(big.num_nodes)
+                                if big.op_of(i) == "input")
+        self.needs_targets = any(assignment[i] == self.rank for i in range(big.num_nodes)
+                                 if big.op_of(i) == "output")
         transfers = pieces.transfers
 
         def leaf_metas(t: int, direction: str):
             out = []
             for i in transfers[t].tensors:
-                leaves = metas[names[i]].tensor_leaves()
+                leaves = metas[fx_name(big_names[i])].tensor_leaves()
                 out += leaves if direction == "F" else [m for m in leaves if m.differentiable]
             return out
 
@@ -150,9 +156,9 @@ class Trainer:
                                    if dist.is_initialized() else True,
                                    step_of=lambda: self.step_index)
         self.executor = RankExecutor(
-            self.rank, self.schedule, {pm.id: pm for pm in modules}, names, metas,
+            self.rank, self.schedule, {pm.id: pm for pm in modules}, big_names, metas,
             self.messenger, loss_fn or default_loss, self.optimizer, buckets, self.placeholders,
-            self.device, on_step=self._after_optimizer)
+            self.device, on_step=self._after_optimizer, copies=self.copies)
         self.pieces = pieces
 
     def _after_optimizer(self) -> None:
@@ -171,10 +177,10 @@ class Trainer:
     def step(self, inputs: tuple[torch.Tensor, ...] | None, targets: Any, *,
              trace: bool = False) -> StepReport:
         """One training step on a global batch; returns the global loss (on every rank)."""
-        M = self.microbatches
-        micro_in = split(tuple(x.to(self.device) for x in inputs), M) \
+        chunks = self.microbatches * self.copies
+        micro_in = split(tuple(x.to(self.device) for x in inputs), chunks) \
             if (self.needs_inputs and inputs is not None) else None
-        micro_tg = split(_to(targets, self.device), M) \
+        micro_tg = split(_to(targets, self.device), chunks) \
             if (self.needs_targets and targets is not None) else None
         self.executor.trace = trace
         if self.track_memory:

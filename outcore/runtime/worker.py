@@ -15,6 +15,7 @@ import torch.distributed as dist
 from outcore.errors import OutcoreError, RuntimeFailure, UsageError
 from outcore.graph.io import from_dict as graph_from_dict
 from outcore.plan.plan import align, from_dict as plan_from_dict
+from outcore.plan.replicas import replication_of
 from outcore.runtime import checkpoint
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import ImageFolderData, SyntheticData, split
@@ -58,7 +59,9 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
     graph = graph_from_dict(graph_doc, source="graph")
     plan = align(plan_from_dict(plan_doc, source="plan"), graph) \
         if plan_doc.get("graph", {}).get("depth") is None else plan_from_dict(plan_doc)
-    micro_inputs = split(spec.example_inputs, cfg.microbatches)[0]
+    rep = replication_of(plan)
+    copies = rep.copies if rep is not None else 1
+    micro_inputs = split(spec.example_inputs, cfg.microbatches * copies)[0]
     trainer = Trainer(model, graph, plan, microbatches=cfg.microbatches,
                       micro_inputs=micro_inputs, schedule=cfg.schedule,
                       optimizer=make_optimizer(cfg), lr_scheduler=make_lr_scheduler(cfg),

@@ -113,11 +113,11 @@ def _check_progress(s: Schedule) -> None:
                     done_compute.add((a.op, a.piece, a.mb))
                 elif a.op in ("SF", "SB"):
                     sent.add((a.transfer, a.op[1], a.mb))
-                elif a.op == "AR":
-                    group = set(s.buckets[a.bucket]) if a.bucket < len(s.buckets) else {r}
-                    waiting = ar_waiting.setdefault(a.bucket, set())
-                    waiting.add(r)
-                    if not group <= waiting:
+                elif a.op == "AR":  # launched asynchronously; the optimizer step waits for it
+                    ar_waiting.setdefault(a.bucket, set()).add(r)
+                elif a.op == "OPT":
+                    mine = [b for b, grp in enumerate(s.buckets) if r in grp]
+                    if not all(set(s.buckets[b]) <= ar_waiting.get(b, set()) for b in mine):
                         break
                 pc[r] += 1
                 executed += 1

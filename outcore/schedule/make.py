@@ -1,8 +1,10 @@
-"""From a placed graph to a checked schedule: cut, cost, build, check (one call).
+"""From a placed graph to a checked schedule: expand replicas, cut, cost, build, check.
 
-Parameters used on several ranks (a module called from two places that land on different
-devices, tied weights) get one all-reduce bucket per distinct set of ranks, so every copy sees
-the summed gradient and stays identical after the optimizer step.
+Parameters held by several ranks — a module called from two places that land on different
+devices, tied weights, the replicas of GEMS MAST/MASTER, data-parallel copies — get one
+all-reduce bucket per distinct set of ranks. A rank launches a bucket's all-reduce right after
+its last backward that touches those parameters (so it overlaps the rest of the backward), and
+the optimizer step waits for it: every copy sees the summed gradient and stays identical.
 """
 
 from __future__ import annotations
@@ -17,37 +19,71 @@ from outcore.plan.pieces import Pieces, cut
 from outcore.schedule.build import build
 from outcore.schedule.check import check
 from outcore.schedule.costs import PieceCosts, piece_costs
-from outcore.schedule.ir import Schedule
+from outcore.schedule.ir import Action, Schedule
+
+
+def _node_params(g: Graph, i: int) -> list[str]:
+    return list(g.attr(i, "params", []) or []) + list(g.attr(i, "shared_params", []) or [])
 
 
 def shared_param_buckets(g: Graph, assignment: np.ndarray) -> tuple[
         tuple[tuple[int, ...], ...], tuple[tuple[str, ...], ...], tuple[float, ...]]:
-    """Buckets of parameters used on more than one rank.
+    """Buckets of parameters held by more than one rank.
 
     Returns ``(groups, names, bytes)``: per bucket the ranks that hold a copy, the parameter
-    names, and their total bytes. Built from capture's ``params`` / ``shared_params`` attrs.
+    names, and their bytes (one copy). Built from capture's ``params`` / ``shared_params``
+    attrs, so it covers shared modules, tied weights and replicated copies alike.
     """
     if g.attrs is None:
         return (), (), ()
-    owner_rank: dict[str, int] = {}
+    ranks: dict[str, set[int]] = defaultdict(set)
     size: dict[str, float] = {}
     for i in range(g.num_nodes):
-        for name in g.attr(i, "params", []) or []:
-            owner_rank[name] = int(assignment[i])
-    users: dict[str, set[int]] = defaultdict(set)
-    for i in range(g.num_nodes):
-        shared = g.attr(i, "shared_params", []) or []
-        for name in shared:
-            users[name].add(int(assignment[i]))
-            size[name] = float(g.attr(i, "shared_bytes", 0)) / max(len(shared), 1)
+        owned = g.attr(i, "params", []) or []
+        for name in owned:
+            size.setdefault(name, float(g.param_bytes[i]) / len(owned))
+        for name in _node_params(g, i):
+            ranks[name].add(int(assignment[i]))
     by_group: dict[tuple[int, ...], list[str]] = defaultdict(list)
-    for name in sorted(users):
-        ranks = tuple(sorted(users[name] | {owner_rank.get(name, min(users[name]))}))
-        if len(ranks) > 1:
-            by_group[ranks].append(name)
+    for name in sorted(ranks):
+        if len(ranks[name]) > 1:
+            by_group[tuple(sorted(ranks[name]))].append(name)
     groups = tuple(sorted(by_group))
     return (groups, tuple(tuple(by_group[k]) for k in groups),
             tuple(sum(size.get(n, 0.0) for n in by_group[k]) for k in groups))
+
+
+def place_allreduces(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> Schedule:
+    """Move each rank's ``AR`` of a bucket to right after its last backward touching it."""
+    if not s.buckets:
+        return s
+    piece_params: list[set[str]] = [set() for _ in s.pieces.pieces]
+    for p in s.pieces.pieces:
+        for v in p.nodes:
+            piece_params[p.id].update(_node_params(g, v))
+    actions = []
+    for r, acts in enumerate(s.actions):
+        acts = [a for a in acts if a.op != "AR"]
+        inserts: dict[int, list[Action]] = defaultdict(list)
+        for b, group in enumerate(s.buckets):
+            if r not in group:
+                continue
+            wanted = set(names[b])
+            last = max((k for k, a in enumerate(acts)
+                        if a.op == "B" and piece_params[a.piece] & wanted), default=None)
+            if last is None:  # no piece here touches it: launch before the step
+                last = next(k for k, a in enumerate(acts) if a.op == "OPT") - 1
+            # after the backward's gradient sends, so they are not delayed
+            while last + 1 < len(acts) and acts[last + 1].op == "SB":
+                last += 1
+            inserts[last].append(Action("AR", bucket=b))
+        out = []
+        for k, a in enumerate(acts):
+            out.append(a)
+            out += inserts.get(k, [])
+        actions.append(tuple(out))
+    return Schedule(s.kind, s.num_ranks, s.microbatches, s.pieces, tuple(actions), s.buckets,
+                    s.meta)
 
 
 def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatches: int,
@@ -62,6 +98,7 @@ def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatc
         return cluster.link(a, b).time(nbytes) if a != b else 0.0
 
     s = build(pieces, num_ranks, microbatches, kind, costs, link_time, buckets=groups)
+    s = place_allreduces(s, g, names)
     s = Schedule(s.kind, s.num_ranks, s.microbatches, s.pieces, s.actions, s.buckets,
                  {**s.meta, "bucket_params": names, "bucket_bytes": sizes, "scale": scale})
     check(s)

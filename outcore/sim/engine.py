@@ -74,6 +74,9 @@ class _Engine:
         self.port_out: dict[object, float] = {}
         self.port_in: dict[object, float] = {}
         self.ar_arrived: dict[int, dict[int, float]] = {}
+        self.ar_end: dict[int, float] = {}
+        self.ar_free = [0.0] * R
+        self.ar_waiters: dict[int, list[int]] = {}
         self.held: dict[tuple[int, int], float] = {}  # (piece, mb) -> received bytes to free
         self.dp_free = [0.0] * R
         self.last_b = {}
@@ -179,8 +182,13 @@ class _Engine:
             return max(t, arrive)
         if a.op == "AR":
             return self.collective(r, a, t)
-        # OPT: wait for data-parallel all-reduces, then update parameters
-        start = max(t, self.dp_free[r])
+        # OPT: wait for this rank's all-reduces (shared parameters, replicas, data parallel)
+        pending = [b for b, grp in enumerate(s.buckets) if r in grp and b not in self.ar_end]
+        if pending:
+            self.ar_waiters.setdefault(pending[0], []).append(r)
+            return None
+        done = [self.ar_end[b] for b, grp in enumerate(s.buckets) if r in grp]
+        start = max([t, self.dp_free[r]] + done)
         dur = float(c.param_bytes[r]) * self.opt.optimizer_bytes_per_param_byte / \
             self.cluster.device.mem_bandwidth
         self.events.append(Event(r, "optim", "OPT", start, start + dur, "compute"))
@@ -204,24 +212,25 @@ class _Engine:
         if waiter is not None:
             self.wake(waiter, arrive)
 
-    def collective(self, r: int, a: Action, t: float) -> float | None:
+    def collective(self, r: int, a: Action, t: float) -> float:
+        """Launch an all-reduce; it runs on the comm streams once every member launched it."""
         group = self.s.buckets[a.bucket] if a.bucket < len(self.s.buckets) else (r,)
         arrived = self.ar_arrived.setdefault(a.bucket, {})
         arrived[r] = t
-        if len(arrived) < len(group):
-            return None
-        start = max(arrived.values())
-        nbytes = self.opt.bucket_bytes[a.bucket] if a.bucket < len(self.opt.bucket_bytes) else 0.0
-        link = self.cluster.intra
-        end = start + ring_allreduce_s(nbytes, len(group), link)
-        for member in group:
-            self.events.append(Event(member, "allreduce", str(a), start, end, "comm",
-                                     bytes=int(nbytes)))
-            if member != r:
-                self.pc[member] += 1
-                self.finish[member] = end
-                self.wake(member, end)
-        return end
+        if len(arrived) == len(group):
+            start = max(max(arrived.values()), max(self.ar_free[m] for m in group))
+            nbytes = self.opt.bucket_bytes[a.bucket] if a.bucket < len(self.opt.bucket_bytes) \
+                else 0.0
+            link = self.cluster.link(min(group), max(group))
+            end = start + ring_allreduce_s(nbytes, len(group), link)
+            self.ar_end[a.bucket] = end
+            for member in group:
+                self.ar_free[member] = end
+                self.events.append(Event(member, "allreduce", str(a), start, end, "comm",
+                                         bytes=int(nbytes)))
+            for w in self.ar_waiters.pop(a.bucket, []):
+                self.wake(w, end)
+        return t
 
     def dp_allreduce(self, r: int, piece: int, t: float) -> None:
         """Overlapped data-parallel all-reduce of one piece's gradients (ring over ``dp``)."""

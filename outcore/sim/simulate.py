@@ -11,6 +11,7 @@ from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster, DeviceSpec, flat_cluster
 from outcore.plan.plan import Plan
+from outcore.plan.replicas import expand
 from outcore.schedule.costs import PieceCosts, mb_scale
 from outcore.schedule.ir import Schedule
 from outcore.schedule.make import make_schedule
@@ -85,9 +86,10 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
         microbatches: micro-batches per iteration (default: the plan's).
         schedule: ``gpipe`` or ``1f1b`` (default: the plan's).
         global_batch: samples per iteration. By default the graph is one micro-batch: an
-            iteration runs ``microbatches`` micro-batches of ``g.batch_size`` samples each.
-            Given, each micro-batch is ``global_batch / microbatches`` samples (costs scaled
-            linearly from the graph's batch).
+            iteration runs ``microbatches`` micro-batches of ``g.batch_size`` samples on each
+            copy of the model (replicas x data-parallel copies of a replicated plan). Given,
+            each micro-batch is ``global_batch / (microbatches * copies)`` samples (costs
+            scaled linearly from the graph's batch).
         dp: data-parallel replicas of the whole plan.
     """
     plan.check(g)
@@ -98,9 +100,10 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
         raise UsageError(f"data-parallel degree must be at least 1, got {dp}")
     kind = schedule or plan.schedule or "1f1b"
     cl = cluster or cluster_from_plan(plan)
-    batch = global_batch or (g.batch_size * M if g.batch_size else None)
-    scale = mb_scale(g, batch / M if batch else None)
-    sched, costs, _ = make_schedule(g, plan.assignment, plan.devices, microbatches=M, kind=kind,
+    big, assignment, copies = expand(g, plan)
+    batch = global_batch or (g.batch_size * M * copies if g.batch_size else None)
+    scale = mb_scale(g, batch / (M * copies) if batch else None)
+    sched, costs, _ = make_schedule(big, assignment, plan.devices, microbatches=M, kind=kind,
                                     cluster=cl, scale=scale, optimizer=plan.optimizer)
     opts = SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())))
     tl = simulate_schedule(sched, costs, cl, opts)

@@ -11,6 +11,7 @@ import torch
 from outcore.graph.capture import capture
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.plan import make_plan, to_dict as plan_doc
+from outcore.plan.replicas import make_replication
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import SyntheticData, default_loss, split
 from outcore.runtime.values import value_metas
@@ -18,23 +19,32 @@ from outcore.graph.capture import trace
 from outcore.zoo import resolve_model
 
 
-def graph_for(cfg: TrainConfig):
+def graph_for(cfg: TrainConfig, copies: int = 1):
     spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
     torch.manual_seed(cfg.seed)
     model = spec.build()
-    micro = split(spec.example_inputs, cfg.microbatches)[0]
+    micro = split(spec.example_inputs, cfg.microbatches * copies)[0]
     g = capture(model, micro, name=cfg.model)
     # simple positive costs so the schedule builder has something to order by
     g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
     return g
 
 
-def docs_for(cfg: TrainConfig, assign, devices: int):
-    """Graph and plan documents for ``assign(g) -> int64[n]`` on ``devices`` devices."""
-    g = graph_for(cfg)
+def docs_for(cfg: TrainConfig, assign, devices: int, *, parallel: str | None = None,
+             replicas: int = 1, dp: int = 1):
+    """Graph and plan documents for ``assign(g) -> int64[n]`` on ``devices`` devices
+    (optionally replicated: GEMS ``mast``/``master`` replicas and ``dp`` data-parallel
+    copies; ``devices`` is then the model-parallel group size)."""
+    g = graph_for(cfg, copies=replicas * dp)
     a = np.asarray(assign(g), dtype=np.int64)
-    plan = make_plan(g, a, strategy="manual", devices=devices, memory_bytes=None,
-                     microbatches=cfg.microbatches, schedule=cfg.schedule)
+    extra = {}
+    total = devices
+    if parallel is not None:
+        rep = make_replication(parallel, a, devices, replicas, dp)
+        extra = {"parallel": rep.to_dict()}
+        total = rep.ranks
+    plan = make_plan(g, a, strategy="manual", devices=total, memory_bytes=None,
+                     microbatches=cfg.microbatches, schedule=cfg.schedule, extra=extra)
     return graph_doc(g), plan_doc(plan), g
 
 
@@ -43,14 +53,17 @@ def chunks(g, k: int) -> np.ndarray:
     return np.minimum(np.arange(g.num_nodes) * k // g.num_nodes, k - 1)
 
 
-def reference(cfg: TrainConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Plain PyTorch: same seed, same batches, gradient accumulation over micro-batches."""
+def reference(cfg: TrainConfig, chunks: int | None = None
+              ) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Plain PyTorch: same seed, same batches, gradient accumulation over ``chunks`` equal
+    pieces of the global batch (default: the micro-batches)."""
+    chunks = chunks or cfg.microbatches
     spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
     torch.manual_seed(cfg.seed)
     model = copy.deepcopy(spec.build())
     gm = trace(model).gm
     out_name = next(n.name for n in gm.graph.nodes if n.op == "output")
-    meta = value_metas(gm, split(spec.example_inputs, cfg.microbatches)[0])[out_name]
+    meta = value_metas(gm, split(spec.example_inputs, chunks)[0])[out_name]
     data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.batch_size, cfg.seed)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
@@ -60,8 +73,8 @@ def reference(cfg: TrainConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
     for step in range(cfg.steps):
         inputs, targets = data.batch(step)
         total = 0.0
-        for x, y in zip(split(inputs, cfg.microbatches), split(targets, cfg.microbatches)):
-            loss = default_loss(model(*x), y) / cfg.microbatches
+        for x, y in zip(split(inputs, chunks), split(targets, chunks)):
+            loss = default_loss(model(*x), y) / chunks
             loss.backward()
             total += loss.item()
         opt.step()
