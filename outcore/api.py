@@ -71,69 +71,152 @@ AUTO_CANDIDATES = ("pardnn", "pipeline")
 
 
 def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy: str = "auto",
+         parallel: str = "mp", replicas: int | None = None, dp: int = 1,
          bandwidth: str | float = "16GB/s", latency: str | float = "25us",
          microbatches: int = 1, schedule: str = "1f1b", optimizer: str = "adam",
          device: str | None = None, seed: int = 0) -> Plan:
     """Partition ``g`` over ``devices`` devices of ``memory`` each; predict with the simulator.
 
     The graph is one micro-batch: an iteration runs ``microbatches`` micro-batches of
-    ``g.batch_size`` samples. ``strategy="auto"`` runs every planner of ``AUTO_CANDIDATES`` and
-    keeps the plan the simulator (the schedule the runtime executes) finds fastest among those
-    that fit. Raises :class:`InfeasibleError` (naming the smallest device count or memory that
-    would fit) when nothing fits. ``predicted`` holds the simulated iteration time, per-device
+    ``g.batch_size`` samples on each copy of the model.
+
+    Args:
+        strategy: planner for the model-parallel split; ``auto`` runs every planner of
+            ``AUTO_CANDIDATES`` and keeps the plan the simulator (the schedule the runtime
+            executes) finds fastest among those that fit.
+        parallel: ``mp`` (one replica), ``mast`` (GEMS: a second replica in reverse order on
+            the same devices) or ``master`` (as many replica pairs as memory allows).
+        replicas: for ``master``, the number of replicas (default: the best that fits).
+        dp: data-parallel copies of the whole model-parallel group (``devices`` must divide).
+
+    Raises :class:`InfeasibleError` (naming the smallest device count or memory that would fit)
+    when nothing fits. ``predicted`` holds the simulated iteration time, throughput, per-device
     peak memory, busy time and communication, and the planner's lower bound.
     """
-    from outcore.partition import STRATEGIES, partition
-    from outcore.sim.simulate import simulate as _simulate
+    from outcore.plan.replicas import MODES
 
     if not isinstance(devices, (int, np.integer)) or devices < 1:
         raise UsageError(f"devices must be a positive integer, got {devices!r}")
+    if parallel not in MODES:
+        raise UsageError(f"unknown parallel mode {parallel!r}: use {', '.join(MODES)}")
+    if dp < 1 or devices % dp:
+        raise UsageError(f"--dp {dp} must divide --devices {devices}")
+    K = devices // dp
+    if parallel == "mp":
+        options = [1]
+    elif parallel == "mast":
+        options = [2]
+    else:
+        options = [replicas] if replicas else [r for r in (8, 4, 2) if r <= K]
+    if not options or (parallel != "mp" and K < 2):
+        raise UsageError(f"{parallel} needs at least 2 model-parallel devices; got {K}")
+    mem = None if memory is None else float(parse_bytes(memory))
+    cluster = make_cluster(K * dp, memory, bandwidth, latency, device)
+    common = dict(strategy=strategy, cluster=cluster, microbatches=microbatches,
+                  schedule=schedule, optimizer=optimizer, seed=seed)
+    best: Plan | None = None
+    notes: list[str] = []
+    first_error: InfeasibleError | None = None
+    for R in options:
+        budget = None if mem is None else mem / R
+        try:
+            base = _plan_single(g, K, budget, limit=mem, check_fit=(R == 1), **common)
+        except InfeasibleError as e:
+            first_error = first_error or e
+            notes.append(f"{R} replica(s): {e}")
+            continue
+        p = base if (R == 1 and dp == 1) else _replicate(g, base, parallel, R, dp, mem)
+        sps = p.predicted.get("samples_per_s", 0.0)
+        fits = _fits(p)
+        notes.append(f"{parallel} with {R} replica(s) x dp {dp}: {sps:.1f} samples/s, peak "
+                     f"{max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
+                     + ("" if fits else " (does not fit)"))
+        if fits and (best is None or sps > best.predicted["samples_per_s"]):
+            best = p
+    if best is None:
+        if first_error is not None:
+            raise first_error
+        raise InfeasibleError(f"no {parallel} plan fits {memory} per device "
+                              f"({'; '.join(notes)}): add devices or raise --memory")
+    if len(options) > 1 or dp > 1:
+        best = best.replace(extra={**best.extra, "notes": best.extra.get("notes", []) + notes})
+    return best
+
+
+def _fits(p: Plan) -> bool:
+    peaks = p.predicted.get("peak_bytes") or [0]
+    return not p.memory_bytes or max(peaks) <= p.memory_bytes * (1 + 1e-9)
+
+
+def _cluster_doc(cluster: Cluster) -> dict[str, Any]:
+    return {"bandwidth": cluster.intra.bandwidth, "latency_s": cluster.intra.latency_s,
+            "device": cluster.device.name, "peak_flops": cluster.device.peak_flops,
+            "mem_bandwidth": cluster.device.mem_bandwidth}
+
+
+def _plan_single(g: Graph, K: int, budget: float | None, *, limit: float | None,
+                 check_fit: bool, strategy: str, cluster: Cluster, microbatches: int,
+                 schedule: str, optimizer: str, seed: int) -> Plan:
+    """The fastest single-replica plan on K devices, planned under ``budget`` per device;
+    with ``check_fit`` only plans whose simulated peak fits ``limit`` count."""
+    from outcore.partition import STRATEGIES, partition
+    from outcore.sim.simulate import simulate as _simulate
+
     if strategy != "auto" and strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {strategy!r}: use auto or one of "
                          f"{', '.join(STRATEGIES)}")
-    cluster = make_cluster(devices, memory, bandwidth, latency, device)
-    mem = None if memory is None else float(parse_bytes(memory))
-    cluster_doc = {"bandwidth": cluster.intra.bandwidth, "latency_s": cluster.intra.latency_s,
-                   "device": cluster.device.name, "peak_flops": cluster.device.peak_flops,
-                   "mem_bandwidth": cluster.device.mem_bandwidth}
     names = AUTO_CANDIDATES if strategy == "auto" else (strategy,)
     tried: list[tuple[float, int, Plan]] = []
     notes: list[str] = []
     first_error: InfeasibleError | None = None
     for k, name in enumerate(names):
         try:
-            result = partition(g, int(devices), memory_bytes=mem, cluster=cluster,
-                               strategy=name, optimizer=optimizer, microbatches=microbatches,
-                               seed=seed)
+            result = partition(g, K, memory_bytes=budget, cluster=cluster, strategy=name,
+                               optimizer=optimizer, microbatches=microbatches, seed=seed)
         except InfeasibleError as e:
             first_error = first_error or e
             notes.append(f"{name}: {e}")
             continue
-        p = make_plan(g, result.assignment, strategy=result.strategy, devices=int(devices),
-                      memory_bytes=mem, schedule=schedule, microbatches=microbatches,
-                      optimizer=optimizer, cluster=cluster_doc,
+        p = make_plan(g, result.assignment, strategy=result.strategy, devices=K,
+                      memory_bytes=budget, schedule=schedule, microbatches=microbatches,
+                      optimizer=optimizer, cluster=_cluster_doc(cluster),
                       extra={"notes": list(result.notes), "devices_used": result.devices_used})
         sim = _simulate(p, g)
         predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
                      "planner_makespan_s": result.makespan_s,
                      "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}
-        p = p.replace(predicted=predicted)
-        verdict = "fits" if sim.fits else "does not fit"
+        p = p.replace(predicted=predicted, memory_bytes=limit)
+        fits = _fits(p) or not check_fit
+        verdict = "fits" if _fits(p) else "does not fit"
         notes.append(f"{name}: simulated {sim.iteration_s * 1e3:.2f} ms per iteration, "
                      f"peak {max(sim.peak_bytes) / 2**20:.1f} MiB ({verdict})")
-        if sim.fits:
+        if fits:
             tried.append((sim.iteration_s, k, p))
     if not tried:
         if first_error is not None:
             raise first_error
-        raise InfeasibleError(f"no plan fits {memory} per device when simulated with the "
-                              f"{schedule} schedule ({'; '.join(notes)}): add devices or raise "
-                              "--memory")
+        raise InfeasibleError(f"no plan fits when simulated with the {schedule} schedule "
+                              f"({'; '.join(notes)}): add devices or raise --memory")
     _, _, best = min(tried, key=lambda t: (t[0], t[1]))
     if strategy == "auto":
         notes.append(f"auto: chose {best.strategy}")
         best = best.replace(extra={**best.extra, "notes": best.extra["notes"] + notes})
     return best
+
+
+def _replicate(g: Graph, base: Plan, mode: str, replicas: int, dp: int,
+               limit: float | None) -> Plan:
+    """``base`` (a K-device split) replicated GEMS-style and ``dp`` times; simulated."""
+    from outcore.plan.replicas import make_replication
+    from outcore.sim.simulate import simulate as _simulate
+
+    mode = "mp" if replicas == 1 else ("mast" if (mode == "mast" or replicas == 2) and
+                                        mode != "master" else "master")
+    rep = make_replication(mode, base.assignment, base.devices, replicas, dp)
+    p = base.replace(devices=rep.ranks, memory_bytes=limit,
+                     extra={**base.extra, "parallel": rep.to_dict()})
+    sim = _simulate(p, g)
+    return p.replace(predicted={**base.predicted, **sim.to_dict()})
 
 
 def simulate(p: Plan, g: Graph, *, microbatches: int | None = None, schedule: str | None = None,

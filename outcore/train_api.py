@@ -75,8 +75,21 @@ def _threads_profile(fn: Callable[[], Any], threads: int | None) -> Any:
         torch.set_num_threads(before)
 
 
+def replication_request(parallel: str, replicas: int | None, dp: int,
+                        devices: int) -> tuple[int, int]:
+    """(model replicas, copies) a train run asks for; copies = replicas x dp."""
+    if parallel == "mp":
+        r = 1
+    elif parallel == "mast":
+        r = 2
+    else:
+        r = replicas or (4 if devices // max(dp, 1) >= 4 else 2)
+    return r, r * dp
+
+
 def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strategy: str,
-            plan_path: str | None, costs: str,
+            plan_path: str | None, costs: str, parallel: str = "mp",
+            replicas: int | None = None, dp: int = 1,
             progress: Callable[[str, int, int], None] | None = None) -> tuple[Graph, Plan]:
     """Capture the model at the micro-batch size, cost it, and plan it (or load the plan)."""
     import torch
@@ -89,7 +102,13 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
     spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
     torch.manual_seed(cfg.seed)
     model = spec.build()
-    micro = split(spec.example_inputs, cfg.microbatches)[0]
+    if plan_path:
+        from outcore.plan.replicas import replication_of
+        rep = replication_of(load_plan(plan_path))
+        copies = rep.copies if rep else 1
+    else:
+        R, copies = replication_request(parallel, replicas, dp, devices)
+    micro = split(spec.example_inputs, cfg.microbatches * copies)[0]
     g = capture(model, micro, name=cfg.model)
     if costs == "profile":
         from outcore.cost.profile import profile
@@ -111,7 +130,7 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
             raise PlanError(f"{plan_path} is a plan for {p.devices} devices, but --devices is "
                             f"{devices}: pass --devices {p.devices}, or re-plan")
         return g, p
-    if devices == 1:
+    if devices == 1 and copies == 1:
         p = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single", devices=1,
                       memory_bytes=float(parse_bytes(memory)) if memory is not None else None,
                       microbatches=cfg.microbatches, schedule=cfg.schedule,
@@ -126,13 +145,15 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
         return g, p
     if progress:
         progress("planning", 0, 1)
-    p = make_a_plan(g, devices, memory, strategy=strategy, microbatches=cfg.microbatches,
-                    schedule=cfg.schedule, optimizer=cfg.optimizer, seed=cfg.seed)
+    p = make_a_plan(g, devices, memory, strategy=strategy, parallel=parallel, replicas=R,
+                    dp=dp, microbatches=cfg.microbatches, schedule=cfg.schedule,
+                    optimizer=cfg.optimizer, seed=cfg.seed)
     return g, p
 
 
 def train(model: str, devices: int = 1, *, memory: str | float | None = None,
-          strategy: str = "auto", plan: str | None = None,
+          strategy: str = "auto", plan: str | None = None, parallel: str = "mp",
+          replicas: int | None = None, dp: int = 1,
           input_shape: str | tuple[int, ...] | None = None, batch_size: int = 8,
           microbatches: int | None = None, steps: int = 10, schedule: str = "1f1b",
           optimizer: str = "adam", lr: float = 1e-3, lr_schedule: str = "none", seed: int = 0,
@@ -164,10 +185,12 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
     if steps < 1:
         raise UsageError(f"--steps must be at least 1, got {steps}")
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
-    M = microbatches or _default_microbatches(batch_size, devices)
-    if batch_size % M:
-        raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches: make "
-                         "--batch-size a multiple of --microbatches")
+    _, copies = replication_request(parallel, replicas, dp, devices)
+    M = microbatches or _default_microbatches(batch_size // copies, devices // dp)
+    if batch_size % (M * copies):
+        raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
+                         f"{copies} model copies: make --batch-size a multiple of "
+                         f"{M * copies}")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = Path(run_dir or Path("outcore-runs") / f"{stamp}-{_slug(model)}")
     root.mkdir(parents=True, exist_ok=True)
@@ -181,9 +204,10 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
     from outcore.runtime.env import detect
     job = detect()
     if job.launcher != "none":
-        return _train_in_job(cfg, devices, memory, strategy, plan, costs, root)
+        return _train_in_job(cfg, devices, memory, strategy, plan, costs, root,
+                             dict(parallel=parallel, replicas=replicas, dp=dp))
     g, p = prepare(cfg, devices, memory=memory, strategy=strategy, plan_path=plan, costs=costs,
-                   progress=progress)
+                   parallel=parallel, replicas=replicas, dp=dp, progress=progress)
     save_graph(g, root / "graph.json")
     save_plan(p, root / "plan.json")
     (root / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
@@ -270,17 +294,19 @@ def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path) -> dict[str
 
 
 def _train_in_job(cfg: TrainConfig, devices: int, memory: Any, strategy: str,
-                  plan: str | None, costs: str, root: Path) -> TrainReport:
+                  plan: str | None, costs: str, root: Path,
+                  replication: dict[str, Any]) -> TrainReport:
     """Under torchrun/mpirun/srun: rank 0 plans and broadcasts; every rank trains."""
     from outcore.runtime.launch import run_in_job
 
-    out = run_in_job(_job_main, (cfg, devices, memory, strategy, plan, costs, str(root)),
-                     timeout_s=cfg.timeout_s, threads=cfg.threads)
+    out = run_in_job(_job_main, (cfg, devices, memory, strategy, plan, costs, str(root),
+                                 replication), timeout_s=cfg.timeout_s, threads=cfg.threads)
     return out
 
 
 def _job_main(ctx: Any, cfg: TrainConfig, devices: int, memory: Any, strategy: str,
-              plan: str | None, costs: str, root: str) -> TrainReport | None:
+              plan: str | None, costs: str, root: str,
+              replication: dict[str, Any]) -> TrainReport | None:
     import torch.distributed as dist
 
     from outcore.runtime.worker import train_worker
@@ -290,7 +316,7 @@ def _job_main(ctx: Any, cfg: TrainConfig, devices: int, memory: Any, strategy: s
     docs: list[Any] = [None, None]
     if ctx.rank == 0:
         g, p = prepare(cfg, devices, memory=memory, strategy=strategy, plan_path=plan,
-                       costs=costs)
+                       costs=costs, **replication)
         save_graph(g, Path(root) / "graph.json")
         save_plan(p, Path(root) / "plan.json")
         docs = [graph_to_dict(g), plan_to_dict(p)]

@@ -38,8 +38,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bandwidth", default="16GB/s", help="link bandwidth (default 16GB/s)")
     p.add_argument("--latency", default="25us", help="link latency (default 25us)")
     p.add_argument("--strategy", default="auto", help="planner: auto (every planner below, the fastest plan by simulation wins); " + strategies_help())
+    p.add_argument("--parallel", choices=["mp", "mast", "master"], default="mp",
+                   help="mp: one replica split over the devices; mast: GEMS MAST, a second "
+                        "replica in reverse order on the same devices; master: GEMS MASTER, as "
+                        "many replica pairs as memory allows (default mp)")
+    p.add_argument("--replicas", type=positive_int,
+                   help="master: number of replicas (default: the fastest that fits)")
+    p.add_argument("--dp", type=positive_int, default=1,
+                   help="data-parallel copies of the model-parallel group (must divide "
+                        "--devices; default 1)")
     p.add_argument("--microbatches", type=positive_int, default=1,
-                   help="micro-batches per iteration (default 1)")
+                   help="micro-batches per iteration and copy (default 1)")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
     p.add_argument("--optimizer", default="adam",
                    help="optimizer the memory model assumes: adam (4x params), sgd (2x), "
@@ -90,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if args.depth is not None:
         g = collapse(g, args.depth)
     p = outcore.plan(g, args.devices, args.memory, strategy=args.strategy,
+                     parallel=args.parallel, replicas=args.replicas, dp=args.dp,
                      bandwidth=args.bandwidth, latency=args.latency,
                      microbatches=args.microbatches, schedule=args.schedule,
                      optimizer=args.optimizer)
@@ -114,10 +124,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_plan(g, p) -> None:
+    from outcore.plan.replicas import expand
     pred = p.predicted
     K = p.devices
-    nodes = np.bincount(p.assignment, minlength=K)
-    compute = np.bincount(p.assignment, weights=g.fwd_s + g.bwd_s, minlength=K)
+    big, assignment, copies = expand(g, p)
+    nodes = np.bincount(assignment, minlength=K)
+    compute = np.bincount(assignment, weights=big.fwd_s + big.bwd_s, minlength=K)
     peaks = pred.get("peak_bytes", [0] * K)
     sent = pred.get("comm_bytes", [0] * K)
     limit = p.memory_bytes
@@ -126,7 +138,10 @@ def print_plan(g, p) -> None:
         use = f"{format_bytes(peaks[d])}" + (f" / {format_bytes(limit)}" if limit else "")
         rows.append([d, int(nodes[d]), format_seconds(float(compute[d])), use,
                      format_bytes(sent[d])])
-    console.print(table(f"plan: {p.strategy} on {K} devices ({g.name})",
+    par = p.extra.get("parallel")
+    how = f"{p.strategy}" + (f", {par['mode']} x{par['replicas']} replicas, dp {par['dp']}"
+                             if par else "")
+    console.print(table(f"plan: {how} on {K} devices ({g.name})",
                         ["device", "nodes", "compute", "peak memory", "sent"], rows))
     lb = pred.get("lower_bound_s")
     it = pred.get("iteration_s")
@@ -134,6 +149,8 @@ def print_plan(g, p) -> None:
                   + (f"   lower bound {format_seconds(lb)}" if lb else "")
                   + (f"   ({lb / it:.0%} of optimal)" if lb and it else "")
                   + f"   schedule {p.schedule}, {p.microbatches} micro-batch"
-                  + ("es" if p.microbatches > 1 else ""))
+                  + ("es" if p.microbatches > 1 else "")
+                  + (f" x {copies} copies" if copies > 1 else "")
+                  + f"   {pred.get('samples_per_s', 0):.1f} samples/s")
     for line in p.extra.get("notes", []):
         console.print(f"  note: {line}")

@@ -32,6 +32,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory", help="memory per device the plan must fit (e.g. 16GiB)")
     p.add_argument("--strategy", default="auto", help="planner: auto, pardnn, pipeline, ... (see outcore plan --help)")
     p.add_argument("--plan", metavar="PLAN.json", help="use this plan instead of planning")
+    p.add_argument("--parallel", choices=["mp", "mast", "master"], default="mp",
+                   help="mp (one replica), mast (GEMS: two replicas in opposite directions), "
+                        "master (GEMS: --replicas replicas); see outcore plan --help")
+    p.add_argument("--replicas", type=positive_int,
+                   help="master: replicas (default 4, or 2 with fewer than 4 devices)")
+    p.add_argument("--dp", type=positive_int, default=1,
+                   help="data-parallel copies of the model-parallel group (divides --devices)")
     p.add_argument("--input-shape", metavar="SHAPE", help="example input shape, e.g. 8x3x32x32")
     p.add_argument("--batch-size", type=positive_int, help="global batch per step (default 8; "
                    f"{DEFAULT_BATCH} for the default job)")
@@ -95,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
         report = outcore.train(
             model, devices, memory=memory, strategy=args.strategy, plan=args.plan,
+            parallel=args.parallel, replicas=args.replicas, dp=args.dp,
             input_shape=args.input_shape, batch_size=batch, microbatches=args.microbatches,
             steps=steps, schedule=args.schedule, optimizer=args.optimizer, lr=args.lr,
             lr_schedule=args.lr_schedule, seed=args.seed, data=args.data, costs=args.costs,

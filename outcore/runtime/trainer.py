@@ -175,15 +175,18 @@ class Trainer:
         return out
 
     def step(self, inputs: tuple[torch.Tensor, ...] | None, targets: Any, *,
-             trace: bool = False) -> StepReport:
-        """One training step on a global batch; returns the global loss (on every rank)."""
+             trace: bool = False, track_memory: bool | None = None) -> StepReport:
+        """One training step on a global batch; returns the global loss (on every rank).
+
+        ``track_memory`` (default: the trainer's setting) measures this step's peak tensor
+        memory; on CPU the tracker hooks every operator, which slows small models."""
         chunks = self.microbatches * self.copies
         micro_in = split(tuple(x.to(self.device) for x in inputs), chunks) \
             if (self.needs_inputs and inputs is not None) else None
         micro_tg = split(_to(targets, self.device), chunks) \
             if (self.needs_targets and targets is not None) else None
         self.executor.trace = trace
-        if self.track_memory:
+        if self.track_memory if track_memory is None else track_memory:
             with MemoryTracker(self.device, self.baseline_tensors()) as mt:
                 result: StepResult = self.executor.run_step(micro_in, micro_tg)
             peak = mt.peak_bytes

@@ -98,6 +98,7 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
         metrics_file = open(cfg.metrics_out, "a" if start else "w")
     losses, step_times, last_events = [], [], []
     peaks = [0] * world
+    measured_at = -1
     busy = [0.0] * world
     step = start
     try:
@@ -109,8 +110,10 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
             if world > 1:
                 _barrier(ctx, cfg.timeout_s)
             t0 = time.perf_counter()
-            report = trainer.step(inputs, targets, trace=(step == cfg.steps - 1
-                                                          and cfg.trace_dir is not None))
+            last = step == cfg.steps - 1
+            measure = cfg.track_memory and (step < start + 2 or step % 10 == 0)
+            report = trainer.step(inputs, targets, trace=last and cfg.trace_dir is not None,
+                                  track_memory=measure)
             step_s = time.perf_counter() - t0
             stats = torch.tensor([float(report.peak_bytes), report.busy_s], dtype=torch.float64)
             gathered = [torch.zeros_like(stats) for _ in range(world)]
@@ -118,7 +121,9 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
                 dist.all_gather(gathered, stats)
             else:
                 gathered = [stats]
-            peaks = [int(g[0].item()) for g in gathered]
+            if measure:  # steps without measurement repeat the latest measured peaks
+                peaks = [int(g[0].item()) for g in gathered]
+                measured_at = step
             busy = [float(g[1].item()) for g in gathered]
             losses.append(report.loss)
             step_times.append(step_s)
@@ -127,7 +132,7 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
                 metrics_file.write(json.dumps({
                     "step": step, "loss": report.loss, "step_s": step_s,
                     "samples_per_s": cfg.batch_size / step_s, "peak_bytes": peaks,
-                    "busy_s": busy}) + "\n")
+                    "peak_measured_at": measured_at, "busy_s": busy}) + "\n")
                 metrics_file.flush()
             if cfg.checkpoint_dir and cfg.checkpoint_every and \
                     (step + 1) % cfg.checkpoint_every == 0:
@@ -147,7 +152,8 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
                       source="measured", meta={"rank": rank})
         save_events(Path(cfg.trace_dir) / f"rank{rank}.json", tl)
     out: dict[str, Any] = {"rank": rank, "losses": losses, "step_s": step_times,
-                           "peak_bytes": peaks, "busy_s": busy,
+                           "peak_bytes": peaks, "peak_measured_at": measured_at,
+                           "busy_s": busy,
                            "pieces": [p.id for p in trainer.pieces.pieces if p.device == rank]}
     if cfg.return_state:
         out["state"] = {k: v.detach().cpu().clone() for k, v in trainer.named_params.items()}

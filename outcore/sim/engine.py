@@ -124,8 +124,9 @@ class _Engine:
             values = np.cumsum([d[1] for d in deltas])
             memory.append((times, values))
         events = tuple(sorted(self.events, key=lambda e: (e.start_s, e.rank, e.stream)))
+        limit = self.cluster.device.memory_bytes
         return Timeline(s.num_ranks, events, iteration, tuple(memory),
-                        self.cluster.device.memory_bytes, "simulated",
+                        limit if np.isfinite(limit) else None, "simulated",
                         {"schedule": s.kind, "microbatches": s.microbatches, "dp": self.opt.dp})
 
     def step(self, r: int, t: float) -> None:
