@@ -1,0 +1,545 @@
+"""Fork-join regions of a DAG: the parallel branches sub-graph parallelism places apart.
+
+SUPER (Jain et al., "SUPER: SUb-Graph Parallelism for TransformERs", IPDPS 2021, section III)
+runs the branches of a multi-branch block (the heads of a transformer layer, the paths of an
+Inception or AmoebaNet cell) on different devices at the same time, joined where the model
+joins them. Here the branches are found from the graph alone, for any model:
+
+* **Post-dominators.** A virtual sink follows every sink (and a virtual source precedes every
+  source), so every DAG has one exit. ``d`` post-dominates ``v`` when every path from ``v`` to
+  the exit passes ``d``. On a DAG the immediate post-dominator of ``v`` is the lowest common
+  ancestor, in the post-dominator tree, of ``v``'s successors; visiting nodes in reverse
+  topological order gives it in one pass (Cooper, Harvey and Kennedy's "intersect", with the
+  tree's LCA answered by skew-binary jump pointers (Myers 1983), O(log n) per query, so that
+  long skip edges do not make the pass quadratic).
+* **Regions.** A *fork* is a node (or the virtual source) with two or more distinct successors.
+  Its successors meet in the post-dominator tree at its immediate post-dominator, and some of
+  them may meet earlier: a *join* of the fork is any such meeting point (the LCA of two
+  successors adjacent in the tree's preorder); the immediate post-dominator is the outermost.
+  (In ``outcore:diamond`` the fork also feeds the head through a skip edge, so its immediate
+  post-dominator is the head's concat; its left and right paths join at the add.) For a join
+  ``c``, the *interior* is every node reachable, before ``c``, from the fork's successors that
+  ``c`` post-dominates. A *branch* is a weakly connected component of the interior: the sets
+  reachable from each successor, merged when they intersect (a node reached from two of them,
+  or an edge between their sets, makes them one). A successor that is the join itself (a skip
+  edge, e.g. a residual connection) is an empty branch and does not count. A region is
+  *useful* when it has two or more branches. Each search runs in topological order and stops as
+  soon as all successors have merged, so the forks of long sequential models (every time step
+  of an unrolled RNN forks) cost little; a visit budget bounds the rest.
+* **Feeders.** Nodes outside the interior whose every successor lies in one branch or among
+  its feeders (constants such as an attention mask, a parameter node, the ops an AmoebaNet cell
+  applies to its second input) are attached to that branch, so that the planner moves them with
+  it: they have no other consumer, so placing them elsewhere only adds a transfer.
+* **Choice among nested regions.** Regions nest (a region inside one branch of another) and may
+  overlap. We keep disjoint regions maximising the *parallel saving*: the work no longer run in
+  series when a region's branches run on separate devices, total branch work minus the largest
+  branch's. Over the containment tree, a region is kept when its saving is at least that of the
+  best choice inside it (ties keep the outer region: fewer, larger pieces and fewer transfers),
+  else the inner choices; overlapping survivors are then taken by decreasing saving. Why not
+  simply the outermost region: a two-way split whose heavy branch holds a balanced eight-way
+  region saves far less than that region. Regions that save nothing are dropped (on a graph
+  without costs, node counts stand in for work).
+
+All outputs are deterministic: ties break on node index (or topological rank).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from outcore.graph.algorithms import topological_order
+from outcore.graph.ir import Graph
+from outcore.partition._jit import njit
+from outcore.partition._sched_kernel import _fheap_pop, _fheap_push
+
+log = logging.getLogger(__name__)
+
+VIRTUAL = -1  # fork = the graph's inputs (virtual source) or join = its outputs (virtual sink)
+
+
+@dataclass(frozen=True, eq=False)
+class Region:
+    """A fork, its join and the parallel branches between them.
+
+    Attributes:
+        fork: node index of the fork, or -1 for the virtual source (the graph's inputs).
+        join: node index of the join (the fork's immediate post-dominator), or -1 for the
+            virtual sink (outputs that never meet).
+        branches: per branch, ``int64`` node indices strictly between fork and join, sorted;
+            branches are ordered by their smallest node index.
+        feeders: per branch, ``int64`` indices of nodes outside the region that feed only that
+            branch (empty until :func:`select_regions` attaches them).
+        work_s: ``float64[B]`` forward + backward seconds of each branch with its feeders (node
+            counts when the graph has no costs).
+    """
+
+    fork: int
+    join: int
+    branches: tuple[np.ndarray, ...]
+    feeders: tuple[np.ndarray, ...]
+    work_s: np.ndarray
+
+    @property
+    def num_branches(self) -> int:
+        return len(self.branches)
+
+    @property
+    def interior(self) -> np.ndarray:
+        """All branch nodes (without feeders), sorted."""
+        return np.sort(np.concatenate(self.branches))
+
+    @property
+    def saving_s(self) -> float:
+        """Work no longer run in series with the branches apart: total - largest, seconds."""
+        return float(self.work_s.sum() - self.work_s.max()) if self.work_s.size else 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class Branches:
+    """What :func:`find_branches` found.
+
+    Attributes:
+        regions: the chosen disjoint regions, ordered by the topological rank of their fork,
+            feeders attached.
+        candidates: every useful region found (without feeders), inner forks first.
+        truncated: True when the search stopped at its visit budget (huge nested regions); the
+            regions found up to then are still exact.
+    """
+
+    regions: tuple[Region, ...]
+    candidates: tuple[Region, ...]
+    truncated: bool = False
+
+    @property
+    def branch_nodes(self) -> int:
+        return int(sum(b.size + f.size for r in self.regions
+                       for b, f in zip(r.branches, r.feeders)))
+
+
+# ---------------------------------------------------------------------------- post-dominators
+def _augmented(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Successor CSR over ``n + 2`` nodes (``n`` = virtual source, ``n + 1`` = virtual sink)
+    and a topological order of it."""
+    n = g.num_nodes
+    srcs = np.flatnonzero(g.in_degree == 0)
+    snks = np.flatnonzero(g.out_degree == 0)
+    s = np.concatenate((g.src, np.full(srcs.size, n, np.int64), snks))
+    d = np.concatenate((g.dst, srcs, np.full(snks.size, n + 1, np.int64)))
+    perm = np.lexsort((d, s))
+    s, d = s[perm], d[perm]
+    ptr = np.zeros(n + 3, np.int64)
+    np.cumsum(np.bincount(s, minlength=n + 2), out=ptr[1:])
+    topo = np.concatenate(([n], order, [n + 1])).astype(np.int64)
+    return ptr, d.astype(np.int64), topo
+
+
+@njit
+def _lca(a, b, parent, jump, depth):
+    if depth[a] < depth[b]:
+        a, b = b, a
+    while depth[a] > depth[b]:
+        if depth[jump[a]] >= depth[b]:
+            a = jump[a]
+        else:
+            a = parent[a]
+    while a != b:
+        if jump[a] != jump[b]:
+            a = jump[a]
+            b = jump[b]
+        else:
+            a = parent[a]
+            b = parent[b]
+    return a
+
+
+@njit
+def _post_dominators(topo, ptr, idx):
+    """Immediate post-dominator of every node of the augmented graph (root: itself), with the
+    tree's jump pointers and depths (for LCA queries)."""
+    m = topo.shape[0]
+    parent = np.full(m, -1, np.int64)
+    jump = np.full(m, -1, np.int64)
+    depth = np.zeros(m, np.int64)
+    root = topo[m - 1]
+    parent[root] = root
+    jump[root] = root
+    for i in range(m - 2, -1, -1):
+        v = topo[i]
+        a = -1
+        for k in range(ptr[v], ptr[v + 1]):
+            s = idx[k]
+            a = s if a < 0 else _lca(a, s, parent, jump, depth)
+        if a < 0:  # no successor at all (only the virtual source of an empty graph)
+            a = root
+        parent[v] = a
+        depth[v] = depth[a] + 1
+        ja = jump[a]
+        if depth[a] - depth[ja] == depth[ja] - depth[jump[ja]]:
+            jump[v] = jump[ja]
+        else:
+            jump[v] = a
+    return parent, jump, depth
+
+
+def post_dominators(g: Graph, order: np.ndarray | None = None) -> np.ndarray:
+    """``int64[n]``: immediate post-dominator of each node, -1 where it is the virtual sink.
+
+    ``d`` post-dominates ``v`` when every path from ``v`` to any sink passes ``d``; the
+    immediate one is the closest. Works with any number of sources and sinks.
+    """
+    n = g.num_nodes
+    if n == 0:
+        return np.zeros(0, np.int64)
+    order = topological_order(g) if order is None else order
+    ptr, idx, topo = _augmented(g, order)
+    ip = _post_dominators(topo, ptr, idx)[0][:n].copy()
+    ip[ip >= n] = VIRTUAL
+    return ip
+
+
+# ---------------------------------------------------------------------------- regions
+@njit
+def _find(uf, x):
+    while uf[x] != x:
+        uf[x] = uf[uf[x]]
+        x = uf[x]
+    return x
+
+
+@njit
+def _grow(arr, need):
+    if need <= arr.shape[0]:
+        return arr
+    out = np.empty(max(need, 2 * arr.shape[0]), arr.dtype)
+    out[:arr.shape[0]] = arr
+    return out
+
+
+@njit
+def _tree_intervals(parent, root):
+    """Preorder entry and exit numbers of the post-dominator tree (children by index)."""
+    m = parent.shape[0]
+    cnt = np.zeros(m + 1, np.int64)
+    for v in range(m):
+        if v != root:
+            cnt[parent[v] + 1] += 1
+    ptr = np.cumsum(cnt)
+    fill = ptr[:-1].copy()
+    kids = np.empty(max(m - 1, 1), np.int64)
+    for v in range(m):  # ascending v: children listed by index
+        if v != root:
+            kids[fill[parent[v]]] = v
+            fill[parent[v]] += 1
+    tin = np.zeros(m, np.int64)
+    tout = np.zeros(m, np.int64)
+    stack = np.empty(m, np.int64)
+    pos = ptr[:-1].copy()
+    top = 0
+    stack[0] = root
+    t = 0
+    tin[root] = 0
+    t = 1
+    while top >= 0:
+        v = stack[top]
+        if pos[v] < ptr[v + 1]:
+            c = kids[pos[v]]
+            pos[v] += 1
+            tin[c] = t
+            t += 1
+            top += 1
+            stack[top] = c
+        else:
+            tout[v] = t
+            top -= 1
+    return tin, tout
+
+
+@njit
+def _search(f, c, starts, nstart, sid, ptr, idx, rank, stamp, lab, keys, items, uf, buf):
+    """Branches of the region from fork ``f``'s successors ``starts`` to the join ``c``.
+
+    A search from the successors, in topological order, stops at ``c``; union-find over the
+    successors merges the sets that meet. Gives up as soon as everything has merged into one
+    branch. Returns (nodes found, branches left, edge visits); nodes are ``buf[:count]`` and
+    ``lab`` holds a union-find label per node.
+    """
+    size = 0
+    nb = 0
+    for t in range(nstart):
+        s = starts[t]
+        stamp[s] = sid
+        lab[s] = t
+        uf[t] = t
+        size = _fheap_push(keys, items, size, float(rank[s]), s)
+        buf[nb] = s
+        nb += 1
+    comps = nstart
+    visits = 0
+    while size > 0 and comps > 1:
+        v = items[0]
+        size = _fheap_pop(keys, items, size)
+        for k in range(ptr[v], ptr[v + 1]):
+            w = idx[k]
+            if w == c:
+                continue
+            visits += 1
+            if stamp[w] == sid:
+                a = _find(uf, lab[w])
+                b = _find(uf, lab[v])
+                if a != b:
+                    if a < b:
+                        uf[b] = a
+                    else:
+                        uf[a] = b
+                    comps -= 1
+            else:
+                stamp[w] = sid
+                lab[w] = _find(uf, lab[v])
+                size = _fheap_push(keys, items, size, float(rank[w]), w)
+                buf[nb] = w
+                nb += 1
+    return nb, comps, visits
+
+
+@njit
+def _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, sink, max_visits):
+    """Every useful region of every fork: (fork, join, ptr, nodes, labels, truncated).
+
+    The joins of fork ``f`` are the points where its successors meet in the post-dominator
+    tree: the LCAs of successors adjacent in preorder, its immediate post-dominator among them.
+    For each join ``c`` the successors below ``c`` (other than ``c``) are searched.
+    """
+    m = ipdom.shape[0]
+    stamp = np.full(m, -1, np.int64)
+    lab = np.zeros(m, np.int64)
+    keys = np.empty(m, np.float64)
+    items = np.empty(m, np.int64)
+    uf = np.empty(m, np.int64)
+    buf = np.empty(m, np.int64)
+    seen = np.full(m, -1, np.int64)
+    out_f = np.empty(16, np.int64)
+    out_j = np.empty(16, np.int64)
+    out_ptr = np.zeros(17, np.int64)
+    out_nodes = np.empty(1024, np.int64)
+    out_lab = np.empty(1024, np.int64)
+    nreg = 0
+    visits = 0
+    sid = 0
+    truncated = False
+    succ = np.empty(m, np.int64)
+    starts = np.empty(m, np.int64)
+    for fi in range(forks.shape[0]):
+        f = forks[fi]
+        ns = 0
+        for k in range(ptr[f], ptr[f + 1]):
+            s = idx[k]
+            if s != sink and seen[s] != fi:
+                seen[s] = fi
+                succ[ns] = s
+                ns += 1
+        if ns < 2:
+            continue
+        pre = succ[:ns][np.argsort(tin[succ[:ns]])]
+        joins = np.empty(ns - 1, np.int64)
+        for t in range(ns - 1):
+            joins[t] = _lca(pre[t], pre[t + 1], ipdom, jump, depth)
+        joins = np.unique(joins)
+        for ci in range(joins.shape[0]):
+            c = joins[ci]
+            nstart = 0
+            for t in range(ns):
+                s = pre[t]
+                if s != c and tin[c] <= tin[s] and tin[s] < tout[c]:
+                    starts[nstart] = s
+                    nstart += 1
+            if nstart < 2:
+                continue
+            sid += 1
+            nb, comps, vis = _search(f, c, starts, nstart, sid, ptr, idx, rank, stamp, lab,
+                                     keys, items, uf, buf)
+            visits += vis
+            if visits > max_visits:
+                truncated = True
+                break
+            if comps < 2:
+                continue
+            out_f = _grow(out_f, nreg + 1)
+            out_j = _grow(out_j, nreg + 1)
+            out_ptr = _grow(out_ptr, nreg + 2)
+            start = out_ptr[nreg]
+            out_nodes = _grow(out_nodes, start + nb)
+            out_lab = _grow(out_lab, start + nb)
+            for t in range(nb):
+                out_nodes[start + t] = buf[t]
+                out_lab[start + t] = _find(uf, lab[buf[t]])
+            out_f[nreg] = f
+            out_j[nreg] = c
+            out_ptr[nreg + 1] = start + nb
+            nreg += 1
+        if truncated:
+            break
+    return (out_f[:nreg].copy(), out_j[:nreg].copy(), out_ptr[:nreg + 1].copy(),
+            out_nodes[:out_ptr[nreg]].copy(), out_lab[:out_ptr[nreg]].copy(), truncated)
+
+
+def _weights(g: Graph) -> np.ndarray:
+    """Node weight for balancing: forward + backward seconds (1 per node if all are zero)."""
+    w = np.asarray(g.fwd_s + g.bwd_s, np.float64)
+    return w if w.sum() > 0 else np.ones(g.num_nodes)
+
+
+def fork_join_regions(g: Graph, *, order: np.ndarray | None = None,
+                      max_visits: int | None = None) -> tuple[tuple[Region, ...], bool]:
+    """Every useful fork-join region of ``g`` (two or more non-empty branches), inner forks first.
+
+    Args:
+        g: the graph.
+        order: a topological order of ``g`` (computed if None).
+        max_visits: edge visits allowed over all searches (default ``64 * (n + m) + 10**6``);
+            beyond it the remaining, outer forks are skipped.
+
+    Returns ``(regions, truncated)``; ``work_s`` of a branch is its forward + backward seconds
+    (its node count when the graph has no costs), feeders are empty.
+    """
+    n = g.num_nodes
+    if n == 0:
+        return (), False
+    order = topological_order(g) if order is None else order
+    ptr, idx, topo = _augmented(g, order)
+    ipdom, jump, depth = _post_dominators(topo, ptr, idx)
+    tin, tout = _tree_intervals(ipdom, n + 1)
+    rank = np.empty(n + 2, np.int64)
+    rank[topo] = np.arange(n + 2)
+    deg = np.diff(ptr)
+    forks = topo[::-1][deg[topo[::-1]] >= 2]  # reverse topological: inner forks first
+    budget = 64 * (n + g.num_edges) + 10**6 if max_visits is None else int(max_visits)
+    f, j, rptr, nodes, labels, truncated = _regions_kernel(
+        forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, n + 1, budget)
+    if truncated:
+        log.warning("graph %r: fork-join search stopped after %d edge visits; outer regions "
+                    "were not examined", g.name, budget)
+    w = _weights(g)
+    regions = []
+    for r in range(f.size):
+        nd = nodes[rptr[r]:rptr[r + 1]]
+        lb = labels[rptr[r]:rptr[r + 1]]
+        regions.append(_make_region(int(f[r]), int(j[r]), nd, lb, n, w))
+    return tuple(regions), bool(truncated)
+
+
+def _make_region(fork: int, join: int, nodes: np.ndarray, labels: np.ndarray, n: int,
+                 w: np.ndarray) -> Region:
+    perm = np.lexsort((nodes, labels))
+    nodes, labels = nodes[perm], labels[perm]
+    cut = np.flatnonzero(np.diff(labels)) + 1
+    parts = sorted(np.split(nodes, cut), key=lambda b: int(b[0]))
+    work = np.array([float(w[b].sum()) for b in parts])
+    return Region(fork if fork < n else VIRTUAL, join if join < n else VIRTUAL,
+                  tuple(parts), tuple(np.zeros(0, np.int64) for _ in parts), work)
+
+
+# ---------------------------------------------------------------------------- choice
+def select_regions(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
+    """A set of disjoint regions with the largest total parallel saving (module docstring).
+
+    Regions with no saving are dropped when the graph has costs. The result is ordered by the
+    topological rank of the fork, with feeders attached (:func:`attach_feeders`).
+    """
+    n = g.num_nodes
+    if not regions:
+        return ()
+    interiors = [r.interior for r in regions]
+    sizes = np.array([x.size for x in interiors])
+    # outer (larger) regions first; ties: smaller fork index (virtual source first)
+    by_size = sorted(range(len(regions)), key=lambda i: (-sizes[i], regions[i].fork, i))
+    owner = np.full(n, -1, np.int64)
+    parent = np.full(len(regions), -1, np.int64)
+    for i in by_size:  # parent: the smallest larger region holding this one's first node
+        parent[i] = owner[interiors[i][0]]
+        owner[interiors[i]] = i
+    children: list[list[int]] = [[] for _ in regions]
+    for i in by_size:
+        if parent[i] >= 0:
+            children[int(parent[i])].append(i)
+    costed = float(g.fwd_s.sum() + g.bwd_s.sum()) > 0
+    value = np.array([r.saving_s for r in regions])
+    best = np.zeros(len(regions))
+    chosen: list[list[int]] = [[] for _ in regions]
+    for i in reversed(by_size):  # inner first
+        inner = float(sum(best[c] for c in children[i]))
+        if value[i] >= inner and (value[i] > 0 or not costed):
+            best[i], chosen[i] = value[i], [i]
+        else:
+            best[i], chosen[i] = inner, [x for c in children[i] for x in chosen[c]]
+    picks = [x for i in by_size if parent[i] < 0 for x in chosen[i]]
+    # overlapping (non-nested) regions: keep the larger saving, then the outer one
+    picks.sort(key=lambda i: (-value[i], -sizes[i], regions[i].fork, i))
+    taken = np.zeros(n, bool)
+    ends = np.zeros(n, bool)
+    keep = []
+    for i in picks:
+        r = regions[i]
+        inner = interiors[i]
+        if taken[inner].any() or ends[inner].any():
+            continue
+        if any(e >= 0 and taken[e] for e in (r.fork, r.join)):
+            continue
+        taken[inner] = True
+        for e in (r.fork, r.join):
+            if e >= 0:
+                ends[e] = True
+        keep.append(r)
+    rank = np.empty(n, np.int64)
+    rank[topological_order(g)] = np.arange(n)
+    keep.sort(key=lambda r: (rank[r.fork] if r.fork >= 0 else -1, r.join))
+    return attach_feeders(g, tuple(keep))
+
+
+def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
+    """The regions with each branch's feeders attached and counted in its work.
+
+    A feeder of branch ``b`` is a node outside every chosen region (interiors, forks, joins,
+    other branches' feeders) whose successors all lie in ``b`` or among ``b``'s feeders.
+    """
+    n = g.num_nodes
+    blocked = np.zeros(n, bool)
+    for r in regions:
+        blocked[r.interior] = True
+        for e in (r.fork, r.join):
+            if e >= 0:
+                blocked[e] = True
+    w = _weights(g)
+    out = []
+    for r in regions:
+        feeders = tuple(_feeders(g, b, blocked) for b in r.branches)
+        work = np.array([float(w[b].sum() + w[f].sum()) for b, f in zip(r.branches, feeders)])
+        out.append(Region(r.fork, r.join, r.branches, feeders, work))
+        for f in feeders:
+            blocked[f] = True
+    return tuple(out)
+
+
+def _feeders(g: Graph, branch: np.ndarray, blocked: np.ndarray) -> np.ndarray:
+    inside = set(branch.tolist())
+    cand: set[int] = set()
+    stack = sorted({int(u) for v in branch.tolist() for u in g.predecessors(v).tolist()
+                    if not blocked[u] and int(u) not in inside})
+    while stack:  # grow upward: all successors inside the branch or already candidates
+        u = stack.pop()
+        if u in cand or blocked[u]:
+            continue
+        if all(int(s) in inside or int(s) in cand for s in g.successors(u).tolist()):
+            cand.add(u)
+            stack.extend(int(p) for p in g.predecessors(u).tolist()
+                         if int(p) not in cand and not blocked[p])
+    return np.array(sorted(cand), np.int64)
+
+
+def find_branches(g: Graph, *, max_visits: int | None = None) -> Branches:
+    """Find the fork-join regions of ``g`` and choose the disjoint set to split (see module)."""
+    order = topological_order(g)
+    cands, truncated = fork_join_regions(g, order=order, max_visits=max_visits)
+    return Branches(select_regions(g, cands), cands, truncated)
