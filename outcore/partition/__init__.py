@@ -15,7 +15,7 @@ import numpy as np
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
-from outcore.partition import baselines, pardnn, pipeline
+from outcore.partition import baselines, pardnn, pipeline, subgraph
 from outcore.partition.emulate import Emulation, emulate
 from outcore.partition.feasibility import infeasible
 from outcore.partition.model import Context, make_context
@@ -28,6 +28,8 @@ STRATEGIES: dict[str, str] = {
               "refinement on the emulated schedule, memory repair; may use fewer devices",
     "pipeline": "contiguous stages over a topological order, bottleneck-balanced on time under "
                 "the memory limit (1F1B memory); may use fewer stages",
+    "subgraph": "SUPER (Jain et al. 2021) sub-graph parallelism: the branches of each fork-join "
+                "region on different devices, trunk and device count chosen by emulation",
     "round-robin": "baseline: node i of the topological order on device i mod K",
     "chunks": "baseline: K contiguous chunks of equal node count over the topological order",
     "metis": "baseline: METIS k-way min-cut balanced on compute (needs pymetis)",
@@ -63,6 +65,11 @@ def partition(g: Graph, devices: int, *, memory_bytes: float | None = None,
                        microbatches=microbatches, memory_bytes=memory_bytes)
     if strategy == "pardnn":
         best, notes, cands = pardnn.plan(ctx)
+        if best is None:
+            raise _no_fit(ctx, strategy, cands)
+        return _result(ctx, strategy, best, notes)
+    if strategy == "subgraph":
+        best, notes, cands = subgraph.plan(ctx)
         if best is None:
             raise _no_fit(ctx, strategy, cands)
         return _result(ctx, strategy, best, notes)

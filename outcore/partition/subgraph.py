@@ -1,0 +1,317 @@
+"""The ``subgraph`` strategy: SUPER sub-graph parallelism, branches of a block on different devices.
+
+Jain, Moon, Benson, Subramoni, Jacobs, Panda, Van Essen, "SUPER: SUb-Graph Parallelism for
+TransformERs", IPDPS 2021. Section III splits a multi-branch model (the heads of a transformer's
+attention, the paths of an Inception or AmoebaNet cell) into sub-graphs, one per device, that run
+at the same time between the layer that forks them and the layer that joins them; the rest of the
+model runs once. Section IV combines it with data parallelism (D&SP): each group of S devices
+holds one sub-graph-parallel replica, and gradients are all-reduced across groups. This module
+plans the S-device part; the data-parallel part is a replica count outside the placement
+(``docs/subgraph.md``, ``benchmarks/subgraph_vs_dp.py``).
+
+Steps (names ours; the paper assigns branches by hand, per model, ``subgraph_topology``):
+
+1. **Branches** (:mod:`outcore.partition.branches`): fork-join regions found from the graph,
+   disjoint, with the constants and side inputs that feed only one branch attached to it.
+2. **Trunk**: the nodes outside every branch start on one device ("home", device 0), or on the
+   memory- and time-balanced contiguous stages of the pipeline planner ("stages", for graphs that
+   do not fit one device).
+3. **Branch placement**: region by region in program order, branches by decreasing forward +
+   backward work (ties: lower node index), each to the device where it would *finish* first:
+   ``max(load in this region, arrival of its inputs) + work + transfer of its outputs`` (inputs
+   come from wherever their producers are, the fork's device in general; outputs go to their
+   consumers', the join's); ties go to the device with the least load accumulated over the whole
+   graph, then the lowest index. Longest-processing-time-first list scheduling (Graham 1969) with
+   the communication of each branch counted, so a cheap branch whose transfers cost more than it
+   saves stays with the fork.
+4. **Trunk follows** ("follow" candidates): every weakly connected trunk segment moves to the
+   device it exchanges the most bytes with, then the branches are placed again; twice.
+5. **Memory**: a candidate that overflows the limit is repaired by ParDNN's step 2
+   (:func:`~outcore.partition.pardnn_memory.repair_memory`).
+6. **Choice**: every candidate, for every device count in {K, K/2, ..., 2}, and the 1-device
+   plan, is emulated (:mod:`outcore.partition.emulate`); the fastest that fits wins
+   (:func:`~outcore.partition.result.best_of`), so the plan is never slower than one device.
+   When no sub-graph candidate fits, or the graph has no branches (a chain), the contiguous
+   stages of the ``pipeline`` planner are offered too, and the notes say so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from outcore.graph.algorithms import weakly_connected_components
+from outcore.partition._jit import njit
+from outcore.partition.branches import Branches, Region, find_branches
+from outcore.partition.model import Context
+from outcore.partition.pardnn import device_counts
+from outcore.partition.pardnn_memory import repair_memory
+from outcore.partition.pipeline import assignment_from_bounds, stage_bounds
+from outcore.partition.result import Candidate, best_of, evaluate
+from outcore.units import format_seconds
+
+log = logging.getLogger(__name__)
+
+FOLLOW_ROUNDS = 2
+
+
+@dataclass(frozen=True, eq=False)
+class BranchTable:
+    """The chosen regions as flat arrays for the placement kernel (B branches in all).
+
+    Attributes:
+        reg_ptr: ``int64[R+1]``: branches of region r are ``reg_ptr[r]:reg_ptr[r+1]``, by
+            decreasing work (ties: lower first node).
+        work_s: ``float64[B]`` forward + backward seconds per branch (with feeders).
+        mem_ptr, mem_idx: CSR of each branch's nodes (branch nodes and feeders).
+        in_ptr, in_prod, in_bytes: per branch, the producers outside it that it reads, each once
+            at its largest edge into the branch.
+        out_ptr, out_prod, out_cons, out_bytes: per branch, its edges to consumers outside it,
+            sorted by producer.
+        member: ``int64[n]`` branch of each node, -1 for the trunk.
+    """
+
+    reg_ptr: np.ndarray
+    work_s: np.ndarray
+    mem_ptr: np.ndarray
+    mem_idx: np.ndarray
+    in_ptr: np.ndarray
+    in_prod: np.ndarray
+    in_bytes: np.ndarray
+    out_ptr: np.ndarray
+    out_prod: np.ndarray
+    out_cons: np.ndarray
+    out_bytes: np.ndarray
+    member: np.ndarray
+
+    @property
+    def num_branches(self) -> int:
+        return int(self.work_s.size)
+
+
+def branch_table(ctx: Context, regions: tuple[Region, ...]) -> BranchTable:
+    """Flatten ``regions`` (see :class:`BranchTable`); work is taken from ``ctx.work_s``."""
+    g = ctx.g
+    n = g.num_nodes
+    members: list[np.ndarray] = []
+    reg_ptr = [0]
+    for r in regions:
+        nodes = [np.sort(np.concatenate((b, f))) for b, f in zip(r.branches, r.feeders)]
+        w = np.array([float(ctx.work_s[x].sum()) for x in nodes])
+        first = np.array([int(x[0]) for x in nodes])
+        members += [nodes[i] for i in np.lexsort((first, -w))]
+        reg_ptr.append(len(members))
+    member = np.full(n, -1, np.int64)
+    for b, x in enumerate(members):
+        member[x] = b
+    nb = len(members)
+    sizes = np.array([x.size for x in members], np.int64)
+    mem_ptr = np.zeros(nb + 1, np.int64)
+    np.cumsum(sizes, out=mem_ptr[1:])
+    mem_idx = np.concatenate(members) if members else np.zeros(0, np.int64)
+    work = np.bincount(member[member >= 0], weights=ctx.work_s[member >= 0], minlength=nb)
+    ms, md = member[g.src], member[g.dst]
+    eb = g.edge_bytes.astype(np.float64)
+    # inputs: (branch, producer) pairs, largest edge each
+    e_in = np.flatnonzero((md >= 0) & (ms != md))
+    key_b, key_u, byt = md[e_in], g.src[e_in], eb[e_in]
+    o = np.lexsort((-byt, key_u, key_b))
+    key_b, key_u, byt = key_b[o], key_u[o], byt[o]
+    first = np.ones(key_b.size, bool)
+    first[1:] = (key_b[1:] != key_b[:-1]) | (key_u[1:] != key_u[:-1])
+    in_b, in_prod, in_bytes = key_b[first], key_u[first], byt[first]
+    in_ptr = np.zeros(nb + 1, np.int64)
+    np.cumsum(np.bincount(in_b, minlength=nb), out=in_ptr[1:])
+    # outputs: edges leaving a branch, by (branch, producer, consumer)
+    e_out = np.flatnonzero((ms >= 0) & (ms != md))
+    o = np.lexsort((g.dst[e_out], g.src[e_out], ms[e_out]))
+    e_out = e_out[o]
+    out_ptr = np.zeros(nb + 1, np.int64)
+    np.cumsum(np.bincount(ms[e_out], minlength=nb), out=out_ptr[1:])
+    return BranchTable(np.asarray(reg_ptr, np.int64), work, mem_ptr, mem_idx.astype(np.int64),
+                       in_ptr, in_prod.astype(np.int64), in_bytes, out_ptr,
+                       g.src[e_out].astype(np.int64), g.dst[e_out].astype(np.int64), eb[e_out],
+                       member)
+
+
+@njit
+def _place_kernel(reg_ptr, work, mem_ptr, mem_idx, in_ptr, in_prod, in_bytes, out_ptr,
+                  out_prod, out_cons, out_bytes, a, acc, lat, inv, k):
+    """Step 3 (module docstring): every branch to the device where it finishes first."""
+    local = np.zeros(k)
+    cin = np.zeros(k)
+    cout = np.zeros(k)
+    tob = np.zeros(k)
+    for r in range(reg_ptr.shape[0] - 1):
+        for d in range(k):
+            local[d] = 0.0
+        for b in range(reg_ptr[r], reg_ptr[r + 1]):
+            for d in range(k):
+                cin[d] = 0.0
+                cout[d] = 0.0
+            for e in range(in_ptr[b], in_ptr[b + 1]):
+                du = a[in_prod[e]]
+                nb = in_bytes[e]
+                if nb <= 0.0:
+                    continue
+                for d in range(k):
+                    if d != du:
+                        cin[d] += 2.0 * (lat[du, d] + nb * inv[du, d])
+            e = out_ptr[b]
+            while e < out_ptr[b + 1]:
+                x = out_prod[e]
+                for d in range(k):
+                    tob[d] = 0.0
+                while e < out_ptr[b + 1] and out_prod[e] == x:
+                    dv = a[out_cons[e]]
+                    if out_bytes[e] > tob[dv]:
+                        tob[dv] = out_bytes[e]
+                    e += 1
+                for dv in range(k):
+                    if tob[dv] > 0.0:
+                        for d in range(k):
+                            if d != dv:
+                                cout[d] += 2.0 * (lat[d, dv] + tob[dv] * inv[d, dv])
+            best = -1
+            best_t = 0.0
+            for d in range(k):
+                start = local[d] if local[d] > cin[d] else cin[d]
+                t = start + work[b] + cout[d]
+                if best < 0:
+                    best, best_t = d, t
+                    continue
+                tol = 1e-12 * (t if t > best_t else best_t)
+                if t < best_t - tol or (t <= best_t + tol and acc[d] < acc[best]):
+                    best, best_t = d, t
+            start = local[best] if local[best] > cin[best] else cin[best]
+            local[best] = start + work[b]
+            acc[best] += work[b]
+            for i in range(mem_ptr[b], mem_ptr[b + 1]):
+                a[mem_idx[i]] = best
+    return a
+
+
+def place_branches(ctx: Context, table: BranchTable, trunk: np.ndarray) -> np.ndarray:
+    """Steps 3: the trunk as given, every branch placed by the finish-first rule."""
+    a = np.ascontiguousarray(trunk, dtype=np.int64).copy()
+    outside = table.member < 0
+    acc = np.bincount(a[outside], weights=ctx.work_s[outside], minlength=ctx.devices)
+    return _place_kernel(table.reg_ptr, table.work_s, table.mem_ptr, table.mem_idx,
+                         table.in_ptr, table.in_prod, table.in_bytes, table.out_ptr,
+                         table.out_prod, table.out_cons, table.out_bytes, a, acc.astype(np.float64),
+                         ctx.lat_s, ctx.inv_bw, ctx.devices)
+
+
+def follow_branches(ctx: Context, table: BranchTable, a: np.ndarray,
+                    segments: np.ndarray) -> np.ndarray:
+    """Step 4: each trunk segment to the device it exchanges the most bytes with.
+
+    ``segments`` labels the trunk's weakly connected pieces (-1 on branch nodes). Segments with
+    no edge to a branch stay where they are; ties: the lowest device.
+    """
+    g = ctx.g
+    k = ctx.devices
+    out = np.asarray(a, np.int64).copy()
+    nseg = int(segments.max()) + 1 if segments.size and segments.max() >= 0 else 0
+    if nseg == 0 or g.num_edges == 0:
+        return out
+    ss, sd = segments[g.src], segments[g.dst]
+    eb = g.edge_bytes.astype(np.float64)
+    score = np.zeros(nseg * k)
+    e1 = np.flatnonzero((ss >= 0) & (sd < 0))  # trunk -> branch
+    np.add.at(score, ss[e1] * k + a[g.dst[e1]], eb[e1])
+    e2 = np.flatnonzero((sd >= 0) & (ss < 0))  # branch -> trunk
+    np.add.at(score, sd[e2] * k + a[g.src[e2]], eb[e2])
+    score = score.reshape(nseg, k)
+    touched = score.max(axis=1) > 0
+    target = np.argmax(score, axis=1)
+    trunk = segments >= 0
+    move = trunk & touched[np.maximum(segments, 0)]
+    out[move] = target[segments[move]]
+    return out
+
+
+def plan(ctx: Context, branches: Branches | None = None
+         ) -> tuple[Candidate | None, list[str], list[Candidate]]:
+    """Plan sub-graph parallelism for ``ctx``; return (best fitting candidate, notes, all)."""
+    g = ctx.g
+    br = find_branches(g) if branches is None else branches
+    notes: list[str] = []
+    cands: list[Candidate] = [evaluate(ctx.with_devices(1), np.zeros(g.num_nodes, np.int64),
+                                       "1 device")]
+    if br.truncated:
+        notes.append("the fork-join search hit its budget; outer regions were not examined")
+    if not br.regions:
+        notes.append("no fork-join region with two or more non-empty branches (a chain for "
+                     "sub-graph parallelism): offered the 1-device plan and contiguous stages")
+        cands += _stage_candidates(ctx)
+        return _finish(cands, notes)
+    shapes = sorted({r.num_branches for r in br.regions})
+    notes.append(f"{len(br.regions)} fork-join regions ({br.branch_nodes} of {g.num_nodes} "
+                 f"nodes in branches; branches per region: {', '.join(map(str, shapes))})")
+    for k in device_counts(ctx.devices):
+        if k >= 2:
+            cands += _candidates(ctx.with_devices(k), br.regions, notes)
+    if not any(c.fits for c in cands[1:]):
+        notes.append("no sub-graph placement fits the memory limit: offered contiguous stages")
+        cands += _stage_candidates(ctx)
+    return _finish(cands, notes)
+
+
+def _candidates(sub: Context, regions: tuple[Region, ...], notes: list[str]) -> list[Candidate]:
+    """Steps 2-5 on ``sub.devices`` devices: home and stages trunks, then follow rounds."""
+    g = sub.g
+    k = sub.devices
+    table = branch_table(sub, regions)
+    segments = weakly_connected_components(g, table.member < 0)
+    trunks = [("home", np.zeros(g.num_nodes, np.int64))]
+    bounds = stage_bounds(sub, k, inflight="all")
+    if bounds is not None and bounds.size > 1:
+        trunks.append(("stages", assignment_from_bounds(sub, bounds)))
+    out: list[Candidate] = []
+    for name, trunk in trunks:
+        a = place_branches(sub, table, trunk)
+        out.append(_fit(sub, a, f"subgraph K={k} trunk={name}", notes))
+        for r in range(FOLLOW_ROUNDS):
+            a = place_branches(sub, table, follow_branches(sub, table, a, segments))
+            out.append(_fit(sub, a, f"subgraph K={k} trunk={name} follow {r + 1}", notes))
+    return out
+
+
+def _fit(sub: Context, a: np.ndarray, label: str, notes: list[str]) -> Candidate:
+    """Evaluate ``a``; when it overflows the limit, repair it first (step 5)."""
+    cand = evaluate(sub, a, label)
+    if cand.fits or sub.memory_bytes is None:
+        return cand
+    fixed, st = repair_memory(sub, a)
+    notes.append(f"{label}: memory repair moved {st.moved_nodes} nodes"
+                 + ("" if st.fits else " and did not fit"))
+    return evaluate(sub, fixed, label + ", memory repaired")
+
+
+def _stage_candidates(ctx: Context) -> list[Candidate]:
+    """The pipeline planner's contiguous splits on K, K/2, ..., 2 devices (memory: all M)."""
+    out = []
+    for k in device_counts(ctx.devices):
+        if k < 2:
+            continue
+        sub = ctx.with_devices(k)
+        bounds = stage_bounds(sub, k, inflight="all")
+        if bounds is not None:
+            out.append(evaluate(sub, assignment_from_bounds(sub, bounds),
+                                f"{bounds.size} contiguous stages (of {k})"))
+    return out
+
+
+def _finish(cands: list[Candidate], notes: list[str]
+            ) -> tuple[Candidate | None, list[str], list[Candidate]]:
+    best = best_of(cands)
+    notes.append("candidates: " + ", ".join(
+        f"{c.label}: {format_seconds(c.makespan_s)}" + ("" if c.fits else " (does not fit)")
+        for c in cands))
+    if best is not None:
+        notes.append(f"chose {best.label}")
+    log.debug("subgraph: %s", "; ".join(notes))
+    return best, notes, cands
