@@ -26,10 +26,13 @@ joins them. Here the branches are found from the graph alone, for any model:
   *useful* when it has two or more branches. Each search runs in topological order and stops as
   soon as all successors have merged, so the forks of long sequential models (every time step
   of an unrolled RNN forks) cost little; a visit budget bounds the rest.
-* **Feeders.** Nodes outside the interior whose every successor lies in one branch or among
-  its feeders (constants such as an attention mask, a parameter node, the ops an AmoebaNet cell
-  applies to its second input) are attached to that branch, so that the planner moves them with
-  it: they have no other consumer, so placing them elsewhere only adds a transfer.
+* **Feeders and side branches** (for the chosen regions). Nodes outside the interior whose every
+  successor lies in one branch or among its feeders (constants such as an attention mask, a
+  parameter node) are attached to that branch: they have no other consumer, so placing them
+  elsewhere only adds a transfer. Nodes the fork does not reach whose successors all lie in the
+  region, spread over several branches or the join (an AmoebaNet/NAS cell's second input and
+  the ops on it), form *side branches*: they run beside the fork's branches, between their own
+  producers and the join.
 * **Choice among nested regions.** Regions nest (a region inside one branch of another) and may
   overlap. We keep disjoint regions maximising the *parallel saving*: the work no longer run in
   series when a region's branches run on separate devices, total branch work minus the largest
@@ -69,11 +72,13 @@ class Region:
         join: node index of the join (the fork's immediate post-dominator), or -1 for the
             virtual sink (outputs that never meet).
         branches: per branch, ``int64`` node indices strictly between fork and join, sorted;
-            branches are ordered by their smallest node index.
+            branches are ordered by their smallest node index, side branches (below) last.
         feeders: per branch, ``int64`` indices of nodes outside the region that feed only that
             branch (empty until :func:`select_regions` attaches them).
         work_s: ``float64[B]`` forward + backward seconds of each branch with its feeders (node
             counts when the graph has no costs).
+        side: how many of the branches (the last ones) are side branches: nodes the fork does
+            not reach that feed only this region (see :func:`attach_feeders`); 0 until chosen.
     """
 
     fork: int
@@ -81,6 +86,7 @@ class Region:
     branches: tuple[np.ndarray, ...]
     feeders: tuple[np.ndarray, ...]
     work_s: np.ndarray
+    side: int = 0
 
     @property
     def num_branches(self) -> int:
@@ -88,7 +94,7 @@ class Region:
 
     @property
     def interior(self) -> np.ndarray:
-        """All branch nodes (without feeders), sorted."""
+        """All branch nodes (without feeders, with side branches), sorted."""
         return np.sort(np.concatenate(self.branches))
 
     @property
@@ -499,10 +505,16 @@ def select_regions(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
 
 
 def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
-    """The regions with each branch's feeders attached and counted in its work.
+    """The regions with feeders and side branches attached, counted in the branches' work.
 
-    A feeder of branch ``b`` is a node outside every chosen region (interiors, forks, joins,
-    other branches' feeders) whose successors all lie in ``b`` or among ``b``'s feeders.
+    A *feeder* of branch ``b`` is a node outside every chosen region (interiors, forks, joins,
+    what earlier regions claimed) whose successors all lie in ``b`` or among ``b``'s feeders.
+    A *side* node of a region is such a node whose successors all lie in the region (any
+    branch, feeder, side node, or the join) without it feeding one branch only: the ops an
+    AmoebaNet/NAS cell applies to its *other* input, which the fork does not reach. It cannot be
+    an ancestor of the fork (it would need a successor outside the region). Side nodes form
+    weakly connected components; a component that feeds one branch joins it as feeders, the
+    others become extra branches at the end of ``branches`` (``Region.side`` counts them).
     """
     n = g.num_nodes
     blocked = np.zeros(n, bool)
@@ -514,28 +526,67 @@ def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     w = _weights(g)
     out = []
     for r in regions:
-        feeders = tuple(_feeders(g, b, blocked) for b in r.branches)
-        work = np.array([float(w[b].sum() + w[f].sum()) for b, f in zip(r.branches, feeders)])
-        out.append(Region(r.fork, r.join, r.branches, feeders, work))
+        feeders = [_closure(g, set(b.tolist()), blocked) for b in r.branches]
         for f in feeders:
             blocked[f] = True
+        branches = list(r.branches)
+        inside = set(r.interior.tolist()) | {int(x) for f in feeders for x in f}
+        side = _closure(g, inside | ({r.join} if r.join >= 0 else set()), blocked)
+        blocked[side] = True
+        extra = []
+        if side.size:
+            owner = {int(v): i for i, b in enumerate(branches) for v in b.tolist()}
+            owner.update({int(v): i for i, f in enumerate(feeders) for v in f.tolist()})
+            for comp in _components(g, side):
+                hit = sorted({owner[int(s)] for v in comp.tolist()
+                              for s in g.successors(v).tolist() if int(s) in owner})
+                if len(hit) == 1:
+                    feeders[hit[0]] = np.sort(np.concatenate((feeders[hit[0]], comp)))
+                else:
+                    extra.append(comp)
+        branches += extra
+        feeders += [np.zeros(0, np.int64) for _ in extra]
+        work = np.array([float(w[b].sum() + w[f].sum()) for b, f in zip(branches, feeders)])
+        out.append(Region(r.fork, r.join, tuple(branches), tuple(feeders), work, len(extra)))
     return tuple(out)
 
 
-def _feeders(g: Graph, branch: np.ndarray, blocked: np.ndarray) -> np.ndarray:
-    inside = set(branch.tolist())
+def _closure(g: Graph, targets: set[int], blocked: np.ndarray) -> np.ndarray:
+    """Nodes not blocked nor in ``targets`` whose successors all lie in ``targets`` or in the
+    result (grown upward from the targets' predecessors), sorted."""
     cand: set[int] = set()
-    stack = sorted({int(u) for v in branch.tolist() for u in g.predecessors(v).tolist()
-                    if not blocked[u] and int(u) not in inside})
-    while stack:  # grow upward: all successors inside the branch or already candidates
+    stack = sorted({int(u) for v in targets for u in g.predecessors(v).tolist()
+                    if not blocked[u] and int(u) not in targets})
+    while stack:
         u = stack.pop()
-        if u in cand or blocked[u]:
+        if u in cand or blocked[u] or u in targets:
             continue
-        if all(int(s) in inside or int(s) in cand for s in g.successors(u).tolist()):
+        if all(int(s) in targets or int(s) in cand for s in g.successors(u).tolist()):
             cand.add(u)
             stack.extend(int(p) for p in g.predecessors(u).tolist()
                          if int(p) not in cand and not blocked[p])
     return np.array(sorted(cand), np.int64)
+
+
+def _components(g: Graph, nodes: np.ndarray) -> list[np.ndarray]:
+    """Weakly connected components of the sub-graph induced by ``nodes``, by first node."""
+    label = {int(v): int(v) for v in nodes.tolist()}
+
+    def find(x: int) -> int:
+        while label[x] != x:
+            label[x] = label[label[x]]
+            x = label[x]
+        return x
+
+    for v in nodes.tolist():
+        for s in g.successors(v).tolist():
+            if int(s) in label:
+                a, b = find(int(v)), find(int(s))
+                label[max(a, b)] = min(a, b)
+    comps: dict[int, list[int]] = {}
+    for v in nodes.tolist():
+        comps.setdefault(find(int(v)), []).append(int(v))
+    return [np.array(c, np.int64) for _, c in sorted(comps.items())]
 
 
 def find_branches(g: Graph, *, max_visits: int | None = None) -> Branches:

@@ -12,7 +12,8 @@ plans the S-device part; the data-parallel part is a replica count outside the p
 Steps (names ours; the paper assigns branches by hand, per model, ``subgraph_topology``):
 
 1. **Branches** (:mod:`outcore.partition.branches`): fork-join regions found from the graph,
-   disjoint, with the constants and side inputs that feed only one branch attached to it.
+   disjoint, with the constants that feed only one branch attached to it, and the side
+   branches of multi-input cells.
 2. **Trunk**: the nodes outside every branch start on one device ("home", device 0), or on the
    memory- and time-balanced contiguous stages of the pipeline planner ("stages", for graphs that
    do not fit one device).

@@ -127,6 +127,24 @@ def test_constants_that_feed_one_branch_are_attached_to_it():
     assert r.work_s.tolist() == [3.0, 6.0]
 
 
+def test_ops_on_a_cells_other_input_become_a_side_branch():
+    # a two-input cell (AmoebaNet/NAS): cell outputs 0 -> 1; pre0 = 2 reads 0, pre1 = 3 reads 1;
+    # the fork 3 feeds ops 4 and 5; pre0 feeds op 7; 4, 5, 7 -> concat 6; 1 also feeds the next
+    # cell (8), so the region is the cell's
+    edges = [(0, 1), (0, 2), (1, 3), (3, 4), (3, 5), (4, 6), (5, 6), (2, 7), (7, 6), (6, 8),
+             (1, 8)]
+    r = only(find_branches(dag(9, edges)).regions)
+    assert (r.fork, r.join) == (3, 6)
+    assert as_sets(r) == [[4], [5], [2, 7]] and r.side == 1
+    assert r.work_s.tolist() == [3.0, 3.0, 6.0]
+    # if pre0 feeds op 4 only, it hangs off that branch alone: a feeder, not a side branch
+    edges = [(0, 1), (0, 2), (1, 3), (3, 4), (3, 5), (4, 6), (5, 6), (2, 4), (6, 7), (1, 7)]
+    r = only(find_branches(dag(8, edges)).regions)
+    assert (r.fork, r.join) == (3, 6)
+    assert as_sets(r) == [[4], [5]] and r.side == 0
+    assert [f.tolist() for f in r.feeders] == [[2], []]
+
+
 def test_two_branches_with_a_shared_node_are_merged():
     # both successors of 0 reach 3 before the join 4: one branch, no region
     g = dag(5, [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (1, 4)])
