@@ -74,7 +74,7 @@ def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy:
          parallel: str = "mp", replicas: int | None = None, dp: int = 1,
          bandwidth: str | float = "16GB/s", latency: str | float = "25us",
          microbatches: int = 1, schedule: str = "1f1b", optimizer: str = "adam",
-         device: str | None = None, seed: int = 0) -> Plan:
+         device: str | None = None, seed: int = 0, memory_policy: str = "auto") -> Plan:
     """Partition ``g`` over ``devices`` devices of ``memory`` each; predict with the simulator.
 
     The graph is one micro-batch: an iteration runs ``microbatches`` micro-batches of
@@ -88,6 +88,9 @@ def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy:
             the same devices) or ``master`` (as many replica pairs as memory allows).
         replicas: for ``master``, the number of replicas (default: the best that fits).
         dp: data-parallel copies of the whole model-parallel group (``devices`` must divide).
+        memory_policy: ``auto`` (when a placement does not fit, choose per piece the cheapest
+            of checkpointing and offloading that makes it fit, before asking for more
+            devices), ``none``, ``checkpoint`` or ``offload`` (only those).
 
     Raises :class:`InfeasibleError` (naming the smallest device count or memory that would fit)
     when nothing fits. ``predicted`` holds the simulated iteration time, throughput, per-device
@@ -113,7 +116,8 @@ def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy:
     mem = None if memory is None else float(parse_bytes(memory))
     cluster = make_cluster(K * dp, memory, bandwidth, latency, device)
     common = dict(strategy=strategy, cluster=cluster, microbatches=microbatches,
-                  schedule=schedule, optimizer=optimizer, seed=seed)
+                  schedule=schedule, optimizer=optimizer, seed=seed,
+                  memory_policy=memory_policy)
     best: Plan | None = None
     notes: list[str] = []
     first_error: InfeasibleError | None = None
@@ -149,18 +153,18 @@ def _fits(p: Plan) -> bool:
 
 
 def _cluster_doc(cluster: Cluster) -> dict[str, Any]:
+    d = cluster.device
     return {"bandwidth": cluster.intra.bandwidth, "latency_s": cluster.intra.latency_s,
-            "device": cluster.device.name, "peak_flops": cluster.device.peak_flops,
-            "mem_bandwidth": cluster.device.mem_bandwidth}
+            "device": d.name, "peak_flops": d.peak_flops, "mem_bandwidth": d.mem_bandwidth,
+            "host_bandwidth": d.host_bandwidth, "host_is_device": d.host_is_device}
 
 
 def _plan_single(g: Graph, K: int, budget: float | None, *, limit: float | None,
                  check_fit: bool, strategy: str, cluster: Cluster, microbatches: int,
-                 schedule: str, optimizer: str, seed: int) -> Plan:
+                 schedule: str, optimizer: str, seed: int, memory_policy: str = "auto") -> Plan:
     """The fastest single-replica plan on K devices, planned under ``budget`` per device;
     with ``check_fit`` only plans whose simulated peak fits ``limit`` count."""
-    from outcore.partition import STRATEGIES, partition
-    from outcore.sim.simulate import simulate as _simulate
+    from outcore.partition import STRATEGIES
 
     if strategy != "auto" and strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {strategy!r}: use auto or one of "
@@ -171,27 +175,20 @@ def _plan_single(g: Graph, K: int, budget: float | None, *, limit: float | None,
     first_error: InfeasibleError | None = None
     for k, name in enumerate(names):
         try:
-            result = partition(g, K, memory_bytes=budget, cluster=cluster, strategy=name,
-                               optimizer=optimizer, microbatches=microbatches, seed=seed)
+            p = _candidate(g, K, budget, name, limit=limit, check_fit=check_fit,
+                           cluster=cluster, microbatches=microbatches, schedule=schedule,
+                           optimizer=optimizer, seed=seed, memory_policy=memory_policy)
         except InfeasibleError as e:
             first_error = first_error or e
             notes.append(f"{name}: {e}")
             continue
-        p = make_plan(g, result.assignment, strategy=result.strategy, devices=K,
-                      memory_bytes=budget, schedule=schedule, microbatches=microbatches,
-                      optimizer=optimizer, cluster=_cluster_doc(cluster),
-                      extra={"notes": list(result.notes), "devices_used": result.devices_used})
-        sim = _simulate(p, g)
-        predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
-                     "planner_makespan_s": result.makespan_s,
-                     "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}
-        p = p.replace(predicted=predicted, memory_bytes=limit)
-        fits = _fits(p) or not check_fit
-        verdict = "fits" if _fits(p) else "does not fit"
-        notes.append(f"{name}: simulated {sim.iteration_s * 1e3:.2f} ms per iteration, "
-                     f"peak {max(sim.peak_bytes) / 2**20:.1f} MiB ({verdict})")
-        if fits:
-            tried.append((sim.iteration_s, k, p))
+        it = p.predicted["iteration_s"]
+        pol = p.extra.get("memory_policy")
+        notes.append(f"{name}: simulated {it * 1e3:.2f} ms per iteration, peak "
+                     f"{max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
+                     + (f", memory policies on {sum(x['nodes'] for x in pol['groups'])} nodes"
+                        if pol else ""))
+        tried.append((it, k, p))
     if not tried:
         if first_error is not None:
             raise first_error
@@ -202,6 +199,55 @@ def _plan_single(g: Graph, K: int, budget: float | None, *, limit: float | None,
         notes.append(f"auto: chose {best.strategy}")
         best = best.replace(extra={**best.extra, "notes": best.extra["notes"] + notes})
     return best
+
+
+def _candidate(g: Graph, K: int, budget: float | None, name: str, *, limit: float | None,
+               check_fit: bool, cluster: Cluster, microbatches: int, schedule: str,
+               optimizer: str, seed: int, memory_policy: str) -> Plan:
+    """One planner's plan, simulated; memory policies make it fit when it does not."""
+    from outcore.partition import partition
+
+    try:
+        result = partition(g, K, memory_bytes=budget, cluster=cluster, strategy=name,
+                           optimizer=optimizer, microbatches=microbatches, seed=seed)
+        return _simulated(g, result, K, limit, check_fit, cluster, microbatches, schedule,
+                          optimizer, memory_policy)
+    except InfeasibleError as e:
+        if memory_policy == "none" or not check_fit or budget is None:
+            raise
+        error = e
+    # nothing fits as it is: place under a relaxed limit (memory-balanced) and make that fit
+    # with memory policies; the tightest relaxation that works wins
+    for relax in (1.5, 2.0, 4.0, 8.0, None):
+        try:
+            result = partition(g, K, memory_bytes=None if relax is None else budget * relax,
+                               cluster=cluster, strategy=name, optimizer=optimizer,
+                               microbatches=microbatches, seed=seed)
+            return _simulated(g, result, K, limit, check_fit, cluster, microbatches, schedule,
+                              optimizer, memory_policy)
+        except InfeasibleError as e:
+            error = e
+    raise error
+
+
+def _simulated(g: Graph, result: Any, K: int, limit: float | None, check_fit: bool,
+               cluster: Cluster, microbatches: int, schedule: str, optimizer: str,
+               memory_policy: str) -> Plan:
+    """The plan of a partition result, with memory policies if needed, simulated."""
+    from outcore.partition.memory_policy import choose
+    from outcore.sim.simulate import simulate as _simulate
+
+    p = make_plan(g, result.assignment, strategy=result.strategy, devices=K, memory_bytes=limit,
+                  schedule=schedule, microbatches=microbatches, optimizer=optimizer,
+                  cluster=_cluster_doc(cluster),
+                  extra={"notes": list(result.notes), "devices_used": result.devices_used})
+    if check_fit and limit:
+        p = choose(g, p, mode=memory_policy, cluster=cluster)
+    sim = _simulate(p, g, cluster=cluster)
+    predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
+                 "planner_makespan_s": result.makespan_s,
+                 "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}
+    return p.replace(predicted=predicted)
 
 
 def _replicate(g: Graph, base: Plan, mode: str, replicas: int, dp: int,

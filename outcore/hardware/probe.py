@@ -181,6 +181,7 @@ def measure(device: str = "cpu", *, threads: int | None = None, name: str | None
         name=name or dev.type, memory_bytes=_memory_bytes(dev), peak_flops=flops,
         mem_bandwidth=bandwidth, peak_flops_tc=0.0, launch_s=launch, efficiency=1.0,
         host_bandwidth=bandwidth if dev.type == "cpu" else 12e9,
+        host_is_device=dev.type == "cpu",
         extra={"measured": True, "threads": n_threads, "device_model": label, "date": stamp,
                "op_s": op_s, "linear_layer_s": linear_s,
                "backward_call_s": backward_call, "source": source},

@@ -25,6 +25,8 @@ class DeviceSpec:
         mem_bandwidth: device memory bandwidth, bytes/s.
         launch_s: fixed cost per kernel (launch latency / framework overhead), seconds.
         efficiency: fraction of peak FLOP/s reached by large GEMM/convolutions.
+        host_bandwidth: device <-> host copy bandwidth (offloading), bytes/s.
+        host_is_device: the device *is* the host (CPU training): offloading moves nothing.
     """
 
     name: str
@@ -35,6 +37,7 @@ class DeviceSpec:
     launch_s: float = 5e-6
     efficiency: float = 0.6
     host_bandwidth: float = 12e9  # device <-> host (PCIe) bytes/s, for offload
+    host_is_device: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -28,6 +28,7 @@ class Piece:
     device: int
     hop: int
     nodes: tuple[int, ...]
+    group: int = -1  # memory-policy group (-1: none)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ class Pieces:
 
 
 def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
-    """``hop(v)``: the most device changes on any path from a source to ``v``."""
+    """``hop(v)``: the most changes of ``assignment`` value on any path from a source to
+    ``v`` (pass a device, or any finer key such as device and memory-policy group)."""
     order = topological_order(g) if order is None else order
     dev = assignment.tolist()
     ptr, pred = g.pred_ptr.tolist(), g.pred_idx.tolist()
@@ -94,13 +96,21 @@ def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None) -> n
     return np.asarray(h, dtype=np.int64)
 
 
-def cut(g: Graph, assignment: np.ndarray) -> Pieces:
-    """The pieces and transfers of graph ``g`` placed by ``assignment`` (node index -> device)."""
+def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None) -> Pieces:
+    """The pieces and transfers of graph ``g`` placed by ``assignment`` (node index -> device).
+
+    ``groups`` (optional, ``int64[n]``) splits pieces further: nodes of different groups never
+    share a piece (memory policies: a checkpointed segment is one piece).
+    """
     assignment = np.asarray(assignment, dtype=np.int64)
     order = topological_order(g)
-    hop = hops(g, assignment, order)
-    # components among edges whose endpoints share (device, hop)
-    same = (assignment[g.src] == assignment[g.dst]) & (hop[g.src] == hop[g.dst])
+    key = assignment
+    if groups is not None:
+        groups = np.asarray(groups, dtype=np.int64)
+        key = assignment * (int(groups.max()) + 2) + groups + 1
+    hop = hops(g, key, order)
+    # components among edges whose endpoints share (device, group, hop)
+    same = (key[g.src] == key[g.dst]) & (hop[g.src] == hop[g.dst])
     sub = g.replace(src=g.src[same], dst=g.dst[same], edge_bytes=g.edge_bytes[same])
     comp = weakly_connected_components(sub)
     pos = np.empty(g.num_nodes, dtype=np.int64)
@@ -116,7 +126,8 @@ def cut(g: Graph, assignment: np.ndarray) -> Pieces:
     members: list[list[int]] = [[] for _ in range(rank.size)]
     for v in order.tolist():
         members[piece_of[v]].append(v)
-    pieces = tuple(Piece(k, int(assignment[m[0]]), int(hop[m[0]]), tuple(m))
+    pieces = tuple(Piece(k, int(assignment[m[0]]), int(hop[m[0]]), tuple(m),
+                         int(groups[m[0]]) if groups is not None else -1)
                    for k, m in enumerate(members))
     ps, pd = piece_of[g.src], piece_of[g.dst]
     crossing = np.flatnonzero(ps != pd)

@@ -25,6 +25,8 @@ import numpy as np
 from outcore.errors import PlanError, UsageError
 from outcore.graph.ir import Graph, build
 from outcore.plan.plan import Plan
+from outcore.plan.policies import MemoryPolicies
+from outcore.plan.policies import from_plan as policies_from_plan
 
 MODES = {"mp": "MP-Basic: one replica split over the devices",
          "mast": "MAST: a second replica in reverse stage order on the same devices",
@@ -133,6 +135,14 @@ def fx_name(name: str) -> str:
 def copy_of(name: str) -> int:
     """The copy a node name belongs to (0 for uncopied graphs)."""
     return int(name.split(SEP, 1)[0][1:]) if SEP in name else 0
+
+
+def expand_policies(plan: Plan, g: Graph, copies: int) -> MemoryPolicies | None:
+    """The plan's memory-policy groups for ``g``, repeated for each copy."""
+    pol = policies_from_plan(plan.extra, g.ids)
+    if pol is None or copies == 1:
+        return pol
+    return MemoryPolicies(np.tile(pol.group_of, copies), pol.policies)
 
 
 def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:

@@ -19,7 +19,10 @@ import torch
 import torch.distributed as dist
 
 from outcore.errors import RuntimeFailure
+from torch.utils.checkpoint import checkpoint
+
 from outcore.runtime.comm import Messenger
+from outcore.runtime.offload import ActivationOffloader, ParamOffloader
 from outcore.runtime.modules import PieceModule
 from outcore.plan.replicas import copy_of, fx_name
 from outcore.runtime.values import ValueMeta, tensors_of
@@ -58,7 +61,9 @@ class RankExecutor:
                  loss_fn: Callable[[Any, Any], torch.Tensor], optimizer: Any,
                  bucket_groups: dict[int, tuple[Any, list[torch.nn.Parameter]]],
                  placeholders: list[str], device: torch.device, trace: bool = False,
-                 on_step: Callable[[], None] | None = None, copies: int = 1):
+                 on_step: Callable[[], None] | None = None, copies: int = 1,
+                 policies: dict[int, str] | None = None,
+                 piece_params: dict[int, list[torch.nn.Parameter]] | None = None):
         self.rank, self.s, self.modules = rank, schedule, modules
         self.names, self.metas, self.msg = names, metas, messenger
         self.loss_fn, self.optimizer = loss_fn, optimizer
@@ -68,6 +73,12 @@ class RankExecutor:
         self.trace = trace
         self.on_step = on_step
         self.copies = copies  # replicas x data-parallel copies of the graph in the schedule
+        self.policies = policies or {}
+        self.piece_params = piece_params or {}
+        offloaded = [q for p, pol in self.policies.items() if pol == "offload-params"
+                     for q in self.piece_params.get(p, [])]
+        self.act_off = ActivationOffloader(device)
+        self.param_off = ParamOffloader(device, list({id(q): q for q in offloaded}.values()))
         self.pending_ar: list[tuple[Any, torch.Tensor, list[torch.nn.Parameter], int]] = []
         P = schedule.pieces
         self.piece_of_name = {names[i]: int(p) for i, p in enumerate(P.piece_of.tolist())}
@@ -115,6 +126,8 @@ class RankExecutor:
         for a in acts[k:k + 4]:
             if a.op in ("RF", "RB"):
                 self.msg.prepost((a.transfer, a.op[1], a.mb))
+            elif a.op == "B" and self.policies.get(a.piece) == "offload-activations":
+                self.act_off.prefetch(a.piece, a.mb)
 
     def _event(self, a: Action, start: float, end: float) -> Event:
         kind = {"SF": "send", "SB": "send", "RF": "recv", "RB": "recv", "AR": "allreduce",
@@ -141,6 +154,7 @@ class RankExecutor:
             self.allreduce(a.bucket)
         elif op == "OPT":
             self.finish_allreduces()
+            self.param_off.before_step()
             if self.optimizer is not None:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -173,7 +187,17 @@ class RankExecutor:
                 if name in pm.clone_inputs:
                     v = self.metas[fx_name(name)].rebuild([t.clone() for t in tensors_of(v)])
             values.append(v)
-        outs = pm.module(*values)
+        policy = self.policies.get(p, "none")
+        if policy == "checkpoint":
+            outs = checkpoint(pm.module, *values, use_reentrant=False)
+        elif policy == "offload-activations":
+            with self.act_off.saving(p, mb):
+                outs = pm.module(*values)
+        elif policy == "offload-params":
+            with self.param_off.resident(self.piece_params.get(p, [])):
+                outs = pm.module(*values)
+        else:
+            outs = pm.module(*values)
         self.fwd_inputs[(p, mb)] = leaves
         produced = dict(zip(pm.outputs, outs))
         self.fwd_outputs[(p, mb)] = produced
@@ -207,7 +231,10 @@ class RankExecutor:
                     roots.append(t)
                     grads.append(g)
         if roots:
-            torch.autograd.backward(roots, grads)
+            with self.param_off.resident(self.piece_params.get(p, []) if
+                                         self.policies.get(p) == "offload-params" else []):
+                torch.autograd.backward(roots, grads)
+        self.act_off.release(p, mb)
         for name, leaf_value in self.fwd_inputs.pop((p, mb)).items():
             tensors = tensors_of(leaf_value)
             gs = [t.grad if t.requires_grad else None for t in tensors]

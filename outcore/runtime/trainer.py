@@ -20,7 +20,8 @@ from outcore.errors import PlanError
 from outcore.graph.coarsen import collapse, groups
 from outcore.graph.ir import Graph
 from outcore.plan.plan import Plan, fingerprint
-from outcore.plan.replicas import expand, fx_name
+from outcore.plan.policies import MemoryPolicies, from_plan as policies_from_plan
+from outcore.plan.replicas import expand, expand_policies, fx_name
 from outcore.runtime.comm import Messenger
 from outcore.runtime.data import default_loss, split
 from outcore.runtime.executor import RankExecutor, StepResult
@@ -50,6 +51,39 @@ def expand_assignment(fine: Graph, plan: Plan) -> np.ndarray:
         raise PlanError(f"the plan places {plan.assignment.shape[0]} nodes, the model has "
                         f"{coarse.num_nodes} at depth {depth}: re-plan this model")
     return plan.assignment[group]
+
+
+def _fine_policies(fine: Graph, plan: Plan, fine_plan: Plan) -> Plan:
+    """``fine_plan`` with the plan's memory-policy groups mapped onto layer-level nodes."""
+    if not plan.extra.get("memory_policy"):
+        return fine_plan
+    depth = plan.graph.get("depth")
+    coarse_ids = plan.node_ids
+    pol = policies_from_plan(plan.extra, coarse_ids)
+    if depth is None:
+        group_of = pol.group_of
+    else:
+        group, _ = groups(fine, int(depth))
+        group_of = pol.group_of[group]
+    fine_pol = MemoryPolicies(group_of, pol.policies)
+    return fine_plan.replace(extra={**fine_plan.extra, "memory_policy": fine_pol.to_dict(
+        fine.ids, fine_plan.assignment)})
+
+
+def _module_params(gm: torch.fx.GraphModule) -> list[nn.Parameter]:
+    """Parameters a piece module uses (through its call_module and get_attr nodes)."""
+    out: dict[int, nn.Parameter] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            for q in gm.get_submodule(str(n.target)).parameters():
+                out[id(q)] = q
+        elif n.op == "get_attr":
+            obj = gm
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part)
+            if isinstance(obj, nn.Parameter):
+                out[id(obj)] = obj
+    return list(out.values())
 
 
 @dataclass
@@ -106,7 +140,9 @@ class Trainer:
                             "from this model (same options) and plan again")
         fine_plan = plan.replace(assignment=expand_assignment(graph, plan),
                                  node_ids=graph.ids.copy())
+        fine_plan = _fine_policies(graph, plan, fine_plan)
         big, assignment, self.copies = expand(graph, fine_plan)
+        policies = expand_policies(fine_plan, graph, self.copies)
         self.assignment = assignment
         cluster = cluster_from_plan(plan)
         scale = 1.0
@@ -114,7 +150,7 @@ class Trainer:
             scale = micro_inputs[0].shape[0] / graph.batch_size
         self.schedule, self.costs, pieces = make_schedule(
             big, assignment, self.world, microbatches=microbatches, kind=schedule,
-            cluster=cluster, scale=scale, optimizer=plan.optimizer)
+            cluster=cluster, scale=scale, optimizer=plan.optimizer, policies=policies)
         metas = value_metas(gm, micro_inputs)
         big_names = [big.name_of(i) for i in range(big.num_nodes)]
         modules = build_piece_modules(gm, big_names, pieces, self.rank)
@@ -155,10 +191,17 @@ class Trainer:
                                    use_tags=dist.get_backend() != "nccl"
                                    if dist.is_initialized() else True,
                                    step_of=lambda: self.step_index)
+        piece_policies = {p.id: self.costs.policies[p.id] for p in pieces.pieces
+                          if p.device == self.rank and self.costs.policies
+                          and self.costs.policies[p.id] != "none"}
+        self.policies = piece_policies
+        piece_params = {pm.id: _module_params(pm.module) for pm in modules
+                        if pm.id in piece_policies}
         self.executor = RankExecutor(
             self.rank, self.schedule, {pm.id: pm for pm in modules}, big_names, metas,
             self.messenger, loss_fn or default_loss, self.optimizer, buckets, self.placeholders,
-            self.device, on_step=self._after_optimizer, copies=self.copies)
+            self.device, on_step=self._after_optimizer, copies=self.copies,
+            policies=piece_policies, piece_params=piece_params)
         self.pieces = pieces
 
     def _after_optimizer(self) -> None:

@@ -3,6 +3,23 @@
 Node costs in the graph are for ``g.batch_size`` samples; a micro-batch of ``mb_size`` samples
 scales times and activation bytes by ``mb_size / batch_size`` (a linear model: accurate for
 large layers, optimistic for tiny ones where fixed per-op costs dominate).
+
+Memory policies change a piece's costs (``outcore.plan.policies``):
+
+* ``checkpoint``: keeps only the piece's inputs between forward and backward; the backward
+  first recomputes the forward (backward time + forward time) and holds the recomputed
+  activations while it runs, plus the gradients flowing through the op being differentiated
+  (three of the piece's largest outputs, as measured with the CPU tracker).
+* ``offload-activations`` (device is not the host): nothing saved stays on the device; the
+  copies out and back (``saved / host_bandwidth`` each way) overlap the piece's own forward and
+  backward (a piece's time is the larger of compute and copy); the activations are back on the
+  device while its backward runs.
+* ``offload-params`` (device is not the host): the piece's parameters and optimizer state live
+  on the host; the parameters are on the device only while the piece computes; fetching them
+  (and returning gradients) overlaps compute the same way.
+
+When the device *is* the host (CPU training) offloading changes nothing: no memory is saved,
+no copy is paid.
 """
 
 from __future__ import annotations
@@ -23,11 +40,14 @@ class PieceCosts:
     Attributes:
         fwd_s, bwd_s: ``[pieces]`` forward and backward seconds of one micro-batch.
         saved_bytes: ``[pieces]`` activations kept from a piece's forward until its backward.
-        transient_bytes: ``[pieces]`` largest single node output (working buffer).
+        transient_bytes: ``[pieces]`` working memory while the forward runs (largest output).
+        transient_bwd_bytes: ``[pieces]`` working memory while the backward runs (recomputed or
+            prefetched activations, fetched parameters).
         transfer_bytes: ``[transfers]`` bytes of one micro-batch's tensors.
-        static_bytes: ``[ranks]`` parameters × optimizer state factor.
+        static_bytes: ``[ranks]`` parameters × optimizer state factor kept on the device.
         param_bytes: ``[ranks]`` parameter bytes (what the optimizer updates).
         piece_param_bytes: ``[pieces]`` parameter bytes of each piece (its gradient bucket).
+        policies: ``[pieces]`` memory policy of each piece.
     """
 
     fwd_s: np.ndarray
@@ -38,6 +58,13 @@ class PieceCosts:
     static_bytes: np.ndarray
     param_bytes: np.ndarray
     piece_param_bytes: np.ndarray
+    transient_bwd_bytes: np.ndarray | None = None
+    policies: tuple[str, ...] = ()
+
+    @property
+    def bwd_transient(self) -> np.ndarray:
+        return self.transient_bwd_bytes if self.transient_bwd_bytes is not None \
+            else self.transient_bytes
 
 
 def mb_scale(g: Graph, mb_size: float | None) -> float:
@@ -48,8 +75,12 @@ def mb_scale(g: Graph, mb_size: float | None) -> float:
 
 
 def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
-                optimizer: str = "adam") -> PieceCosts:
-    """Sum node costs over each piece, scaled to one micro-batch."""
+                optimizer: str = "adam", policies: tuple[str, ...] | None = None,
+                host_bandwidth: float = 12e9, host_is_device: bool = False) -> PieceCosts:
+    """Sum node costs over each piece, scaled to one micro-batch; apply memory policies.
+
+    ``policies`` gives each piece's policy (default: none for every piece).
+    """
     n_p = len(pieces.pieces)
     piece_of = pieces.piece_of
     fwd = np.bincount(piece_of, weights=g.fwd_s, minlength=n_p) * scale
@@ -58,9 +89,42 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     transient = np.zeros(n_p)
     np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) * scale)
     tbytes = np.array([t.bytes for t in pieces.transfers], dtype=np.float64) * scale
-    rank_of_node = np.array([pieces.pieces[p].device for p in piece_of.tolist()], dtype=np.int64) \
-        if g.num_nodes else np.zeros(0, dtype=np.int64)
-    params = np.bincount(rank_of_node, weights=g.param_bytes, minlength=num_ranks)
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
-    return PieceCosts(fwd, bwd, saved, transient, tbytes, params * state_factor(optimizer),
-                      params, piece_params)
+    factor = state_factor(optimizer)
+    pol = tuple(policies) if policies is not None else ("none",) * n_p
+    t_bwd = transient.copy()
+    static_piece = piece_params * factor
+    if any(p != "none" for p in pol):
+        inputs = np.zeros(n_p)
+        for t in pieces.transfers:
+            inputs[t.dst] += tbytes[t.id]
+        for v in range(g.num_nodes):
+            if g.op_of(v) == "input":
+                inputs[piece_of[v]] += g.out_bytes[v] * scale
+        for p, name in enumerate(pol):
+            if name == "checkpoint":
+                # recomputed activations, plus the gradient flowing in and out of the op
+                # being differentiated (measured: about three of the largest outputs)
+                t_bwd[p] = 3 * transient[p] + saved[p]
+                bwd[p] += fwd[p]
+                saved[p] = min(inputs[p], saved[p])
+            elif name == "offload-activations" and not host_is_device:
+                copy_s = saved[p] / host_bandwidth
+                fwd[p] = max(fwd[p], copy_s)
+                bwd[p] = max(bwd[p], copy_s)
+                t_bwd[p] = 3 * transient[p] + saved[p]
+                saved[p] = 0.0
+            elif name == "offload-params" and not host_is_device:
+                copy_s = piece_params[p] / host_bandwidth
+                fwd[p] = max(fwd[p], copy_s)
+                bwd[p] = max(bwd[p], 2 * copy_s)
+                transient[p] += piece_params[p]
+                t_bwd[p] += 2 * piece_params[p]  # parameters and their gradients
+                static_piece[p] = 0.0
+    rank_of_piece = np.array([p.device for p in pieces.pieces], dtype=np.int64)
+    static = np.bincount(rank_of_piece, weights=static_piece, minlength=num_ranks) \
+        if n_p else np.zeros(num_ranks)
+    params = np.bincount(rank_of_piece, weights=piece_params, minlength=num_ranks) \
+        if n_p else np.zeros(num_ranks)
+    return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
+                      pol)

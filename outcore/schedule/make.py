@@ -16,6 +16,7 @@ import numpy as np
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
 from outcore.plan.pieces import Pieces, cut
+from outcore.plan.policies import MemoryPolicies
 from outcore.schedule.build import build
 from outcore.schedule.check import check
 from outcore.schedule.costs import PieceCosts, piece_costs
@@ -87,11 +88,17 @@ def place_allreduces(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) 
 
 
 def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatches: int,
-                  kind: str, cluster: Cluster, scale: float = 1.0,
-                  optimizer: str = "adam") -> tuple[Schedule, PieceCosts, Pieces]:
-    """Cut ``g`` by ``assignment``, cost the pieces per micro-batch, build and check."""
-    pieces = cut(g, assignment)
-    costs = piece_costs(g, pieces, num_ranks, scale=scale, optimizer=optimizer)
+                  kind: str, cluster: Cluster, scale: float = 1.0, optimizer: str = "adam",
+                  policies: MemoryPolicies | None = None
+                  ) -> tuple[Schedule, PieceCosts, Pieces]:
+    """Cut ``g`` by ``assignment`` (and memory-policy groups), cost the pieces per
+    micro-batch, build and check."""
+    pieces = cut(g, assignment, policies.group_of if policies is not None else None)
+    piece_policies = tuple(policies.policy_of_group(p.group) for p in pieces.pieces) \
+        if policies is not None else None
+    costs = piece_costs(g, pieces, num_ranks, scale=scale, optimizer=optimizer,
+                        policies=piece_policies, host_bandwidth=cluster.device.host_bandwidth,
+                        host_is_device=cluster.device.host_is_device)
     groups, names, sizes = shared_param_buckets(g, assignment)
 
     def link_time(a: int, b: int, nbytes: float) -> float:

@@ -5,9 +5,11 @@ leaves when its send is reached, queues for the sender's and receiver's ports (o
 time per port and direction: per-link contention) and arrives ``latency + bytes / bandwidth``
 later; a receive blocks the rank until its message has arrived. ``AR`` is a collective: it starts
 when every member has reached it. Data-parallel replicas (``dp > 1``) are not simulated one by
-one: each piece's gradients are all-reduced with a ring cost model on a separate stream as soon
-as its last backward ends (overlapped, as DDP's buckets are), and the optimizer step waits for
-them.
+one: each piece's gradients are all-reduced on a separate stream as soon as its last backward
+ends (overlapped, as DDP's buckets are), and the optimizer step waits for them. On a cluster
+that holds every copy, the cost follows where the peers sit (``outcore.sim.collectives``:
+two-level by default) and the inter-node phases of a node's ranks take turns on its network
+port (pipeline sends are not slowed by them); otherwise it is a flat ring over one link.
 
 Memory per rank: parameters and optimizer state throughout; a piece's saved activations from its
 forward until its backward of the same micro-batch; received activations and gradients from
@@ -25,6 +27,7 @@ from outcore.errors import ScheduleError
 from outcore.hardware.spec import Cluster, LinkSpec
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import Action, Schedule
+from outcore.sim.collectives import dp_allreduce as dp_phases, ring_allreduce_s  # noqa: F401
 from outcore.sim.timeline import Event, Timeline
 
 
@@ -39,19 +42,16 @@ class SimOptions:
         optimizer_bytes_per_param_byte: memory traffic of the optimizer step per parameter byte
             (Adam reads weight, gradient, two moments and writes three: about 7).
         bucket_bytes: all-reduce bucket bytes for ``AR`` actions, per bucket.
+        dp_collective: data-parallel all-reduce model on a cluster holding every copy
+            (``outcore.sim.collectives.COLLECTIVES``: ``auto``, ``hierarchical``,
+            ``hierarchical-rhd``, ``ring``).
     """
 
     dp: int = 1
     dp_link: LinkSpec | None = None
     optimizer_bytes_per_param_byte: float = 7.0
     bucket_bytes: tuple[float, ...] = ()
-
-
-def ring_allreduce_s(nbytes: float, n: int, link: LinkSpec) -> float:
-    """Ring all-reduce time: ``2 (n-1)`` steps of ``nbytes / n`` each (Patarasuk & Yuan, 2009)."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (n - 1) * (link.latency_s + nbytes / n / link.bandwidth)
+    dp_collective: str = "auto"
 
 
 def simulate_schedule(s: Schedule, costs: PieceCosts, cluster: Cluster,
@@ -79,6 +79,7 @@ class _Engine:
         self.ar_waiters: dict[int, list[int]] = {}
         self.held: dict[tuple[int, int], float] = {}  # (piece, mb) -> received bytes to free
         self.dp_free = [0.0] * R
+        self.dp_port: dict[int, float] = {}  # node -> when its data-parallel traffic ends
         self.last_b = {}
         for r, acts in enumerate(s.actions):
             for a in acts:
@@ -152,8 +153,9 @@ class _Engine:
             dur = float(c.fwd_s[a.piece] if a.op == "F" else c.bwd_s[a.piece])
             end = t + dur
             self.events.append(Event(r, a.op, str(a), t, end, "compute", a.mb, a.piece))
-            self.add_mem(r, t, c.transient_bytes[a.piece])
-            self.add_mem(r, end, -c.transient_bytes[a.piece])
+            work = c.transient_bytes[a.piece] if a.op == "F" else c.bwd_transient[a.piece]
+            self.add_mem(r, t, work)
+            self.add_mem(r, end, -work)
             if a.op == "F":
                 self.add_mem(r, end, c.saved_bytes[a.piece])
             else:
@@ -234,12 +236,16 @@ class _Engine:
         return t
 
     def dp_allreduce(self, r: int, piece: int, t: float) -> None:
-        """Overlapped data-parallel all-reduce of one piece's gradients (ring over ``dp``)."""
+        """Overlapped data-parallel all-reduce of one piece's gradients over ``dp`` copies."""
         share = float(self.c.piece_param_bytes[piece])
-        link = self.opt.dp_link or (self.cluster.inter if self.cluster.nodes > 1
-                                    else self.cluster.intra)
+        ph = dp_phases(self.cluster, self.s.num_ranks, self.opt.dp, r, share,
+                       self.opt.dp_collective, self.opt.dp_link)
         start = max(t, self.dp_free[r])
-        end = start + ring_allreduce_s(share, self.opt.dp, link)
+        end = start + ph.intra_s
+        if ph.node is not None:  # the node's all-reduces take turns on its network port
+            end = max(end, self.dp_port.get(ph.node, 0.0))
+            self.dp_port[ph.node] = end + ph.inter_s
+        end += ph.inter_s + ph.after_s
         self.dp_free[r] = end
         if end > start:
             self.events.append(Event(r, "allreduce", f"DP{piece}", start, end, "comm",

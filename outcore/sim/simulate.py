@@ -11,7 +11,7 @@ from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster, DeviceSpec, flat_cluster
 from outcore.plan.plan import Plan
-from outcore.plan.replicas import expand
+from outcore.plan.replicas import expand, expand_policies
 from outcore.schedule.costs import PieceCosts, mb_scale
 from outcore.schedule.ir import Schedule
 from outcore.schedule.make import make_schedule
@@ -71,12 +71,15 @@ def cluster_from_plan(plan: Plan) -> Cluster:
                         latency_s=float(c.get("latency_s", 25e-6)),
                         device=DeviceSpec(str(c.get("device", "generic")), mem,
                                           float(c.get("peak_flops", 1e13)),
-                                          float(c.get("mem_bandwidth", 1e12))))
+                                          float(c.get("mem_bandwidth", 1e12)),
+                                          host_bandwidth=float(c.get("host_bandwidth", 12e9)),
+                                          host_is_device=bool(c.get("host_is_device", False))))
 
 
 def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
              microbatches: int | None = None, schedule: str | None = None,
-             global_batch: int | None = None, dp: int = 1) -> SimResult:
+             global_batch: int | None = None, dp: int = 1,
+             collective: str = "auto") -> SimResult:
     """Predict one training iteration of ``plan`` on ``cluster``.
 
     Args:
@@ -90,7 +93,12 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
             copy of the model (replicas x data-parallel copies of a replicated plan). Given,
             each micro-batch is ``global_batch / (microbatches * copies)`` samples (costs
             scaled linearly from the graph's batch).
-        dp: data-parallel replicas of the whole plan.
+        dp: data-parallel replicas of the whole plan. Give a ``cluster`` of at least
+            ``plan.devices * dp`` devices to place them (copy ``d`` on devices
+            ``[d * plan.devices, (d+1) * plan.devices)``): their all-reduce then follows the
+            cluster's nodes and links; otherwise it is a flat ring over one link.
+        collective: the data-parallel all-reduce model on such a cluster
+            (``outcore.sim.collectives.COLLECTIVES``).
     """
     plan.check(g)
     M = int(microbatches or plan.microbatches or 1)
@@ -101,11 +109,14 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
     kind = schedule or plan.schedule or "1f1b"
     cl = cluster or cluster_from_plan(plan)
     big, assignment, copies = expand(g, plan)
+    policies = expand_policies(plan, g, copies)
     batch = global_batch or (g.batch_size * M * copies if g.batch_size else None)
     scale = mb_scale(g, batch / (M * copies) if batch else None)
     sched, costs, _ = make_schedule(big, assignment, plan.devices, microbatches=M, kind=kind,
-                                    cluster=cl, scale=scale, optimizer=plan.optimizer)
-    opts = SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())))
+                                    cluster=cl, scale=scale, optimizer=plan.optimizer,
+                                    policies=policies)
+    opts = SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())),
+                      dp_collective=collective)
     tl = simulate_schedule(sched, costs, cl, opts)
     return summarize(tl, sched, costs, batch, dp, plan.memory_bytes)
 

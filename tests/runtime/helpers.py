@@ -31,13 +31,15 @@ def graph_for(cfg: TrainConfig, copies: int = 1):
 
 
 def docs_for(cfg: TrainConfig, assign, devices: int, *, parallel: str | None = None,
-             replicas: int = 1, dp: int = 1):
+             replicas: int = 1, dp: int = 1, policies=None):
     """Graph and plan documents for ``assign(g) -> int64[n]`` on ``devices`` devices
     (optionally replicated: GEMS ``mast``/``master`` replicas and ``dp`` data-parallel
     copies; ``devices`` is then the model-parallel group size)."""
     g = graph_for(cfg, copies=replicas * dp)
     a = np.asarray(assign(g), dtype=np.int64)
     extra = {}
+    if policies is not None:
+        extra["memory_policy"] = policies(g, a).to_dict(g.ids, a)
     total = devices
     if parallel is not None:
         rep = make_replication(parallel, a, devices, replicas, dp)

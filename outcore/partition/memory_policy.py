@@ -1,0 +1,159 @@
+"""Choose per-piece memory policies that make a plan fit (no torch).
+
+When a placement does not fit its memory limit, the planner first tries to make it fit with
+policies before asking for more devices. It splits every piece of an overflowing device into
+about sqrt(nodes) segments of consecutive nodes with equal saved bytes (Chen et al. 2016,
+section 4.1: sqrt(n) segments bound checkpointed memory), prices every (segment, policy) option by the time it adds
+per byte it frees, and applies the cheapest options on the worst device until the simulator —
+which executes the same schedule as the runtime — says every device fits. Options:
+
+* ``checkpoint``: frees the segment's saved activations minus the inputs it keeps; costs one
+  extra forward of the segment (recompute);
+* ``offload-activations``: frees the segment's saved activations; costs the part of the copies
+  to and from the host that its compute does not hide;
+* ``offload-params``: frees the segment's parameters and optimizer state (minus the
+  parameters fetched while it computes); costs the part of the fetches its compute does not
+  hide.
+
+On a host-is-device machine (CPU training) offloading frees nothing and is never chosen; only
+checkpointing makes such a run fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from outcore.cost.memory import state_factor
+from outcore.errors import InfeasibleError, UsageError
+from outcore.graph.ir import Graph
+from outcore.hardware.spec import Cluster
+from outcore.plan.pieces import cut
+from outcore.plan.plan import Plan
+from outcore.plan.policies import CHOICES, MemoryPolicies, segments
+from outcore.units import format_bytes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Option:
+    device: int
+    nodes: np.ndarray
+    policy: str
+    freed_bytes: float  # per micro-batch in flight (activations) or once (parameters)
+    cost_s: float
+    key: int  # tie-break: first node index
+
+
+def options(g: Graph, assignment: np.ndarray, devices: list[int], mode: str,
+            cluster: Cluster, optimizer: str) -> list[_Option]:
+    """Every (segment, policy) option on ``devices``, priced."""
+    dev = cluster.device
+    host = dev.host_is_device
+    bw = dev.host_bandwidth
+    factor = state_factor(optimizer)
+    P = cut(g, assignment)
+    seg_of = np.full(g.num_nodes, -1, dtype=np.int64)
+    segs: list[np.ndarray] = []
+    for p in P.pieces:
+        if p.device not in devices:
+            continue
+        nodes = np.asarray(p.nodes)
+        k = max(1, int(round(math.sqrt(nodes.size))))
+        for part in segments(nodes, k, g.saved_bytes[nodes]):
+            seg_of[part] = len(segs)
+            segs.append(part)
+    # bytes entering each segment from outside it (one tensor per producer)
+    inputs = np.zeros(len(segs))
+    seen: set[tuple[int, int]] = set()
+    for s_, d_, b in zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist()):
+        k = seg_of[d_]
+        if k >= 0 and seg_of[s_] != k and (s_, k) not in seen:
+            seen.add((s_, k))
+            inputs[k] += b
+    out: list[_Option] = []
+    for k, nodes in enumerate(segs):
+        d = int(assignment[nodes[0]])
+        saved = float(g.saved_bytes[nodes].sum())
+        fwd = float(g.fwd_s[nodes].sum())
+        bwd = float(g.bwd_s[nodes].sum())
+        params = float(g.param_bytes[nodes].sum())
+        inp = inputs[k] + float(sum(g.out_bytes[v] for v in nodes if g.op_of(v) == "input"))
+        key = int(nodes[0])
+        if mode in ("auto", "checkpoint") and saved - inp > 0:
+            out.append(_Option(d, nodes, "checkpoint", saved - inp, fwd, key))
+        if mode in ("auto", "offload") and not host:
+            if saved > 0:
+                cost = max(0.0, saved / bw - fwd) + max(0.0, saved / bw - bwd)
+                out.append(_Option(d, nodes, "offload-activations", saved, cost, key))
+            if params > 0:
+                cost = max(0.0, params / bw - fwd) + max(0.0, 2 * params / bw - bwd)
+                out.append(_Option(d, nodes, "offload-params", params * (factor - 2), cost,
+                                   key))
+    return out
+
+
+def choose(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Cluster,
+           max_rounds: int = 60) -> Plan:
+    """``plan`` with per-segment memory policies so that it fits ``plan.memory_bytes``.
+
+    Returns ``plan`` unchanged when it fits already. Raises :class:`InfeasibleError` when no
+    combination of the allowed policies makes it fit, and :class:`UsageError` for an unknown
+    ``mode`` (see ``outcore.plan.policies.CHOICES``).
+    """
+    from outcore.sim.simulate import simulate
+
+    if mode not in CHOICES:
+        raise UsageError(f"unknown memory policy {mode!r}: use {', '.join(CHOICES)}")
+    limit = plan.memory_bytes
+    sim = simulate(plan, g, cluster=cluster)
+    if not limit or sim.fits:
+        return plan
+    if mode == "none":
+        raise _too_big(sim.peak_bytes, limit, "no memory policy was allowed (--memory-policy "
+                                              "none): allow auto, or add devices")
+    group_of = np.full(g.num_nodes, -1, dtype=np.int64)
+    policies: list[str] = []
+    used = np.zeros(g.num_nodes, dtype=bool)
+    current = plan
+    for _ in range(max_rounds):
+        over = [int(d) for d in np.argsort(-sim.peak_bytes) if sim.peak_bytes[d] > limit]
+        if not over:
+            return current
+        d = over[0]
+        cands = [o for o in options(g, plan.assignment, [d], mode, cluster, plan.optimizer)
+                 if not used[o.nodes].any() and o.freed_bytes > 0]
+        if not cands:
+            raise _too_big(sim.peak_bytes, limit, f"even with every allowed memory policy "
+                                                  f"({mode}) device {d} does not fit: add "
+                                                  "devices or raise --memory")
+        cands.sort(key=lambda o: (o.cost_s / o.freed_bytes, o.key))
+        need = sim.peak_bytes[d] - limit
+        inflight = max(1, plan.microbatches)
+        freed = 0.0
+        for o in cands:
+            if used[o.nodes].any():
+                continue
+            group_of[o.nodes] = len(policies)
+            policies.append(o.policy)
+            used[o.nodes] = True
+            freed += o.freed_bytes * (1 if o.policy == "offload-params" else inflight)
+            if freed >= need:
+                break
+        pol = MemoryPolicies(group_of.copy(), tuple(policies))
+        current = plan.replace(extra={**plan.extra, "memory_policy": pol.to_dict(
+            g.ids, plan.assignment)})
+        sim = simulate(current, g, cluster=cluster)
+    if sim.fits:
+        return current
+    raise _too_big(sim.peak_bytes, limit, "memory policies did not converge: add devices")
+
+
+def _too_big(peaks: np.ndarray, limit: float, fix: str) -> InfeasibleError:
+    d = int(np.argmax(peaks))
+    return InfeasibleError(f"device {d} needs {format_bytes(peaks[d])}, limit "
+                           f"{format_bytes(limit)}; {fix}")
