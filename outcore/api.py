@@ -225,9 +225,11 @@ def _candidate(g: Graph, K: int, budget: float | None, name: str, *, limit: floa
                                microbatches=microbatches, seed=seed)
             return _simulated(g, result, K, limit, check_fit, cluster, microbatches, schedule,
                               optimizer, memory_policy)
-        except InfeasibleError as e:
-            error = e
-    raise error
+        except InfeasibleError:
+            continue
+    raise InfeasibleError(f"{error}; memory policies ({memory_policy}) cannot close the gap "
+                          "either", min_devices=error.min_devices,
+                          min_memory_bytes=error.min_memory_bytes)
 
 
 def _simulated(g: Graph, result: Any, K: int, limit: float | None, check_fit: bool,

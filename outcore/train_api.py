@@ -89,7 +89,7 @@ def replication_request(parallel: str, replicas: int | None, dp: int,
 
 def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strategy: str,
             plan_path: str | None, costs: str, parallel: str = "mp",
-            replicas: int | None = None, dp: int = 1,
+            replicas: int | None = None, dp: int = 1, memory_policy: str = "auto",
             progress: Callable[[str, int, int], None] | None = None) -> tuple[Graph, Plan]:
     """Capture the model at the micro-batch size, cost it, and plan it (or load the plan)."""
     import torch
@@ -130,30 +130,33 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
             raise PlanError(f"{plan_path} is a plan for {p.devices} devices, but --devices is "
                             f"{devices}: pass --devices {p.devices}, or re-plan")
         return g, p
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from outcore.api import _cluster_doc, make_cluster
+    cluster = make_cluster(devices, memory, device=None if device == "cuda" else "cpu")
     if devices == 1 and copies == 1:
+        from outcore.partition.memory_policy import choose
+        from outcore.sim.simulate import simulate
         p = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single", devices=1,
                       memory_bytes=float(parse_bytes(memory)) if memory is not None else None,
                       microbatches=cfg.microbatches, schedule=cfg.schedule,
-                      optimizer=cfg.optimizer)
-        from outcore.sim.simulate import simulate
-        p = p.replace(predicted=simulate(p, g).to_dict())
-        from outcore.api import check_fits
+                      optimizer=cfg.optimizer, cluster=_cluster_doc(cluster))
         try:
-            check_fits(p)
+            p = choose(g, p, mode=memory_policy, cluster=cluster)
         except InfeasibleError as e:
             raise InfeasibleError(f"{e}; or train on several devices (--devices)") from None
-        return g, p
+        return g, p.replace(predicted=simulate(p, g, cluster=cluster).to_dict())
     if progress:
         progress("planning", 0, 1)
     p = make_a_plan(g, devices, memory, strategy=strategy, parallel=parallel, replicas=R,
                     dp=dp, microbatches=cfg.microbatches, schedule=cfg.schedule,
-                    optimizer=cfg.optimizer, seed=cfg.seed)
+                    optimizer=cfg.optimizer, seed=cfg.seed, memory_policy=memory_policy,
+                    device=None if device == "cuda" else "cpu")
     return g, p
 
 
 def train(model: str, devices: int = 1, *, memory: str | float | None = None,
           strategy: str = "auto", plan: str | None = None, parallel: str = "mp",
-          replicas: int | None = None, dp: int = 1,
+          replicas: int | None = None, dp: int = 1, memory_policy: str = "auto",
           input_shape: str | tuple[int, ...] | None = None, batch_size: int = 8,
           microbatches: int | None = None, steps: int = 10, schedule: str = "1f1b",
           optimizer: str = "adam", lr: float = 1e-3, lr_schedule: str = "none", seed: int = 0,
@@ -205,9 +208,11 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
     job = detect()
     if job.launcher != "none":
         return _train_in_job(cfg, devices, memory, strategy, plan, costs, root,
-                             dict(parallel=parallel, replicas=replicas, dp=dp))
+                             dict(parallel=parallel, replicas=replicas, dp=dp,
+                                  memory_policy=memory_policy))
     g, p = prepare(cfg, devices, memory=memory, strategy=strategy, plan_path=plan, costs=costs,
-                   parallel=parallel, replicas=replicas, dp=dp, progress=progress)
+                   parallel=parallel, replicas=replicas, dp=dp, memory_policy=memory_policy,
+                   progress=progress)
     save_graph(g, root / "graph.json")
     save_plan(p, root / "plan.json")
     (root / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))

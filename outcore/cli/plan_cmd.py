@@ -49,6 +49,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "--devices; default 1)")
     p.add_argument("--microbatches", type=positive_int, default=1,
                    help="micro-batches per iteration and copy (default 1)")
+    p.add_argument("--memory-policy", choices=["auto", "none", "checkpoint", "offload"],
+                   default="auto",
+                   help="when a placement does not fit: auto chooses per piece the cheapest of "
+                        "activation checkpointing and CPU offloading that makes it fit, before "
+                        "asking for more devices; none, checkpoint or offload restrict it")
+    p.add_argument("--device", metavar="PRESET",
+                   help="device preset the plan is for (memory model, host link; e.g. a100, "
+                        "cpu); default: a generic accelerator")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
     p.add_argument("--optimizer", default="adam",
                    help="optimizer the memory model assumes: adam (4x params), sgd (2x), "
@@ -102,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
                      parallel=args.parallel, replicas=args.replicas, dp=args.dp,
                      bandwidth=args.bandwidth, latency=args.latency,
                      microbatches=args.microbatches, schedule=args.schedule,
-                     optimizer=args.optimizer)
+                     optimizer=args.optimizer, memory_policy=args.memory_policy,
+                     device=args.device)
     save_plan(p, out)
     note(f"wrote {out}")
     if captured:
@@ -152,5 +161,21 @@ def print_plan(g, p) -> None:
                   + ("es" if p.microbatches > 1 else "")
                   + (f" x {copies} copies" if copies > 1 else "")
                   + f"   {pred.get('samples_per_s', 0):.1f} samples/s")
+    for line in policy_lines(p):
+        console.print(line)
     for line in p.extra.get("notes", []):
         console.print(f"  note: {line}")
+
+
+def policy_lines(p) -> list[str]:
+    """One line per device that uses memory policies (what the plan chose)."""
+    pol = p.extra.get("memory_policy")
+    if not pol:
+        return []
+    per: dict[int, dict[str, int]] = {}
+    for grp in pol["groups"]:
+        d = per.setdefault(grp["device"], {})
+        d[grp["policy"]] = d.get(grp["policy"], 0) + grp["nodes"]
+    return [f"memory policies on device {d}: " + ", ".join(f"{k} on {v} nodes"
+                                                         for k, v in sorted(kinds.items()))
+            for d, kinds in sorted(per.items())]

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from outcore.cli.common import check_output_suffix, console, note, positive_int, table
 from outcore.units import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    from outcore.hardware.spec import Cluster
+    from outcore.plan import Plan
 
 DESCRIPTION = """Simulate one training iteration of a plan event by event: each device runs
 its actions (forward/backward of a piece for a micro-batch, sends, receives, all-reduces) on one
@@ -30,6 +35,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="data-parallel replicas of the whole plan (collective cost model)")
     p.add_argument("--batch-size", type=positive_int,
                    help="samples per iteration (default: the graph's batch)")
+    c = p.add_argument_group("cluster (default: the flat network the plan was made for)")
+    c.add_argument("--nodes", type=positive_int, help="machines; with --gpus-per-node, the "
+                   "plan's devices and its --dp copies are laid out node by node")
+    c.add_argument("--gpus-per-node", type=positive_int, help="devices per machine")
+    c.add_argument("--device", help="device preset (v100, a100, h100, ...; default: v100)")
+    c.add_argument("--intra", default="nvlink2", help="intra-node link preset (nvlink2, "
+                   "nvlink, pcie3, ...; default nvlink2)")
+    c.add_argument("--inter", default="ib-edr", help="inter-node link preset (ib-edr, ib-hdr, "
+                   "100gbe, ...; default ib-edr)")
+    c.add_argument("--collective", default="auto",
+                   choices=["auto", "hierarchical", "hierarchical-rhd", "ring"],
+                   help="data-parallel all-reduce model (see docs/gems.md; default auto)")
+    c.add_argument("--dp-bucket", metavar="SIZE", default="0",
+                   help="gradient bucket (e.g. 25MiB as DDP): all-reduce overlaps each "
+                   "piece's last backward; 0 (default): starts after it")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--gantt", metavar="FILE.png", help="draw the timeline and memory")
@@ -40,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     import outcore
     from outcore.graph import load
     from outcore.plan import align, load as load_plan
+    from outcore.units import parse_bytes
 
     g = load(args.graph)
     p = load_plan(args.plan)
@@ -48,8 +69,17 @@ def run(args: argparse.Namespace) -> int:
         raise PlanError(f"{args.plan} places {p.node_ids.size} nodes but {args.graph} has "
                         f"{g.num_nodes}: pass the graph the plan was made for")
     p = align(p, g)
-    r = outcore.simulate(p, g, microbatches=args.microbatches, schedule=args.schedule,
-                         dp=args.dp, global_batch=args.batch_size)
+    if args.nodes or args.gpus_per_node:
+        from outcore.sim.simulate import simulate
+        cl = _cluster(args, p)
+        r = simulate(p, g, cluster=cl, microbatches=args.microbatches, schedule=args.schedule,
+                     dp=args.dp, global_batch=args.batch_size, collective=args.collective,
+                     dp_bucket_bytes=float(parse_bytes(args.dp_bucket)))
+        note(f"cluster: {cl.nodes} nodes x {cl.devices_per_node} {cl.device.name}, "
+             f"{args.intra} inside, {args.inter} between; dp all-reduce: {args.collective}")
+    else:
+        r = outcore.simulate(p, g, microbatches=args.microbatches, schedule=args.schedule,
+                             dp=args.dp, global_batch=args.batch_size)
     if args.trace:
         from outcore.sim import save_chrome_trace
         save_chrome_trace(check_output_suffix(args.trace, (".json",)), [r.timeline])
@@ -74,3 +104,19 @@ def run(args: argparse.Namespace) -> int:
                   f"{r.samples_per_s:.1f} samples/s   "
                   f"fits memory: {'yes' if r.fits else 'NO'}")
     return 0
+
+
+def _cluster(args: argparse.Namespace, plan: "Plan") -> "Cluster":
+    """The cluster of --nodes x --gpus-per-node --device, with the plan's memory limit."""
+    from outcore.errors import UsageError
+    from outcore.hardware.presets import device_preset, link_preset
+    from outcore.hardware.spec import Cluster
+
+    gpn = args.gpus_per_node or -(-plan.devices * args.dp // (args.nodes or 1))
+    nodes = args.nodes or -(-plan.devices * args.dp // gpn)
+    cl = Cluster(device_preset(args.device or "v100"), nodes, gpn, link_preset(args.intra),
+                 link_preset(args.inter))
+    if cl.size < plan.devices * args.dp:
+        raise UsageError(f"{nodes} nodes x {gpn} devices hold {cl.size} devices; the plan "
+                         f"x --dp {args.dp} needs {plan.devices * args.dp}: add --nodes")
+    return cl.with_memory(plan.memory_bytes) if plan.memory_bytes else cl

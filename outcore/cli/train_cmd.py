@@ -39,6 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="master: replicas (default 4, or 2 with fewer than 4 devices)")
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel copies of the model-parallel group (divides --devices)")
+    p.add_argument("--memory-policy", choices=["auto", "none", "checkpoint", "offload"],
+                   default="auto", help="how to fit --memory when the placement alone does not "
+                   "(see outcore plan --help); on a CPU only checkpointing saves memory")
     p.add_argument("--input-shape", metavar="SHAPE", help="example input shape, e.g. 8x3x32x32")
     p.add_argument("--batch-size", type=positive_int, help="global batch per step (default 8; "
                    f"{DEFAULT_BATCH} for the default job)")
@@ -103,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         report = outcore.train(
             model, devices, memory=memory, strategy=args.strategy, plan=args.plan,
             parallel=args.parallel, replicas=args.replicas, dp=args.dp,
+            memory_policy=args.memory_policy,
             input_shape=args.input_shape, batch_size=batch, microbatches=args.microbatches,
             steps=steps, schedule=args.schedule, optimizer=args.optimizer, lr=args.lr,
             lr_schedule=args.lr_schedule, seed=args.seed, data=args.data, costs=args.costs,
@@ -157,6 +161,9 @@ def print_report(report) -> None:
                         f"{report.config.schedule}, {report.config.microbatches} micro-batches",
                         ["rank", "busy (measured)", "busy (predicted)", "peak memory (measured)",
                          "peak (predicted)", "limit"], rows))
+    from outcore.cli.plan_cmd import policy_lines
+    for line in policy_lines(report.plan):
+        console.print(line)
     it = pred.get("iteration_s")
     console.print(f"step time {format_seconds(report.median_step_s)} measured (median), "
                   f"{format_seconds(it) if it else '-'} predicted;  "

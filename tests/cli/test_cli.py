@@ -1,0 +1,119 @@
+"""The outcore command: every subcommand explains itself, bad input is one line and exit 2,
+and the artifacts of one command feed the next."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+OUTCORE = [sys.executable, "-m", "outcore.cli.main"]
+
+
+def run(*args, cwd=None, timeout=300):
+    return subprocess.run(OUTCORE + [str(a) for a in args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout)
+
+
+@pytest.mark.parametrize("command", ["graph", "profile", "plan", "simulate", "train"])
+def test_every_command_has_help(command):
+    r = run(command, "--help")
+    assert r.returncode == 0
+    assert "usage: outcore " + command in r.stdout and len(r.stdout) > 400
+
+
+@pytest.mark.parametrize("args,message", [
+    (["graph", "torchvision:resnet5"], "did you mean torchvision:resnet50"),
+    (["graph", "outcore:nosuch"], "the zoo has"),
+    (["graph", "nothing:here"], "name it torchvision:<builder>"),
+    (["graph", "missing.py:make"], "does not exist"),
+    (["graph", "torchvision:resnet18", "--input-shape", "2x3"], "check --input-shape"),
+    (["graph", "torchvision:resnet18", "--input-shape", "2xq"], "8x3x224x224"),
+    (["graph", "outcore:mlp", "-o", "g.txt"], "must end in .json, .svg, .png"),
+    (["plan", "missing.json", "--devices", "2"], "does not exist"),
+    (["plan", "outcore:mlp", "--devices", "2", "--memory", "lots"], "16GiB"),
+    (["plan", "outcore:mlp", "--devices", "2", "--memory", "1KiB"], "no number of devices fits"),
+    (["plan", "outcore:mlp", "--devices", "3", "--dp", "2"], "must divide"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    r = run(*args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert message in lines[0], lines[0]
+
+
+def test_file_function_model_and_debug_traceback(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import torch\n"
+        "def make():\n    return torch.nn.Linear(4, 2), torch.randn(3, 4)\n"
+        "def broken():\n    raise RuntimeError('boom')\n")
+    r = run("graph", "m.py:make", "-o", "g.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "g.json").read_text())["format"] == "outcore-graph/1"
+    r = run("graph", "m.py:nothing", cwd=tmp_path)
+    assert r.returncode == 2 and "it defines: make, broken" in r.stderr
+    r = run("graph", "m.py:broken", cwd=tmp_path)
+    assert r.returncode == 2 and "boom" in r.stderr and "Traceback" not in r.stderr
+    r = run("--debug", "graph", "m.py:broken", cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_graph_plan_simulate_pipeline(tmp_path):
+    r = run("graph", "outcore:diamond", "--estimate", "cpu", "-o", "g.json", "-o", "g.png",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = run("plan", "g.json", "--devices", "2", "--memory", "1MiB", "--microbatches", "2",
+            "--strategy", "pipeline", "-o", "p.json", "--gantt", "t.png", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "predicted iteration" in r.stdout and "peak memory" in r.stdout
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert plan["format"] == "outcore-plan/1" and plan["devices"] == 2
+    assert set(plan["assignment"].values()) <= {0, 1}
+    r = run("simulate", "p.json", "--graph", "g.json", "--json", "--trace", "trace.json",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["iteration_s"] > 0 and len(result["peak_bytes"]) == 2
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+    r = run("simulate", "p.json", "--graph", "g.json", "--microbatches", "4", "--schedule",
+            "gpipe", cwd=tmp_path)
+    assert r.returncode == 0 and "gpipe, 4 micro-batches" in r.stdout
+
+
+def test_plan_of_a_foreign_graph_file(tmp_path):
+    """outcore plan accepts any outcore-graph/1 file, with only the required fields."""
+    doc = {"format": "outcore-graph/1", "name": "foreign",
+           "nodes": [{"id": i * 7, "fwd_s": 0.001 * (i + 1)} for i in range(6)],
+           "edges": [{"src": i * 7, "dst": (i + 1) * 7, "bytes": 1000} for i in range(5)]}
+    (tmp_path / "f.json").write_text(json.dumps(doc))
+    r = run("plan", "f.json", "--devices", "2", "--strategy", "pardnn", "-o", "p.json",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads((tmp_path / "p.json").read_text())["assignment"]) == \
+        {str(i * 7) for i in range(6)}
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_train_out_of_core_on_one_device(tmp_path):
+    """A model whose plain training step needs more than --memory trains on one device by
+    checkpointing; the measured peak stays under the limit."""
+    r = run("train", "outcore:resnet_k:depth=29,width=8", "--devices", "1", "--memory", "30MB",
+            "--batch-size", "16", "--steps", "2", "--costs", "estimate:cpu",
+            "--run-dir", "run", cwd=tmp_path, timeout=400)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["peak_bytes"][0] <= 30e6
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert {g["policy"] for g in plan["memory_policy"]["groups"]} == {"checkpoint"}
+    assert "checkpoint on" in r.stdout
+    r = run("train", "outcore:resnet_k:depth=29,width=8", "--devices", "1", "--memory", "30MB",
+            "--batch-size", "16", "--steps", "1", "--memory-policy", "none",
+            "--costs", "estimate:cpu", cwd=tmp_path)
+    assert r.returncode == 2 and "devices" in r.stderr

@@ -1,0 +1,87 @@
+"""The planner's choice of memory policies (pure: no torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from outcore.errors import InfeasibleError, UsageError
+from outcore.graph import build
+from outcore.hardware.spec import DeviceSpec, flat_cluster
+from outcore.partition.memory_policy import choose
+from outcore.plan import make_plan
+from outcore.plan.policies import from_plan
+from outcore.sim import simulate
+
+MB = 2**20
+
+
+def chain(n=16, saved=4 * MB, params=MB // 4):
+    """A chain whose saved activations dominate: 16 x 4 MiB saved, 1/4 MiB params each."""
+    return build("chain", fwd_s=[1e-3] * n, bwd_s=[2e-3] * n, src=list(range(n - 1)),
+                 dst=list(range(1, n)), edge_bytes=[MB // 4] * (n - 1),
+                 saved_bytes=[saved] * n, out_bytes=[MB // 4] * n, param_bytes=[params] * n,
+                 batch_size=1)
+
+
+def cluster(memory, host_is_device):
+    dev = DeviceSpec("cpu" if host_is_device else "gpu", memory, 1e12, 1e11,
+                     host_bandwidth=1e10, host_is_device=host_is_device)
+    return flat_cluster(1, memory_bytes=memory, device=dev)
+
+
+def plan_for(g, memory, host_is_device=True):
+    cl = cluster(memory, host_is_device)
+    doc = {"bandwidth": 16e9, "latency_s": 0, "host_bandwidth": 1e10,
+           "host_is_device": host_is_device}
+    p = make_plan(g, np.zeros(g.num_nodes, dtype=int), strategy="single", devices=1,
+                  memory_bytes=memory, cluster=doc)
+    return p, cl
+
+
+def test_fitting_plan_is_left_alone():
+    g = chain()
+    p, cl = plan_for(g, 1024 * MB)
+    assert choose(g, p, cluster=cl) is p
+
+
+def test_checkpointing_makes_a_cpu_run_fit():
+    g = chain()
+    before = simulate(*plan_for(g, None)[:1], g).peak_bytes[0]
+    p, cl = plan_for(g, 40 * MB)
+    assert before > 40 * MB
+    q = choose(g, p, cluster=cl)
+    pol = from_plan(q.extra, g.ids)
+    assert set(pol.policies) == {"checkpoint"}  # offloading frees nothing on a CPU host
+    r = simulate(q, g, cluster=cl)
+    assert r.peak_bytes[0] <= 40 * MB
+    # recomputation costs time: the backward of every checkpointed piece reruns its forward
+    assert r.iteration_s > simulate(p, g, cluster=cl).iteration_s
+
+
+def test_offloading_is_chosen_on_an_accelerator_when_cheaper():
+    g = chain()
+    p, cl = plan_for(g, 40 * MB, host_is_device=False)
+    q = choose(g, p, mode="offload", cluster=cl)
+    pol = from_plan(q.extra, g.ids)
+    assert set(pol.policies) <= {"offload-activations", "offload-params"} and pol.policies
+    assert simulate(q, g, cluster=cl).peak_bytes[0] <= 40 * MB
+
+
+def test_offload_only_cannot_help_a_cpu_run():
+    g = chain()
+    p, cl = plan_for(g, 40 * MB)
+    with pytest.raises(InfeasibleError, match="even with every allowed memory policy"):
+        choose(g, p, mode="offload", cluster=cl)
+
+
+def test_none_and_impossible_limits_fail_clearly():
+    g = chain()
+    p, cl = plan_for(g, 40 * MB)
+    with pytest.raises(InfeasibleError, match="--memory-policy none"):
+        choose(g, p, mode="none", cluster=cl)
+    p, cl = plan_for(g, 12 * MB)  # less than the parameters and optimizer state alone
+    with pytest.raises(InfeasibleError, match="needs"):
+        choose(g, p, cluster=cl)
+    with pytest.raises(UsageError, match="unknown memory policy"):
+        choose(g, p, mode="swap", cluster=cl)
