@@ -6,8 +6,9 @@ attention, the paths of an Inception or AmoebaNet cell) into sub-graphs, one per
 at the same time between the layer that forks them and the layer that joins them; the rest of the
 model runs once. Section IV combines it with data parallelism (D&SP): each group of S devices
 holds one sub-graph-parallel replica, and gradients are all-reduced across groups. This module
-plans the S-device part; the data-parallel part is a replica count outside the placement
-(``docs/subgraph.md``, ``benchmarks/subgraph_vs_dp.py``).
+plans the S-device part (``plan(..., dp=DataParallel(replicas, link))`` ranks it for D&SP); the
+data-parallel part is a replica count outside the placement (``docs/subgraph.md``,
+``benchmarks/subgraph_vs_dp.py``).
 
 Steps (names ours; the paper assigns branches by hand, per model, ``subgraph_topology``):
 
@@ -33,24 +34,30 @@ Steps (names ours; the paper assigns branches by hand, per model, ``subgraph_top
    plan, is emulated (:mod:`outcore.partition.emulate`); the fastest that fits wins
    (:func:`~outcore.partition.result.best_of`), so the plan is never slower than one device.
    When no sub-graph candidate fits, or the graph has no branches (a chain), the contiguous
-   stages of the ``pipeline`` planner are offered too, and the notes say so.
+   stages of the ``pipeline`` planner are offered too, and the notes say so. For one group of
+   a D&SP layout (:class:`DataParallel`) the rank is makespan + the slowest device's gradient
+   all-reduce across the replicas, which favours trunks spread over the group: the trunk runs
+   in series anyway, and a device holding fewer parameters all-reduces less.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from outcore.graph.algorithms import weakly_connected_components
+from outcore.graph.ir import Graph
+from outcore.hardware.spec import LinkSpec
 from outcore.partition._jit import njit
 from outcore.partition.branches import Branches, Region, find_branches
+from outcore.partition.emulate import summary
 from outcore.partition.model import Context
 from outcore.partition.pardnn import device_counts
 from outcore.partition.pardnn_memory import repair_memory
 from outcore.partition.pipeline import assignment_from_bounds, stage_bounds
-from outcore.partition.result import Candidate, best_of, evaluate
+from outcore.partition.result import Candidate, best_of, devices_used, evaluate
 from outcore.units import format_seconds
 
 log = logging.getLogger(__name__)
@@ -234,9 +241,31 @@ def follow_branches(ctx: Context, table: BranchTable, a: np.ndarray,
     return out
 
 
-def plan(ctx: Context, branches: Branches | None = None
+@dataclass(frozen=True)
+class DataParallel:
+    """D&SP (SUPER section IV): ``replicas`` copies of the plan, each on its share of the batch;
+    device ``d`` of every copy all-reduces the gradients of its own parameters over ``link``."""
+
+    replicas: int
+    link: LinkSpec
+
+
+def allreduce_s(g: Graph, assignment: np.ndarray, dp: DataParallel) -> float:
+    """Slowest device's ring all-reduce of its parameters' gradients across the replicas, s."""
+    from outcore.sim import ring_allreduce_s  # the simulator's alpha-beta ring model
+
+    own = np.bincount(assignment, weights=g.param_bytes.astype(np.float64))
+    return max((ring_allreduce_s(float(b), dp.replicas, dp.link) for b in own), default=0.0)
+
+
+def plan(ctx: Context, branches: Branches | None = None, dp: DataParallel | None = None
          ) -> tuple[Candidate | None, list[str], list[Candidate]]:
-    """Plan sub-graph parallelism for ``ctx``; return (best fitting candidate, notes, all)."""
+    """Plan sub-graph parallelism for ``ctx``; return (best fitting candidate, notes, all).
+
+    With ``dp`` the plan is one group of a D&SP layout and candidates are ranked by emulated
+    makespan + :func:`allreduce_s` (a plan that spreads the trunk's parameters all-reduces
+    less), else by makespan alone.
+    """
     g = ctx.g
     br = find_branches(g) if branches is None else branches
     notes: list[str] = []
@@ -248,7 +277,7 @@ def plan(ctx: Context, branches: Branches | None = None
         notes.append("no fork-join region with two or more non-empty branches (a chain for "
                      "sub-graph parallelism): offered the 1-device plan and contiguous stages")
         cands += _stage_candidates(ctx)
-        return _finish(cands, notes)
+        return _finish(ctx, cands, notes, dp)
     shapes = sorted({r.num_branches for r in br.regions})
     notes.append(f"{len(br.regions)} fork-join regions ({br.branch_nodes} of {g.num_nodes} "
                  f"nodes in branches; branches per region: {', '.join(map(str, shapes))})")
@@ -258,7 +287,7 @@ def plan(ctx: Context, branches: Branches | None = None
     if not any(c.fits for c in cands[1:]):
         notes.append("no sub-graph placement fits the memory limit: offered contiguous stages")
         cands += _stage_candidates(ctx)
-    return _finish(cands, notes)
+    return _finish(ctx, cands, notes, dp)
 
 
 def _candidates(sub: Context, regions: tuple[Region, ...], notes: list[str]) -> list[Candidate]:
@@ -282,14 +311,17 @@ def _candidates(sub: Context, regions: tuple[Region, ...], notes: list[str]) -> 
 
 
 def _fit(sub: Context, a: np.ndarray, label: str, notes: list[str]) -> Candidate:
-    """Evaluate ``a``; when it overflows the limit, repair it first (step 5)."""
+    """Evaluate ``a``; when it overflows the limit, repair it first (step 5).
+
+    Candidates keep only the emulation's summary (not its per-task arrays: memory at 1M nodes).
+    """
     cand = evaluate(sub, a, label)
-    if cand.fits or sub.memory_bytes is None:
-        return cand
-    fixed, st = repair_memory(sub, a)
-    notes.append(f"{label}: memory repair moved {st.moved_nodes} nodes"
-                 + ("" if st.fits else " and did not fit"))
-    return evaluate(sub, fixed, label + ", memory repaired")
+    if not cand.fits and sub.memory_bytes is not None:
+        fixed, st = repair_memory(sub, a)
+        notes.append(f"{label}: memory repair moved {st.moved_nodes} nodes"
+                     + ("" if st.fits else " and did not fit"))
+        cand = evaluate(sub, fixed, label + ", memory repaired")
+    return replace(cand, emulation=summary(cand.emulation))
 
 
 def _stage_candidates(ctx: Context) -> list[Candidate]:
@@ -306,12 +338,19 @@ def _stage_candidates(ctx: Context) -> list[Candidate]:
     return out
 
 
-def _finish(cands: list[Candidate], notes: list[str]
+def _finish(ctx: Context, cands: list[Candidate], notes: list[str], dp: DataParallel | None
             ) -> tuple[Candidate | None, list[str], list[Candidate]]:
-    best = best_of(cands)
+    if dp is None:
+        best = best_of(cands)
+        shown = [(c, c.makespan_s) for c in cands]
+    else:
+        shown = [(c, c.makespan_s + allreduce_s(ctx.g, c.assignment, dp)) for c in cands]
+        fit = [(t, devices_used(c.assignment), i) for i, (c, t) in enumerate(shown) if c.fits]
+        best = cands[min(fit)[2]] if fit else None
+        notes.append(f"ranked by makespan + all-reduce over {dp.replicas} replicas")
     notes.append("candidates: " + ", ".join(
-        f"{c.label}: {format_seconds(c.makespan_s)}" + ("" if c.fits else " (does not fit)")
-        for c in cands))
+        f"{c.label}: {format_seconds(t)}" + ("" if c.fits else " (does not fit)")
+        for c, t in shown))
     if best is not None:
         notes.append(f"chose {best.label}")
     log.debug("subgraph: %s", "; ".join(notes))

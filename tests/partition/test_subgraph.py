@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from outcore.errors import InfeasibleError
 from outcore.graph.generators import make_transformer
 from outcore.graph.ir import build
-from outcore.hardware.spec import flat_cluster
-from outcore.partition import STRATEGIES, partition
+from outcore.hardware.spec import LinkSpec, flat_cluster
+from outcore.partition import STRATEGIES, partition, subgraph
 from outcore.partition.branches import find_branches
 from outcore.partition.emulate import emulate
 from outcore.partition.model import make_context
@@ -222,3 +222,20 @@ def test_every_node_placed_memory_respected_deterministic_never_slower(g, k, fra
         assert r.makespan_s <= one.makespan_s * (1 + 1e-9)
     again = partition(g, k, memory_bytes=mem, cluster=cl, strategy="subgraph", microbatches=mbs)
     assert again.assignment.tolist() == a.tolist() and again.makespan_s == r.makespan_s
+
+
+def test_data_parallel_ranking_spreads_the_trunks_parameters():
+    # a trunk of four 1 GiB-parameter layers, then a two-way fork-join
+    g = build("trunk", fwd_s=[1.0] * 8, src=[0, 1, 2, 3, 3, 4, 5, 6],
+              dst=[1, 2, 3, 4, 5, 6, 6, 7], edge_bytes=[1000] * 8,
+              param_bytes=[GiB] * 4 + [0] * 4)
+    ctx = make_context(g, 4, cluster=flat_cluster(4, memory_bytes=1e12))
+    alone, _, _ = subgraph.plan(ctx)
+    assert np.bincount(alone.assignment[:4]).max() == 4  # the trunk stays together
+    dp = subgraph.DataParallel(replicas=64, link=LinkSpec(1e9, 1e-6))
+    best, notes, _ = subgraph.plan(ctx, dp=dp)
+    own = np.bincount(best.assignment, weights=g.param_bytes.astype(float))
+    assert own.max() <= 2 * GiB  # the trunk's layers spread over the group
+    assert subgraph.allreduce_s(g, best.assignment, dp) + best.makespan_s < \
+        subgraph.allreduce_s(g, alone.assignment, dp) + alone.makespan_s
+    assert "ranked by makespan + all-reduce over 64 replicas" in notes
