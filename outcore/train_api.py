@@ -318,14 +318,15 @@ def _job_main(ctx: Any, cfg: TrainConfig, devices: int, memory: Any, strategy: s
 
     if devices != ctx.world_size:
         raise UsageError(f"--devices {devices} but the job has {ctx.world_size} processes")
-    docs: list[Any] = [None, None]
+    docs: list[Any] = [None, None, None, None]
     if ctx.rank == 0:
         g, p = prepare(cfg, devices, memory=memory, strategy=strategy, plan_path=plan,
                        costs=costs, **replication)
         save_graph(g, Path(root) / "graph.json")
         save_plan(p, Path(root) / "plan.json")
-        docs = [graph_to_dict(g), plan_to_dict(p)]
+        docs = [graph_to_dict(g), plan_to_dict(p), cfg, root]
     dist.broadcast_object_list(docs, src=0)
+    cfg, root = docs[2], docs[3]  # rank 0's run directory and paths for everyone
     result = train_worker(ctx, cfg, docs[0], docs[1])
     gathered: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(gathered, result)

@@ -77,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
 
     import outcore
 
+    from outcore.runtime.env import detect
+    job = detect()
+    if job.launcher != "none" and job.rank != 0:
+        return _run_quiet(args)
     default_job = args.model is None
     model = args.model or DEFAULT_MODEL
     devices = args.devices or (DEFAULT_DEVICES if default_job else 1)
@@ -117,6 +121,25 @@ def run(args: argparse.Namespace) -> int:
     print_report(report)
     if args.trace:
         _copy_trace(report, args.trace)
+    return 0
+
+
+def _run_quiet(args: argparse.Namespace) -> int:
+    """A non-zero rank under torchrun/mpirun/srun: train without printing (rank 0 reports)."""
+    import outcore
+    default_job = args.model is None
+    outcore.train(
+        args.model or DEFAULT_MODEL, args.devices or (DEFAULT_DEVICES if default_job else 1),
+        memory=args.memory or (DEFAULT_MEMORY if default_job else None),
+        strategy=args.strategy, plan=args.plan, parallel=args.parallel,
+        replicas=args.replicas, dp=args.dp, memory_policy=args.memory_policy,
+        input_shape=args.input_shape,
+        batch_size=args.batch_size or (DEFAULT_BATCH if default_job else 8),
+        microbatches=args.microbatches, steps=args.steps, schedule=args.schedule,
+        optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule, seed=args.seed,
+        data=args.data, costs=args.costs, run_dir=args.run_dir, metrics_out=args.metrics_out,
+        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        resume=args.resume, timeout_s=args.timeout)
     return 0
 
 
