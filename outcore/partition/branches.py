@@ -311,7 +311,8 @@ def _search(f, c, starts, nstart, sid, ptr, idx, rank, stamp, lab, keys, items, 
 
 
 @njit
-def _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, sink, max_visits):
+def _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, sink, max_visits,
+                    max_stored):
     """Every useful region of every fork: (fork, join, ptr, nodes, labels, truncated).
 
     The joins of fork ``f`` are the points where its successors meet in the post-dominator
@@ -372,6 +373,9 @@ def _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, sink, 
                 break
             if comps < 2:
                 continue
+            if out_ptr[nreg] + nb > max_stored:
+                truncated = True
+                break
             out_f = _grow(out_f, nreg + 1)
             out_j = _grow(out_j, nreg + 1)
             out_ptr = _grow(out_ptr, nreg + 2)
@@ -404,8 +408,10 @@ def fork_join_regions(g: Graph, *, order: np.ndarray | None = None,
     Args:
         g: the graph.
         order: a topological order of ``g`` (computed if None).
-        max_visits: edge visits allowed over all searches (default ``64 * (n + m) + 10**6``);
-            beyond it the remaining, outer forks are skipped.
+        max_visits: edge visits allowed over all searches (default ``32 * (n + m) + 10**6``),
+            and ``4 * (n + m) + 10**5`` region nodes kept in all; beyond either, the remaining
+            (outer) forks are skipped. Deeply nested regions can hold O(n) nodes each (every
+            weight node of an unrolled RNN forks to every time step), which these bounds cut.
 
     Returns ``(regions, truncated)``; ``work_s`` of a branch is its forward + backward seconds
     (its node count when the graph has no costs), feeders are empty.
@@ -421,30 +427,38 @@ def fork_join_regions(g: Graph, *, order: np.ndarray | None = None,
     rank[topo] = np.arange(n + 2)
     deg = np.diff(ptr)
     forks = topo[::-1][deg[topo[::-1]] >= 2]  # reverse topological: inner forks first
-    budget = 64 * (n + g.num_edges) + 10**6 if max_visits is None else int(max_visits)
+    size = n + g.num_edges
+    budget = 32 * size + 10**6 if max_visits is None else int(max_visits)
     f, j, rptr, nodes, labels, truncated = _regions_kernel(
-        forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, n + 1, budget)
+        forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, n + 1, budget, 4 * size + 10**5)
     if truncated:
-        log.warning("graph %r: fork-join search stopped after %d edge visits; outer regions "
-                    "were not examined", g.name, budget)
-    w = _weights(g)
-    regions = []
+        log.warning("graph %r: the fork-join search reached its budget; outer regions were "
+                    "not examined", g.name)
+    return _make_regions(f, j, rptr, nodes, labels, n, _weights(g)), bool(truncated)
+
+
+def _make_regions(f: np.ndarray, j: np.ndarray, rptr: np.ndarray, nodes: np.ndarray,
+                  labels: np.ndarray, n: int, w: np.ndarray) -> tuple[Region, ...]:
+    """Regions from the kernel's flat output: branches grouped by label, ordered by first node."""
+    if f.size == 0:
+        return ()
+    reg = np.repeat(np.arange(f.size), np.diff(rptr))
+    perm = np.lexsort((nodes, labels, reg))
+    nodes, labels, reg = nodes[perm], labels[perm], reg[perm]
+    start = np.flatnonzero(np.r_[True, (reg[1:] != reg[:-1]) | (labels[1:] != labels[:-1])])
+    stop = np.r_[start[1:], nodes.size]
+    work = np.add.reduceat(w[nodes], start)
+    seg_reg = reg[start]
+    order = np.lexsort((nodes[start], seg_reg))  # per region, branches by first node
+    bounds = np.searchsorted(seg_reg[order], np.arange(f.size + 1))
+    empty = np.zeros(0, np.int64)
+    out = []
     for r in range(f.size):
-        nd = nodes[rptr[r]:rptr[r + 1]]
-        lb = labels[rptr[r]:rptr[r + 1]]
-        regions.append(_make_region(int(f[r]), int(j[r]), nd, lb, n, w))
-    return tuple(regions), bool(truncated)
-
-
-def _make_region(fork: int, join: int, nodes: np.ndarray, labels: np.ndarray, n: int,
-                 w: np.ndarray) -> Region:
-    perm = np.lexsort((nodes, labels))
-    nodes, labels = nodes[perm], labels[perm]
-    cut = np.flatnonzero(np.diff(labels)) + 1
-    parts = sorted(np.split(nodes, cut), key=lambda b: int(b[0]))
-    work = np.array([float(w[b].sum()) for b in parts])
-    return Region(fork if fork < n else VIRTUAL, join if join < n else VIRTUAL,
-                  tuple(parts), tuple(np.zeros(0, np.int64) for _ in parts), work)
+        segs = order[bounds[r]:bounds[r + 1]].tolist()
+        parts = tuple(nodes[start[x]:stop[x]] for x in segs)
+        out.append(Region(int(f[r]) if f[r] < n else VIRTUAL, int(j[r]) if j[r] < n else VIRTUAL,
+                          parts, (empty,) * len(parts), work[segs]))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------- choice
@@ -517,76 +531,91 @@ def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     others become extra branches at the end of ``branches`` (``Region.side`` counts them).
     """
     n = g.num_nodes
-    blocked = np.zeros(n, bool)
+    blocked = bytearray(n)
     for r in regions:
-        blocked[r.interior] = True
+        for v in r.interior.tolist():
+            blocked[v] = 1
         for e in (r.fork, r.join):
             if e >= 0:
-                blocked[e] = True
+                blocked[e] = 1
+    adj = _Adjacency(g)
     w = _weights(g)
     out = []
     for r in regions:
-        feeders = [_closure(g, set(b.tolist()), blocked) for b in r.branches]
-        for f in feeders:
-            blocked[f] = True
+        feeders = [adj.closure(set(b.tolist()), blocked) for b in r.branches]
         branches = list(r.branches)
-        inside = set(r.interior.tolist()) | {int(x) for f in feeders for x in f}
-        side = _closure(g, inside | ({r.join} if r.join >= 0 else set()), blocked)
-        blocked[side] = True
+        inside = set(r.interior.tolist()).union(*(set(f) for f in feeders))
+        side = adj.closure(inside | ({r.join} if r.join >= 0 else set()), blocked)
         extra = []
-        if side.size:
-            owner = {int(v): i for i, b in enumerate(branches) for v in b.tolist()}
-            owner.update({int(v): i for i, f in enumerate(feeders) for v in f.tolist()})
-            for comp in _components(g, side):
-                hit = sorted({owner[int(s)] for v in comp.tolist()
-                              for s in g.successors(v).tolist() if int(s) in owner})
+        if side:
+            owner = {v: i for i, b in enumerate(branches) for v in b.tolist()}
+            owner.update({v: i for i, f in enumerate(feeders) for v in f})
+            for comp in adj.components(side):
+                hit = sorted({owner[s] for v in comp for s in adj.succ(v) if s in owner})
                 if len(hit) == 1:
-                    feeders[hit[0]] = np.sort(np.concatenate((feeders[hit[0]], comp)))
+                    feeders[hit[0]] = sorted(feeders[hit[0]] + comp)
                 else:
                     extra.append(comp)
-        branches += extra
-        feeders += [np.zeros(0, np.int64) for _ in extra]
-        work = np.array([float(w[b].sum() + w[f].sum()) for b, f in zip(branches, feeders)])
-        out.append(Region(r.fork, r.join, tuple(branches), tuple(feeders), work, len(extra)))
+        branches += [np.array(c, np.int64) for c in extra]
+        fed = tuple(np.array(f, np.int64) for f in feeders + [[] for _ in extra])
+        for f in fed:
+            for v in f.tolist():
+                blocked[v] = 1
+        for c in extra:
+            for v in c:
+                blocked[v] = 1
+        work = np.array([float(w[b].sum() + w[f].sum()) for b, f in zip(branches, fed)])
+        out.append(Region(r.fork, r.join, tuple(branches), fed, work, len(extra)))
     return tuple(out)
 
 
-def _closure(g: Graph, targets: set[int], blocked: np.ndarray) -> np.ndarray:
-    """Nodes not blocked nor in ``targets`` whose successors all lie in ``targets`` or in the
-    result (grown upward from the targets' predecessors), sorted."""
-    cand: set[int] = set()
-    stack = sorted({int(u) for v in targets for u in g.predecessors(v).tolist()
-                    if not blocked[u] and int(u) not in targets})
-    while stack:
-        u = stack.pop()
-        if u in cand or blocked[u] or u in targets:
-            continue
-        if all(int(s) in targets or int(s) in cand for s in g.successors(u).tolist()):
-            cand.add(u)
-            stack.extend(int(p) for p in g.predecessors(u).tolist()
-                         if int(p) not in cand and not blocked[p])
-    return np.array(sorted(cand), np.int64)
+class _Adjacency:
+    """Successor and predecessor lists as Python lists (the feeder walks are per node)."""
 
+    def __init__(self, g: Graph):
+        self._sp, self._si = g.succ_ptr.tolist(), g.succ_idx.tolist()
+        self._pp, self._pi = g.pred_ptr.tolist(), g.pred_idx.tolist()
 
-def _components(g: Graph, nodes: np.ndarray) -> list[np.ndarray]:
-    """Weakly connected components of the sub-graph induced by ``nodes``, by first node."""
-    label = {int(v): int(v) for v in nodes.tolist()}
+    def succ(self, v: int) -> list[int]:
+        return self._si[self._sp[v]:self._sp[v + 1]]
 
-    def find(x: int) -> int:
-        while label[x] != x:
-            label[x] = label[label[x]]
-            x = label[x]
-        return x
+    def pred(self, v: int) -> list[int]:
+        return self._pi[self._pp[v]:self._pp[v + 1]]
 
-    for v in nodes.tolist():
-        for s in g.successors(v).tolist():
-            if int(s) in label:
-                a, b = find(int(v)), find(int(s))
-                label[max(a, b)] = min(a, b)
-    comps: dict[int, list[int]] = {}
-    for v in nodes.tolist():
-        comps.setdefault(find(int(v)), []).append(int(v))
-    return [np.array(c, np.int64) for _, c in sorted(comps.items())]
+    def closure(self, targets: set[int], blocked: bytearray) -> list[int]:
+        """Nodes not blocked nor in ``targets`` whose successors all lie in ``targets`` or in
+        the result (grown upward from the targets' predecessors), sorted."""
+        cand: set[int] = set()
+        stack = sorted({u for v in targets for u in self.pred(v)
+                        if not blocked[u] and u not in targets})
+        while stack:
+            u = stack.pop()
+            if u in cand or blocked[u] or u in targets:
+                continue
+            if all(s in targets or s in cand for s in self.succ(u)):
+                cand.add(u)
+                stack.extend(p for p in self.pred(u) if p not in cand and not blocked[p])
+        return sorted(cand)
+
+    def components(self, nodes: list[int]) -> list[list[int]]:
+        """Weakly connected components of the sub-graph induced by ``nodes``, by first node."""
+        label = {v: v for v in nodes}
+
+        def find(x: int) -> int:
+            while label[x] != x:
+                label[x] = label[label[x]]
+                x = label[x]
+            return x
+
+        for v in nodes:
+            for s in self.succ(v):
+                if s in label:
+                    a, b = find(v), find(s)
+                    label[max(a, b)] = min(a, b)
+        comps: dict[int, list[int]] = {}
+        for v in nodes:
+            comps.setdefault(find(v), []).append(v)
+        return [c for _, c in sorted(comps.items())]
 
 
 def find_branches(g: Graph, *, max_visits: int | None = None) -> Branches:
