@@ -1,9 +1,11 @@
-"""Sub-graph parallelism (SUPER) against data parallelism, ParDNN and pipelining, emulated.
+"""Sub-graph parallelism (SUPER) against data parallelism, ParDNN and pipelining.
 
 Every time is one training iteration of the same global batch, from the planners' node-level
-emulator (``outcore.partition.emulate``) and the alpha-beta ring all-reduce
-(``outcore.sim.ring_allreduce_s``); the compute + all-reduce sum is not overlapped (as the brief
-of this benchmark fixes it; Horovod-style overlap would shorten DP and D&SP alike).
+emulator (``outcore.partition.emulate``, what the planners optimise) and, as a cross-check, the
+schedule simulator (``outcore.sim.simulate``: the 1F1B schedule the runtime would execute),
+plus the alpha-beta ring all-reduce (``outcore.sim.ring_allreduce_s``) where there are replicas;
+compute + all-reduce are summed, not overlapped (Horovod-style overlap would shorten DP and D&SP
+alike).
 
 * **DP** (K devices): each device runs the whole graph on 1/K of the batch (costs and activation
   bytes scaled by 1/K) then all-reduces every gradient: ``work(B) / K + ring(params, K)``.
