@@ -179,25 +179,30 @@ class RankExecutor:
 
     def forward(self, p: int, mb: int) -> None:
         pm = self.modules[p]
-        values, leaves = [], {}
+        values, leaves, copies = [], {}, []
         for name in pm.inputs:
             v, is_leaf = self._input_value(name, p, mb)
             if is_leaf:
                 leaves[name] = v
-                if name in pm.clone_inputs:
-                    v = self.metas[fx_name(name)].rebuild([t.clone() for t in tensors_of(v)])
+            copies.append(is_leaf and name in pm.clone_inputs)
             values.append(v)
         policy = self.policies.get(p, "none")
+
+        def run(*xs: Any) -> Any:
+            # in-place consumers of a received leaf get a copy (made inside the checkpointed
+            # function, so that its saved inputs are never modified)
+            return pm.module(*[_copy_tree(x) if c else x for x, c in zip(xs, copies)])
+
         if policy == "checkpoint":
-            outs = checkpoint(pm.module, *values, use_reentrant=False)
+            outs = checkpoint(run, *values, use_reentrant=False)
         elif policy == "offload-activations":
             with self.act_off.saving(p, mb):
-                outs = pm.module(*values)
+                outs = run(*values)
         elif policy == "offload-params":
             with self.param_off.resident(self.piece_params.get(p, [])):
-                outs = pm.module(*values)
+                outs = run(*values)
         else:
-            outs = pm.module(*values)
+            outs = run(*values)
         self.fwd_inputs[(p, mb)] = leaves
         produced = dict(zip(pm.outputs, outs))
         self.fwd_outputs[(p, mb)] = produced
@@ -324,6 +329,12 @@ class RankExecutor:
                 p.grad = flat[offset:offset + n].view_as(p).clone()
                 offset += n
         self.pending_ar.clear()
+
+
+def _copy_tree(value: Any) -> Any:
+    """``value`` with every tensor cloned (autograd-tracked)."""
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, value)
 
 
 def _detach_tree(value: Any, meta: ValueMeta) -> Any:
