@@ -1,11 +1,12 @@
 """Cut a placed graph into pieces: the units a rank runs forward and backward.
 
 A piece is a connected set of nodes on one device that can run its whole forward once its inputs
-have arrived (DESIGN.md, execution model). With ``hop(v)`` = the largest number of device changes
-on any path into ``v``, the pieces are the connected components of nodes with equal
-``(device, hop)``. Every edge between pieces goes from a lower hop to a higher one, so the piece
-graph is acyclic even when a device holds nodes on both sides of another device's nodes; a
-device's pieces are ordered by hop. Pieces are numbered in (hop, first node) order, a topological
+have arrived (DESIGN.md, execution model). With ``hop(v)`` = the largest number of boundaries on
+any path into ``v`` — a device change, or leaving a node whose output another device consumes
+(such a node ends its piece, so its message departs at once) — the pieces are the connected
+components of nodes with equal ``(device, hop)``. Every edge between pieces goes from a lower hop
+to a higher one, so the piece graph is acyclic even when a device holds nodes on both sides of
+another device's nodes; a device's pieces are ordered by hop. Pieces are numbered in (hop, first node) order, a topological
 order of the piece graph.
 """
 
@@ -77,11 +78,18 @@ class Pieces:
         return out
 
 
-def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
-    """``hop(v)``: the most changes of ``assignment`` value on any path from a source to
-    ``v`` (pass a device, or any finer key such as device and memory-policy group)."""
+def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None,
+         sends: np.ndarray | None = None) -> np.ndarray:
+    """``hop(v)``: the most boundaries on any path from a source to ``v``.
+
+    An edge ``u -> v`` is a boundary when ``assignment`` differs (pass a device, or any finer
+    key such as device and memory-policy group) or when ``sends[u]``: a node whose output
+    leaves for another device ends its piece, so that the message departs as soon as the node
+    has run, not when the rest of its piece has.
+    """
     order = topological_order(g) if order is None else order
     dev = assignment.tolist()
+    cut_after = sends.tolist() if sends is not None else [False] * g.num_nodes
     ptr, pred = g.pred_ptr.tolist(), g.pred_idx.tolist()
     h = [0] * g.num_nodes
     for v in order.tolist():
@@ -89,7 +97,7 @@ def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None) -> n
         dv = dev[v]
         for k in range(ptr[v], ptr[v + 1]):
             u = pred[k]
-            x = h[u] + (dev[u] != dv)
+            x = h[u] + (dev[u] != dv or cut_after[u])
             if x > best:
                 best = x
         h[v] = best
@@ -108,7 +116,10 @@ def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None) -> P
     if groups is not None:
         groups = np.asarray(groups, dtype=np.int64)
         key = assignment * (int(groups.max()) + 2) + groups + 1
-    hop = hops(g, key, order)
+    sends = np.zeros(g.num_nodes, dtype=bool)
+    remote = assignment[g.src] != assignment[g.dst]
+    sends[g.src[remote]] = True
+    hop = hops(g, key, order, sends)
     # components among edges whose endpoints share (device, group, hop)
     same = (key[g.src] == key[g.dst]) & (hop[g.src] == hop[g.dst])
     sub = g.replace(src=g.src[same], dst=g.dst[same], edge_bytes=g.edge_bytes[same])
