@@ -67,7 +67,7 @@ def make_cluster(devices: int, memory: str | float | None = None,
                         latency_s=parse_seconds(latency), device=spec)
 
 
-AUTO_CANDIDATES = ("pardnn", "pipeline")
+AUTO_CANDIDATES = ("pardnn", "pipeline", "subgraph")
 
 
 def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy: str = "auto",

@@ -4,8 +4,11 @@ A *task* is one node for one micro-batch: ``task = mb * n + v``. A phase is a DA
 by two CSR views of the graph: ``dep`` (what a task waits for: predecessors in the forward,
 successors in the backward) and ``ntf`` (whom a finished task notifies, with the edge numbers).
 Each device runs one task at a time; whenever a device is idle it starts, among the tasks whose
-inputs have all arrived, the one that became ready first (first in, first out: the list
-scheduling of TensorFlow's executor that ParDNN emulates). Transfers between devices take
+inputs have all arrived, the one of the earliest micro-batch, and among those the one that became
+ready first (first in, first out: the list scheduling of TensorFlow's executor that ParDNN
+emulates; with one micro-batch it is exactly FIFO). Preferring earlier micro-batches lets a
+device hand micro-batch 0 to the next one as soon as it can, so contiguous stages pipeline as
+GPipe does, instead of running every micro-batch of one node before the next node. Transfers between devices take
 ``latency + bytes / bandwidth`` and do not contend (one independent link per transfer).
 
 Events at equal times are processed together before any device picks its next task, so a device
@@ -101,9 +104,12 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
         base[dev[v] + 1] += mbs
     for d in range(num_dev):
         base[d + 1] += base[d]
-    queue = np.empty(total, np.int32)  # one FIFO region per device: earliest ready first
-    qhead = base[:num_dev].copy()
-    qtail = base[:num_dev].copy()
+    # one heap region per device, ordered by (micro-batch, arrival sequence)
+    hkeys = np.empty(total, np.float64)
+    hitems = np.empty(total, np.int64)
+    hsize = np.zeros(num_dev, np.int64)
+    seq_task = np.empty(total, np.int64)
+    seq = 0
     busy = np.zeros(num_dev, np.bool_)
     last = np.full(num_dev, -1, np.int64)
     ev_key = np.empty(total + 1, np.float64)
@@ -115,15 +121,18 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
         if remaining[t] == 0:
             ready_at[t] = release
             d = dev[v]
-            queue[qtail[d]] = t
-            qtail[d] += 1
+            seq_task[seq] = t
+            b0, b1 = base[d], base[d + 1]
+            hsize[d] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[d], float(t // n), seq)
+            seq += 1
     now = release
     while True:
-        for d in range(num_dev):  # idle devices start their earliest-ready task
-            if busy[d] or qhead[d] == qtail[d]:
+        for d in range(num_dev):  # idle devices start their best ready task
+            if busy[d] or hsize[d] == 0:
                 continue
-            t = queue[qhead[d]]
-            qhead[d] += 1
+            b0, b1 = base[d], base[d + 1]
+            t = seq_task[hitems[b0]]
+            hsize[d] = _fheap_pop(hkeys[b0:b1], hitems[b0:b1], hsize[d])
             v = t % n
             start[t] = now
             end[t] = now + dur[v]
@@ -145,8 +154,11 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
             v = t % n
             d = dev[v]
             if item & 1:  # arrival: every input is on the device
-                queue[qtail[d]] = t
-                qtail[d] += 1
+                seq_task[seq] = t
+                b0, b1 = base[d], base[d + 1]
+                hsize[d] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[d], float(t // n),
+                                       seq)
+                seq += 1
                 continue
             busy[d] = False  # finish
             last[d] = t
@@ -163,8 +175,11 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
                         ready_at[tw] = release
                     if ready_at[tw] == now:  # arrived already: queue it without an event
                         dq = dev[ntf_idx[k]]
-                        queue[qtail[dq]] = tw
-                        qtail[dq] += 1
+                        seq_task[seq] = tw
+                        b0, b1 = base[dq], base[dq + 1]
+                        hsize[dq] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[dq],
+                                                float(tw // n), seq)
+                        seq += 1
                     else:
                         nev = _fheap_push(ev_key, ev_item, nev, ready_at[tw], 2 * tw + 1)
     return 0
