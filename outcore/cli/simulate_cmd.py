@@ -50,6 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--dp-bucket", metavar="SIZE", default="0",
                    help="gradient bucket (e.g. 25MiB as DDP): all-reduce overlaps each "
                    "piece's last backward; 0 (default): starts after it")
+    c.add_argument("--dp-fused", action="store_true", help="one all-reduce of each device's "
+                   "gradients after its whole backward (GEMS/torchgems), not one per piece")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--gantt", metavar="FILE.png", help="draw the timeline and memory")
@@ -74,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         cl = _cluster(args, p)
         r = simulate(p, g, cluster=cl, microbatches=args.microbatches, schedule=args.schedule,
                      dp=args.dp, global_batch=args.batch_size, collective=args.collective,
-                     dp_bucket_bytes=float(parse_bytes(args.dp_bucket)))
+                     dp_bucket_bytes=float(parse_bytes(args.dp_bucket)),
+                     dp_fused=args.dp_fused)
         note(f"cluster: {cl.nodes} nodes x {cl.devices_per_node} {cl.device.name}, "
              f"{args.intra} inside, {args.inter} between; dp all-reduce: {args.collective}")
     else:

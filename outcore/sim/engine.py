@@ -45,6 +45,12 @@ class SimOptions:
         dp_collective: data-parallel all-reduce model on a cluster holding every copy
             (``outcore.sim.collectives.COLLECTIVES``: ``auto``, ``hierarchical``,
             ``hierarchical-rhd``, ``ring``).
+        dp_bucket_bytes: 0: a piece's gradients are all-reduced after its last backward ends.
+            Else DDP-style buckets of this size: gradients become ready evenly during that
+            backward and the all-reduce streams behind them (it starts when the first bucket
+            is ready and ends no earlier than one bucket's all-reduce after the backward).
+        dp_fused: one all-reduce of all of a rank's gradients after its last backward (no
+            overlap with the backward; as GEMS' torchgems does) instead of one per piece.
     """
 
     dp: int = 1
@@ -52,6 +58,8 @@ class SimOptions:
     optimizer_bytes_per_param_byte: float = 7.0
     bucket_bytes: tuple[float, ...] = ()
     dp_collective: str = "auto"
+    dp_bucket_bytes: float = 0.0
+    dp_fused: bool = False
 
 
 def simulate_schedule(s: Schedule, costs: PieceCosts, cluster: Cluster,
@@ -85,6 +93,9 @@ class _Engine:
             for a in acts:
                 if a.op == "B":
                     self.last_b[a.piece] = a.mb  # last backward of each piece in rank order
+        self.pieces_left = [0] * R  # per rank: pieces whose last backward is still to run
+        for piece in self.last_b:
+            self.pieces_left[s.pieces.pieces[piece].device] += 1
         self.queue: list[tuple[float, int, int]] = []
         self.seq = 0
         self.finish = [0.0] * R
@@ -161,7 +172,11 @@ class _Engine:
             else:
                 self.add_mem(r, end, -c.saved_bytes[a.piece] - self.held.pop((a.piece, a.mb), 0.0))
                 if self.opt.dp > 1 and self.last_b.get(a.piece) == a.mb:
-                    self.dp_allreduce(r, a.piece, end)
+                    self.pieces_left[r] -= 1
+                    if not self.opt.dp_fused:
+                        self.dp_allreduce(r, a.piece, end, t)
+                    elif self.pieces_left[r] == 0:
+                        self.dp_allreduce(r, None, end, end)
             return end
         if a.op in ("SF", "SB"):
             self.send(r, a, t)
@@ -235,18 +250,29 @@ class _Engine:
                 self.wake(w, end)
         return t
 
-    def dp_allreduce(self, r: int, piece: int, t: float) -> None:
-        """Overlapped data-parallel all-reduce of one piece's gradients over ``dp`` copies."""
-        share = float(self.c.piece_param_bytes[piece])
+    def dp_allreduce(self, r: int, piece: int | None, t: float, b_start: float) -> None:
+        """Overlapped data-parallel all-reduce of one piece's gradients (``None``: all of the
+        rank's) over ``dp`` copies (its last backward ran from ``b_start`` to ``t``)."""
+        share = float(self.c.param_bytes[r] if piece is None else
+                      self.c.piece_param_bytes[piece])
         ph = dp_phases(self.cluster, self.s.num_ranks, self.opt.dp, r, share,
                        self.opt.dp_collective, self.opt.dp_link)
-        start = max(t, self.dp_free[r])
+        bucket = self.opt.dp_bucket_bytes
+        ready = t
+        if 0 < bucket < share:  # the first bucket is ready part-way through the backward
+            ready = t - (1 - bucket / share) * (t - b_start)
+        start = max(ready, self.dp_free[r])
         end = start + ph.intra_s
         if ph.node is not None:  # the node's all-reduces take turns on its network port
             end = max(end, self.dp_port.get(ph.node, 0.0))
             self.dp_port[ph.node] = end + ph.inter_s
         end += ph.inter_s + ph.after_s
+        if 0 < bucket < share:  # the last bucket leaves after the backward
+            end = max(end, t + dp_phases(self.cluster, self.s.num_ranks, self.opt.dp, r,
+                                         bucket, self.opt.dp_collective,
+                                         self.opt.dp_link).total_s)
         self.dp_free[r] = end
         if end > start:
-            self.events.append(Event(r, "allreduce", f"DP{piece}", start, end, "comm",
-                                     piece=piece, bytes=int(share)))
+            self.events.append(Event(r, "allreduce", f"DP{'' if piece is None else piece}",
+                                     start, end, "comm", piece=-1 if piece is None else piece,
+                                     bytes=int(share)))

@@ -79,7 +79,8 @@ def cluster_from_plan(plan: Plan) -> Cluster:
 def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
              microbatches: int | None = None, schedule: str | None = None,
              global_batch: int | None = None, dp: int = 1,
-             collective: str = "auto") -> SimResult:
+             collective: str = "auto", dp_bucket_bytes: float = 0.0,
+             dp_fused: bool = False) -> SimResult:
     """Predict one training iteration of ``plan`` on ``cluster``.
 
     Args:
@@ -99,6 +100,11 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
             cluster's nodes and links; otherwise it is a flat ring over one link.
         collective: the data-parallel all-reduce model on such a cluster
             (``outcore.sim.collectives.COLLECTIVES``).
+        dp_bucket_bytes: 0 (default): each piece's gradients are all-reduced once its last
+            backward ends; else DDP-style buckets of this many bytes (25 MiB in DDP) that
+            overlap that backward (``SimOptions.dp_bucket_bytes``).
+        dp_fused: one all-reduce of each rank's gradients after its last backward, not one
+            per piece (GEMS' torchgems; ``SimOptions.dp_fused``).
     """
     plan.check(g)
     M = int(microbatches or plan.microbatches or 1)
@@ -116,7 +122,8 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
                                     cluster=cl, scale=scale, optimizer=plan.optimizer,
                                     policies=policies)
     opts = SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())),
-                      dp_collective=collective)
+                      dp_collective=collective, dp_bucket_bytes=dp_bucket_bytes,
+                      dp_fused=dp_fused)
     tl = simulate_schedule(sched, costs, cl, opts)
     return summarize(tl, sched, costs, batch, dp, plan.memory_bytes)
 
