@@ -7,7 +7,7 @@ that machine noise hits both; each round times ``--steps`` steps after ``--warmu
 the median samples/s of each and their ratio. Also reports, for outcore, the measured step time
 and peak memory per rank against the simulator's prediction for the same plan.
 
-    .venv/bin/python benchmarks/runtime_vs_torch.py [--rounds 3 --steps 8 --batch 32 --mbs 4]
+    .venv/bin/python benchmarks/runtime_vs_torch.py [--rounds 3 --steps 8 --batch 64 --mbs 8 --size 32]
 
 Writes ``benchmarks/results/runtime_vs_torch.{json,md}``.
 """
@@ -133,9 +133,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--mbs", type=int, default=4)
-    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--mbs", type=int, default=8)
+    ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--bandwidth", type=float, default=2e9, help="loopback gloo, bytes/s")
     ap.add_argument("--latency", type=float, default=1e-4, help="loopback gloo, seconds")
     ap.add_argument("--out", default="benchmarks/results/runtime_vs_torch")

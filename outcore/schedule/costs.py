@@ -41,8 +41,10 @@ class PieceCosts:
         fwd_s, bwd_s: ``[pieces]`` forward and backward seconds of one micro-batch.
         saved_bytes: ``[pieces]`` activations kept from a piece's forward until its backward.
         transient_bytes: ``[pieces]`` working memory while the forward runs (largest output).
-        transient_bwd_bytes: ``[pieces]`` working memory while the backward runs (recomputed or
-            prefetched activations, fetched parameters).
+        transient_bwd_bytes: ``[pieces]`` working memory while the backward runs: the largest
+            output and a fresh gradient of the largest layer's parameters (before it is
+            accumulated into ``.grad``), plus recomputed or prefetched activations and fetched
+            parameters under a memory policy.
         transfer_bytes: ``[transfers]`` bytes of one micro-batch's tensors.
         static_bytes: ``[ranks]`` parameters × optimizer state factor kept on the device.
         param_bytes: ``[ranks]`` parameter bytes (what the optimizer updates).
@@ -92,7 +94,11 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
     factor = state_factor(optimizer)
     pol = tuple(policies) if policies is not None else ("none",) * n_p
-    t_bwd = transient.copy()
+    # the backward also holds a fresh gradient of the layer it differentiates until it is
+    # accumulated into .grad: the largest layer's parameters, once
+    grad_tmp = np.zeros(n_p)
+    np.maximum.at(grad_tmp, piece_of, g.param_bytes.astype(np.float64))
+    t_bwd = transient + grad_tmp
     static_piece = piece_params * factor
     if any(p != "none" for p in pol):
         inputs = np.zeros(n_p)
@@ -105,14 +111,14 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
             if name == "checkpoint":
                 # recomputed activations, plus the gradient flowing in and out of the op
                 # being differentiated (measured: about three of the largest outputs)
-                t_bwd[p] = 3 * transient[p] + saved[p]
+                t_bwd[p] = 3 * transient[p] + saved[p] + grad_tmp[p]
                 bwd[p] += fwd[p]
                 saved[p] = min(inputs[p], saved[p])
             elif name == "offload-activations" and not host_is_device:
                 copy_s = saved[p] / host_bandwidth
                 fwd[p] = max(fwd[p], copy_s)
                 bwd[p] = max(bwd[p], copy_s)
-                t_bwd[p] = 3 * transient[p] + saved[p]
+                t_bwd[p] = 3 * transient[p] + saved[p] + grad_tmp[p]
                 saved[p] = 0.0
             elif name == "offload-params" and not host_is_device:
                 copy_s = piece_params[p] / host_bandwidth
