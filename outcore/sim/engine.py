@@ -236,7 +236,10 @@ class _Engine:
         arrived = self.ar_arrived.setdefault(a.bucket, {})
         arrived[r] = t
         if len(arrived) == len(group):
-            start = max(max(arrived.values()), max(self.ar_free[m] for m in group))
+            # one collective stream per rank: shared-parameter and data-parallel all-reduces
+            # take turns (the data-parallel sum must include the replicas' anyway)
+            start = max(max(arrived.values()),
+                        max(max(self.ar_free[m], self.dp_free[m]) for m in group))
             nbytes = self.opt.bucket_bytes[a.bucket] if a.bucket < len(self.opt.bucket_bytes) \
                 else 0.0
             link = self.cluster.link(min(group), max(group))
@@ -244,6 +247,7 @@ class _Engine:
             self.ar_end[a.bucket] = end
             for member in group:
                 self.ar_free[member] = end
+                self.dp_free[member] = max(self.dp_free[member], end)
                 self.events.append(Event(member, "allreduce", str(a), start, end, "comm",
                                          bytes=int(nbytes)))
             for w in self.ar_waiters.pop(a.bucket, []):
@@ -261,7 +265,7 @@ class _Engine:
         ready = t
         if 0 < bucket < share:  # the first bucket is ready part-way through the backward
             ready = t - (1 - bucket / share) * (t - b_start)
-        start = max(ready, self.dp_free[r])
+        start = max(ready, self.dp_free[r], self.ar_free[r])
         end = start + ph.intra_s
         if ph.node is not None:  # the node's all-reduces take turns on its network port
             end = max(end, self.dp_port.get(ph.node, 0.0))
@@ -271,7 +275,7 @@ class _Engine:
             end = max(end, t + dp_phases(self.cluster, self.s.num_ranks, self.opt.dp, r,
                                          bucket, self.opt.dp_collective,
                                          self.opt.dp_link).total_s)
-        self.dp_free[r] = end
+        self.dp_free[r] = self.ar_free[r] = end
         if end > start:
             self.events.append(Event(r, "allreduce", f"DP{'' if piece is None else piece}",
                                      start, end, "comm", piece=-1 if piece is None else piece,
