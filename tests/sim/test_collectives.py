@@ -161,3 +161,23 @@ def test_fused_all_reduce_waits_for_the_whole_backward():
     fused = simulate(p, g, cluster=cl, dp=2, dp_fused=True)
     assert dp_spans(fused) == [(0, 6.0, 8.0)]
     assert (per_piece.iteration_s, fused.iteration_s) == pytest.approx((7.0, 8.0))
+
+
+def test_replica_and_data_parallel_all_reduces_take_turns():
+    # a parameter used on both ranks (as MAST replicas hold one stage on two devices): the
+    # shared-parameter all-reduce and the data-parallel one share each rank's collective
+    # stream. F 1 s, B 2 s; rank 0's backward ends at 6. Its data-parallel all-reduce of 2 GB
+    # over 2 nodes (2 s at 1 GB/s) runs 6-8, then the 2-rank ring of the shared 2 GB (2 s)
+    # runs 8-10.
+    g = gbuild("tied", fwd_s=[1.0, 1.0], bwd_s=[2.0, 2.0], src=[0], dst=[1], edge_bytes=[0],
+               param_bytes=[2e9, 0], out_bytes=[0, 0], saved_bytes=[0, 0], batch_size=1,
+               attrs=[{"params": ["w"]}, {"shared_params": ["w"]}])
+    p = make_plan(g, np.array([0, 1]), strategy="manual", devices=2, memory_bytes=None,
+                  microbatches=1, schedule="1f1b")
+    cl = Cluster(DeviceSpec("d", 1e12, 1e12, 1e20), nodes=2, devices_per_node=2,
+                 intra=LinkSpec(1e9, 0.0), inter=LinkSpec(1e9, 0.0))
+    r = simulate(p, g, cluster=cl, dp=2)
+    spans = sorted((e.rank, e.label, e.start_s, e.end_s) for e in r.timeline.events
+                   if e.kind == "allreduce")
+    assert spans == [(0, "AR0", 8.0, 10.0), (0, "DP0", 6.0, 8.0), (1, "AR0", 8.0, 10.0)]
+    assert r.iteration_s == pytest.approx(10.0)
