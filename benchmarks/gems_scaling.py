@@ -347,8 +347,11 @@ def markdown(doc: dict[str, Any]) -> str:
                                 "exposed all-reduce ms", "efficiency"], rows))
     if doc.get("cross_check"):
         lines += ["\n## Cross-check: collective model vs copies simulated one by one\n",
-                  "Both fused after the backward; the copies' all-reduce is one flat ring per "
-                  "bucket over the ranks holding the parameters (no port sharing).\n"]
+                  "The model: each GPU's gradients in one all-reduce over the D copies after "
+                  "its backward (torchgems), after the replica all-reduce. The copies: one "
+                  "flat ring per parameter bucket over every rank holding those parameters "
+                  "(replicas x copies), launched after the last backward touching them, at "
+                  "the slowest link it crosses, no port sharing.\n"]
         rows = [[x["design"], x["dp"], x["gpus"], f"{1e3 * x['model_iteration_s']:.2f}",
                  f"{1e3 * x['copies_iteration_s']:.2f}", f"{x['model_wall_s']:.2f}",
                  f"{x['copies_wall_s']:.2f}"] for x in doc["cross_check"]]
