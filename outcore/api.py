@@ -268,12 +268,13 @@ def _replicate(g: Graph, base: Plan, mode: str, replicas: int, dp: int,
 
 
 def simulate(p: Plan, g: Graph, *, microbatches: int | None = None, schedule: str | None = None,
-             cluster: Cluster | None = None, dp: int = 1,
-             global_batch: int | None = None) -> "SimResult":
-    """Predict one training iteration of a plan (see :func:`outcore.sim.simulate`)."""
+             cluster: Cluster | None = None, dp: int = 1, global_batch: int | None = None,
+             **options: Any) -> "SimResult":
+    """Predict one training iteration of a plan (see :func:`outcore.sim.simulate`; ``options``
+    such as ``collective``, ``dp_bucket_bytes`` and ``dp_fused`` pass through)."""
     from outcore.sim.simulate import simulate as _simulate
     return _simulate(p, g, microbatches=microbatches, schedule=schedule, cluster=cluster, dp=dp,
-                     global_batch=global_batch)
+                     global_batch=global_batch, **options)
 
 
 def parallelize(model: Any, example_inputs: Any, *, plan: Plan, graph: Graph | None = None,

@@ -55,6 +55,28 @@ def groups(g: Graph, depth: int) -> tuple[np.ndarray, list[str]]:
     return group, names
 
 
+def _merged_params(g: Graph, nodes: np.ndarray) -> dict:
+    """The parameter names a block owns and shares (so replicas and tied weights still get
+    their all-reduce buckets on a collapsed graph)."""
+    if g.attrs is None:
+        return {}
+    owned: list[str] = []
+    shared: list[str] = []
+    shared_bytes = 0
+    for i in nodes.tolist():
+        owned += g.attrs[i].get("params", []) or []
+        shared += g.attrs[i].get("shared_params", []) or []
+        shared_bytes += int(g.attrs[i].get("shared_bytes", 0) or 0)
+    shared = [n for n in dict.fromkeys(shared) if n not in set(owned)]
+    out: dict = {}
+    if owned:
+        out["params"] = owned
+    if shared:
+        out["shared_params"] = shared
+        out["shared_bytes"] = shared_bytes
+    return out
+
+
 def collapse(g: Graph, depth: int | None) -> Graph:
     """The block graph of ``g`` at ``depth`` (``None``: ``g`` itself).
 
@@ -108,7 +130,7 @@ def collapse(g: Graph, depth: int | None) -> Graph:
             key = block_key(g.module_of(i), depth) or ""
             ops.append(types.get(key, "block") if key else "model")
             modules.append(key)
-            extra = {}
+            extra = _merged_params(g, np.flatnonzero(group == b))
         extra["members"] = members[b]
         attrs.append(extra)
     return build(

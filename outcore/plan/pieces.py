@@ -101,6 +101,14 @@ def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None,
             if x > best:
                 best = x
         h[v] = best
+    # a source (an input, a constant, a parameter read) whose consumers all share its key and
+    # need not send joins its earliest consumer's piece instead of forming a piece of its own
+    sptr, succ = g.succ_ptr.tolist(), g.succ_idx.tolist()
+    for v in range(g.num_nodes):
+        if ptr[v] == ptr[v + 1] and sptr[v] < sptr[v + 1] and not cut_after[v]:
+            consumers = succ[sptr[v]:sptr[v + 1]]
+            if all(dev[w] == dev[v] for w in consumers):
+                h[v] = min(h[w] for w in consumers)
     return np.asarray(h, dtype=np.int64)
 
 
