@@ -296,7 +296,7 @@ def fmt_table(cols: list[str], rows: list[list[Any]]) -> str:
 
 def markdown(doc: dict[str, Any]) -> str:
     a = doc["assumptions"]
-    lines = [f"# GEMS weak scaling, simulated\n",
+    lines = ["# GEMS weak scaling, simulated\n",
              f"Command: `{doc['command']}`\n",
              "Every figure is a simulation (outcore's discrete-event simulator with the "
              "analytical V100 cost model), not a measurement.\n",

@@ -49,7 +49,6 @@ def measure(spec, g, kind: str, steps: int):
     import torch
 
     from outcore.plan.plan import make_plan
-    from outcore.runtime.config import TrainConfig
     from outcore.runtime.data import SyntheticData
     from outcore.runtime.trainer import Trainer
     from outcore.sim import simulate

@@ -13,19 +13,19 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from outcore.errors import InfeasibleError, PlanError, UsageError
-from outcore.graph.io import load as load_graph, save as save_graph, to_dict as graph_to_dict
+from outcore.graph.io import save as save_graph, to_dict as graph_to_dict
 from outcore.graph.ir import Graph
 from outcore.plan.plan import Plan, align, load as load_plan, make_plan, save as save_plan
 from outcore.plan.plan import to_dict as plan_to_dict
 from outcore.runtime.config import TrainConfig
-from outcore.units import format_bytes, parse_bytes, parse_shape
+from outcore.units import parse_bytes, parse_shape
 
 log = logging.getLogger(__name__)
 

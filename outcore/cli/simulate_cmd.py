@@ -6,7 +6,6 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-import numpy as np
 
 from outcore.cli.common import check_output_suffix, console, note, positive_int, table
 from outcore.units import format_bytes, format_seconds

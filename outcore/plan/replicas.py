@@ -98,7 +98,6 @@ def replication_of(plan: Plan) -> Replication | None:
     par = plan.extra.get("parallel")
     if not par:
         return None
-    stages = len(par["maps"][0])
     stage_of = np.asarray(par.get("stage_of", plan.assignment), dtype=np.int64)
     if stage_of.shape != plan.assignment.shape:
         stage_of = plan.assignment.copy()

@@ -266,7 +266,6 @@ def _draw_edges(ax, view: View, lay: Layout, cut: np.ndarray, dx: float, dy: flo
         lw = np.clip(lw, 0.5, 1.8)
     ports = _ports(lay)
     order = sorted(range(vg.num_edges), key=lambda e: (bool(cut[e]), e))
-    h = lay.node_height / 2
     for e in order:
         colour = CUT_RED if cut[e] else EDGE_GREY
         style = dict(arrowstyle="-|>,head_length=0.5,head_width=0.22", mutation_scale=8,

@@ -11,7 +11,7 @@ import numpy as np
 import psutil
 import pytest
 
-from outcore.errors import PlanError, RuntimeFailure
+from outcore.errors import RuntimeFailure
 from outcore.runtime import checkpoint
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.launch import run_local

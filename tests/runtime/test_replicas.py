@@ -7,7 +7,6 @@ chunks. Losses and every parameter of every rank must match (1e-5 relative).
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from outcore.runtime.config import TrainConfig
