@@ -136,7 +136,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--mbs", type=int, default=8)
     ap.add_argument("--size", type=int, default=32)
-    ap.add_argument("--bandwidth", type=float, default=2e9, help="loopback gloo, bytes/s")
+    ap.add_argument("--bandwidth", type=float, default=1.5e9, help="loopback gloo, bytes/s")
     ap.add_argument("--latency", type=float, default=1e-4, help="loopback gloo, seconds")
     ap.add_argument("--out", default="benchmarks/results/runtime_vs_torch")
     args = ap.parse_args()

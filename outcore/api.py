@@ -63,6 +63,10 @@ def make_cluster(devices: int, memory: str | float | None = None,
         else:
             from outcore.hardware.presets import device_preset
             spec = device_preset(device)
+    from dataclasses import replace as _replace
+    from outcore.hardware.spec import RUNTIME_OVERHEAD_S
+    spec = _replace(spec or DeviceSpec("generic", mem, 1e13, 1e12),
+                    fwd_overhead_s=RUNTIME_OVERHEAD_S[0], bwd_overhead_s=RUNTIME_OVERHEAD_S[1])
     return flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
                         latency_s=parse_seconds(latency), device=spec)
 
@@ -156,7 +160,8 @@ def _cluster_doc(cluster: Cluster) -> dict[str, Any]:
     d = cluster.device
     return {"bandwidth": cluster.intra.bandwidth, "latency_s": cluster.intra.latency_s,
             "device": d.name, "peak_flops": d.peak_flops, "mem_bandwidth": d.mem_bandwidth,
-            "host_bandwidth": d.host_bandwidth, "host_is_device": d.host_is_device}
+            "host_bandwidth": d.host_bandwidth, "host_is_device": d.host_is_device,
+            "fwd_overhead_s": d.fwd_overhead_s, "bwd_overhead_s": d.bwd_overhead_s}
 
 
 def _plan_single(g: Graph, K: int, budget: float | None, *, limit: float | None,

@@ -132,7 +132,13 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
         return g, p
     device = "cuda" if torch.cuda.is_available() else "cpu"
     from outcore.api import _cluster_doc, make_cluster
-    cluster = make_cluster(devices, memory, device=None if device == "cuda" else "cpu")
+    from outcore.hardware.presets import link_preset
+    # local CPU workers talk over gloo on loopback (measured preset); GPUs: a generic link
+    link = link_preset("gloo-loopback") if device == "cpu" else None
+    bandwidth = link.bandwidth if link else "16GB/s"
+    latency = link.latency_s if link else "25us"
+    cluster = make_cluster(devices, memory, bandwidth, latency,
+                           device=None if device == "cuda" else "cpu")
     if devices == 1 and copies == 1:
         from outcore.partition.memory_policy import choose
         from outcore.sim.simulate import simulate
@@ -150,7 +156,8 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
     p = make_a_plan(g, devices, memory, strategy=strategy, parallel=parallel, replicas=R,
                     dp=dp, microbatches=cfg.microbatches, schedule=cfg.schedule,
                     optimizer=cfg.optimizer, seed=cfg.seed, memory_policy=memory_policy,
-                    device=None if device == "cuda" else "cpu")
+                    device=None if device == "cuda" else "cpu", bandwidth=bandwidth,
+                    latency=latency)
     return g, p
 
 

@@ -98,7 +98,9 @@ def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatc
         if policies is not None else None
     costs = piece_costs(g, pieces, num_ranks, scale=scale, optimizer=optimizer,
                         policies=piece_policies, host_bandwidth=cluster.device.host_bandwidth,
-                        host_is_device=cluster.device.host_is_device)
+                        host_is_device=cluster.device.host_is_device,
+                        fwd_overhead_s=cluster.device.fwd_overhead_s,
+                        bwd_overhead_s=cluster.device.bwd_overhead_s)
     groups, names, sizes = shared_param_buckets(g, assignment)
 
     def link_time(a: int, b: int, nbytes: float) -> float:
