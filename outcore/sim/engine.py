@@ -56,6 +56,7 @@ class SimOptions:
     dp: int = 1
     dp_link: LinkSpec | None = None
     optimizer_bytes_per_param_byte: float = 7.0
+    optimizer_transient: float = 0.0  # working memory of the step, per parameter byte
     bucket_bytes: tuple[float, ...] = ()
     dp_collective: str = "auto"
     dp_bucket_bytes: float = 0.0
@@ -207,9 +208,14 @@ class _Engine:
             return None
         done = [self.ar_end[b] for b, grp in enumerate(s.buckets) if r in grp]
         start = max([t, self.dp_free[r]] + done)
+        work = float(c.param_bytes[r]) * self.opt.optimizer_transient
+        if work:
+            self.add_mem(r, start, work)
         dur = float(c.param_bytes[r]) * self.opt.optimizer_bytes_per_param_byte / \
             self.cluster.device.mem_bandwidth
         self.events.append(Event(r, "optim", "OPT", start, start + dur, "compute"))
+        if work:
+            self.add_mem(r, start + dur, -work)
         return start + dur if start + dur > t else t
 
     def send(self, r: int, a: Action, t: float) -> None:
