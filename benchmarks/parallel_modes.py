@@ -66,16 +66,25 @@ def main() -> None:
             run("SUPER sub-graph", sub, 2, per, args.mbs, args.steps, strategy="subgraph"),
             run("data parallel", sub, 2, per, args.mbs, args.steps, dp=2),
         ]
-    base = rows[0]["measured_samples_per_s"]
-    base_p = rows[0]["predicted_samples_per_s"]
-    lines = ["| configuration | devices | batch | measured samples/s | predicted samples/s | "
-             "measured vs MP-Basic | predicted vs MP-Basic |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        lines.append(f"| {r['config']} | {r['devices']} | {r['batch']} | "
-                     f"{r['measured_samples_per_s']:.1f} | {r['predicted_samples_per_s']:.1f} |"
-                     f" {r['measured_samples_per_s'] / base:.2f}x | "
-                     f"{r['predicted_samples_per_s'] / base_p:.2f}x |")
+    lines = []
+    groups = [(f"GEMS on {args.model} (reference: MP-Basic)", rows[:3])]
+    if args.subgraph:
+        groups.append((f"SUPER on {rows[3]['model']} (reference: data parallel)",
+                       [rows[4], rows[3]]))
+    for title, block in groups:
+        base = block[0]["measured_samples_per_s"]
+        base_p = block[0]["predicted_samples_per_s"]
+        lines += [f"**{title}**", "",
+                  "| configuration | devices | batch | measured samples/s | predicted "
+                  "samples/s | measured vs reference | predicted vs reference |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in block:
+            lines.append(f"| {r['config']} | {r['devices']} | {r['batch']} | "
+                         f"{r['measured_samples_per_s']:.1f} | "
+                         f"{r['predicted_samples_per_s']:.1f} | "
+                         f"{r['measured_samples_per_s'] / base:.2f}x | "
+                         f"{r['predicted_samples_per_s'] / base_p:.2f}x |")
+        lines.append("")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(rows, indent=1))
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")

@@ -270,9 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|\n" + "\n".join(info),
         "## A. One machine, K A100s over NVLink 3, fixed global batch",
         "Cells: emulated / simulated ms. *Emulated*: the planners' node-level emulator (what "
-        "they optimise; for M > 1 it interleaves micro-batches node by node, so it shows no "
-        "pipelining). *Simulated*: the schedule simulator running the 1F1B schedule the "
-        "runtime executes (pieces run whole and send when they end; ports contend). DP and "
+        "they optimise; earliest micro-batch first, GPipe-like). *Simulated*: the schedule "
+        "simulator running the 1F1B schedule the runtime executes (a node whose output another "
+        "device consumes ends its piece; ports contend). DP and "
         "the all-reduce of D&SP are the formula of the docstring in both.",
         table_a(rows_a),
         f"## B. Weak scaling, {PER_DEVICE} samples per device (synthetic: batch / 8), "
