@@ -50,6 +50,8 @@ class PieceCosts:
         param_bytes: ``[ranks]`` parameter bytes (what the optimizer updates).
         piece_param_bytes: ``[pieces]`` parameter bytes of each piece (its gradient bucket).
         policies: ``[pieces]`` memory policy of each piece.
+        largest_param_bytes: ``[ranks]`` parameters of the largest layer on each rank (the
+            optimizer's working memory scales with it).
     """
 
     fwd_s: np.ndarray
@@ -62,6 +64,7 @@ class PieceCosts:
     piece_param_bytes: np.ndarray
     transient_bwd_bytes: np.ndarray | None = None
     policies: tuple[str, ...] = ()
+    largest_param_bytes: np.ndarray | None = None
 
     @property
     def bwd_transient(self) -> np.ndarray:
@@ -134,5 +137,8 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         if n_p else np.zeros(num_ranks)
     params = np.bincount(rank_of_piece, weights=piece_params, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
+    largest = np.zeros(num_ranks)
+    if n_p:
+        np.maximum.at(largest, rank_of_piece, grad_tmp)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
-                      pol)
+                      pol, largest)

@@ -56,7 +56,7 @@ class SimOptions:
     dp: int = 1
     dp_link: LinkSpec | None = None
     optimizer_bytes_per_param_byte: float = 7.0
-    optimizer_transient: float = 0.0  # working memory of the step, per parameter byte
+    optimizer_transient: float = 0.0  # working memory of the step, x the largest layer's params
     bucket_bytes: tuple[float, ...] = ()
     dp_collective: str = "auto"
     dp_bucket_bytes: float = 0.0
@@ -208,7 +208,8 @@ class _Engine:
             return None
         done = [self.ar_end[b] for b, grp in enumerate(s.buckets) if r in grp]
         start = max([t, self.dp_free[r]] + done)
-        work = float(c.param_bytes[r]) * self.opt.optimizer_transient
+        largest = c.largest_param_bytes[r] if c.largest_param_bytes is not None else 0.0
+        work = float(largest) * self.opt.optimizer_transient
         if work:
             self.add_mem(r, start, work)
         dur = float(c.param_bytes[r]) * self.opt.optimizer_bytes_per_param_byte / \

@@ -128,15 +128,16 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
                       dp_fused=dp_fused,
                       optimizer_bytes_per_param_byte=optimizer_traffic(
                           plan.optimizer, cl.device.host_is_device),
-                      optimizer_transient=0.3 if plan.optimizer.lower().startswith("adam")
+                      optimizer_transient=2.0 if plan.optimizer.lower().startswith("adam")
                       else 0.0)
     tl = simulate_schedule(sched, costs, cl, opts)
     return summarize(tl, sched, costs, batch, dp, plan.memory_bytes)
 
 
 # Memory traffic of one optimizer step, in bytes moved per parameter byte (and, for Adam, a
-# working set of 0.3 x the parameter bytes during the step: measured with the CPU tracker on
-# 20M parameters in ten tensors; SGD with or without momentum needs none). A fused GPU Adam
+# working set of twice the largest parameter tensor during the step: measured with the CPU
+# tracker, 2.0-3.0x the largest tensor for one, ten and eleven tensors of 8-400 MB; SGD with or
+# without momentum needs none). A fused GPU Adam
 # reads weight, gradient and two moments and writes three (7). PyTorch's CPU optimizers run a
 # sequence of element-wise passes instead; measured here (1 thread, 20M parameters, against
 # the 17.3 GB/s copy bandwidth of the cpu preset): Adam 1.92 ns/byte = 33 bytes per byte,
