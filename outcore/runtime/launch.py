@@ -9,6 +9,7 @@ and the error names the rank and what it was doing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -114,8 +115,9 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results,
                                                 timeout_s, threads), daemon=True)
              for r in range(world_size)]
-    for p in procs:
-        p.start()
+    with _worker_environment():
+        for p in procs:
+            p.start()
     outputs: dict[int, Any] = {}
     errors: list[tuple[int, str]] = []
     started = time.monotonic()
@@ -170,6 +172,27 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
 
 _COMM_WORDS = ("timed out", "timeout", "connection", "read error", "gloo", "nccl",
                "failed receiving", "failed sending", "peer")
+
+
+# glibc returns freed large blocks to the OS (mmap/munmap) and takes them back with page
+# faults on every step; training reuses the same sizes each step, so keep them in the heap.
+WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
+
+
+@contextlib.contextmanager
+def _worker_environment():
+    """Environment the spawned workers start with (set around their start, then restored)."""
+    saved = {k: os.environ.get(k) for k in WORKER_ENV}
+    for k, v in WORKER_ENV.items():
+        os.environ.setdefault(k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _root_cause_rank(msg: str, rank: int) -> tuple[int, int]:

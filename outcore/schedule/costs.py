@@ -52,6 +52,8 @@ class PieceCosts:
         policies: ``[pieces]`` memory policy of each piece.
         largest_param_bytes: ``[ranks]`` parameters of the largest layer on each rank (the
             optimizer's working memory scales with it).
+        param_tensors: ``[ranks]`` parameter tensors each rank's optimizer updates (CPU
+            optimizers pay a fixed cost per tensor).
     """
 
     fwd_s: np.ndarray
@@ -65,6 +67,7 @@ class PieceCosts:
     transient_bwd_bytes: np.ndarray | None = None
     policies: tuple[str, ...] = ()
     largest_param_bytes: np.ndarray | None = None
+    param_tensors: np.ndarray | None = None
 
     @property
     def bwd_transient(self) -> np.ndarray:
@@ -138,7 +141,14 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     params = np.bincount(rank_of_piece, weights=piece_params, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
     largest = np.zeros(num_ranks)
+    tensors = np.zeros(num_ranks)
     if n_p:
         np.maximum.at(largest, rank_of_piece, grad_tmp)
+        if g.attrs is not None:
+            held: list[set[str]] = [set() for _ in range(num_ranks)]
+            for v in range(g.num_nodes):
+                names = (g.attr(v, "params", []) or []) + (g.attr(v, "shared_params", []) or [])
+                held[rank_of_piece[piece_of[v]]].update(names)
+            tensors = np.array([len(h) for h in held], dtype=np.float64)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
-                      pol, largest)
+                      pol, largest, tensors)

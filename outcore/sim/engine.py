@@ -57,6 +57,7 @@ class SimOptions:
     dp_link: LinkSpec | None = None
     optimizer_bytes_per_param_byte: float = 7.0
     optimizer_transient: float = 0.0  # working memory of the step, x the largest layer's params
+    optimizer_per_tensor_s: float = 0.0  # fixed cost per parameter tensor
     bucket_bytes: tuple[float, ...] = ()
     dp_collective: str = "auto"
     dp_bucket_bytes: float = 0.0
@@ -214,6 +215,8 @@ class _Engine:
             self.add_mem(r, start, work)
         dur = float(c.param_bytes[r]) * self.opt.optimizer_bytes_per_param_byte / \
             self.cluster.device.mem_bandwidth
+        if c.param_tensors is not None:
+            dur += float(c.param_tensors[r]) * self.opt.optimizer_per_tensor_s
         self.events.append(Event(r, "optim", "OPT", start, start + dur, "compute"))
         if work:
             self.add_mem(r, start + dur, -work)
