@@ -9,10 +9,11 @@ from outcore.units import format_bytes, format_seconds
 
 # The embedded default job: a model whose training step does not fit one device of DEFAULT_MEMORY,
 # trained across DEFAULT_DEVICES local workers.
-DEFAULT_MODEL = "outcore:resnet_k:depth=56,width=16"
+DEFAULT_MODEL = "outcore:transformer:layers=8,d_model=256,heads=4,seq=32,vocab=512"
 DEFAULT_DEVICES = 4
-DEFAULT_MEMORY = "24MiB"
-DEFAULT_BATCH = 32
+DEFAULT_MEMORY = "48MiB"
+DEFAULT_BATCH = 16
+DEFAULT_MICROBATCHES = 4
 
 DESCRIPTION = f"""Train a model across devices: capture its graph, cost every layer (profiled
 here, or estimated), plan it under --memory per device (or use --plan), then spawn --devices
@@ -107,11 +108,12 @@ def run(args: argparse.Namespace) -> int:
             bar.update(task, visible=True, completed=m["step"] + 1,
                        info=f"loss {m['loss']:.4f}  {m['samples_per_s']:.1f} samples/s")
 
+        mbs = args.microbatches or (DEFAULT_MICROBATCHES if default_job else None)
         report = outcore.train(
             model, devices, memory=memory, strategy=args.strategy, plan=args.plan,
             parallel=args.parallel, replicas=args.replicas, dp=args.dp,
             memory_policy=args.memory_policy,
-            input_shape=args.input_shape, batch_size=batch, microbatches=args.microbatches,
+            input_shape=args.input_shape, batch_size=batch, microbatches=mbs,
             steps=steps, schedule=args.schedule, optimizer=args.optimizer, lr=args.lr,
             lr_schedule=args.lr_schedule, seed=args.seed, data=args.data, costs=args.costs,
             run_dir=args.run_dir, metrics_out=args.metrics_out,
@@ -135,7 +137,8 @@ def _run_quiet(args: argparse.Namespace) -> int:
         replicas=args.replicas, dp=args.dp, memory_policy=args.memory_policy,
         input_shape=args.input_shape,
         batch_size=args.batch_size or (DEFAULT_BATCH if default_job else 8),
-        microbatches=args.microbatches, steps=args.steps, schedule=args.schedule,
+        microbatches=args.microbatches or (DEFAULT_MICROBATCHES if default_job else None),
+        steps=args.steps, schedule=args.schedule,
         optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule, seed=args.seed,
         data=args.data, costs=args.costs, run_dir=args.run_dir, metrics_out=args.metrics_out,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
