@@ -21,12 +21,17 @@ KEEP_OPS = ("input", "output")
 
 
 def block_key(module: str, depth: int) -> str | None:
-    """Block a node with this module path belongs to at ``depth`` (None: stays a node)."""
+    """Block a node with this module path belongs to at ``depth`` (None: stays a node).
+
+    A node directly inside a module shallower than ``depth`` (a tensor op in the forward of
+    ``blocks.0`` at depth 3) is a leaf at that depth: it stays a node of its own.
+    """
     if depth == 0:
         return ""
-    if not module:
+    parts = module.split(".") if module else []
+    if len(parts) < depth:
         return None
-    return ".".join(module.split(".")[:depth])
+    return ".".join(parts[:depth])
 
 
 def groups(g: Graph, depth: int) -> tuple[np.ndarray, list[str]]:
@@ -121,8 +126,9 @@ def collapse(g: Graph, depth: int | None) -> Graph:
     ops, modules, attrs = [], [], []
     for b in range(k):
         i = int(first[b])
-        if len(members[b]) == 1 and (g.op_of(i) in KEEP_OPS or not g.module_of(i)
-                                     or block_key(g.module_of(i), depth) == g.module_of(i)):
+        if len(members[b]) == 1 and (g.op_of(i) in KEEP_OPS or
+                                     block_key(g.module_of(i), depth) in (None,
+                                                                          g.module_of(i))):
             ops.append(g.op_of(i))
             modules.append(g.module_of(i))
             extra = dict(g.attrs[i]) if g.attrs is not None else {}

@@ -84,7 +84,7 @@ def test_transformer_heads_are_parallel_branches():
         for b in idx:
             assert not ((heads.src == a) & (heads.dst == b)).any()
     sources = {int(heads.src[(heads.dst == i)][0]) for i in idx}
-    assert len(sources) == 1 and heads.names[sources.pop()] == "blocks.0.ln1"
+    assert len(sources) == 1 and heads.names[sources.pop()] == "blocks_0_ln1"
 
 
 def test_two_inputs_two_outputs_and_skips():

@@ -23,7 +23,8 @@ def layered():
 def test_block_keys():
     assert block_key("layer1.0.conv1", 1) == "layer1"
     assert block_key("layer1.0.conv1", 2) == "layer1.0"
-    assert block_key("fc", 3) == "fc"
+    assert block_key("fc", 1) == "fc"
+    assert block_key("fc", 3) is None  # a leaf shallower than the depth stays its own node
     assert block_key("", 1) is None
     assert block_key("", 0) == ""
 
