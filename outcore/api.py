@@ -51,8 +51,10 @@ def estimate(g: Graph, device: str | DeviceSpec = "cpu") -> Graph:
 
 def make_cluster(devices: int, memory: str | float | None = None,
                  bandwidth: str | float = "16GB/s", latency: str | float = "25us",
-                 device: str | DeviceSpec | None = None) -> Cluster:
-    """A flat cluster of ``devices`` devices from user-facing units."""
+                 device: str | DeviceSpec | None = None,
+                 host_cores: int | None = None) -> Cluster:
+    """A flat cluster of ``devices`` devices from user-facing units (``host_cores``: the
+    devices are worker processes sharing this many CPU cores)."""
     mem = float(parse_bytes(memory)) if memory is not None else float("inf")
     if mem <= 0:
         raise UsageError(f"memory must be positive, got {memory!r}")
@@ -67,8 +69,9 @@ def make_cluster(devices: int, memory: str | float | None = None,
     from outcore.hardware.spec import RUNTIME_OVERHEAD_S
     spec = _replace(spec or DeviceSpec("generic", mem, 1e13, 1e12),
                     fwd_overhead_s=RUNTIME_OVERHEAD_S[0], bwd_overhead_s=RUNTIME_OVERHEAD_S[1])
-    return flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
-                        latency_s=parse_seconds(latency), device=spec)
+    cluster = flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
+                           latency_s=parse_seconds(latency), device=spec)
+    return _replace(cluster, host_cores=host_cores) if host_cores else cluster
 
 
 AUTO_CANDIDATES = ("pardnn", "pipeline", "subgraph")
@@ -78,7 +81,8 @@ def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy:
          parallel: str = "mp", replicas: int | None = None, dp: int = 1,
          bandwidth: str | float = "16GB/s", latency: str | float = "25us",
          microbatches: int = 1, schedule: str = "1f1b", optimizer: str = "adam",
-         device: str | None = None, seed: int = 0, memory_policy: str = "auto") -> Plan:
+         device: str | None = None, seed: int = 0, memory_policy: str = "auto",
+         host_cores: int | None = None) -> Plan:
     """Partition ``g`` over ``devices`` devices of ``memory`` each; predict with the simulator.
 
     The graph is one micro-batch: an iteration runs ``microbatches`` micro-batches of
@@ -95,6 +99,8 @@ def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy:
         memory_policy: ``auto`` (when a placement does not fit, choose per piece the cheapest
             of checkpointing and offloading that makes it fit, before asking for more
             devices), ``none``, ``checkpoint`` or ``offload`` (only those).
+        host_cores: the devices are local worker processes sharing this many CPU cores (the
+            simulator then slows down ranks that compute at the same time).
 
     Raises :class:`InfeasibleError` (naming the smallest device count or memory that would fit)
     when nothing fits. ``predicted`` holds the simulated iteration time, throughput, per-device
@@ -118,7 +124,7 @@ def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy:
     if not options or (parallel != "mp" and K < 2):
         raise UsageError(f"{parallel} needs at least 2 model-parallel devices; got {K}")
     mem = None if memory is None else float(parse_bytes(memory))
-    cluster = make_cluster(K * dp, memory, bandwidth, latency, device)
+    cluster = make_cluster(K * dp, memory, bandwidth, latency, device, host_cores)
     common = dict(strategy=strategy, cluster=cluster, microbatches=microbatches,
                   schedule=schedule, optimizer=optimizer, seed=seed,
                   memory_policy=memory_policy)
@@ -161,7 +167,8 @@ def _cluster_doc(cluster: Cluster) -> dict[str, Any]:
     return {"bandwidth": cluster.intra.bandwidth, "latency_s": cluster.intra.latency_s,
             "device": d.name, "peak_flops": d.peak_flops, "mem_bandwidth": d.mem_bandwidth,
             "host_bandwidth": d.host_bandwidth, "host_is_device": d.host_is_device,
-            "fwd_overhead_s": d.fwd_overhead_s, "bwd_overhead_s": d.bwd_overhead_s}
+            "fwd_overhead_s": d.fwd_overhead_s, "bwd_overhead_s": d.bwd_overhead_s,
+            "host_cores": cluster.host_cores}
 
 
 def _plan_single(g: Graph, K: int, budget: float | None, *, limit: float | None,

@@ -90,6 +90,7 @@ def replication_request(parallel: str, replicas: int | None, dp: int,
 def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strategy: str,
             plan_path: str | None, costs: str, parallel: str = "mp",
             replicas: int | None = None, dp: int = 1, memory_policy: str = "auto",
+            local: bool = True,
             progress: Callable[[str, int, int], None] | None = None) -> tuple[Graph, Plan]:
     """Capture the model at the micro-batch size, cost it, and plan it (or load the plan)."""
     import torch
@@ -137,8 +138,13 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
     link = link_preset("gloo-loopback") if device == "cpu" else None
     bandwidth = link.bandwidth if link else "16GB/s"
     latency = link.latency_s if link else "25us"
+    cores = _local_cores() if (device == "cpu" and local) else None
+    if cores and link and devices > cores:
+        # more workers than cores: a message waits for its receiver to be scheduled (measured
+        # with outcore.runtime.linkprobe on 2 cores with a third busy process: 1.6-2 ms)
+        latency = OVERSUBSCRIBED_LATENCY_S
     cluster = make_cluster(devices, memory, bandwidth, latency,
-                           device=None if device == "cuda" else "cpu")
+                           device=None if device == "cuda" else "cpu", host_cores=cores)
     if devices == 1 and copies == 1:
         from outcore.partition.memory_policy import choose
         from outcore.sim.simulate import simulate
@@ -157,7 +163,7 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
                     dp=dp, microbatches=cfg.microbatches, schedule=cfg.schedule,
                     optimizer=cfg.optimizer, seed=cfg.seed, memory_policy=memory_policy,
                     device=None if device == "cuda" else "cpu", bandwidth=bandwidth,
-                    latency=latency)
+                    latency=latency, host_cores=cores)
     return g, p
 
 
@@ -231,6 +237,18 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
                         timeout_s=timeout_s, threads=threads, poll=watcher.poll)
     watcher.poll()
     return _report(cfg, g, p, root, results)
+
+
+OVERSUBSCRIBED_LATENCY_S = 1.5e-3
+
+
+def _local_cores() -> int:
+    """CPU cores this process may use (the local workers share them)."""
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _default_microbatches(batch: int, devices: int) -> int:
@@ -328,7 +346,7 @@ def _job_main(ctx: Any, cfg: TrainConfig, devices: int, memory: Any, strategy: s
     docs: list[Any] = [None, None, None, None]
     if ctx.rank == 0:
         g, p = prepare(cfg, devices, memory=memory, strategy=strategy, plan_path=plan,
-                       costs=costs, **replication)
+                       costs=costs, local=False, **replication)
         save_graph(g, Path(root) / "graph.json")
         save_plan(p, Path(root) / "plan.json")
         docs = [graph_to_dict(g), plan_to_dict(p), cfg, root]

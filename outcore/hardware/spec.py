@@ -66,13 +66,19 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class Cluster:
-    """``nodes`` × ``devices_per_node`` devices with intra- and inter-node links."""
+    """``nodes`` × ``devices_per_node`` devices with intra- and inter-node links.
+
+    ``host_cores``: when the "devices" are worker processes on one machine's CPU cores (local
+    CPU training), the number of cores they share; more computing ranks than cores slow each
+    other down (processor sharing). None: every device computes on its own.
+    """
 
     device: DeviceSpec
     nodes: int = 1
     devices_per_node: int = 1
     intra: LinkSpec = LinkSpec(16e9, 25e-6)
     inter: LinkSpec = LinkSpec(12.5e9, 5e-6)
+    host_cores: int | None = None  # all ranks share this many cores (local CPU workers)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.devices_per_node < 1:

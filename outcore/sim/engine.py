@@ -98,14 +98,18 @@ class _Engine:
         self.pieces_left = [0] * R  # per rank: pieces whose last backward is still to run
         for piece in self.last_b:
             self.pieces_left[s.pieces.pieces[piece].device] += 1
-        self.queue: list[tuple[float, int, int]] = []
+        self.queue: list[tuple[float, int, int, int]] = []
+        # ranks sharing ``cores`` host cores (local CPU workers): computes share them equally
+        self.cores = cluster.host_cores
+        self.active: dict[int, list] = {}  # rank -> [action, start, remaining work, version]
+        self.last_change = 0.0
         self.seq = 0
         self.finish = [0.0] * R
 
     # ------------------------------------------------------------------ helpers
     def wake(self, r: int, t: float) -> None:
         self.seq += 1
-        heapq.heappush(self.queue, (t, self.seq, r))
+        heapq.heappush(self.queue, (t, self.seq, r, -1))
 
     def ports(self, a: int, b: int) -> tuple[object, object, LinkSpec]:
         cl = self.cluster
@@ -123,8 +127,11 @@ class _Engine:
         for r in range(s.num_ranks):
             self.wake(r, 0.0)
         while self.queue:
-            t, _, r = heapq.heappop(self.queue)
-            self.step(r, t)
+            t, _, r, version = heapq.heappop(self.queue)
+            if version >= 0:
+                self._done_shared(r, version, t)
+            else:
+                self.step(r, t)
         unfinished = [f"rank {r} at {s.actions[r][self.pc[r]]}" for r in range(s.num_ranks)
                       if self.pc[r] < len(s.actions[r])]
         if unfinished:
@@ -164,22 +171,69 @@ class _Engine:
         c, s = self.c, self.s
         if a.op in ("F", "B"):
             dur = float(c.fwd_s[a.piece] if a.op == "F" else c.bwd_s[a.piece])
-            end = t + dur
-            self.events.append(Event(r, a.op, str(a), t, end, "compute", a.mb, a.piece))
-            work = c.transient_bytes[a.piece] if a.op == "F" else c.bwd_transient[a.piece]
-            self.add_mem(r, t, work)
-            self.add_mem(r, end, -work)
-            if a.op == "F":
-                self.add_mem(r, end, c.saved_bytes[a.piece])
-            else:
-                self.add_mem(r, end, -c.saved_bytes[a.piece] - self.held.pop((a.piece, a.mb), 0.0))
-                if self.opt.dp > 1 and self.last_b.get(a.piece) == a.mb:
-                    self.pieces_left[r] -= 1
-                    if not self.opt.dp_fused:
-                        self.dp_allreduce(r, a.piece, end, t)
-                    elif self.pieces_left[r] == 0:
-                        self.dp_allreduce(r, None, end, end)
-            return end
+            if self.cores is not None:  # ranks share host cores: the end depends on others
+                self._start_shared(r, a, t, dur)
+                return None
+            return self._finish_compute(r, a, t, t + dur)
+        return self._execute_other(r, a, t)
+
+    def _finish_compute(self, r: int, a: Action, t: float, end: float) -> float:
+        """Account a forward or backward that ran from ``t`` to ``end``."""
+        c = self.c
+        self.events.append(Event(r, a.op, str(a), t, end, "compute", a.mb, a.piece))
+        work = c.transient_bytes[a.piece] if a.op == "F" else c.bwd_transient[a.piece]
+        self.add_mem(r, t, work)
+        self.add_mem(r, end, -work)
+        if a.op == "F":
+            self.add_mem(r, end, c.saved_bytes[a.piece])
+        else:
+            self.add_mem(r, end, -c.saved_bytes[a.piece] - self.held.pop((a.piece, a.mb), 0.0))
+            if self.opt.dp > 1 and self.last_b.get(a.piece) == a.mb:
+                self.pieces_left[r] -= 1
+                if not self.opt.dp_fused:
+                    self.dp_allreduce(r, a.piece, end, t)
+                elif self.pieces_left[r] == 0:
+                    self.dp_allreduce(r, None, end, end)
+        return end
+
+    # ------------------------------------------------------------------ shared host cores
+    def _rate(self, n_active: int) -> float:
+        return min(1.0, self.cores / n_active) if n_active else 1.0
+
+    def _advance(self, t: float) -> None:
+        """Progress every running compute from the last change to ``t`` at the shared rate."""
+        rate = self._rate(len(self.active))
+        dt = t - self.last_change
+        for job in self.active.values():
+            job[2] = max(job[2] - dt * rate, 0.0)
+        self.last_change = t
+
+    def _reschedule(self, t: float) -> None:
+        rate = self._rate(len(self.active))
+        for r, job in self.active.items():
+            job[3] += 1
+            self.seq += 1
+            heapq.heappush(self.queue, (t + job[2] / rate, self.seq, r, job[3]))
+
+    def _start_shared(self, r: int, a: Action, t: float, dur: float) -> None:
+        self._advance(t)
+        self.active[r] = [a, t, dur, 0]
+        self._reschedule(t)
+
+    def _done_shared(self, r: int, version: int, t: float) -> None:
+        job = self.active.get(r)
+        if job is None or job[3] != version:
+            return  # superseded by a later rate change
+        self._advance(t)
+        del self.active[r]
+        self._finish_compute(r, job[0], job[1], t)
+        self._reschedule(t)
+        self.pc[r] += 1
+        self.finish[r] = t
+        self.step(r, t)
+
+    def _execute_other(self, r: int, a: Action, t: float) -> float | None:
+        c, s = self.c, self.s
         if a.op in ("SF", "SB"):
             self.send(r, a, t)
             return t

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -67,7 +67,8 @@ def cluster_from_plan(plan: Plan) -> Cluster:
     """The cluster a plan was made for (a flat network of ``plan.devices`` devices)."""
     c = plan.cluster or {}
     mem = plan.memory_bytes if plan.memory_bytes else float("inf")
-    return flat_cluster(plan.devices, memory_bytes=mem, bandwidth=float(c.get("bandwidth", 16e9)),
+    cores = c.get("host_cores")
+    cluster = flat_cluster(plan.devices, memory_bytes=mem, bandwidth=float(c.get("bandwidth", 16e9)),
                         latency_s=float(c.get("latency_s", 25e-6)),
                         device=DeviceSpec(str(c.get("device", "generic")), mem,
                                           float(c.get("peak_flops", 1e13)),
@@ -76,6 +77,7 @@ def cluster_from_plan(plan: Plan) -> Cluster:
                                           host_is_device=bool(c.get("host_is_device", False)),
                                           fwd_overhead_s=float(c.get("fwd_overhead_s", 0.0)),
                                           bwd_overhead_s=float(c.get("bwd_overhead_s", 0.0))))
+    return replace(cluster, host_cores=int(cores)) if cores else cluster
 
 
 def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,

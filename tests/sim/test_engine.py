@@ -84,3 +84,31 @@ def test_data_parallel_allreduce_overlaps_and_delays_the_step():
     # ring over 4 replicas: 2 * 3 steps of 1e9 bytes at 1 GB/s after the backward
     assert four.iteration_s == pytest.approx(3.0 + 6.0)
     assert four.samples_per_s == pytest.approx(4 / 9.0)
+
+
+def test_ranks_sharing_host_cores_slow_each_other_down():
+    """Two independent 1-second computes on two ranks that share one core: both end at 2 s;
+    with two cores, at 1 s (processor sharing, as local CPU workers on too few cores)."""
+    from dataclasses import replace
+
+    from outcore.sim.simulate import cluster_from_plan
+    g = gbuild("two", fwd_s=[1.0, 1.0], bwd_s=[0.0, 0.0], out_bytes=[0, 0], saved_bytes=[0, 0],
+               batch_size=1)
+    p = make_plan(g, np.array([0, 1]), strategy="manual", devices=2, memory_bytes=None,
+                  cluster={"bandwidth": 1e9, "latency_s": 0.0, "mem_bandwidth": 1e20})
+    base = cluster_from_plan(p)
+    for cores, end in ((1, 2.0), (2, 1.0), (None, 1.0)):
+        r = simulate(p, g, cluster=replace(base, host_cores=cores), schedule="gpipe")
+        ends = sorted(e.end_s for e in r.timeline.events if e.kind == "F")
+        assert ends == pytest.approx([end, end]), cores
+    # unequal work: rank 0 has 1.5 s (two nodes, one piece), rank 1 has 1 s, one core shared
+    g2 = gbuild("chain", fwd_s=[0.5, 1.0, 1.0], bwd_s=[0, 0, 0], src=[0], dst=[1],
+                edge_bytes=[0], out_bytes=[0, 0, 0], saved_bytes=[0, 0, 0], batch_size=1)
+    p2 = make_plan(g2, np.array([0, 0, 1]), strategy="manual", devices=2, memory_bytes=None,
+                   cluster={"bandwidth": 1e9, "latency_s": 0.0, "mem_bandwidth": 1e20})
+    r = simulate(p2, g2, cluster=replace(cluster_from_plan(p2), host_cores=1), schedule="gpipe")
+    spans = {e.label: (e.start_s, e.end_s) for e in r.timeline.events if e.kind == "F"}
+    # both run at half speed until rank 1 is done (1 s of work by t = 2); rank 0 has 0.5 s of
+    # work left and finishes it alone at full speed
+    assert spans["1F0"] == pytest.approx((0.0, 2.0))
+    assert spans["0F0"] == pytest.approx((0.0, 2.5))
