@@ -110,6 +110,8 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
     else:
         R, copies = replication_request(parallel, replicas, dp, devices)
     micro = split(spec.example_inputs, cfg.microbatches * copies)[0]
+    if progress:
+        progress("capturing the graph", 0, 1)
     g = capture(model, micro, name=cfg.model)
     if costs == "profile":
         from outcore.cost.profile import profile
@@ -145,6 +147,8 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
         latency = OVERSUBSCRIBED_LATENCY_S
     cluster = make_cluster(devices, memory, bandwidth, latency,
                            device=None if device == "cuda" else "cpu", host_cores=cores)
+    if progress:
+        progress("planning", 0, 1)
     if devices == 1 and copies == 1:
         from outcore.partition.memory_policy import choose
         from outcore.sim.simulate import simulate
@@ -157,8 +161,6 @@ def prepare(cfg: TrainConfig, devices: int, *, memory: str | float | None, strat
         except InfeasibleError as e:
             raise InfeasibleError(f"{e}; or train on several devices (--devices)") from None
         return g, p.replace(predicted=simulate(p, g, cluster=cluster).to_dict())
-    if progress:
-        progress("planning", 0, 1)
     p = make_a_plan(g, devices, memory, strategy=strategy, parallel=parallel, replicas=R,
                     dp=dp, microbatches=cfg.microbatches, schedule=cfg.schedule,
                     optimizer=cfg.optimizer, seed=cfg.seed, memory_policy=memory_policy,
@@ -232,6 +234,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
     from outcore.runtime.launch import run_local
     from outcore.runtime.worker import train_worker
 
+    if progress:
+        progress(f"starting {devices} worker(s)", 0, 1)
     watcher = _MetricsWatcher(Path(metrics), on_metrics)
     results = run_local(train_worker, devices, (cfg, graph_to_dict(g), plan_to_dict(p)),
                         timeout_s=timeout_s, threads=threads, poll=watcher.poll)

@@ -96,17 +96,25 @@ def run(args: argparse.Namespace) -> int:
     columns = [TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
                TimeRemainingColumn()]
-    with Progress(*columns, console=console, transient=False) as bar:
+    # a terminal gets live bars; a log file (CI, batch jobs, nohup) gets one line per phase and step
+    live = console.is_terminal
+    with Progress(*columns, console=console, transient=False, disable=not live) as bar:
         prep = bar.add_task("preparing", total=1, info="")
         task = bar.add_task("training", total=steps, info="", visible=False)
+        phases: set[str] = set()
 
         def on_progress(phase: str, done: int, total: int) -> None:
             bar.update(prep, description=phase, completed=done, total=max(total, 1))
+            if not live and phase not in phases:
+                phases.add(phase)
+                console.print(f"{phase} ...", soft_wrap=True)
 
         def on_metrics(m: dict) -> None:
             bar.update(prep, visible=False)
-            bar.update(task, visible=True, completed=m["step"] + 1,
-                       info=f"loss {m['loss']:.4f}  {m['samples_per_s']:.1f} samples/s")
+            info = f"loss {m['loss']:.4f}  {m['samples_per_s']:.1f} samples/s"
+            bar.update(task, visible=True, completed=m["step"] + 1, info=info)
+            if not live:
+                console.print(f"step {m['step'] + 1}/{steps}  {info}", soft_wrap=True)
 
         mbs = args.microbatches or (DEFAULT_MICROBATCHES if default_job else None)
         report = outcore.train(

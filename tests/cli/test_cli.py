@@ -112,6 +112,9 @@ def test_train_out_of_core_on_one_device(tmp_path):
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert {g["policy"] for g in plan["memory_policy"]["groups"]} == {"checkpoint"}
     assert "checkpoint on" in r.stdout
+    # not a terminal: progress is one line per phase and per step (readable in a log file)
+    for line in ("capturing the graph ...", "planning ...", "step 1/2  loss", "step 2/2  loss"):
+        assert line in r.stdout, r.stdout
     r = run("train", "outcore:resnet_k:depth=29,width=8", "--devices", "1", "--memory", "30MB",
             "--batch-size", "16", "--steps", "1", "--memory-policy", "none",
             "--costs", "estimate:cpu", cwd=tmp_path)
