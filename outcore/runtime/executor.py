@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,7 +23,7 @@ from outcore.errors import RuntimeFailure
 from torch.utils.checkpoint import checkpoint
 
 from outcore.runtime.comm import Messenger
-from outcore.runtime.offload import ActivationOffloader, ParamOffloader
+from outcore.runtime.offload import ActivationOffloader, ParamOffloader, frozen_running_stats
 from outcore.runtime.modules import PieceModule
 from outcore.plan.replicas import copy_of, fx_name
 from outcore.runtime.values import ValueMeta, tensors_of
@@ -194,7 +195,8 @@ class RankExecutor:
             return pm.module(*[_copy_tree(x) if c else x for x, c in zip(xs, copies)])
 
         if policy == "checkpoint":
-            outs = checkpoint(run, *values, use_reentrant=False)
+            outs = checkpoint(run, *values, use_reentrant=False,
+                              context_fn=lambda: (nullcontext(), frozen_running_stats(pm.module)))
         elif policy == "offload-activations":
             with self.act_off.saving(p, mb):
                 outs = run(*values)

@@ -1,9 +1,9 @@
 """Run-time memory policies: checkpointed forwards, activation and parameter offloading.
 
 * Checkpointing runs a piece's forward under ``torch.utils.checkpoint`` (non-reentrant): only
-  its inputs are kept; the backward recomputes the activations. (A BatchNorm layer inside a
-  checkpointed piece updates its running statistics twice, once more in the recomputation —
-  the same as any use of torch.utils.checkpoint.)
+  its inputs are kept; the backward recomputes the activations. The recomputation runs under
+  :func:`frozen_running_stats`, so BatchNorm running statistics are updated once per forward,
+  as without checkpointing (a plain ``torch.utils.checkpoint`` updates them twice).
 * :class:`ActivationOffloader`: saved-tensor hooks move what autograd saves to pinned host
   memory with non-blocking copies on a side stream, and bring it back — prefetched on the side
   stream when the executor announces the backward — before the backward needs it. When the
@@ -20,6 +20,27 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
+
+
+@contextmanager
+def frozen_running_stats(module: torch.nn.Module) -> Iterator[None]:
+    """Within this context, the running statistics of ``module``'s batch-norm layers do not
+    change: they are restored on exit (used around a checkpointed piece's recomputation,
+    which must not count the same batch twice)."""
+    saved = []
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training \
+                and m.track_running_stats:
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                buf = getattr(m, name, None)
+                if isinstance(buf, torch.Tensor) and buf.device.type != "meta":
+                    saved.append((buf, buf.clone()))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buf, value in saved:
+                buf.copy_(value)
 
 
 class ActivationOffloader:

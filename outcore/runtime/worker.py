@@ -157,6 +157,8 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
                            "pieces": [p.id for p in trainer.pieces.pieces if p.device == rank]}
     if cfg.return_state:
         out["state"] = {k: v.detach().cpu().clone() for k, v in trainer.named_params.items()}
+        out["buffers"] = {k: b.detach().cpu().clone() for k, b in trainer.gm.named_buffers()
+                          if b.device.type != "meta"}
     return out
 
 

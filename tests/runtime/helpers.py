@@ -55,10 +55,10 @@ def chunks(g, k: int) -> np.ndarray:
     return np.minimum(np.arange(g.num_nodes) * k // g.num_nodes, k - 1)
 
 
-def reference(cfg: TrainConfig, chunks: int | None = None
-              ) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(cfg: TrainConfig, chunks: int | None = None, *, buffers: bool = False):
     """Plain PyTorch: same seed, same batches, gradient accumulation over ``chunks`` equal
-    pieces of the global batch (default: the micro-batches)."""
+    pieces of the global batch (default: the micro-batches). Returns the losses and the
+    parameters (and, with ``buffers``, the buffers: batch-norm running statistics)."""
     chunks = chunks or cfg.microbatches
     spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
     torch.manual_seed(cfg.seed)
@@ -82,7 +82,10 @@ def reference(cfg: TrainConfig, chunks: int | None = None
         opt.step()
         opt.zero_grad()
         losses.append(total)
-    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    if buffers:
+        return losses, params, {k: b.detach().clone() for k, b in model.named_buffers()}
+    return losses, params
 
 
 def assert_matches(results, ref_losses, ref_state, rtol=1e-5):

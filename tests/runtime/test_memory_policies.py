@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from outcore.plan.policies import MemoryPolicies, segments
 from outcore.runtime.config import TrainConfig
@@ -52,5 +53,12 @@ def test_checkpointing_lowers_measured_peak():
     base = run_local(train_worker, 1, (cfg, plain[0], plain[1]), timeout_s=60)[0]
     low = run_local(train_worker, 1, (cfg, ckpt[0], ckpt[1]), timeout_s=60)[0]
     np.testing.assert_allclose(low["losses"], base["losses"], rtol=1e-5)
+    # batch-norm running statistics count each batch once, as in plain PyTorch, although the
+    # backward recomputes every checkpointed forward
+    _, _, ref_buffers = reference(cfg, buffers=True)
+    assert set(low["buffers"]) == set(ref_buffers) and any("running_var" in k for k in ref_buffers)
+    for run in (base, low):
+        for k, ref in ref_buffers.items():
+            torch.testing.assert_close(run["buffers"][k], ref, rtol=1e-5, atol=1e-6, msg=k)
     assert low["peak_bytes"][0] < 0.7 * base["peak_bytes"][0], (low["peak_bytes"],
                                                                  base["peak_bytes"])
