@@ -51,6 +51,7 @@ def save(trainer: Any, directory: str | os.PathLike, step: int) -> Path:
             shutil.rmtree(partial)
         partial.mkdir(parents=True, exist_ok=True)
     _barrier()
+    trainer.sync_running_stats()  # replicas agree on what is saved under one name
     dcp.save(_flatten(trainer, step), checkpoint_id=str(partial))
     _barrier()
     if trainer.rank == 0:

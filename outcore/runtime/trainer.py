@@ -203,6 +203,48 @@ class Trainer:
             self.device, on_step=self._after_optimizer, copies=self.copies,
             policies=piece_policies, piece_params=piece_params)
         self.pieces = pieces
+        self.buffer_groups = self._replicated_running_stats()
+
+    def _replicated_running_stats(self) -> list[tuple[Any, int, list[torch.Tensor]]]:
+        """Batch-norm running statistics held by several ranks (model replicas: GEMS MAST and
+        MASTER, data-parallel copies), grouped by the ranks that hold them. Every rank calls
+        this (it creates process groups)."""
+        mine = {}
+        for name, m in self.gm.named_modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+                for attr in ("running_mean", "running_var"):
+                    buf = getattr(m, attr, None)
+                    if isinstance(buf, torch.Tensor) and buf.device.type != "meta":
+                        mine[f"{name}.{attr}"] = buf
+        if not dist.is_initialized() or self.world == 1:
+            return []
+        names: list[Any] = [None] * self.world
+        dist.all_gather_object(names, sorted(mine))
+        holders: dict[str, tuple[int, ...]] = {}
+        for r, held in enumerate(names):
+            for name in held:
+                holders[name] = holders.get(name, ()) + (r,)
+        out = []
+        for ranks in sorted({h for h in holders.values() if len(h) > 1}):
+            pg = dist.new_group(list(ranks))  # every rank creates every group, in one order
+            if self.rank in ranks:
+                out.append((pg, len(ranks), [mine[n] for n in sorted(mine)
+                                             if holders[n] == ranks]))
+        return out
+
+    def sync_running_stats(self) -> None:
+        """Average the batch-norm running statistics over the replicas that hold them (each
+        replica saw different micro-batches), so that every rank, every checkpoint and the
+        trained model agree. Losses and gradients do not depend on them (training mode)."""
+        for pg, n, bufs in self.buffer_groups:
+            flat = torch.cat([b.reshape(-1) for b in bufs])
+            dist.all_reduce(flat, group=pg)
+            flat /= n
+            offset = 0
+            with torch.no_grad():
+                for b in bufs:
+                    b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                    offset += b.numel()
 
     def _after_optimizer(self) -> None:
         if self.lr_scheduler is not None:

@@ -147,6 +147,7 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
     finally:
         if metrics_file is not None:
             metrics_file.close()
+    trainer.sync_running_stats()  # the trained model: replicas agree on their statistics
     if cfg.trace_dir and last_events:
         tl = Timeline(world, tuple(last_events), max((e.end_s for e in last_events), default=0),
                       source="measured", meta={"rank": rank})

@@ -8,6 +8,7 @@ chunks. Losses and every parameter of every rank must match (1e-5 relative).
 from __future__ import annotations
 
 import pytest
+import torch
 
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.launch import run_local
@@ -48,3 +49,24 @@ def test_mast_places_replica_b_in_reverse():
     for device in range(4):  # every device holds a different stage of each replica
         stages = [m.index(device) for m in maps]
         assert sorted(stages) == [0, 1, 2, 3]
+
+
+def test_replicas_agree_on_batchnorm_statistics():
+    """Each replica updates its batch-norm running statistics on its own micro-batches; at the
+    end of training (and in every checkpoint) the ranks holding a statistic hold its average."""
+    cfg = TrainConfig(model="outcore:resnet_k:depth=11,width=4", input_shape=(8, 3, 16, 16),
+                      batch_size=8, microbatches=2, steps=2, optimizer="sgd", lr=0.05,
+                      return_state=True, track_memory=False)
+    graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, 2), 2, parallel="mp",
+                                      replicas=1, dp=2)
+    results = run_local(train_worker, 4, (cfg, graph_doc, plan_doc), timeout_s=60)
+    ref_losses, ref_state, ref_buffers = reference(cfg, chunks=4, buffers=True)
+    assert_matches(results, ref_losses, ref_state)
+    stats = [k for k in ref_buffers if k.endswith(("running_mean", "running_var"))]
+    assert stats
+    for k in stats:
+        holders = [r for r in results if k in r["buffers"]]
+        assert len(holders) == 2, k  # one stage of each of the two data-parallel copies
+        a, b = (h["buffers"][k] for h in holders)
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+        assert not torch.equal(a, torch.zeros_like(a) if "mean" in k else torch.ones_like(a)), k
