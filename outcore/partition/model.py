@@ -199,5 +199,12 @@ def make_context(g: Graph, devices: int, *, cluster: Cluster | None = None,
     if cluster is None:
         cluster = flat_cluster(devices, memory_bytes=memory_bytes or float("inf"))
     lat, inv = link_matrices(cluster, devices)
+    # a cut starts a new piece on the receiving device, whose forward and backward each pay the
+    # runtime's fixed per-piece cost: planners see it as link latency (half each way), so they
+    # do not cut the graph into pieces smaller than that cost
+    d = cluster.device
+    piece_cost = 0.5 * (d.fwd_overhead_s + d.bwd_overhead_s)
+    if piece_cost > 0:
+        lat = np.where(np.eye(devices, dtype=bool), lat, lat + piece_cost)
     return Context(g, devices, cluster, state_factor(optimizer), int(microbatches),
                    memory_bytes, lat, inv)
