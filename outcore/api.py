@@ -69,9 +69,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
     from outcore.hardware.spec import RUNTIME_OVERHEAD_S
     spec = _replace(spec or DeviceSpec("generic", mem, 1e13, 1e12),
                     fwd_overhead_s=RUNTIME_OVERHEAD_S[0], bwd_overhead_s=RUNTIME_OVERHEAD_S[1])
-    cluster = flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
-                           latency_s=parse_seconds(latency), device=spec)
-    return _replace(cluster, host_cores=host_cores) if host_cores else cluster
+    return flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
+                        latency_s=parse_seconds(latency), device=spec, host_cores=host_cores)
 
 
 AUTO_CANDIDATES = ("pardnn", "pipeline", "subgraph")

@@ -100,9 +100,12 @@ class Cluster:
 
 
 def flat_cluster(devices: int, *, memory_bytes: float, bandwidth: float = 16e9,
-                 latency_s: float = 25e-6, device: DeviceSpec | None = None) -> Cluster:
-    """``devices`` devices on one flat network (every pair over the same kind of link)."""
+                 latency_s: float = 25e-6, device: DeviceSpec | None = None,
+                 host_cores: int | None = None) -> Cluster:
+    """``devices`` devices on one flat network (every pair over the same kind of link);
+    ``host_cores``: see :class:`Cluster`."""
     dev = device or DeviceSpec("generic", memory_bytes, 1e13, 1e12)
     dev = replace(dev, memory_bytes=memory_bytes)
     link = LinkSpec(bandwidth, latency_s)
-    return Cluster(dev, nodes=1, devices_per_node=max(devices, 1), intra=link, inter=link)
+    return Cluster(dev, nodes=1, devices_per_node=max(devices, 1), intra=link, inter=link,
+                   host_cores=host_cores or None)

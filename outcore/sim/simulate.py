@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,7 +68,7 @@ def cluster_from_plan(plan: Plan) -> Cluster:
     c = plan.cluster or {}
     mem = plan.memory_bytes if plan.memory_bytes else float("inf")
     cores = c.get("host_cores")
-    cluster = flat_cluster(plan.devices, memory_bytes=mem, bandwidth=float(c.get("bandwidth", 16e9)),
+    return flat_cluster(plan.devices, memory_bytes=mem, bandwidth=float(c.get("bandwidth", 16e9)),
                         latency_s=float(c.get("latency_s", 25e-6)),
                         device=DeviceSpec(str(c.get("device", "generic")), mem,
                                           float(c.get("peak_flops", 1e13)),
@@ -76,8 +76,8 @@ def cluster_from_plan(plan: Plan) -> Cluster:
                                           host_bandwidth=float(c.get("host_bandwidth", 12e9)),
                                           host_is_device=bool(c.get("host_is_device", False)),
                                           fwd_overhead_s=float(c.get("fwd_overhead_s", 0.0)),
-                                          bwd_overhead_s=float(c.get("bwd_overhead_s", 0.0))))
-    return replace(cluster, host_cores=int(cores)) if cores else cluster
+                                          bwd_overhead_s=float(c.get("bwd_overhead_s", 0.0))),
+                        host_cores=int(cores) if cores else None)
 
 
 def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
