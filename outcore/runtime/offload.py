@@ -22,19 +22,29 @@ from typing import Any, Iterator
 import torch
 
 
+RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def running_stats(module: torch.nn.Module, attrs: tuple[str, ...] = RUNNING_STATS
+                  ) -> dict[str, torch.Tensor]:
+    """The running-statistics buffers (``attrs``) of ``module``'s batch-norm layers that track
+    them, by qualified name; buffers this rank did not materialize (meta) are left out."""
+    out = {}
+    for name, m in module.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            for attr in attrs:
+                buf = getattr(m, attr, None)
+                if isinstance(buf, torch.Tensor) and buf.device.type != "meta":
+                    out[f"{name}.{attr}" if name else attr] = buf
+    return out
+
+
 @contextmanager
 def frozen_running_stats(module: torch.nn.Module) -> Iterator[None]:
     """Within this context, the running statistics of ``module``'s batch-norm layers do not
     change: they are restored on exit (used around a checkpointed piece's recomputation,
     which must not count the same batch twice)."""
-    saved = []
-    for m in module.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training \
-                and m.track_running_stats:
-            for name in ("running_mean", "running_var", "num_batches_tracked"):
-                buf = getattr(m, name, None)
-                if isinstance(buf, torch.Tensor) and buf.device.type != "meta":
-                    saved.append((buf, buf.clone()))
+    saved = [(buf, buf.clone()) for buf in running_stats(module).values()]
     try:
         yield
     finally:

@@ -27,6 +27,7 @@ from outcore.runtime.data import default_loss, split
 from outcore.runtime.executor import RankExecutor, StepResult
 from outcore.runtime.memtrack import MemoryTracker
 from outcore.runtime.modules import build_piece_modules, prune_unowned
+from outcore.runtime.offload import running_stats
 from outcore.runtime.values import value_metas
 from outcore.graph.capture import trace
 from outcore.schedule.make import make_schedule
@@ -209,13 +210,7 @@ class Trainer:
         """Batch-norm running statistics held by several ranks (model replicas: GEMS MAST and
         MASTER, data-parallel copies), grouped by the ranks that hold them. Every rank calls
         this (it creates process groups)."""
-        mine = {}
-        for name, m in self.gm.named_modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
-                for attr in ("running_mean", "running_var"):
-                    buf = getattr(m, attr, None)
-                    if isinstance(buf, torch.Tensor) and buf.device.type != "meta":
-                        mine[f"{name}.{attr}"] = buf
+        mine = running_stats(self.gm, ("running_mean", "running_var"))
         if not dist.is_initialized() or self.world == 1:
             return []
         names: list[Any] = [None] * self.world
