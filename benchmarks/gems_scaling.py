@@ -91,7 +91,7 @@ def plan_group(g: Graph, k: int, mode: str, replicas: int, microbatches: int,
     """A GEMS design on ``k`` GPUs: the model cut into exactly ``k`` contiguous stages (as
     torchgems' ``split_size``), balanced on time by outcore's pipeline partitioner under
     ``memory / replicas`` per GPU, then replicated (``outcore.plan.replicas``)."""
-    from outcore.partition.model import make_context
+    from outcore.partition.context import make_context
     from outcore.partition.pipeline import assignment_from_bounds, stage_bounds
     from outcore.plan import make_plan
 

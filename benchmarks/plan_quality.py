@@ -27,7 +27,7 @@ import numpy as np
 from outcore.errors import InfeasibleError
 from outcore.graph.generators import FAMILIES, make
 from outcore.partition import baselines, partition
-from outcore.partition.model import make_context
+from outcore.partition.context import make_context
 from outcore.partition.pipeline import least_memory
 from outcore.partition.result import evaluate
 

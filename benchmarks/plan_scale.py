@@ -49,7 +49,7 @@ g.succ_ptr, g.pred_ptr
 before = rss_mb()
 limit = None
 if mem != "none":
-    from outcore.partition.model import make_context
+    from outcore.partition.context import make_context
     from outcore.partition.pipeline import least_memory
     limit = float(mem) * least_memory(make_context(g, k), k)
 t = time.perf_counter()

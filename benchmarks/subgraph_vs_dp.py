@@ -50,7 +50,7 @@ from outcore.hardware.presets import device_preset, link_preset
 from outcore.hardware.spec import Cluster
 from outcore.partition import pardnn, partition, subgraph
 from outcore.partition.branches import find_branches
-from outcore.partition.model import make_context
+from outcore.partition.context import make_context
 from outcore.partition.result import compact
 from outcore.sim import ring_allreduce_s
 

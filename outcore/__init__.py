@@ -1,20 +1,26 @@
 """outcore: train deep networks too large for one device, across many, automatically.
 
-The public functions live in :mod:`outcore.api` and are re-exported here; torch is imported
-only by the functions that need it.
+The public functions live in :mod:`outcore.api` (and :func:`train` in :mod:`outcore.job`) and
+are re-exported here; torch is imported only by the functions that need it.
 """
 
-from outcore.api import (capture, estimate, make_cluster, parallelize, plan, profile,
-                         simulate)
+from outcore.api import (PlanRequest, capture, check_fits, cluster_of, collapse, device_loads,
+                         draw_graph, draw_timeline, estimate, launcher, load_graph, load_plan,
+                         lower, make_cluster, model_graph, parallelize, plan, plan_request,
+                         profile, save_chrome_trace, save_graph, save_plan, save_schedule,
+                         simulate, strategies)
 from outcore.errors import OutcoreError
 
 __version__ = "0.1.0"
 
-__all__ = ["OutcoreError", "capture", "estimate", "make_cluster", "parallelize", "plan",
-           "profile", "simulate", "train"]
+__all__ = ["OutcoreError", "PlanRequest", "capture", "check_fits", "cluster_of", "collapse",
+           "device_loads", "draw_graph", "draw_timeline", "estimate", "launcher", "load_graph",
+           "load_plan", "lower", "make_cluster", "model_graph", "parallelize", "plan",
+           "plan_request", "profile", "save_chrome_trace", "save_graph", "save_plan",
+           "save_schedule", "simulate", "strategies", "train"]
 
 
 def train(*args, **kwargs):
-    """Train a model across local workers (see :func:`outcore.train_api.train`)."""
-    from outcore.train_api import train as _train
+    """Train a model across local workers (see :func:`outcore.job.train`)."""
+    from outcore.job import train as _train
     return _train(*args, **kwargs)

@@ -1,9 +1,11 @@
-"""outcore's public functions (DESIGN.md, "Public API"). Each CLI subcommand calls one of them.
+"""outcore's public functions (DESIGN.md, "Public API"). Each CLI subcommand calls them only.
 
     g = outcore.capture(model, example_inputs)            # graph IR with module hierarchy
     g = outcore.profile(g, model, example_inputs)          # or outcore.estimate(g, "a100")
+    g = outcore.model_graph("torchvision:resnet18", costs="estimate:a100")  # name -> costed
     p = outcore.plan(g, devices=4, memory="16GiB", strategy="pardnn")
     r = outcore.simulate(p, g, microbatches=8, schedule="1f1b")
+    low = outcore.lower(p, g)                              # the schedule every rank runs
     report = outcore.train("outcore:transformer", devices=4, memory="64MiB")
     trainer = outcore.parallelize(model, example_inputs, plan=p, graph=g)  # in torch.distributed
 """
@@ -11,21 +13,28 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import os
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from outcore.errors import InfeasibleError, UsageError
+from outcore.errors import InfeasibleError, PlanError, UsageError
 from outcore.graph.ir import Graph
-from outcore.hardware.spec import Cluster, DeviceSpec, flat_cluster
-from outcore.plan.plan import Plan, make_plan
-from outcore.units import parse_bandwidth, parse_bytes, parse_seconds
+from outcore.hardware.cluster import make_cluster
+from outcore.hardware.spec import Cluster, DeviceSpec
+from outcore.plan.plan import Plan
+from outcore.plan.request import PlanRequest
 
 if TYPE_CHECKING:  # torch-dependent types, imported lazily at call time
     from outcore.runtime.trainer import Trainer
+    from outcore.schedule.lower import Lowered
     from outcore.sim.simulate import SimResult
 
 log = logging.getLogger(__name__)
+
+__all__ = ["PlanRequest", "capture", "check_fits", "estimate", "load_graph", "load_plan",
+           "lower", "make_cluster", "model_graph", "parallelize", "plan", "plan_request",
+           "profile", "save_graph", "save_plan", "simulate", "strategies"]
 
 
 def capture(model: Any, example_inputs: Any, *, depth: int | None = None,
@@ -49,243 +58,158 @@ def estimate(g: Graph, device: str | DeviceSpec = "cpu") -> Graph:
     return _estimate(g, device)
 
 
-def make_cluster(devices: int, memory: str | float | None = None,
-                 bandwidth: str | float = "16GB/s", latency: str | float = "25us",
-                 device: str | DeviceSpec | None = None,
-                 host_cores: int | None = None) -> Cluster:
-    """A flat cluster of ``devices`` devices from user-facing units (``host_cores``: the
-    devices are worker processes sharing this many CPU cores)."""
-    mem = float(parse_bytes(memory)) if memory is not None else float("inf")
-    if mem <= 0:
-        raise UsageError(f"memory must be positive, got {memory!r}")
-    spec = None
-    if device is not None:
-        if isinstance(device, DeviceSpec):
-            spec = device
-        else:
-            from outcore.hardware.presets import device_preset
-            spec = device_preset(device)
-    from dataclasses import replace as _replace
-    from outcore.hardware.spec import RUNTIME_OVERHEAD_S
-    spec = _replace(spec or DeviceSpec("generic", mem, 1e13, 1e12),
-                    fwd_overhead_s=RUNTIME_OVERHEAD_S[0], bwd_overhead_s=RUNTIME_OVERHEAD_S[1])
-    return flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
-                        latency_s=parse_seconds(latency), device=spec, host_cores=host_cores)
-
-
-AUTO_CANDIDATES = ("pardnn", "pipeline", "subgraph")
-
-
-def plan(g: Graph, devices: int, memory: str | float | None = None, *, strategy: str = "auto",
-         parallel: str = "mp", replicas: int | None = None, dp: int = 1,
-         bandwidth: str | float = "16GB/s", latency: str | float = "25us",
-         microbatches: int = 1, schedule: str = "1f1b", optimizer: str = "adam",
-         device: str | None = None, seed: int = 0, memory_policy: str = "auto",
-         host_cores: int | None = None) -> Plan:
-    """Partition ``g`` over ``devices`` devices of ``memory`` each; predict with the simulator.
-
-    The graph is one micro-batch: an iteration runs ``microbatches`` micro-batches of
-    ``g.batch_size`` samples on each copy of the model.
+def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
+                batch_size: int | None = None, seed: int = 0, costs: str = "estimate:cpu",
+                split: int = 1, threads: int | None = None, device: str | None = None,
+                repeat: int = 3, warmup: int = 1, progress: Callable[[str, int, int], None] | None = None
+                ) -> Graph:
+    """A model name's costed layer graph: resolve, build with ``seed``, capture, cost.
 
     Args:
-        strategy: planner for the model-parallel split; ``auto`` runs every planner of
-            ``AUTO_CANDIDATES`` and keeps the plan the simulator (the schedule the runtime
-            executes) finds fastest among those that fit.
-        parallel: ``mp`` (one replica), ``mast`` (GEMS: a second replica in reverse order on
-            the same devices) or ``master`` (as many replica pairs as memory allows).
-        replicas: for ``master``, the number of replicas (default: the best that fits).
-        dp: data-parallel copies of the whole model-parallel group (``devices`` must divide).
-        memory_policy: ``auto`` (when a placement does not fit, choose per piece the cheapest
-            of checkpointing and offloading that makes it fit, before asking for more
-            devices), ``none``, ``checkpoint`` or ``offload`` (only those).
-        host_cores: the devices are local worker processes sharing this many CPU cores (the
-            simulator then slows down ranks that compute at the same time).
+        model: ``torchvision:resnet18``, ``outcore:transformer``, ``path/file.py:fn``, ...
+        costs: ``profile`` (time each layer here), ``estimate[:DEVICE]`` (analytical, default
+            ``cpu``) or ``none`` (capture only).
+        split: capture at ``1 / split`` of the batch (one micro-batch of a global batch).
+        threads: torch threads while profiling (None: leave as is).
+        progress: ``progress(phase, done, total)``.
+    """
+    from outcore.runtime.data import split as split_batch
+    from outcore.zoo import build_model
+
+    spec, net = build_model(model, input_shape=input_shape, batch_size=batch_size, seed=seed)
+    micro = split_batch(spec.example_inputs, max(split, 1))[0]
+    if progress:
+        progress("capturing the graph", 0, 1)
+    g = capture(net, micro, name=model)
+    if costs == "profile":
+        tick = (lambda d, n: progress("profiling layers", d, n)) if progress else None
+        return _with_threads(threads, lambda: profile(g, net, micro, device=device, warmup=warmup,
+                                                      repeat=repeat, progress=tick))
+    if costs.startswith("estimate"):
+        return estimate(g, costs.partition(":")[2] or "cpu")
+    if costs == "none":
+        return g
+    raise UsageError(f"unknown cost source {costs!r}: use profile, estimate[:DEVICE] or none")
+
+
+def _with_threads(threads: int | None, fn: Callable[[], Any]) -> Any:
+    import torch
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def plan_request(devices: int, memory: str | float | None = None, **options: Any
+                 ) -> PlanRequest:
+    """A validated :class:`PlanRequest` from user-facing units (see
+    :meth:`PlanRequest.make`: ``bandwidth``, ``latency``, ``device``, ``host_cores``,
+    ``cluster`` and every request field)."""
+    return PlanRequest.make(devices, memory, **options)
+
+
+def plan(g: Graph, devices: int | PlanRequest, memory: str | float | None = None,
+         **options: Any) -> Plan:
+    """Partition ``g`` over ``devices`` devices of ``memory`` each; predict with the simulator.
+
+    ``devices`` may be a ready :class:`PlanRequest`; otherwise the request is built from
+    ``devices``, ``memory`` and ``options`` (``strategy``: ``auto`` tries every planner of
+    ``outcore.partition.search.AUTO_CANDIDATES`` and keeps the fastest that fits;
+    ``parallel``: ``mp``, ``mast`` or ``master``; ``replicas``; ``dp``; ``microbatches``;
+    ``schedule``; ``optimizer``; ``memory_policy``; ``seed``; and the cluster: ``bandwidth``,
+    ``latency``, ``device``, ``host_cores`` or ``cluster``).
 
     Raises :class:`InfeasibleError` (naming the smallest device count or memory that would fit)
     when nothing fits. ``predicted`` holds the simulated iteration time, throughput, per-device
     peak memory, busy time and communication, and the planner's lower bound.
     """
-    from outcore.plan.replicas import MODES
-
-    if not isinstance(devices, (int, np.integer)) or devices < 1:
-        raise UsageError(f"devices must be a positive integer, got {devices!r}")
-    if parallel not in MODES:
-        raise UsageError(f"unknown parallel mode {parallel!r}: use {', '.join(MODES)}")
-    if dp < 1 or devices % dp:
-        raise UsageError(f"--dp {dp} must divide --devices {devices}")
-    K = devices // dp
-    if parallel == "mp":
-        options = [1]
-    elif parallel == "mast":
-        options = [2]
-    else:
-        options = [replicas] if replicas else [r for r in (8, 4, 2) if r <= K]
-    if not options or (parallel != "mp" and K < 2):
-        raise UsageError(f"{parallel} needs at least 2 model-parallel devices; got {K}")
-    mem = None if memory is None else float(parse_bytes(memory))
-    cluster = make_cluster(K * dp, memory, bandwidth, latency, device, host_cores)
-    common = dict(strategy=strategy, cluster=cluster, microbatches=microbatches,
-                  schedule=schedule, optimizer=optimizer, seed=seed,
-                  memory_policy=memory_policy)
-    best: Plan | None = None
-    notes: list[str] = []
-    first_error: InfeasibleError | None = None
-    for R in options:
-        budget = None if mem is None else mem / R
-        try:
-            base = _plan_single(g, K, budget, limit=mem, check_fit=(R == 1), **common)
-        except InfeasibleError as e:
-            first_error = first_error or e
-            notes.append(f"{R} replica(s): {e}")
-            continue
-        p = base if (R == 1 and dp == 1) else _replicate(g, base, parallel, R, dp, mem)
-        sps = p.predicted.get("samples_per_s", 0.0)
-        fits = _fits(p)
-        notes.append(f"{parallel} with {R} replica(s) x dp {dp}: {sps:.1f} samples/s, peak "
-                     f"{max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
-                     + ("" if fits else " (does not fit)"))
-        if fits and (best is None or sps > best.predicted["samples_per_s"]):
-            best = p
-    if best is None:
-        if first_error is not None:
-            raise first_error
-        raise InfeasibleError(f"no {parallel} plan fits {memory} per device "
-                              f"({'; '.join(notes)}): add devices or raise --memory")
-    if len(options) > 1 or dp > 1:
-        best = best.replace(extra={**best.extra, "notes": best.extra.get("notes", []) + notes})
-    return best
+    from outcore.partition.search import search
+    req = devices if isinstance(devices, PlanRequest) else plan_request(devices, memory,
+                                                                         **options)
+    return search(g, req)
 
 
-def _fits(p: Plan) -> bool:
-    peaks = p.predicted.get("peak_bytes") or [0]
-    return not p.memory_bytes or max(peaks) <= p.memory_bytes * (1 + 1e-9)
-
-
-def _cluster_doc(cluster: Cluster) -> dict[str, Any]:
-    d = cluster.device
-    return {"bandwidth": cluster.intra.bandwidth, "latency_s": cluster.intra.latency_s,
-            "device": d.name, "peak_flops": d.peak_flops, "mem_bandwidth": d.mem_bandwidth,
-            "host_bandwidth": d.host_bandwidth, "host_is_device": d.host_is_device,
-            "fwd_overhead_s": d.fwd_overhead_s, "bwd_overhead_s": d.bwd_overhead_s,
-            "host_cores": cluster.host_cores}
-
-
-def _plan_single(g: Graph, K: int, budget: float | None, *, limit: float | None,
-                 check_fit: bool, strategy: str, cluster: Cluster, microbatches: int,
-                 schedule: str, optimizer: str, seed: int, memory_policy: str = "auto") -> Plan:
-    """The fastest single-replica plan on K devices, planned under ``budget`` per device;
-    with ``check_fit`` only plans whose simulated peak fits ``limit`` count."""
+def strategies() -> dict[str, str]:
+    """Planner names and what each does."""
     from outcore.partition import STRATEGIES
-
-    if strategy != "auto" and strategy not in STRATEGIES:
-        raise UsageError(f"unknown strategy {strategy!r}: use auto or one of "
-                         f"{', '.join(STRATEGIES)}")
-    names = AUTO_CANDIDATES if strategy == "auto" else (strategy,)
-    tried: list[tuple[float, int, Plan]] = []
-    notes: list[str] = []
-    first_error: InfeasibleError | None = None
-    for k, name in enumerate(names):
-        try:
-            p = _candidate(g, K, budget, name, limit=limit, check_fit=check_fit,
-                           cluster=cluster, microbatches=microbatches, schedule=schedule,
-                           optimizer=optimizer, seed=seed, memory_policy=memory_policy)
-        except InfeasibleError as e:
-            first_error = first_error or e
-            notes.append(f"{name}: {e}")
-            continue
-        it = p.predicted["iteration_s"]
-        pol = p.extra.get("memory_policy")
-        notes.append(f"{name}: simulated {it * 1e3:.2f} ms per iteration, peak "
-                     f"{max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
-                     + (f", memory policies on {sum(x['nodes'] for x in pol['groups'])} nodes"
-                        if pol else ""))
-        tried.append((it, k, p))
-    if not tried:
-        if first_error is not None:
-            raise first_error
-        raise InfeasibleError(f"no plan fits when simulated with the {schedule} schedule "
-                              f"({'; '.join(notes)}): add devices or raise --memory")
-    _, _, best = min(tried, key=lambda t: (t[0], t[1]))
-    if strategy == "auto":
-        notes.append(f"auto: chose {best.strategy}")
-        best = best.replace(extra={**best.extra, "notes": best.extra["notes"] + notes})
-    return best
+    return dict(STRATEGIES)
 
 
-def _candidate(g: Graph, K: int, budget: float | None, name: str, *, limit: float | None,
-               check_fit: bool, cluster: Cluster, microbatches: int, schedule: str,
-               optimizer: str, seed: int, memory_policy: str) -> Plan:
-    """One planner's plan, simulated; memory policies make it fit when it does not."""
-    from outcore.partition import partition
-
-    try:
-        result = partition(g, K, memory_bytes=budget, cluster=cluster, strategy=name,
-                           optimizer=optimizer, microbatches=microbatches, seed=seed)
-        return _simulated(g, result, K, limit, check_fit, cluster, microbatches, schedule,
-                          optimizer, memory_policy)
-    except InfeasibleError as e:
-        if memory_policy == "none" or not check_fit or budget is None:
-            raise
-        error = e
-    # nothing fits as it is: place under a relaxed limit (memory-balanced) and make that fit
-    # with memory policies; the tightest relaxation that works wins
-    for relax in (1.5, 2.0, 4.0, 8.0, None):
-        try:
-            result = partition(g, K, memory_bytes=None if relax is None else budget * relax,
-                               cluster=cluster, strategy=name, optimizer=optimizer,
-                               microbatches=microbatches, seed=seed)
-            return _simulated(g, result, K, limit, check_fit, cluster, microbatches, schedule,
-                              optimizer, memory_policy)
-        except InfeasibleError:
-            continue
-    raise InfeasibleError(f"{error}; memory policies ({memory_policy}) cannot close the gap "
-                          "either", min_devices=error.min_devices,
-                          min_memory_bytes=error.min_memory_bytes)
+def lower(p: Plan, g: Graph, *, schedule_file: str | os.PathLike | None = None,
+          **options: Any) -> "Lowered":
+    """The schedule every rank runs for plan ``p`` (``options``: ``microbatches``,
+    ``schedule``, ``cluster``, ``global_batch``); with ``schedule_file``, that file's action
+    lists, checked against the plan (see :mod:`outcore.schedule.io`)."""
+    from outcore.schedule import io as schedule_io
+    from outcore.schedule.lower import lower as _lower
+    low = _lower(g, p, **options)
+    return schedule_io.adopt(low, schedule_io.load(schedule_file)) if schedule_file else low
 
 
-def _simulated(g: Graph, result: Any, K: int, limit: float | None, check_fit: bool,
-               cluster: Cluster, microbatches: int, schedule: str, optimizer: str,
-               memory_policy: str) -> Plan:
-    """The plan of a partition result, with memory policies if needed, simulated."""
-    from outcore.partition.memory_policy import choose
-    from outcore.sim.simulate import simulate as _simulate
-
-    p = make_plan(g, result.assignment, strategy=result.strategy, devices=K, memory_bytes=limit,
-                  schedule=schedule, microbatches=microbatches, optimizer=optimizer,
-                  cluster=_cluster_doc(cluster),
-                  extra={"notes": list(result.notes), "devices_used": result.devices_used})
-    if check_fit and limit:
-        p = choose(g, p, mode=memory_policy, cluster=cluster)
-    sim = _simulate(p, g, cluster=cluster)
-    predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
-                 "planner_makespan_s": result.makespan_s,
-                 "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}
-    return p.replace(predicted=predicted)
-
-
-def _replicate(g: Graph, base: Plan, mode: str, replicas: int, dp: int,
-               limit: float | None) -> Plan:
-    """``base`` (a K-device split) replicated GEMS-style and ``dp`` times; simulated."""
-    from outcore.plan.replicas import make_replication
-    from outcore.sim.simulate import simulate as _simulate
-
-    mode = "mp" if replicas == 1 else ("mast" if (mode == "mast" or replicas == 2) and
-                                        mode != "master" else "master")
-    rep = make_replication(mode, base.assignment, base.devices, replicas, dp)
-    p = base.replace(devices=rep.ranks, memory_bytes=limit,
-                     extra={**base.extra, "parallel": rep.to_dict()})
-    sim = _simulate(p, g)
-    return p.replace(predicted={**base.predicted, **sim.to_dict()})
+def save_schedule(low: "Lowered", path: str | os.PathLike) -> Any:
+    """Write a lowered plan's schedule as ``outcore-schedule/1`` JSON."""
+    from outcore.schedule import io as schedule_io
+    return schedule_io.save(low, path)
 
 
 def simulate(p: Plan, g: Graph, *, microbatches: int | None = None, schedule: str | None = None,
              cluster: Cluster | None = None, dp: int = 1, global_batch: int | None = None,
-             **options: Any) -> "SimResult":
+             schedule_file: str | os.PathLike | None = None, **options: Any) -> "SimResult":
     """Predict one training iteration of a plan (see :func:`outcore.sim.simulate`; ``options``
-    such as ``collective``, ``dp_bucket_bytes`` and ``dp_fused`` pass through)."""
+    such as ``collective``, ``dp_bucket_bytes`` and ``dp_fused`` pass through). With
+    ``schedule_file`` the file's action lists are simulated."""
     from outcore.sim.simulate import simulate as _simulate
-    return _simulate(p, g, microbatches=microbatches, schedule=schedule, cluster=cluster, dp=dp,
-                     global_batch=global_batch, **options)
+    low = lower(p, g, microbatches=microbatches, schedule=schedule, cluster=cluster,
+                global_batch=global_batch, schedule_file=schedule_file)
+    return _simulate(p, g, dp=dp, lowered=low, **options)
+
+
+def load_graph(path: str | os.PathLike) -> Graph:
+    """Read an ``outcore-graph/1`` file."""
+    from outcore.graph.io import load
+    return load(path)
+
+
+def save_graph(g: Graph, path: str | os.PathLike) -> Any:
+    from outcore.graph.io import save
+    return save(g, path)
+
+
+def collapse(g: Graph, depth: int) -> Graph:
+    """``g`` with modules deeper than ``depth`` collapsed into blocks."""
+    from outcore.graph.coarsen import collapse as _collapse
+    return _collapse(g, depth)
+
+
+def load_plan(path: str | os.PathLike, graph: Graph | None = None) -> Plan:
+    """Read a plan file (``outcore-plan/2`` or ``/1``); with ``graph``, check that it was made
+    for that graph and align it to the graph's node order."""
+    from outcore.plan.plan import align, load
+    p = load(path)
+    if graph is None:
+        return p
+    if p.node_ids.size != graph.num_nodes:
+        raise PlanError(f"{path} places {p.node_ids.size} nodes but graph {graph.name!r} has "
+                        f"{graph.num_nodes}: pass the graph the plan was made for (depth "
+                        f"{p.graph.get('depth')})")
+    return align(p, graph)
+
+
+def save_plan(p: Plan, path: str | os.PathLike) -> Any:
+    from outcore.plan.plan import save
+    return save(p, path)
+
+
+def device_loads(p: Plan, g: Graph) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per rank of the plan: nodes and forward + backward seconds; and the model copies."""
+    from outcore.plan.replicas import expand
+    big, assignment, copies = expand(g, p)
+    nodes = np.bincount(assignment, minlength=p.devices)
+    compute = np.bincount(assignment, weights=big.fwd_s + big.bwd_s, minlength=p.devices)
+    return nodes, compute, copies
 
 
 def parallelize(model: Any, example_inputs: Any, *, plan: Plan, graph: Graph | None = None,
@@ -300,12 +224,9 @@ def parallelize(model: Any, example_inputs: Any, *, plan: Plan, graph: Graph | N
     from outcore.runtime.data import split
     from outcore.runtime.trainer import Trainer
 
-    from outcore.plan.replicas import replication_of
-
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     M = int(microbatches or plan.microbatches or 1)
-    rep = replication_of(plan)
-    micro = split(inputs, M * (rep.copies if rep else 1))[0]
+    micro = split(inputs, M * plan.layout.copies)[0]
     if graph is None:
         graph = capture(model, micro)
     return Trainer(model, graph, plan, microbatches=M, micro_inputs=micro,
@@ -321,3 +242,44 @@ def check_fits(p: Plan) -> None:
         raise InfeasibleError(f"device {worst} needs {format_bytes(max(peaks))}, limit "
                               f"{format_bytes(p.memory_bytes)}: add devices, raise --memory, "
                               "or use fewer micro-batches in flight (--schedule 1f1b)")
+
+
+def draw_graph(g: Graph, path: str | os.PathLike, **options: Any) -> Any:
+    """Draw the graph (``assignment=`` colours nodes by device); see :mod:`outcore.viz`."""
+    from outcore.viz import draw_graph as _draw
+    return _draw(g, path, **options)
+
+
+def draw_timeline(timeline: Any, path: str | os.PathLike, **options: Any) -> Any:
+    """Draw a timeline (Gantt chart and memory over time); see :mod:`outcore.viz`."""
+    from outcore.viz import draw_timeline as _draw
+    return _draw(timeline, path, **options)
+
+
+def save_chrome_trace(path: str | os.PathLike, timelines: Any, names: Any = None) -> Any:
+    """Write timelines as a Chrome/Perfetto trace."""
+    from outcore.trace import save_chrome_trace as _save
+    return _save(path, timelines, names)
+
+
+def cluster_of(devices: int, *, nodes: int | None = None, per_node: int | None = None,
+               device: str = "v100", intra: str = "nvlink2", inter: str = "ib-edr",
+               memory_bytes: float | None = None) -> Cluster:
+    """A cluster of ``nodes`` machines of ``per_node`` preset devices with preset links, for
+    at least ``devices`` devices (each count derived from the other when omitted)."""
+    from outcore.hardware.presets import device_preset, link_preset
+    per_node = per_node or -(-devices // (nodes or 1))
+    nodes = nodes or -(-devices // per_node)
+    cl = Cluster(device_preset(device), nodes, per_node, link_preset(intra), link_preset(inter))
+    if cl.size < devices:
+        raise UsageError(f"{nodes} nodes x {per_node} devices hold {cl.size} devices; "
+                         f"{devices} are needed: add nodes")
+    return cl.with_memory(memory_bytes) if memory_bytes else cl
+
+
+def launcher() -> tuple[str, int]:
+    """The job launcher this process runs under (``none``, ``torchrun``, ``mpirun``,
+    ``srun``) and its rank."""
+    from outcore.runtime.env import detect
+    job = detect()
+    return job.launcher, job.rank

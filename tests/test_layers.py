@@ -2,6 +2,10 @@
 
 An AST check over every module: each package has a layer number; a module may import outcore
 modules of its own layer or below, and the torch-free layers may not import torch at all.
+Beyond the layer numbers, the design's stricter rules: planning, scheduling and simulation never
+import the runtime; the runtime never imports the planners, the simulator or the cost-model
+fitting; the CLI imports only the public API (``outcore``, ``outcore.api``), ``units`` and
+``errors``.
 """
 
 from __future__ import annotations
@@ -16,16 +20,26 @@ LAYERS = {
     "errors": 0, "units": 0,
     "graph": 1, "graph.capture": 1, "hardware": 1, "zoo": 1,
     "cost": 2,
-    "plan": 3, "schedule": 3,
+    "plan": 3, "schedule": 3, "trace": 3,
     "sim": 4, "runtime": 4, "viz": 4,
     "partition": 5,
-    "api": 6, "train_api": 6, "__init__": 6,
+    "api": 6, "job": 6, "__init__": 6,
     "cli": 7,
 }
-TORCH_FREE = ("errors", "units", "graph", "hardware.spec", "hardware.presets", "cost.memory",
-              "cost.analytical", "cost.regression", "plan", "schedule", "sim", "partition",
-              "viz")
+TORCH_FREE = ("errors", "units", "graph", "hardware.spec", "hardware.presets",
+              "hardware.cluster", "cost.memory", "cost.analytical", "cost.regression", "plan",
+              "schedule", "trace", "sim", "partition", "viz")
 TORCH_ALLOWED = ("graph.capture",)
+# importer -> outcore packages it must never import, whatever their layer
+FORBIDDEN = {
+    "plan": ("runtime", "sim", "partition"),
+    "schedule": ("runtime", "sim", "partition"),
+    "trace": ("runtime", "sim", "partition", "schedule"),
+    "sim": ("runtime", "partition"),
+    "partition": ("runtime",),
+    "runtime": ("partition", "sim", "cost.regression", "cost.calibrate", "api", "job"),
+}
+CLI_MAY_IMPORT = ("__init__", "api", "units", "errors", "cli")
 
 
 def module_name(path: Path) -> str:
@@ -54,6 +68,23 @@ def imports(path: Path) -> list[str]:
     return out
 
 
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def rule_problems(name: str, target: str) -> list[str]:
+    """The design rules beyond layer numbers that ``outcore.name`` importing ``target`` breaks."""
+    out = []
+    for importer, banned in FORBIDDEN.items():
+        if within(name, importer):
+            out += [f"outcore.{name} imports outcore.{target} ({importer} never imports {b})"
+                    for b in banned if within(target, b)]
+    if within(name, "cli") and not any(within(target, ok) for ok in CLI_MAY_IMPORT):
+        out.append(f"outcore.{name} imports outcore.{target} (the CLI imports only the public "
+                   "API, units and errors)")
+    return out
+
+
 def test_layers_import_only_downward_and_planning_is_torch_free():
     problems = []
     for path in sorted(ROOT.rglob("*.py")):
@@ -70,4 +101,19 @@ def test_layers_import_only_downward_and_planning_is_torch_free():
                 if target and layer_of(target) > mine:
                     problems.append(f"outcore.{name} (layer {mine}) imports outcore.{target} "
                                     f"(layer {layer_of(target)})")
+                problems += rule_problems(name, target)
     assert not problems, "\n".join(problems)
+
+
+def test_the_rules_catch_each_violation_the_design_forbids():
+    """Each import the design forbids (and that earlier code had) is reported."""
+    for name, target in [("runtime.executor", "sim.timeline"), ("runtime.trainer", "sim.simulate"),
+                         ("runtime.worker", "partition.search"), ("cli.plan_cmd", "partition"),
+                         ("cli.train_cmd", "runtime.env"), ("cli.graph_cmd", "zoo"),
+                         ("schedule.lower", "sim.engine"), ("partition.search", "runtime"),
+                         ("runtime.data", "cost.regression")]:
+        assert rule_problems(name, target), f"outcore.{name} -> outcore.{target} not caught"
+    for name, target in [("cli.plan_cmd", "__init__"), ("cli.main", "errors"),
+                         ("runtime.trainer", "schedule.lower"), ("sim.simulate", "trace"),
+                         ("partition.search", "sim.simulate")]:
+        assert not rule_problems(name, target), f"outcore.{name} -> outcore.{target} allowed"

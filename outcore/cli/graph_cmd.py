@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from outcore.cli.common import (add_model_args, check_output_suffix, console, is_graph_file,
                                 nonneg_int, note, table)
@@ -39,63 +38,45 @@ def add_parser(sub: argparse._SubParsersAction, name: str = "graph") -> None:
 
 def run(args: argparse.Namespace) -> int:
     import outcore
-    from outcore.graph import collapse, load, save
 
     outputs = [check_output_suffix(o, (".json", ".svg", ".png")) for o in args.output]
     if is_graph_file(args.model):
-        g = load(args.model)
+        g = outcore.load_graph(args.model)
     else:
-        from outcore.zoo import resolve_model
-        shape = parse_shape(args.input_shape) if args.input_shape else None
-        spec = resolve_model(args.model, input_shape=shape, batch_size=args.batch_size)
-        import torch
-        torch.manual_seed(0)
-        model = spec.build()
-        g = outcore.capture(model, spec.example_inputs, name=args.model)
-        if args.profile:
-            g = _profile(g, model, spec.example_inputs, args)
+        g = _captured(args)
     if args.estimate:
         g = outcore.estimate(g, args.estimate)
     if args.depth is not None:
-        g = collapse(g, args.depth)
+        g = outcore.collapse(g, args.depth)
     for out in outputs:
         if out.suffix == ".json":
-            save(g, out)
+            outcore.save_graph(g, out)
         else:
-            _draw(g, out, args.plan)
+            assignment = outcore.load_plan(args.plan, g).assignment if args.plan else None
+            outcore.draw_graph(g, out, assignment=assignment, title=g.name)
         note(f"wrote {out}")
     _summary(g)
     return 0
 
 
-def _profile(g, model, inputs, args):
+def _captured(args: argparse.Namespace):
+    """The model's graph, profiled here with --profile (with a progress bar)."""
     from rich.progress import Progress
 
     import outcore
-    with Progress(transient=True) as bar:
-        task = bar.add_task("profiling layers", total=g.num_nodes)
-        g = outcore.profile(g, model, inputs, device=args.device, repeat=max(args.repeat, 1),
-                            progress=lambda d, n: bar.update(task, completed=d))
-    prof = g.meta.get("profile", {})
-    note(f"profiled on {prof.get('device')}: sum of layers {format_seconds(prof['sum_s'])}, "
-         f"timed whole step {format_seconds(prof['step_s'])} (ratio {prof['ratio']:.2f})")
+    shape = parse_shape(args.input_shape) if args.input_shape else None
+    with Progress(transient=True, disable=not args.profile) as bar:
+        task = bar.add_task("profiling layers", total=1)
+        g = outcore.model_graph(args.model, input_shape=shape, batch_size=args.batch_size,
+                                costs="profile" if args.profile else "none",
+                                device=args.device, repeat=max(args.repeat, 1), warmup=2,
+                                progress=lambda phase, d, n: bar.update(
+                                    task, description=phase, completed=d, total=max(n, 1)))
+    if args.profile:
+        prof = g.meta.get("profile", {})
+        note(f"profiled on {prof.get('device')}: sum of layers {format_seconds(prof['sum_s'])},"
+             f" timed whole step {format_seconds(prof['step_s'])} (ratio {prof['ratio']:.2f})")
     return g
-
-
-def _draw(g, out: Path, plan_path: str | None) -> None:
-    from outcore.viz import draw_graph
-    assignment = None
-    if plan_path:
-        from outcore.plan import align, load as load_plan
-        p = load_plan(plan_path)
-        if p.node_ids.size == g.num_nodes:
-            assignment = align(p, g).assignment
-        else:
-            from outcore.errors import PlanError
-            raise PlanError(f"{plan_path} places {p.node_ids.size} nodes but this graph has "
-                            f"{g.num_nodes}: draw the graph at the depth the plan was made for "
-                            f"(--depth {p.graph.get('depth')})")
-    draw_graph(g, out, assignment=assignment, title=g.name)
 
 
 def _summary(g) -> None:

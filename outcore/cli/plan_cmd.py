@@ -4,26 +4,21 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
 from outcore.cli.common import (MODEL_HELP, check_output_suffix, console, is_graph_file,
                                 nonneg_int, note, positive_int, table)
-from outcore.units import format_bytes, format_seconds
+from outcore.units import format_bytes, format_seconds, parse_shape
 
 DESCRIPTION = """Partition a graph over K devices so that every device's training memory fits
 --memory and the iteration is as fast as possible, then predict it with the simulator. Prints
 per device: nodes, compute time, peak memory against the limit, bytes sent; the predicted
 iteration time and a lower bound (the larger of the critical path and total work / K). Writes
-outcore-plan/1 JSON. Units: plain numbers are bytes, bytes/s and seconds; or 80GiB, 512MB,
-16GB/s, 100Gb/s, 25us, 1.5ms."""
+outcore-plan/2 JSON, and with --schedule-out the schedule every rank runs. Units: plain
+numbers are bytes, bytes/s and seconds; or 80GiB, 512MB, 16GB/s, 100Gb/s, 25us, 1.5ms."""
 
 
 def strategies_help() -> str:
-    try:
-        from outcore.partition import STRATEGIES
-        return "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items())
-    except ImportError:  # pragma: no cover
-        return "pardnn, pipeline"
+    import outcore
+    return "; ".join(f"{k}: {v}" for k, v in outcore.strategies().items())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -71,73 +66,67 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--picture", metavar="FILE.png|svg",
                    help="also draw the graph coloured by device")
     p.add_argument("--gantt", metavar="FILE.png", help="also draw the simulated timeline")
+    p.add_argument("--schedule-out", metavar="FILE.json",
+                   help="also write the schedule every rank runs (outcore-schedule/1: one line "
+                        "of actions per rank; read back by simulate/train --schedule-file)")
     p.set_defaults(func=run)
 
 
 def load_or_capture(source: str, args: argparse.Namespace):
     """A graph from a JSON file, or captured and costed from a model name."""
     import outcore
-    from outcore.graph import load
 
     if is_graph_file(source):
-        return load(source), False
-    from outcore.units import parse_shape
-    from outcore.zoo import resolve_model
-    import torch
+        return outcore.load_graph(source), False
     shape = parse_shape(args.input_shape) if args.input_shape else None
-    spec = resolve_model(source, input_shape=shape, batch_size=args.batch_size)
-    torch.manual_seed(0)
-    model = spec.build()
-    g = outcore.capture(model, spec.example_inputs, name=source)
-    if getattr(args, "profile", False):
-        g = outcore.profile(g, model, spec.example_inputs, repeat=3)
-    else:
-        g = outcore.estimate(g, args.estimate or "cpu")
-    return g, True
+    costs = "profile" if getattr(args, "profile", False) else \
+        f"estimate:{args.estimate or 'cpu'}"
+    return outcore.model_graph(source, input_shape=shape, batch_size=args.batch_size,
+                               costs=costs), True
 
 
 def run(args: argparse.Namespace) -> int:
     import outcore
-    from outcore.graph import collapse, save
-    from outcore.plan import save as save_plan
 
     out = check_output_suffix(args.output, (".json",))
+    schedule_out = check_output_suffix(args.schedule_out, (".json",)) \
+        if args.schedule_out else None
     g, captured = load_or_capture(args.source, args)
     if args.depth is not None:
-        g = collapse(g, args.depth)
+        g = outcore.collapse(g, args.depth)
     p = outcore.plan(g, args.devices, args.memory, strategy=args.strategy,
                      parallel=args.parallel, replicas=args.replicas, dp=args.dp,
                      bandwidth=args.bandwidth, latency=args.latency,
                      microbatches=args.microbatches, schedule=args.schedule,
                      optimizer=args.optimizer, memory_policy=args.memory_policy,
                      device=args.device)
-    save_plan(p, out)
+    outcore.save_plan(p, out)
     note(f"wrote {out}")
     if captured:
         gpath = out.with_name(out.stem + ".graph.json")
-        save(g, gpath)
+        outcore.save_graph(g, gpath)
         note(f"wrote {gpath} (the graph the plan is for: outcore simulate {out} --graph {gpath})")
+    if schedule_out:
+        outcore.save_schedule(outcore.lower(p, g), schedule_out)
+        note(f"wrote {schedule_out}")
     print_plan(g, p)
     if args.picture:
-        from outcore.viz import draw_graph
         check_output_suffix(args.picture, (".png", ".svg"))
-        draw_graph(g, args.picture, assignment=p.assignment, title=f"{g.name}: {p.strategy}")
+        outcore.draw_graph(g, args.picture, assignment=p.assignment,
+                           title=f"{g.name}: {p.strategy}")
         note(f"wrote {args.picture}")
     if args.gantt:
-        from outcore.viz import draw_timeline
         check_output_suffix(args.gantt, (".png", ".svg"))
-        draw_timeline(outcore.simulate(p, g).timeline, args.gantt)
+        outcore.draw_timeline(outcore.simulate(p, g).timeline, args.gantt)
         note(f"wrote {args.gantt}")
     return 0
 
 
 def print_plan(g, p) -> None:
-    from outcore.plan.replicas import expand
+    import outcore
     pred = p.predicted
     K = p.devices
-    big, assignment, copies = expand(g, p)
-    nodes = np.bincount(assignment, minlength=K)
-    compute = np.bincount(assignment, weights=big.fwd_s + big.bwd_s, minlength=K)
+    nodes, compute, copies = outcore.device_loads(p, g)
     peaks = pred.get("peak_bytes", [0] * K)
     sent = pred.get("comm_bytes", [0] * K)
     limit = p.memory_bytes
@@ -146,9 +135,7 @@ def print_plan(g, p) -> None:
         use = f"{format_bytes(peaks[d])}" + (f" / {format_bytes(limit)}" if limit else "")
         rows.append([d, int(nodes[d]), format_seconds(float(compute[d])), use,
                      format_bytes(sent[d])])
-    par = p.extra.get("parallel")
-    how = f"{p.strategy}" + (f", {par['mode']} x{par['replicas']} replicas, dp {par['dp']}"
-                             if par else "")
+    how = ", ".join([p.strategy] + ([p.layout.describe()] if p.layout.describe() else []))
     console.print(table(f"plan: {how} on {K} devices ({g.name})",
                         ["device", "nodes", "compute", "peak memory", "sent"], rows))
     lb = pred.get("lower_bound_s")
@@ -162,17 +149,17 @@ def print_plan(g, p) -> None:
                   + f"   {pred.get('samples_per_s', 0):.1f} samples/s")
     for line in policy_lines(p):
         console.print(line)
-    for line in p.extra.get("notes", []):
+    for line in p.notes:
         console.print(f"  note: {line}")
 
 
 def policy_lines(p) -> list[str]:
     """One line per device that uses memory policies (what the plan chose)."""
-    pol = p.extra.get("memory_policy")
-    if not pol:
+    pol = p.policies
+    if pol is None:
         return []
     per: dict[int, dict[str, int]] = {}
-    for grp in pol["groups"]:
+    for grp in pol.to_dict(p.node_ids, p.assignment)["groups"]:
         d = per.setdefault(grp["device"], {})
         d[grp["policy"]] = d.get(grp["policy"], 0) + grp["nodes"]
     return [f"memory policies on device {d}: " + ", ".join(f"{k} on {v} nodes"

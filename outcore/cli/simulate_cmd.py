@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
-
 
 from outcore.cli.common import check_output_suffix, console, note, positive_int, table
 from outcore.units import format_bytes, format_seconds
-
-if TYPE_CHECKING:
-    from outcore.hardware.spec import Cluster
-    from outcore.plan import Plan
 
 DESCRIPTION = """Simulate one training iteration of a plan event by event: each device runs
 its actions (forward/backward of a piece for a micro-batch, sends, receives, all-reduces) on one
@@ -51,6 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "piece's last backward; 0 (default): starts after it")
     c.add_argument("--dp-fused", action="store_true", help="one all-reduce of each device's "
                    "gradients after its whole backward (GEMS/torchgems), not one per piece")
+    p.add_argument("--schedule-file", metavar="FILE.json",
+                   help="simulate this schedule's action lists (outcore plan --schedule-out; "
+                        "checked against the plan) instead of the plan's own lowering")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace")
     p.add_argument("--gantt", metavar="FILE.png", help="draw the timeline and memory")
@@ -59,36 +56,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import outcore
-    from outcore.graph import load
-    from outcore.plan import align, load as load_plan
     from outcore.units import parse_bytes
 
-    g = load(args.graph)
-    p = load_plan(args.plan)
-    if p.node_ids.size != g.num_nodes:
-        from outcore.errors import PlanError
-        raise PlanError(f"{args.plan} places {p.node_ids.size} nodes but {args.graph} has "
-                        f"{g.num_nodes}: pass the graph the plan was made for")
-    p = align(p, g)
+    g = outcore.load_graph(args.graph)
+    p = outcore.load_plan(args.plan, g)
     if args.nodes or args.gpus_per_node:
-        from outcore.sim.simulate import simulate
-        cl = _cluster(args, p)
-        r = simulate(p, g, cluster=cl, microbatches=args.microbatches, schedule=args.schedule,
-                     dp=args.dp, global_batch=args.batch_size, collective=args.collective,
-                     dp_bucket_bytes=float(parse_bytes(args.dp_bucket)),
-                     dp_fused=args.dp_fused)
+        cl = outcore.cluster_of(p.devices * args.dp, nodes=args.nodes,
+                                per_node=args.gpus_per_node, device=args.device or "v100",
+                                intra=args.intra, inter=args.inter,
+                                memory_bytes=p.memory_bytes)
+        r = outcore.simulate(p, g, cluster=cl, microbatches=args.microbatches,
+                             schedule=args.schedule, dp=args.dp, global_batch=args.batch_size,
+                             collective=args.collective,
+                             dp_bucket_bytes=float(parse_bytes(args.dp_bucket)),
+                             dp_fused=args.dp_fused, schedule_file=args.schedule_file)
         note(f"cluster: {cl.nodes} nodes x {cl.devices_per_node} {cl.device.name}, "
              f"{args.intra} inside, {args.inter} between; dp all-reduce: {args.collective}")
     else:
         r = outcore.simulate(p, g, microbatches=args.microbatches, schedule=args.schedule,
-                             dp=args.dp, global_batch=args.batch_size)
+                             dp=args.dp, global_batch=args.batch_size,
+                             schedule_file=args.schedule_file)
     if args.trace:
-        from outcore.sim import save_chrome_trace
-        save_chrome_trace(check_output_suffix(args.trace, (".json",)), [r.timeline])
+        outcore.save_chrome_trace(check_output_suffix(args.trace, (".json",)), [r.timeline])
         note(f"wrote {args.trace}")
     if args.gantt:
-        from outcore.viz import draw_timeline
-        draw_timeline(r.timeline, check_output_suffix(args.gantt, (".png", ".svg")))
+        outcore.draw_timeline(r.timeline, check_output_suffix(args.gantt, (".png", ".svg")))
         note(f"wrote {args.gantt}")
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
@@ -106,19 +98,3 @@ def run(args: argparse.Namespace) -> int:
                   f"{r.samples_per_s:.1f} samples/s   "
                   f"fits memory: {'yes' if r.fits else 'NO'}")
     return 0
-
-
-def _cluster(args: argparse.Namespace, plan: "Plan") -> "Cluster":
-    """The cluster of --nodes x --gpus-per-node --device, with the plan's memory limit."""
-    from outcore.errors import UsageError
-    from outcore.hardware.presets import device_preset, link_preset
-    from outcore.hardware.spec import Cluster
-
-    gpn = args.gpus_per_node or -(-plan.devices * args.dp // (args.nodes or 1))
-    nodes = args.nodes or -(-plan.devices * args.dp // gpn)
-    cl = Cluster(device_preset(args.device or "v100"), nodes, gpn, link_preset(args.intra),
-                 link_preset(args.inter))
-    if cl.size < plan.devices * args.dp:
-        raise UsageError(f"{nodes} nodes x {gpn} devices hold {cl.size} devices; the plan "
-                         f"x --dp {args.dp} needs {plan.devices * args.dp}: add --nodes")
-    return cl.with_memory(plan.memory_bytes) if plan.memory_bytes else cl

@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory", help="memory per device the plan must fit (e.g. 16GiB)")
     p.add_argument("--strategy", default="auto", help="planner: auto, pardnn, pipeline, ... (see outcore plan --help)")
     p.add_argument("--plan", metavar="PLAN.json", help="use this plan instead of planning")
+    p.add_argument("--schedule-file", metavar="FILE.json",
+                   help="run this schedule's action lists (outcore plan --schedule-out; "
+                        "checked against the plan) instead of the plan's own lowering")
     p.add_argument("--parallel", choices=["mp", "mast", "master"], default="mp",
                    help="mp (one replica), mast (GEMS: two replicas in opposite directions), "
                         "master (GEMS: --replicas replicas); see outcore plan --help")
@@ -78,9 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     import outcore
 
-    from outcore.runtime.env import detect
-    job = detect()
-    if job.launcher != "none" and job.rank != 0:
+    launcher, rank = outcore.launcher()
+    if launcher != "none" and rank != 0:
         return _run_quiet(args)
     default_job = args.model is None
     model = args.model or DEFAULT_MODEL
@@ -126,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
             lr_schedule=args.lr_schedule, seed=args.seed, data=args.data, costs=args.costs,
             run_dir=args.run_dir, metrics_out=args.metrics_out,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-            resume=args.resume, timeout_s=args.timeout, progress=on_progress,
-            on_metrics=on_metrics)
+            resume=args.resume, timeout_s=args.timeout, schedule_file=args.schedule_file,
+            progress=on_progress, on_metrics=on_metrics)
     print_report(report)
     if args.trace:
         _copy_trace(report, args.trace)
@@ -150,7 +152,7 @@ def _run_quiet(args: argparse.Namespace) -> int:
         optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule, seed=args.seed,
         data=args.data, costs=args.costs, run_dir=args.run_dir, metrics_out=args.metrics_out,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        resume=args.resume, timeout_s=args.timeout)
+        resume=args.resume, timeout_s=args.timeout, schedule_file=args.schedule_file)
     return 0
 
 

@@ -2,7 +2,7 @@
 
 One entry point, :func:`partition`, runs a strategy from :data:`STRATEGIES` and returns a
 :class:`PartitionResult` whose time and memory come from the node-level emulator
-(:mod:`outcore.partition.emulate`) and the memory model (:mod:`outcore.partition.model`). Pure
+(:mod:`outcore.partition.emulate`) and the memory model (:mod:`outcore.partition.context`). Pure
 numpy (inner loops compiled with numba when it is installed); no torch.
 """
 
@@ -18,7 +18,7 @@ from outcore.hardware.spec import Cluster
 from outcore.partition import baselines, pardnn, pipeline, subgraph
 from outcore.partition.emulate import Emulation, emulate
 from outcore.partition.feasibility import infeasible
-from outcore.partition.model import Context, make_context
+from outcore.partition.context import Context, make_context
 from outcore.partition.result import Candidate, PartitionResult, best_of, compact, evaluate
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import numpy as np
 
 from outcore.partition._jit import njit
 from outcore.partition._level_kernel import bottom_levels
-from outcore.partition.model import Context
+from outcore.partition.context import Context
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ Model (what the planners optimise; the schedule simulator in ``outcore.sim`` is 
   have arrived (same bytes as the forward edge, reverse direction); again first ready, first run.
 * **Micro-batches.** With ``M`` micro-batches, every node runs once per micro-batch, GPipe-like:
   all forwards (micro-batch 0 first), then all backwards. ``M = 1`` is ParDNN's setting.
-* **Memory.** See :mod:`outcore.partition.model`: static + in-flight activations + received
+* **Memory.** See :mod:`outcore.partition.context`: static + in-flight activations + received
   tensors + one transient buffer; the timeline peaks at the end of the forward.
 
 The emulator is ParDNN's "schedule emulation" (paper section 4.2) adapted to PyTorch semantics;
@@ -33,7 +33,7 @@ from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
 from outcore.partition._jit import njit
 from outcore.partition._sched_kernel import schedule_phase
-from outcore.partition.model import Context, make_context
+from outcore.partition.context import Context, make_context
 
 log = logging.getLogger(__name__)
 

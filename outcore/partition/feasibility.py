@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from outcore.errors import InfeasibleError
-from outcore.partition.model import Context
+from outcore.partition.context import Context
 from outcore.partition.pipeline import fewest_stages, least_memory
 from outcore.units import format_bytes
 

@@ -145,8 +145,7 @@ def choose(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Cluster,
             if freed >= need:
                 break
         pol = MemoryPolicies(group_of.copy(), tuple(policies))
-        current = plan.replace(extra={**plan.extra, "memory_policy": pol.to_dict(
-            g.ids, plan.assignment)})
+        current = plan.replace(policies=pol)
         sim = simulate(current, g, cluster=cluster)
     if sim.fits:
         return current

@@ -32,7 +32,7 @@ from dataclasses import replace
 import numpy as np
 
 from outcore.partition.emulate import summary
-from outcore.partition.model import Context
+from outcore.partition.context import Context
 from outcore.partition.pardnn_mapping import map_secondaries
 from outcore.partition.pardnn_memory import repair_memory
 from outcore.partition.pardnn_refine import refine

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from outcore.partition._jit import njit
-from outcore.partition.model import Context
+from outcore.partition.context import Context
 from outcore.partition.pardnn_slicing import Slices
 
 

@@ -6,7 +6,7 @@ the added communication subject to the freed bytes covering the overflow, solved
 per byte. Re-emulate and repeat until every device fits.
 
 In outcore's execution model the memory timeline of every device peaks at the end of the forward
-(:mod:`outcore.partition.model`), so the overflow and the bytes a move frees are exact sums and
+(:mod:`outcore.partition.context`), so the overflow and the bytes a move frees are exact sums and
 need no timeline. The greedy is *lazy*: a node's cost per byte is recomputed when it reaches the
 top of the heap (moving a neighbour changes it), and the neighbours of each moved node are pushed
 again, so freed regions grow contiguously instead of scattering. For node ``v`` leaving device
@@ -35,7 +35,7 @@ from outcore.partition._jit import njit
 from outcore.partition._move_kernel import edge_cost
 from outcore.partition._sched_kernel import _fheap_pop as _pop
 from outcore.partition._sched_kernel import _fheap_push as _push
-from outcore.partition.model import Context
+from outcore.partition.context import Context
 
 log = logging.getLogger(__name__)
 

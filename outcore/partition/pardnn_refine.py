@@ -29,7 +29,7 @@ from outcore.partition._jit import njit
 from outcore.partition._level_kernel import bottom_levels, top_levels
 from outcore.partition._move_kernel import cluster_moves, cp_switch_gains, set_move_delta
 from outcore.partition.emulate import Emulation, run
-from outcore.partition.model import Context
+from outcore.partition.context import Context
 
 log = logging.getLogger(__name__)
 

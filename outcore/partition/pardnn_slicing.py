@@ -7,7 +7,7 @@ through the rest, which step 1b maps onto the primaries.
 
 Weights: a node weighs its forward + backward time (a node and its backward are one unit of
 placement in PyTorch); an edge weighs the transfer of its tensor and of its gradient
-(:attr:`outcore.partition.model.Context.comm_s`).
+(:attr:`outcore.partition.context.Context.comm_s`).
 
 Departures from the reference code (``shared/notes/pardnn-algorithm.md`` 1.1), all deliberate:
 a zero-weight node is clustered like any other (the reference leaves it unassigned and crashes);
@@ -26,7 +26,7 @@ import numpy as np
 
 from outcore.partition._jit import njit
 from outcore.partition._level_kernel import bottom_levels, top_levels
-from outcore.partition.model import Context
+from outcore.partition.context import Context
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,7 +8,7 @@ Stage sizes come out uneven wherever that is faster (heavy layers get short stag
 
 Stage time = forward + backward work of its nodes + the transfers at its two boundaries (bytes
 crossing the cut before and after it, forward tensors and gradients, mean link), not overlapped
-with compute. Stage memory = the model of :mod:`outcore.partition.model` with 1F1B's micro-batches
+with compute. Stage memory = the model of :mod:`outcore.partition.context` with 1F1B's micro-batches
 in flight: stage ``s`` of ``S`` keeps activations of up to ``min(M, S - s)`` micro-batches (the
 first stage the most). The greedy uses ``S = K`` for the in-flight counts, an upper bound when
 fewer stages are used; received tensors are counted at their producer's largest output.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from outcore.partition._jit import njit
-from outcore.partition.model import Context
+from outcore.partition.context import Context
 
 
 def cut_comm_s(ctx: Context) -> np.ndarray:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from outcore.partition.emulate import Emulation, run
-from outcore.partition.model import Context
+from outcore.partition.context import Context
 
 
 @dataclass(frozen=True, eq=False)

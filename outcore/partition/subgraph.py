@@ -53,7 +53,7 @@ from outcore.hardware.spec import LinkSpec
 from outcore.partition._jit import njit
 from outcore.partition.branches import Branches, Region, find_branches
 from outcore.partition.emulate import summary
-from outcore.partition.model import Context
+from outcore.partition.context import Context
 from outcore.partition.pardnn import device_counts
 from outcore.partition.pardnn_memory import repair_memory
 from outcore.partition.pipeline import assignment_from_bounds, stage_bounds

@@ -13,7 +13,7 @@ at group boundaries), so a checkpointed segment is one piece, recomputed in its 
 
 On a machine whose "device" is the host (CPU training), offloading moves nothing: it saves no
 memory and costs no transfer, and the cost model says so; checkpointing is what makes a CPU run
-fit. A plan records its policies in ``plan.extra['memory_policy']``:
+fit. A plan holds its policies in ``Plan.policies``; its JSON form records them as
 ``{"groups": [{"policy": ..., "device": ...}, ...], "node_group": {node id: group}}``.
 """
 
@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from outcore.errors import UsageError
 
 POLICIES = ("none", "checkpoint", "offload-activations", "offload-params")
 CHOICES = {"auto": "choose per piece the cheapest policy that makes the plan fit",
@@ -69,23 +68,6 @@ class MemoryPolicies:
 
 def none(n: int) -> MemoryPolicies:
     return MemoryPolicies(np.full(n, -1, dtype=np.int64), ())
-
-
-def from_plan(extra: dict[str, Any], ids: np.ndarray) -> MemoryPolicies | None:
-    """The policies a plan records, aligned to node ids ``ids`` (None if it records none)."""
-    doc = extra.get("memory_policy")
-    if not doc:
-        return None
-    policies = tuple(str(gr["policy"]) for gr in doc["groups"])
-    bad = [p for p in policies if p not in POLICIES]
-    if bad:
-        raise UsageError(f"unknown memory policy {bad[0]!r} in the plan: use {POLICIES}")
-    index = {int(i): k for k, i in enumerate(ids.tolist())}
-    group_of = np.full(ids.size, -1, dtype=np.int64)
-    for node, gidx in doc["node_group"].items():
-        if int(node) in index:
-            group_of[index[int(node)]] = int(gidx)
-    return MemoryPolicies(group_of, policies)
 
 
 def segments(nodes: np.ndarray, count: int, weights: np.ndarray | None = None

@@ -24,6 +24,8 @@ class TrainConfig:
         metrics_out: JSONL file, one object per step (written by rank 0).
         trace_dir: write a measured Chrome trace / timeline per rank of the last step.
         checkpoint_dir, checkpoint_every, resume: sharded checkpoints.
+        schedule_file: an ``outcore-schedule/1`` file whose action lists the ranks run
+            (``outcore plan --schedule-out``); None: the plan's own lowering.
         timeout_s: longest wait for any message, collective or worker.
         track_memory: measure each rank's peak tensor memory (on the first two steps and
             every tenth; other steps repeat the latest measurement, named in the metrics).
@@ -50,6 +52,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    schedule_file: str | None = None
     timeout_s: float = 60.0
     track_memory: bool = True
     threads: int | None = 1

@@ -28,7 +28,7 @@ from outcore.runtime.modules import PieceModule
 from outcore.plan.replicas import copy_of, fx_name
 from outcore.runtime.values import ValueMeta, tensors_of
 from outcore.schedule.ir import Action, Schedule
-from outcore.sim.timeline import Event
+from outcore.trace import Event
 
 log = logging.getLogger(__name__)
 

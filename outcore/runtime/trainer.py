@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -19,9 +18,9 @@ from torch import nn
 from outcore.errors import PlanError
 from outcore.graph.coarsen import collapse, groups
 from outcore.graph.ir import Graph
-from outcore.plan.plan import Plan, fingerprint
-from outcore.plan.policies import MemoryPolicies, from_plan as policies_from_plan
-from outcore.plan.replicas import expand, expand_policies, fx_name
+from outcore.plan.plan import Plan, fingerprint, graph_ref
+from outcore.plan.policies import MemoryPolicies
+from outcore.plan.replicas import fx_name
 from outcore.runtime.comm import Messenger
 from outcore.runtime.data import default_loss, split
 from outcore.runtime.executor import RankExecutor, StepResult
@@ -30,20 +29,20 @@ from outcore.runtime.modules import build_piece_modules, prune_unowned
 from outcore.runtime.offload import running_stats
 from outcore.runtime.values import value_metas
 from outcore.graph.capture import trace
-from outcore.schedule.make import make_schedule
-from outcore.sim.simulate import cluster_from_plan
+from outcore.schedule.io import adopt
+from outcore.schedule.lower import Lowered, lower
 
 log = logging.getLogger(__name__)
 
 
-def expand_assignment(fine: Graph, plan: Plan) -> np.ndarray:
-    """Device of every layer-level node, from a plan made at any collapse depth of ``fine``."""
+def layer_plan(fine: Graph, plan: Plan) -> Plan:
+    """``plan`` on the layer-level nodes of ``fine`` (a plan may be made at any collapse depth
+    of the graph): assignment and memory-policy groups of every layer."""
     depth = plan.graph.get("depth")
     if depth is None:
-        coarse, group = fine, np.arange(fine.num_nodes)
-    else:
-        group, _ = groups(fine, int(depth))
-        coarse = collapse(fine, int(depth))
+        return plan
+    group, _ = groups(fine, int(depth))
+    coarse = collapse(fine, int(depth))
     fp = plan.graph.get("fingerprint")
     if fp and fp != fingerprint(coarse):
         raise PlanError(f"the plan was made for another model or depth (graph "
@@ -51,24 +50,22 @@ def expand_assignment(fine: Graph, plan: Plan) -> np.ndarray:
     if plan.assignment.shape[0] != coarse.num_nodes:
         raise PlanError(f"the plan places {plan.assignment.shape[0]} nodes, the model has "
                         f"{coarse.num_nodes} at depth {depth}: re-plan this model")
-    return plan.assignment[group]
+    pol = plan.policies
+    return plan.replace(assignment=plan.assignment[group], node_ids=fine.ids.copy(),
+                        graph=graph_ref(fine),
+                        policies=None if pol is None else MemoryPolicies(pol.group_of[group],
+                                                                         pol.policies))
 
 
-def _fine_policies(fine: Graph, plan: Plan, fine_plan: Plan) -> Plan:
-    """``fine_plan`` with the plan's memory-policy groups mapped onto layer-level nodes."""
-    if not plan.extra.get("memory_policy"):
-        return fine_plan
-    depth = plan.graph.get("depth")
-    coarse_ids = plan.node_ids
-    pol = policies_from_plan(plan.extra, coarse_ids)
-    if depth is None:
-        group_of = pol.group_of
-    else:
-        group, _ = groups(fine, int(depth))
-        group_of = pol.group_of[group]
-    fine_pol = MemoryPolicies(group_of, pol.policies)
-    return fine_plan.replace(extra={**fine_plan.extra, "memory_policy": fine_pol.to_dict(
-        fine.ids, fine_plan.assignment)})
+def lower_for_training(graph: Graph, plan: Plan, *, microbatches: int, schedule: str,
+                       mb_samples: int | None,
+                       schedule_doc: dict[str, Any] | None = None) -> Lowered:
+    """The schedule every rank runs: the plan lowered on layer-level nodes (the same
+    :func:`~outcore.schedule.lower.lower` the simulator uses), or a schedule file's action
+    lists checked against it."""
+    low = lower(graph, layer_plan(graph, plan), microbatches=microbatches, schedule=schedule,
+                mb_samples=mb_samples if graph.batch_size else None)
+    return adopt(low, schedule_doc) if schedule_doc is not None else low
 
 
 def _module_params(gm: torch.fx.GraphModule) -> list[nn.Parameter]:
@@ -115,6 +112,8 @@ class Trainer:
         device: this rank's device.
         timeout_s: longest wait for any message or collective.
         track_memory: measure peak tensor memory of each step.
+        schedule_doc: a schedule file's document (``outcore-schedule/1``) whose action lists
+            to run instead of the freshly lowered ones (checked against them).
     """
 
     def __init__(self, model: nn.Module, graph: Graph, plan: Plan, *, microbatches: int,
@@ -123,7 +122,7 @@ class Trainer:
                  optimizer: Callable[[list[nn.Parameter]], Any] | None = None,
                  lr_scheduler: Callable[[Any], Any] | None = None,
                  device: torch.device | None = None, timeout_s: float = 60.0,
-                 track_memory: bool = True):
+                 track_memory: bool = True, schedule_doc: dict[str, Any] | None = None):
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         if plan.devices != self.world:
@@ -139,19 +138,13 @@ class Trainer:
         if names != [graph.name_of(i) for i in range(graph.num_nodes)]:
             raise PlanError("the graph does not match the model's trace: capture the graph "
                             "from this model (same options) and plan again")
-        fine_plan = plan.replace(assignment=expand_assignment(graph, plan),
-                                 node_ids=graph.ids.copy())
-        fine_plan = _fine_policies(graph, plan, fine_plan)
-        big, assignment, self.copies = expand(graph, fine_plan)
-        policies = expand_policies(fine_plan, graph, self.copies)
+        low = lower_for_training(graph, plan, microbatches=microbatches, schedule=schedule,
+                                 mb_samples=micro_inputs[0].shape[0],
+                                 schedule_doc=schedule_doc)
+        self.lowered = low
+        big, assignment, self.copies = low.graph, low.assignment, low.copies
         self.assignment = assignment
-        cluster = cluster_from_plan(plan)
-        scale = 1.0
-        if graph.batch_size:
-            scale = micro_inputs[0].shape[0] / graph.batch_size
-        self.schedule, self.costs, pieces = make_schedule(
-            big, assignment, self.world, microbatches=microbatches, kind=schedule,
-            cluster=cluster, scale=scale, optimizer=plan.optimizer, policies=policies)
+        self.schedule, self.costs, pieces = low.schedule, low.costs, low.pieces
         metas = value_metas(gm, micro_inputs)
         big_names = [big.name_of(i) for i in range(big.num_nodes)]
         modules = build_piece_modules(gm, big_names, pieces, self.rank)

@@ -15,12 +15,12 @@ import torch.distributed as dist
 from outcore.errors import OutcoreError, RuntimeFailure, UsageError
 from outcore.graph.io import from_dict as graph_from_dict
 from outcore.plan.plan import align, from_dict as plan_from_dict
-from outcore.plan.replicas import replication_of
 from outcore.runtime import checkpoint
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import ImageFolderData, SyntheticData, split
 from outcore.runtime.trainer import Trainer
-from outcore.sim.timeline import Timeline, save_events
+from outcore.schedule import io as schedule_io
+from outcore.trace import Timeline, save_events
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,13 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
     graph = graph_from_dict(graph_doc, source="graph")
     plan = align(plan_from_dict(plan_doc, source="plan"), graph) \
         if plan_doc.get("graph", {}).get("depth") is None else plan_from_dict(plan_doc)
-    rep = replication_of(plan)
-    copies = rep.copies if rep is not None else 1
-    micro_inputs = split(spec.example_inputs, cfg.microbatches * copies)[0]
+    micro_inputs = split(spec.example_inputs, cfg.microbatches * plan.layout.copies)[0]
+    schedule_doc = schedule_io.load(cfg.schedule_file) if cfg.schedule_file else None
     trainer = Trainer(model, graph, plan, microbatches=cfg.microbatches,
                       micro_inputs=micro_inputs, schedule=cfg.schedule,
                       optimizer=make_optimizer(cfg), lr_scheduler=make_lr_scheduler(cfg),
-                      device=device, timeout_s=cfg.timeout_s, track_memory=cfg.track_memory)
+                      device=device, timeout_s=cfg.timeout_s, track_memory=cfg.track_memory,
+                      schedule_doc=schedule_doc)
     output_name = next(n.name for n in trainer.gm.graph.nodes if n.op == "output")
     output_meta = trainer.executor.metas[output_name]
     if cfg.data == "synthetic":

@@ -72,7 +72,7 @@ def build(pieces: Pieces, num_ranks: int, microbatches: int, kind: str, costs: P
     if any(p.device >= num_ranks or p.device < 0 for p in pieces.pieces):
         raise ScheduleError(f"a piece is placed on a rank outside 0..{num_ranks - 1}")
     order = _list_schedule(pieces, num_ranks, microbatches, kind, costs, link_time)
-    actions = lower(pieces, order)
+    actions = with_messages(pieces, order)
     tail: list[list[Action]] = [[] for _ in range(num_ranks)]
     for b, group in enumerate(buckets):
         for r in group:
@@ -196,7 +196,7 @@ def _pick(heap: list, r: int, kind: str, free: float, f_left: list[int],
     return min((e for e in eligible if e[1] <= start), key=lambda e: (e[0], e[1]))
 
 
-def lower(pieces: Pieces, order: list[list[tuple[str, int, int]]]) -> list[list[Action]]:
+def with_messages(pieces: Pieces, order: list[list[tuple[str, int, int]]]) -> list[list[Action]]:
     """Insert sends and receives around each rank's compute tasks.
 
     Before ``F(p, m)``: receive every remote input transfer of ``p``; after it, send every

@@ -28,7 +28,7 @@ from outcore.hardware.spec import Cluster, LinkSpec
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import Action, Schedule
 from outcore.sim.collectives import dp_allreduce as dp_phases, ring_allreduce_s  # noqa: F401
-from outcore.sim.timeline import Event, Timeline
+from outcore.trace import Event, Timeline
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class _Engine:
 
     def execute(self, r: int, a: Action, t: float) -> float | None:
         """Perform ``a`` at ``t``; return when the rank is free again, or None if blocked."""
-        c, s = self.c, self.s
+        c = self.c
         if a.op in ("F", "B"):
             dur = float(c.fwd_s[a.piece] if a.op == "F" else c.bwd_s[a.piece])
             if self.cores is not None:  # ranks share host cores: the end depends on others

@@ -1,4 +1,5 @@
-"""Simulate a plan: build its schedule, run it in simulated time, summarise."""
+"""Simulate a plan: lower it to its schedule (the one the runtime runs), run that in simulated
+time, summarise."""
 
 from __future__ import annotations
 
@@ -9,14 +10,13 @@ import numpy as np
 
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
-from outcore.hardware.spec import Cluster, DeviceSpec, flat_cluster
+from outcore.hardware.spec import Cluster
 from outcore.plan.plan import Plan
-from outcore.plan.replicas import expand, expand_policies
-from outcore.schedule.costs import PieceCosts, mb_scale
+from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import Schedule
-from outcore.schedule.make import make_schedule
+from outcore.schedule.lower import Lowered, lower
 from outcore.sim.engine import SimOptions, simulate_schedule
-from outcore.sim.timeline import Timeline
+from outcore.trace import Timeline
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,28 +63,11 @@ class SimResult:
             (self.peak_bytes <= self.memory_limit_bytes * (1 + 1e-9)).all())
 
 
-def cluster_from_plan(plan: Plan) -> Cluster:
-    """The cluster a plan was made for (a flat network of ``plan.devices`` devices)."""
-    c = plan.cluster or {}
-    mem = plan.memory_bytes if plan.memory_bytes else float("inf")
-    cores = c.get("host_cores")
-    return flat_cluster(plan.devices, memory_bytes=mem, bandwidth=float(c.get("bandwidth", 16e9)),
-                        latency_s=float(c.get("latency_s", 25e-6)),
-                        device=DeviceSpec(str(c.get("device", "generic")), mem,
-                                          float(c.get("peak_flops", 1e13)),
-                                          float(c.get("mem_bandwidth", 1e12)),
-                                          host_bandwidth=float(c.get("host_bandwidth", 12e9)),
-                                          host_is_device=bool(c.get("host_is_device", False)),
-                                          fwd_overhead_s=float(c.get("fwd_overhead_s", 0.0)),
-                                          bwd_overhead_s=float(c.get("bwd_overhead_s", 0.0))),
-                        host_cores=int(cores) if cores else None)
-
-
 def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
              microbatches: int | None = None, schedule: str | None = None,
              global_batch: int | None = None, dp: int = 1,
              collective: str = "auto", dp_bucket_bytes: float = 0.0,
-             dp_fused: bool = False) -> SimResult:
+             dp_fused: bool = False, lowered: Lowered | None = None) -> SimResult:
     """Predict one training iteration of ``plan`` on ``cluster``.
 
     Args:
@@ -109,22 +92,14 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
             overlap that backward (``SimOptions.dp_bucket_bytes``).
         dp_fused: one all-reduce of each rank's gradients after its last backward, not one
             per piece (GEMS' torchgems; ``SimOptions.dp_fused``).
+        lowered: the plan already lowered (:func:`outcore.schedule.lower.lower`, e.g. with a
+            schedule file's action lists); the lowering options above are then ignored.
     """
-    plan.check(g)
-    M = int(microbatches or plan.microbatches or 1)
-    if M < 1:
-        raise UsageError(f"micro-batches must be at least 1, got {M}")
     if dp < 1:
         raise UsageError(f"data-parallel degree must be at least 1, got {dp}")
-    kind = schedule or plan.schedule or "1f1b"
-    cl = cluster or cluster_from_plan(plan)
-    big, assignment, copies = expand(g, plan)
-    policies = expand_policies(plan, g, copies)
-    batch = global_batch or (g.batch_size * M * copies if g.batch_size else None)
-    scale = mb_scale(g, batch / (M * copies) if batch else None)
-    sched, costs, _ = make_schedule(big, assignment, plan.devices, microbatches=M, kind=kind,
-                                    cluster=cl, scale=scale, optimizer=plan.optimizer,
-                                    policies=policies)
+    low = lowered or lower(g, plan, microbatches=microbatches, schedule=schedule,
+                           cluster=cluster, global_batch=global_batch)
+    sched, costs, cl = low.schedule, low.costs, low.cluster
     opts = SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())),
                       dp_collective=collective, dp_bucket_bytes=dp_bucket_bytes,
                       dp_fused=dp_fused,
@@ -135,7 +110,7 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
                       optimizer_per_tensor_s=optimizer_per_tensor_s(
                           plan.optimizer, cl.device.host_is_device))
     tl = simulate_schedule(sched, costs, cl, opts)
-    return summarize(tl, sched, costs, batch, dp, plan.memory_bytes)
+    return summarize(tl, sched, costs, low.batch, dp, plan.memory_bytes)
 
 
 # Memory traffic of one optimizer step, in bytes moved per parameter byte (and, for Adam, a

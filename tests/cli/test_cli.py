@@ -71,7 +71,7 @@ def test_graph_plan_simulate_pipeline(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "predicted iteration" in r.stdout and "peak memory" in r.stdout
     plan = json.loads((tmp_path / "p.json").read_text())
-    assert plan["format"] == "outcore-plan/1" and plan["devices"] == 2
+    assert plan["format"] == "outcore-plan/2" and plan["devices"] == 2
     assert set(plan["assignment"].values()) <= {0, 1}
     r = run("simulate", "p.json", "--graph", "g.json", "--json", "--trace", "trace.json",
             cwd=tmp_path)

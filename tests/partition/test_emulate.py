@@ -9,7 +9,7 @@ from outcore.errors import UsageError
 from outcore.graph.ir import build
 from outcore.hardware.spec import flat_cluster
 from outcore.partition.emulate import emulate
-from outcore.partition.model import make_context
+from outcore.partition.context import make_context
 
 # a link of 100 B/s and 0.5 s latency: a 100-byte tensor takes 0.5 + 1 = 1.5 s
 SLOW = flat_cluster(2, memory_bytes=1e9, bandwidth=100.0, latency_s=0.5)

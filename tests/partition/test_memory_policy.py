@@ -10,7 +10,7 @@ from outcore.graph import build
 from outcore.hardware.spec import DeviceSpec, flat_cluster
 from outcore.partition.memory_policy import choose
 from outcore.plan import make_plan
-from outcore.plan.policies import from_plan
+from outcore.hardware.cluster import from_dict as cluster_from_dict
 from outcore.sim import simulate
 
 MB = 2**20
@@ -35,7 +35,8 @@ def plan_for(g, memory, host_is_device=True):
     doc = {"bandwidth": 16e9, "latency_s": 0, "host_bandwidth": 1e10,
            "host_is_device": host_is_device}
     p = make_plan(g, np.zeros(g.num_nodes, dtype=int), strategy="single", devices=1,
-                  memory_bytes=memory, cluster=doc)
+                  memory_bytes=memory, cluster=cluster_from_dict(doc, devices=1,
+                                                                 memory_bytes=memory))
     return p, cl
 
 
@@ -51,7 +52,7 @@ def test_checkpointing_makes_a_cpu_run_fit():
     p, cl = plan_for(g, 40 * MB)
     assert before > 40 * MB
     q = choose(g, p, cluster=cl)
-    pol = from_plan(q.extra, g.ids)
+    pol = q.policies
     assert set(pol.policies) == {"checkpoint"}  # offloading frees nothing on a CPU host
     r = simulate(q, g, cluster=cl)
     assert r.peak_bytes[0] <= 40 * MB
@@ -63,7 +64,7 @@ def test_offloading_is_chosen_on_an_accelerator_when_cheaper():
     g = chain()
     p, cl = plan_for(g, 40 * MB, host_is_device=False)
     q = choose(g, p, mode="offload", cluster=cl)
-    pol = from_plan(q.extra, g.ids)
+    pol = q.policies
     assert set(pol.policies) <= {"offload-activations", "offload-params"} and pol.policies
     assert simulate(q, g, cluster=cl).peak_bytes[0] <= 40 * MB
 

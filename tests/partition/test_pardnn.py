@@ -10,7 +10,7 @@ from outcore.graph.ir import build
 from outcore.hardware.spec import flat_cluster
 from outcore.partition import partition
 from outcore.partition.emulate import emulate
-from outcore.partition.model import make_context
+from outcore.partition.context import make_context
 from outcore.partition.pardnn_mapping import map_secondaries
 from outcore.partition.pardnn_slicing import slice_graph
 

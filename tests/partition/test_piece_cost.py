@@ -11,7 +11,7 @@ import pytest
 from outcore.api import estimate, make_cluster
 from outcore.graph.capture import capture
 from outcore.partition import partition
-from outcore.partition.model import make_context
+from outcore.partition.context import make_context
 from outcore.plan.pieces import cut
 from outcore.zoo import resolve_model
 

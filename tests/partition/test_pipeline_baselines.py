@@ -10,7 +10,7 @@ import pytest
 from outcore.errors import InfeasibleError
 from outcore.graph.ir import build
 from outcore.partition import partition
-from outcore.partition.model import make_context
+from outcore.partition.context import make_context
 from outcore.partition.pipeline import fewest_stages, least_memory, stage_bounds
 
 

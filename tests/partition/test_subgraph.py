@@ -14,7 +14,7 @@ from outcore.hardware.spec import LinkSpec, flat_cluster
 from outcore.partition import STRATEGIES, partition, subgraph
 from outcore.partition.branches import find_branches
 from outcore.partition.emulate import emulate
-from outcore.partition.model import make_context
+from outcore.partition.context import make_context
 from outcore.partition.subgraph import branch_table, place_branches
 
 GiB = 2**30

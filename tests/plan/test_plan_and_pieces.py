@@ -18,13 +18,66 @@ def test_plan_round_trip_and_design_fields(tmp_path):
     p = make_plan(g, np.array([0, 0, 1, 1]), strategy="pipeline", devices=2,
                   memory_bytes=2**30, predicted={"iteration_s": 1.5, "peak_bytes": [1, 2]})
     doc = to_dict(p)
-    assert doc["format"] == "outcore-plan/1"
+    assert doc["format"] == "outcore-plan/2"
     assert doc["assignment"] == {"0": 0, "10": 0, "20": 1, "30": 1}
     assert doc["predicted"]["iteration_s"] == 1.5
     q = align(load(save(p, tmp_path / "p.json")), g)
     np.testing.assert_array_equal(q.assignment, p.assignment)
     assert q.graph["fingerprint"] == fingerprint(g)
     q.check(g)
+
+
+def test_typed_fields_round_trip(tmp_path):
+    """Layout, memory policies and the cluster are typed fields, written and read back as such."""
+    from outcore.hardware.cluster import make_cluster
+    from outcore.plan import Layout, MemoryPolicies
+    g = chain()
+    cl = make_cluster(4, "1GiB", "10GB/s", "5us", device="a100", host_cores=2)
+    pol = MemoryPolicies(np.array([-1, 0, 0, -1]), ("checkpoint",))
+    p = make_plan(g, np.array([0, 0, 1, 1]), strategy="pipeline", devices=4,
+                  memory_bytes=2**30, layout=Layout.replicate("mast", 2, 2, 2), policies=pol, cluster=cl,
+                  notes=("tried pipeline",), devices_used=2, extra={"mine": [1, 2]})
+    q = align(load(save(p, tmp_path / "p.json")), g)
+    assert q.layout == p.layout and q.layout.copies == 4 and q.layout.maps == ((0, 1), (1, 0))
+    np.testing.assert_array_equal(q.policies.group_of, pol.group_of)
+    assert q.policies.policies == ("checkpoint",)
+    assert q.cluster == cl.with_memory(2**30)
+    assert q.notes == ("tried pipeline",) and q.devices_used == 2 and q.extra == {"mine": [1, 2]}
+
+
+def test_version_1_files_are_still_read():
+    """An outcore-plan/1 document (replication, policies and a flat cluster at the top level)."""
+    g = chain()
+    doc = {"format": "outcore-plan/1", "strategy": "pipeline", "devices": 4,
+           "memory_bytes": 1e9, "assignment": {"0": 0, "10": 0, "20": 1, "30": 1},
+           "schedule": "gpipe", "microbatches": 2,
+           "parallel": {"mode": "mast", "replicas": 2, "dp": 2, "maps": [[0, 1], [1, 0]]},
+           "memory_policy": {"groups": [{"policy": "checkpoint", "device": 1, "nodes": 1}],
+                             "node_group": {"20": 0}},
+           "cluster": {"bandwidth": 5e9, "latency_s": 1e-5, "device": "cpu",
+                       "host_is_device": True, "host_cores": 2},
+           "notes": ["a"], "devices_used": 2, "custom": 7}
+    p = align(from_dict(doc), g)
+    assert p.layout.mode == "mast" and p.layout.dp == 2 and p.layout.copies == 4
+    assert p.policies.group_of.tolist() == [-1, -1, 0, -1]
+    assert p.cluster.intra.bandwidth == 5e9 and p.cluster.host_cores == 2
+    assert p.cluster.device.host_is_device and p.cluster.device.memory_bytes == 1e9
+    assert p.notes == ("a",) and p.extra == {"custom": 7} and p.schedule == "gpipe"
+
+
+def test_plans_are_validated_on_load():
+    """A plan that puts a node outside its devices is refused when read, naming the device."""
+    doc = {"format": "outcore-plan/2", "strategy": "x", "devices": 2,
+           "assignment": {"0": 0, "1": 5}}
+    with pytest.raises(PlanError, match="device 5"):
+        from_dict(doc)
+    with pytest.raises(PlanError, match="device -1"):
+        from_dict({**doc, "assignment": {"0": 0, "1": -1}})
+    with pytest.raises(PlanError, match="schedule"):
+        from_dict({**doc, "assignment": {"0": 0, "1": 1}, "schedule": "zigzag"})
+    with pytest.raises(FormatError, match="memory policy"):
+        from_dict({**doc, "assignment": {"0": 0, "1": 1},
+                   "memory_policy": {"groups": [{"policy": "magic"}], "node_group": {}}})
 
 
 def test_plan_errors():

@@ -11,7 +11,7 @@ import torch
 from outcore.graph.capture import capture
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.plan import make_plan, to_dict as plan_doc
-from outcore.plan.replicas import make_replication
+from outcore.plan.layout import Layout
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import SyntheticData, default_loss, split
 from outcore.runtime.values import value_metas
@@ -37,16 +37,16 @@ def docs_for(cfg: TrainConfig, assign, devices: int, *, parallel: str | None = N
     copies; ``devices`` is then the model-parallel group size)."""
     g = graph_for(cfg, copies=replicas * dp)
     a = np.asarray(assign(g), dtype=np.int64)
-    extra = {}
+    fields = {}
     if policies is not None:
-        extra["memory_policy"] = policies(g, a).to_dict(g.ids, a)
+        fields["policies"] = policies(g, a)
     total = devices
     if parallel is not None:
-        rep = make_replication(parallel, a, devices, replicas, dp)
-        extra = {"parallel": rep.to_dict()}
-        total = rep.ranks
+        layout = Layout.replicate(parallel, devices, replicas, dp)
+        fields = {"layout": layout}
+        total = layout.ranks(devices)
     plan = make_plan(g, a, strategy="manual", devices=total, memory_bytes=None,
-                     microbatches=cfg.microbatches, schedule=cfg.schedule, extra=extra)
+                     microbatches=cfg.microbatches, schedule=cfg.schedule, **fields)
     return graph_doc(g), plan_doc(plan), g
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from outcore.errors import UsageError
 from outcore.graph import build as gbuild
+from outcore.hardware.cluster import from_dict as _cluster_from_dict
 from outcore.hardware.spec import Cluster, DeviceSpec, LinkSpec
 from outcore.plan import make_plan
 from outcore.sim import simulate
@@ -130,7 +131,8 @@ def _one_piece_dp(bandwidth: float, bucket: float):
     g = gbuild("one", fwd_s=[1.0], bwd_s=[2.0], param_bytes=[4e9], out_bytes=[0],
                saved_bytes=[0], batch_size=1)
     p = make_plan(g, np.array([0]), strategy="manual", devices=1, memory_bytes=None,
-                  cluster={"bandwidth": bandwidth, "latency_s": 0.0, "mem_bandwidth": 1e20})
+                  cluster=flat_cluster_doc(
+                      {"bandwidth": bandwidth, "latency_s": 0.0, "mem_bandwidth": 1e20}, 1))
     return simulate(p, g, dp=4, dp_bucket_bytes=bucket)
 
 
@@ -181,3 +183,8 @@ def test_replica_and_data_parallel_all_reduces_take_turns():
                    if e.kind == "allreduce")
     assert spans == [(0, "AR0", 8.0, 10.0), (0, "DP0", 6.0, 8.0), (1, "AR0", 8.0, 10.0)]
     assert r.iteration_s == pytest.approx(10.0)
+
+
+def flat_cluster_doc(doc, devices):
+    """A flat cluster from a plan's (outcore-plan/1) cluster record."""
+    return _cluster_from_dict(doc, devices=devices, memory_bytes=None)

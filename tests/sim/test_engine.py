@@ -9,6 +9,7 @@ from outcore.graph import build as gbuild
 from outcore.hardware.spec import LinkSpec
 from outcore.plan import make_plan
 from outcore.sim import ring_allreduce_s, simulate
+from outcore.hardware.cluster import from_dict as _cluster_from_dict
 
 
 def two_stage(kind: str, **kw):
@@ -17,7 +18,8 @@ def two_stage(kind: str, **kw):
     g = gbuild("two", fwd_s=[1.0, 1.0], bwd_s=[2.0, 2.0], src=[0], dst=[1], edge_bytes=[1],
                out_bytes=[0, 0], saved_bytes=[50, 50], batch_size=2)
     p = make_plan(g, np.array([0, 1]), strategy="manual", devices=2, memory_bytes=None,
-                  microbatches=2, schedule=kind, cluster={"bandwidth": 2.0, "latency_s": 0.0})
+                  microbatches=2, schedule=kind, cluster=flat_cluster_doc(
+                      {"bandwidth": 2.0, "latency_s": 0.0}, 2))
     return simulate(p, g, **kw)
 
 
@@ -58,7 +60,8 @@ def test_link_contention_serialises_messages():
     g = gbuild("fan", fwd_s=[1, 1, 1], bwd_s=[0, 0, 0], src=[0, 0], dst=[1, 2],
                edge_bytes=[1, 1], out_bytes=[0, 0, 0], saved_bytes=[0, 0, 0])
     p = make_plan(g, np.array([0, 1, 1]), strategy="manual", devices=2, memory_bytes=None,
-                  cluster={"bandwidth": 1.0, "latency_s": 0.0})
+                  cluster=flat_cluster_doc(
+                      {"bandwidth": 1.0, "latency_s": 0.0}, 2))
     r = simulate(p, g, schedule="gpipe")
     f = {e.label: (e.start_s, e.end_s) for e in r.timeline.events if e.kind == "F"}
     # the two branches were cut into two pieces; the second message waits for the first
@@ -77,7 +80,8 @@ def test_data_parallel_allreduce_overlaps_and_delays_the_step():
     g = gbuild("one", fwd_s=[1.0], bwd_s=[2.0], param_bytes=[4e9], out_bytes=[0],
                saved_bytes=[0], batch_size=1)
     p = make_plan(g, np.array([0]), strategy="manual", devices=1, memory_bytes=None,
-                  cluster={"bandwidth": 1e9, "latency_s": 0.0, "mem_bandwidth": 1e20})
+                  cluster=flat_cluster_doc(
+                      {"bandwidth": 1e9, "latency_s": 0.0, "mem_bandwidth": 1e20}, 1))
     one = simulate(p, g, dp=1)
     four = simulate(p, g, dp=4)
     assert one.iteration_s == pytest.approx(3.0)
@@ -91,12 +95,12 @@ def test_ranks_sharing_host_cores_slow_each_other_down():
     with two cores, at 1 s (processor sharing, as local CPU workers on too few cores)."""
     from dataclasses import replace
 
-    from outcore.sim.simulate import cluster_from_plan
     g = gbuild("two", fwd_s=[1.0, 1.0], bwd_s=[0.0, 0.0], out_bytes=[0, 0], saved_bytes=[0, 0],
                batch_size=1)
     p = make_plan(g, np.array([0, 1]), strategy="manual", devices=2, memory_bytes=None,
-                  cluster={"bandwidth": 1e9, "latency_s": 0.0, "mem_bandwidth": 1e20})
-    base = cluster_from_plan(p)
+                  cluster=flat_cluster_doc(
+                      {"bandwidth": 1e9, "latency_s": 0.0, "mem_bandwidth": 1e20}, 2))
+    base = p.cluster_or_default()
     for cores, end in ((1, 2.0), (2, 1.0), (None, 1.0)):
         r = simulate(p, g, cluster=replace(base, host_cores=cores), schedule="gpipe")
         ends = sorted(e.end_s for e in r.timeline.events if e.kind == "F")
@@ -105,10 +109,16 @@ def test_ranks_sharing_host_cores_slow_each_other_down():
     g2 = gbuild("chain", fwd_s=[0.5, 1.0, 1.0], bwd_s=[0, 0, 0], src=[0], dst=[1],
                 edge_bytes=[0], out_bytes=[0, 0, 0], saved_bytes=[0, 0, 0], batch_size=1)
     p2 = make_plan(g2, np.array([0, 0, 1]), strategy="manual", devices=2, memory_bytes=None,
-                   cluster={"bandwidth": 1e9, "latency_s": 0.0, "mem_bandwidth": 1e20})
-    r = simulate(p2, g2, cluster=replace(cluster_from_plan(p2), host_cores=1), schedule="gpipe")
+                   cluster=flat_cluster_doc(
+                      {"bandwidth": 1e9, "latency_s": 0.0, "mem_bandwidth": 1e20}, 2))
+    r = simulate(p2, g2, cluster=replace(p2.cluster_or_default(), host_cores=1), schedule="gpipe")
     spans = {e.label: (e.start_s, e.end_s) for e in r.timeline.events if e.kind == "F"}
     # both run at half speed until rank 1 is done (1 s of work by t = 2); rank 0 has 0.5 s of
     # work left and finishes it alone at full speed
     assert spans["1F0"] == pytest.approx((0.0, 2.0))
     assert spans["0F0"] == pytest.approx((0.0, 2.5))
+
+
+def flat_cluster_doc(doc, devices):
+    """A flat cluster from a plan's (outcore-plan/1) cluster record."""
+    return _cluster_from_dict(doc, devices=devices, memory_bytes=None)

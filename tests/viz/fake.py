@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.sim.timeline import Event, Timeline
+from outcore.trace import Event, Timeline
 
 
 def one_f_one_b(ranks: int = 4, mbs: int = 6, f_s: float = 1e-3, b_s: float = 2e-3,

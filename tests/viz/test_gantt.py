@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from outcore.errors import UsageError
-from outcore.sim.timeline import Event, Timeline
+from outcore.trace import Event, Timeline
 from outcore.viz import draw_comparison, draw_timeline
 from outcore.viz.gantt import category, stack_lanes
 from tests.viz.fake import one_f_one_b

@@ -1,4 +1,11 @@
-"""From a placed graph to a checked schedule: expand replicas, cut, cost, build, check.
+"""The one road from a plan to a schedule: expand copies, cut, cost, build, place all-reduces,
+check (DESIGN.md, "execution model").
+
+:func:`lower` is used by the simulator, the runtime and the pictures alike, so what the simulator
+predicts is exactly what the runtime executes. A plan's graph is first expanded into the graph
+every rank executes (one copy per GEMS replica and data-parallel copy), then cut into pieces at
+device and memory-policy boundaries; each piece is costed per micro-batch and the builder orders
+each rank's forwards, backwards and messages.
 
 Parameters held by several ranks — a module called from two places that land on different
 devices, tied weights, the replicas of GEMS MAST/MASTER, data-parallel copies — get one
@@ -10,17 +17,81 @@ the optimizer step waits for it: every copy sees the summed gradient and stays i
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
+from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
 from outcore.plan.pieces import Pieces, cut
+from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
+from outcore.plan.replicas import expand, expand_policies
 from outcore.schedule.build import build
 from outcore.schedule.check import check
-from outcore.schedule.costs import PieceCosts, piece_costs
+from outcore.schedule.costs import PieceCosts, mb_scale, piece_costs
 from outcore.schedule.ir import Action, Schedule
+
+__all__ = ["Lowered", "lower", "make_schedule", "place_allreduces", "shared_param_buckets"]
+
+
+@dataclass(frozen=True, eq=False)
+class Lowered:
+    """A plan lowered for execution.
+
+    Attributes:
+        graph: the graph every rank executes (the plan's graph, copied once per model copy
+            of a replicated plan; copy ``c``'s node names start with ``c{c}/``).
+        assignment: ``int64[n]`` rank of every node of ``graph``.
+        copies: model copies (GEMS replicas x data-parallel copies; 1 for a plain plan).
+        pieces: the cut of ``graph`` (what each rank runs as one forward/backward).
+        costs: per-piece costs for one micro-batch.
+        schedule: the checked per-rank action lists.
+        cluster: the devices and links it was lowered for.
+        batch: samples per iteration (None when the graph records no batch size).
+    """
+
+    graph: Graph
+    assignment: np.ndarray
+    copies: int
+    pieces: Pieces
+    costs: PieceCosts
+    schedule: Schedule
+    cluster: Cluster
+    batch: int | None
+
+
+def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
+          schedule: str | None = None, cluster: Cluster | None = None,
+          global_batch: int | None = None, mb_samples: float | None = None) -> Lowered:
+    """Lower ``plan`` (made for ``g``) to the schedule every rank runs.
+
+    Args:
+        microbatches: micro-batches per iteration and copy (default: the plan's).
+        schedule: ``gpipe`` or ``1f1b`` (default: the plan's).
+        cluster: devices and links (default: the plan's, :meth:`Plan.cluster_or_default`).
+        global_batch: samples per iteration; each micro-batch is then
+            ``global_batch / (microbatches * copies)`` samples (costs scaled linearly from the
+            graph's batch). Default: every micro-batch is the graph's batch.
+        mb_samples: samples per micro-batch (instead of ``global_batch``).
+    """
+    plan.check(g)
+    M = int(microbatches or plan.microbatches or 1)
+    if M < 1:
+        raise UsageError(f"micro-batches must be at least 1, got {M}")
+    kind = schedule or plan.schedule or "1f1b"
+    cl = cluster or plan.cluster_or_default()
+    big, assignment, copies = expand(g, plan)
+    if mb_samples is not None:
+        global_batch = int(round(mb_samples * M * copies))
+    batch = global_batch or (g.batch_size * M * copies if g.batch_size else None)
+    scale = mb_scale(g, batch / (M * copies) if batch else None)
+    sched, costs, pieces = make_schedule(big, assignment, plan.devices, microbatches=M,
+                                         kind=kind, cluster=cl, scale=scale,
+                                         optimizer=plan.optimizer,
+                                         policies=expand_policies(plan, copies))
+    return Lowered(big, assignment, copies, pieces, costs, sched, cl, batch)
 
 
 def _node_params(g: Graph, i: int) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 from outcore.errors import UsageError
 from outcore.graph.ir import build
 from outcore.hardware.spec import Cluster, DeviceSpec, LinkSpec
-from outcore.partition.model import make_context, received_bytes
+from outcore.partition.context import make_context, received_bytes
 
 
 def fan_out():

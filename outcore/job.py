@@ -1,0 +1,403 @@
+"""The job orchestrator behind ``outcore.train``: capture, cost, plan, launch the workers, and
+report against the prediction.
+
+On a plain machine it spawns ``devices`` local worker processes (gloo on CPU, NCCL on GPUs);
+under torchrun, mpirun or srun it joins the job it is in (rank 0 plans, every rank trains).
+Every artifact goes to the run directory: ``graph.json``, ``plan.json``, ``config.json``,
+``metrics.jsonl``, ``trace/`` (measured timelines), ``timeline.png`` (measured beside predicted),
+``trace.json`` (Chrome/Perfetto) and ``report.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from outcore.errors import PlanError, UsageError
+from outcore.graph.io import save as save_graph, to_dict as graph_to_dict
+from outcore.graph.ir import Graph
+from outcore.hardware.cluster import make_cluster
+from outcore.hardware.spec import Cluster
+from outcore.plan.plan import Plan, align, load as load_plan, save as save_plan
+from outcore.plan.plan import to_dict as plan_to_dict
+from outcore.plan.request import PlanRequest
+from outcore.runtime.config import TrainConfig
+from outcore.units import parse_shape
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainReport:
+    """What a run did, next to what the plan predicted."""
+
+    config: TrainConfig
+    plan: Plan
+    run_dir: Path
+    losses: list[float]
+    step_s: list[float]
+    peak_bytes: list[int]
+    busy_s: list[float]
+    predicted: dict[str, Any]
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def median_step_s(self) -> float:
+        steady = self.step_s[1:] if len(self.step_s) > 1 else self.step_s
+        return statistics.median(steady) if steady else float("nan")
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.config.batch_size / self.median_step_s if self.step_s else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.config.model, "devices": self.plan.devices,
+                "strategy": self.plan.strategy, "batch_size": self.config.batch_size,
+                "microbatches": self.config.microbatches, "schedule": self.config.schedule,
+                "steps": len(self.losses), "losses": self.losses, "step_s": self.step_s,
+                "median_step_s": self.median_step_s, "samples_per_s": self.samples_per_s,
+                "peak_bytes": self.peak_bytes, "busy_s": self.busy_s,
+                "memory_bytes": self.plan.memory_bytes, "predicted": self.predicted,
+                "files": self.files}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One training job, validated once: what to train (``cfg``, shared with every worker),
+    on how many devices, and how to get its plan (a saved file, or a planning request's
+    options; the cluster is measured when the job starts).
+
+    Attributes:
+        cfg: the workers' configuration (model, batch, steps, optimizer, data, ...).
+        devices: workers, one per device.
+        memory: per-device memory limit (``16GiB``; None: unlimited).
+        plan_path: a saved plan to use instead of planning.
+        costs: ``profile`` or ``estimate[:DEVICE]``.
+        strategy, parallel, replicas, dp, memory_policy: the planning request's options.
+        run_dir: where every artifact goes.
+    """
+
+    cfg: TrainConfig
+    devices: int
+    memory: str | float | None = None
+    plan_path: str | None = None
+    costs: str = "profile"
+    strategy: str = "auto"
+    parallel: str = "mp"
+    replicas: int | None = None
+    dp: int = 1
+    memory_policy: str = "auto"
+    run_dir: str = "."
+
+    @property
+    def replicas_asked(self) -> int:
+        """GEMS replicas a train run asks for (the capture's micro-batch depends on it)."""
+        if self.parallel == "mp":
+            return 1
+        if self.parallel == "mast":
+            return 2
+        return self.replicas or (4 if self.devices // max(self.dp, 1) >= 4 else 2)
+
+    @property
+    def copies(self) -> int:
+        """Model copies (replicas x dp) that split each global batch."""
+        if self.plan_path:
+            return load_plan(self.plan_path).layout.copies
+        return self.replicas_asked * self.dp
+
+
+def prepare(job: Job, *, local: bool = True,
+            progress: Callable[[str, int, int], None] | None = None) -> tuple[Graph, Plan]:
+    """Capture the model at the micro-batch size, cost it, and plan it (or load the plan)."""
+    from outcore.api import model_graph, plan as search
+
+    cfg = job.cfg
+    g = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
+                    seed=cfg.seed, costs=job.costs, split=cfg.microbatches * job.copies,
+                    threads=cfg.threads, progress=progress)
+    if job.plan_path:
+        p = load_plan(job.plan_path)
+        if p.graph.get("depth") is None:
+            p = align(p, g)
+        if p.devices != job.devices:
+            raise PlanError(f"{job.plan_path} is a plan for {p.devices} devices, but --devices "
+                            f"is {job.devices}: pass --devices {p.devices}, or re-plan")
+        return g, p
+    if progress:
+        progress("planning", 0, 1)
+    req = PlanRequest.make(job.devices, job.memory, cluster=local_cluster(job.devices, local),
+                           strategy="single" if job.devices == 1 and job.copies == 1
+                           else job.strategy, parallel=job.parallel,
+                           replicas=job.replicas_asked if job.parallel == "master" else None,
+                           dp=job.dp, microbatches=cfg.microbatches, schedule=cfg.schedule,
+                           optimizer=cfg.optimizer, seed=cfg.seed,
+                           memory_policy=job.memory_policy)
+    return g, search(g, req)
+
+
+def local_cluster(devices: int, local: bool) -> Cluster:
+    """The cluster this job trains on: local CPU workers talk over gloo on loopback (measured
+    preset) and share this machine's cores; GPUs: a generic link."""
+    import torch
+
+    from outcore.hardware.presets import link_preset
+    if torch.cuda.is_available():
+        return make_cluster(devices)
+    link = link_preset("gloo-loopback")
+    cores = _local_cores() if local else None
+    latency = link.latency_s
+    if cores and devices > cores:
+        # more workers than cores: a message waits for its receiver to be scheduled (measured
+        # on 2 cores with a third busy process: 1.6-2 ms)
+        latency = OVERSUBSCRIBED_LATENCY_S
+    return make_cluster(devices, None, link.bandwidth, latency, device="cpu", host_cores=cores)
+
+
+def train(model: str, devices: int = 1, *, memory: str | float | None = None,
+          strategy: str = "auto", plan: str | None = None, parallel: str = "mp",
+          replicas: int | None = None, dp: int = 1, memory_policy: str = "auto",
+          input_shape: str | tuple[int, ...] | None = None, batch_size: int = 8,
+          microbatches: int | None = None, steps: int = 10, schedule: str = "1f1b",
+          optimizer: str = "adam", lr: float = 1e-3, lr_schedule: str = "none", seed: int = 0,
+          data: str = "synthetic", costs: str = "profile", run_dir: str | None = None,
+          metrics_out: str | None = None, trace: bool = True,
+          checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
+          timeout_s: float = 60.0, threads: int | None = 1, schedule_file: str | None = None,
+          progress: Callable[[str, int, int], None] | None = None,
+          on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
+    """Train ``model`` on ``devices`` devices (see the module docstring).
+
+    Args:
+        model: model name (``torchvision:resnet18``, ``outcore:transformer``, ``file.py:fn``).
+        devices: workers (one per device); 1 = plain single-process training.
+        memory: per-device memory limit the plan must respect (``16GiB``).
+        strategy: planner (``pardnn``, ``pipeline``, ...); ignored with ``plan``.
+        plan: a saved plan file to use instead of planning.
+        schedule_file: a saved ``outcore-schedule/1`` file (``outcore plan --schedule-out``)
+            whose action lists the workers run.
+        input_shape: example input shape (``8x3x224x224``); the batch is ``batch_size``.
+        batch_size: global batch per step.
+        microbatches: micro-batches per step (default: ``2 x devices`` when the batch allows).
+        steps: training steps.
+        costs: ``profile`` (measure each layer here) or ``estimate[:DEVICE]`` (analytical).
+        run_dir: where artifacts go (default ``outcore-runs/<time>-<model>``).
+        progress: ``progress(phase, done, total)`` for the preparation phases.
+        on_metrics: called with each step's metrics as rank 0 writes them.
+    """
+    job = make_job(model, devices, memory=memory, strategy=strategy, plan=plan,
+                   parallel=parallel, replicas=replicas, dp=dp, memory_policy=memory_policy,
+                   input_shape=input_shape, batch_size=batch_size, microbatches=microbatches,
+                   steps=steps, schedule=schedule, optimizer=optimizer, lr=lr,
+                   lr_schedule=lr_schedule, seed=seed, data=data, costs=costs,
+                   run_dir=run_dir, metrics_out=metrics_out, trace=trace,
+                   checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                   resume=resume, timeout_s=timeout_s, threads=threads,
+                   schedule_file=schedule_file)
+    return run(job, progress=progress, on_metrics=on_metrics)
+
+
+def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str | None,
+             parallel: str, replicas: int | None, dp: int, memory_policy: str, costs: str,
+             run_dir: str | None, batch_size: int, microbatches: int | None,
+             input_shape: Any, metrics_out: str | None, trace: bool,
+             **cfg_fields: Any) -> Job:
+    """The validated :class:`Job` of :func:`train`'s arguments (creates the run directory)."""
+    if devices < 1:
+        raise UsageError(f"--devices must be at least 1, got {devices}")
+    if cfg_fields["steps"] < 1:
+        raise UsageError(f"--steps must be at least 1, got {cfg_fields['steps']}")
+    shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
+    draft = Job(cfg=TrainConfig(model=model), devices=devices, plan_path=plan,
+                parallel=parallel, replicas=replicas, dp=dp)
+    copies = draft.copies
+    M = microbatches or _default_microbatches(batch_size // copies, devices // dp)
+    if batch_size % (M * copies):
+        raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
+                         f"{copies} model copies: make --batch-size a multiple of "
+                         f"{M * copies}")
+    root = Path(run_dir) if run_dir else _fresh_run_dir(model)
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = TrainConfig(model=model, input_shape=shape, batch_size=batch_size, microbatches=M,
+                      metrics_out=metrics_out or str(root / "metrics.jsonl"),
+                      trace_dir=str(root / "trace") if trace else None, **cfg_fields)
+    return Job(cfg=cfg, devices=devices, memory=memory, plan_path=plan, costs=costs,
+               strategy=strategy, parallel=parallel, replicas=replicas, dp=dp,
+               memory_policy=memory_policy, run_dir=str(root))
+
+
+def _fresh_run_dir(model: str) -> Path:
+    """``outcore-runs/<time>-<model>``, made unique (two jobs started in one second)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path("outcore-runs") / f"{stamp}-{_slug(model)}"
+    path, k = base, 1
+    while True:
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            return path
+        except FileExistsError:
+            k += 1
+            path = base.with_name(f"{base.name}-{k}")
+
+
+def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
+        on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
+    """Prepare (capture, cost, plan), start the workers, train, and report."""
+    from outcore.runtime.env import detect
+    if detect().launcher != "none":
+        return _train_in_job(job)
+    g, p = prepare(job, progress=progress)
+    p = _with_schedule_file(job.cfg, g, p)
+    root = Path(job.run_dir)
+    _save_artifacts(job, g, p)
+    from outcore.runtime.launch import run_local
+    from outcore.runtime.worker import train_worker
+
+    if progress:
+        progress(f"starting {job.devices} worker(s)", 0, 1)
+    watcher = _MetricsWatcher(Path(job.cfg.metrics_out or root / "metrics.jsonl"), on_metrics)
+    results = run_local(train_worker, job.devices, (job.cfg, graph_to_dict(g), plan_to_dict(p)),
+                        timeout_s=job.cfg.timeout_s, threads=job.cfg.threads,
+                        poll=watcher.poll)
+    watcher.poll()
+    return _report(job.cfg, g, p, root, results)
+
+
+def _save_artifacts(job: Job, g: Graph, p: Plan) -> None:
+    root = Path(job.run_dir)
+    save_graph(g, root / "graph.json")
+    save_plan(p, root / "plan.json")
+    (root / "config.json").write_text(json.dumps(job.cfg.to_dict(), indent=1))
+
+
+OVERSUBSCRIBED_LATENCY_S = 1.5e-3
+
+
+def _local_cores() -> int:
+    """CPU cores this process may use (the local workers share them)."""
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _default_microbatches(batch: int, devices: int) -> int:
+    if devices == 1:
+        return 1
+    for m in (2 * devices, devices, 2, 1):
+        if batch % m == 0 and batch // m >= 1:
+            return m
+    return 1
+
+
+def _slug(model: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in model.split(":")[-1] or model)[:40]
+
+
+class _MetricsWatcher:
+    """Tails rank 0's metrics file and hands each new line to a callback."""
+
+    def __init__(self, path: Path, callback: Callable[[dict[str, Any]], None] | None):
+        self.path, self.callback, self.offset = path, callback, 0
+
+    def poll(self) -> None:
+        if self.callback is None or not self.path.exists():
+            return
+        with open(self.path) as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        lines = chunk.split("\n")
+        complete, rest = lines[:-1], lines[-1]
+        self.offset += len(chunk) - len(rest)
+        for line in complete:
+            if line.strip():
+                self.callback(json.loads(line))
+
+
+def _report(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
+            results: list[dict[str, Any]]) -> TrainReport:
+    r0 = results[0]
+    report = TrainReport(cfg, p, root, r0["losses"], r0["step_s"], r0["peak_bytes"],
+                         r0["busy_s"], dict(p.predicted))
+    files = {"graph": str(root / "graph.json"), "plan": str(root / "plan.json"),
+             "metrics": cfg.metrics_out or ""}
+    if cfg.trace_dir and Path(cfg.trace_dir).is_dir():
+        files.update(_timeline_files(cfg, g, p, root))
+    report.files = files
+    (root / "report.json").write_text(json.dumps(report.to_dict(), indent=1))
+    return report
+
+
+def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path) -> dict[str, str]:
+    """Merge the ranks' measured timelines; draw them under the simulator's prediction."""
+    from outcore.api import simulate
+    from outcore.trace import Timeline, load_events, save_chrome_trace
+
+    parts = sorted(Path(cfg.trace_dir).glob("rank*.json"))
+    if not parts:
+        return {}
+    events = []
+    for part in parts:
+        events += list(load_events(part).events)
+    measured = Timeline(p.devices, tuple(sorted(events, key=lambda e: e.start_s)),
+                        max((e.end_s for e in events), default=0.0), source="measured")
+    predicted = simulate(p, g, schedule_file=cfg.schedule_file).timeline
+    out = {"trace": str(save_chrome_trace(root / "trace.json", [predicted, measured],
+                                          ["predicted", "measured"]))}
+    try:
+        from outcore.viz import draw_comparison
+        draw_comparison(predicted, measured, root / "timeline.png")
+        out["timeline"] = str(root / "timeline.png")
+    except Exception as e:  # a picture must never fail a finished training run
+        log.warning("could not draw the timeline: %s", e)
+    return out
+
+
+def _train_in_job(job: Job) -> TrainReport:
+    """Under torchrun/mpirun/srun: rank 0 plans and broadcasts; every rank trains."""
+    from outcore.runtime.launch import run_in_job
+
+    return run_in_job(_job_main, (job,), timeout_s=job.cfg.timeout_s, threads=job.cfg.threads)
+
+
+def _job_main(ctx: Any, job: Job) -> TrainReport | None:
+    import torch.distributed as dist
+
+    from outcore.runtime.worker import train_worker
+
+    if job.devices != ctx.world_size:
+        raise UsageError(f"--devices {job.devices} but the job has {ctx.world_size} processes")
+    docs: list[Any] = [None, None, None]
+    if ctx.rank == 0:
+        g, p = prepare(job, local=False)
+        p = _with_schedule_file(job.cfg, g, p)
+        _save_artifacts(job, g, p)
+        docs = [graph_to_dict(g), plan_to_dict(p), job]
+    dist.broadcast_object_list(docs, src=0)
+    job = docs[2]  # rank 0's run directory and paths for everyone
+    result = train_worker(ctx, job.cfg, docs[0], docs[1])
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, result)
+    if ctx.rank != 0:
+        return None
+    from outcore.graph.io import from_dict as gfd
+    from outcore.plan.plan import from_dict as pfd
+    g = gfd(docs[0])
+    p = pfd(docs[1])
+    if p.graph.get("depth") is None:
+        p = align(p, g)
+    return _report(job.cfg, g, p, Path(job.run_dir), gathered)
+
+
+def _with_schedule_file(cfg: TrainConfig, g: Graph, p: Plan) -> Plan:
+    """With a schedule file, the prediction is that file's action lists, simulated."""
+    if not cfg.schedule_file:
+        return p
+    from outcore.api import simulate
+    return p.replace(predicted={**p.predicted,
+                                **simulate(p, g, schedule_file=cfg.schedule_file).to_dict()})

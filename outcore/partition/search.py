@@ -1,0 +1,199 @@
+"""The search: from a :class:`~outcore.plan.request.PlanRequest` to the fastest plan that fits.
+
+For each GEMS replica count the request allows, the search places one model copy on the
+model-parallel devices with every planner of ``AUTO_CANDIDATES`` (or the one asked for), makes
+each placement fit with per-piece memory policies where needed, replicates the best one
+(GEMS MAST/MASTER, data parallelism) and keeps the plan the simulator — which runs the schedule
+the runtime executes — finds fastest among those that fit. Every candidate's outcome is kept in
+the plan's notes. No torch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from outcore.errors import InfeasibleError, UsageError
+from outcore.graph.ir import Graph
+from outcore.plan.layout import Layout
+from outcore.plan.plan import Plan, make_plan
+from outcore.plan.request import PlanRequest
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AUTO_CANDIDATES", "fits", "search"]
+
+AUTO_CANDIDATES = ("pardnn", "pipeline", "subgraph")
+
+
+def search(g: Graph, req: PlanRequest) -> Plan:
+    """The fastest plan for ``g`` that fits the request (``predicted`` from the simulator).
+
+    The graph is one micro-batch: an iteration runs ``req.microbatches`` micro-batches of
+    ``g.batch_size`` samples on each copy of the model. Raises :class:`InfeasibleError` (with
+    the smallest device count or memory that would fit, where known) when nothing fits.
+    """
+    from outcore.partition import STRATEGIES
+
+    if req.strategy not in ("auto", "single") and req.strategy not in STRATEGIES:
+        raise UsageError(f"unknown strategy {req.strategy!r}: use auto or one of "
+                         f"{', '.join(STRATEGIES)}")
+    if req.devices == 1 and req.strategy in ("auto", "single"):
+        return single(g, req)
+    best: Plan | None = None
+    notes: list[str] = []
+    first_error: InfeasibleError | None = None
+    for R in req.replica_options():
+        try:
+            p = _replicated_plan(g, req, R)
+        except InfeasibleError as e:
+            first_error = first_error or e
+            notes.append(f"{R} replica(s): {e}")
+            continue
+        sps = p.predicted.get("samples_per_s", 0.0)
+        ok = fits(p)
+        notes.append(f"{req.parallel} with {R} replica(s) x dp {req.dp}: {sps:.1f} samples/s, "
+                     f"peak {max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
+                     + ("" if ok else " (does not fit)"))
+        if ok and (best is None or sps > best.predicted["samples_per_s"]):
+            best = p
+    if best is None:
+        if first_error is not None:
+            raise first_error
+        raise InfeasibleError(f"no {req.parallel} plan fits {req.memory_bytes} bytes per device "
+                              f"({'; '.join(notes)}): add devices or raise --memory")
+    if len(req.replica_options()) > 1 or req.dp > 1:
+        best = best.with_notes(*notes)
+    return best
+
+
+def single(g: Graph, req: PlanRequest) -> Plan:
+    """Everything on one device, with the memory policies that make it fit."""
+    from outcore.partition.memory_policy import choose
+    from outcore.sim.simulate import simulate
+
+    p = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single", devices=1,
+                  memory_bytes=req.memory_bytes, microbatches=req.microbatches,
+                  schedule=req.schedule, optimizer=req.optimizer, cluster=req.cluster)
+    try:
+        p = choose(g, p, mode=req.memory_policy, cluster=req.cluster)
+    except InfeasibleError as e:
+        raise InfeasibleError(f"{e}; or train on several devices (--devices)",
+                              min_devices=e.min_devices,
+                              min_memory_bytes=e.min_memory_bytes) from None
+    return p.replace(predicted=simulate(p, g).to_dict())
+
+
+def fits(p: Plan) -> bool:
+    """True when the plan's predicted peaks fit its memory limit."""
+    peaks = p.predicted.get("peak_bytes") or [0]
+    return not p.memory_bytes or max(peaks) <= p.memory_bytes * (1 + 1e-9)
+
+
+def _replicated_plan(g: Graph, req: PlanRequest, replicas: int) -> Plan:
+    """The best single-copy placement under ``memory / replicas``, replicated and simulated."""
+    mem = req.memory_bytes
+    budget = None if mem is None else mem / replicas
+    base = _best_placement(g, req, budget, check_fit=(replicas == 1))
+    if replicas == 1 and req.dp == 1:
+        return base
+    return _replicate(g, base, req, replicas)
+
+
+def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
+                    check_fit: bool) -> Plan:
+    """The fastest single-replica plan on the model-parallel devices, planned under ``budget``
+    per device; with ``check_fit`` only plans whose simulated peak fits the limit count."""
+    names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
+    tried: list[tuple[float, int, Plan]] = []
+    notes: list[str] = []
+    first_error: InfeasibleError | None = None
+    for k, name in enumerate(names):
+        try:
+            p = _candidate(g, req, budget, name, check_fit=check_fit)
+        except InfeasibleError as e:
+            first_error = first_error or e
+            notes.append(f"{name}: {e}")
+            continue
+        notes.append(_candidate_note(name, p))
+        tried.append((p.predicted["iteration_s"], k, p))
+    if not tried:
+        if first_error is not None:
+            raise first_error
+        raise InfeasibleError(f"no plan fits when simulated with the {req.schedule} schedule "
+                              f"({'; '.join(notes)}): add devices or raise --memory")
+    _, _, best = min(tried, key=lambda t: (t[0], t[1]))
+    if req.strategy == "auto":
+        best = best.with_notes(*notes, f"auto: chose {best.strategy}")
+    return best
+
+
+def _candidate_note(name: str, p: Plan) -> str:
+    pol = p.policies
+    return (f"{name}: simulated {p.predicted['iteration_s'] * 1e3:.2f} ms per iteration, peak "
+            f"{max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
+            + (f", memory policies on {int((pol.group_of >= 0).sum())} nodes" if pol else ""))
+
+
+def _candidate(g: Graph, req: PlanRequest, budget: float | None, name: str, *,
+               check_fit: bool) -> Plan:
+    """One planner's plan, simulated; memory policies make it fit when it does not."""
+    try:
+        return _simulated(g, req, _partition(g, req, budget, name), check_fit)
+    except InfeasibleError as e:
+        if req.memory_policy == "none" or not check_fit or budget is None:
+            raise
+        error = e
+    # nothing fits as it is: place under a relaxed limit (memory-balanced) and make that fit
+    # with memory policies; the tightest relaxation that works wins
+    for relax in (1.5, 2.0, 4.0, 8.0, None):
+        try:
+            result = _partition(g, req, None if relax is None else budget * relax, name)
+            return _simulated(g, req, result, check_fit)
+        except InfeasibleError:
+            continue
+    raise InfeasibleError(f"{error}; memory policies ({req.memory_policy}) cannot close the gap "
+                          "either", min_devices=error.min_devices,
+                          min_memory_bytes=error.min_memory_bytes)
+
+
+def _partition(g: Graph, req: PlanRequest, budget: float | None, name: str):
+    from outcore.partition import partition
+    return partition(g, req.model_parallel_devices, memory_bytes=budget, cluster=req.cluster,
+                     strategy=name, optimizer=req.optimizer, microbatches=req.microbatches,
+                     seed=req.seed)
+
+
+def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool) -> Plan:
+    """The plan of a partition result, with memory policies if needed, simulated."""
+    from outcore.partition.memory_policy import choose
+    from outcore.sim.simulate import simulate
+
+    K = req.model_parallel_devices
+    p = make_plan(g, result.assignment, strategy=result.strategy, devices=K,
+                  memory_bytes=req.memory_bytes, schedule=req.schedule,
+                  microbatches=req.microbatches, optimizer=req.optimizer,
+                  cluster=req.cluster, notes=tuple(result.notes),
+                  devices_used=result.devices_used)
+    if check_fit and req.memory_bytes:
+        p = choose(g, p, mode=req.memory_policy, cluster=req.cluster)
+    sim = simulate(p, g, cluster=req.cluster)
+    predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
+                 "planner_makespan_s": result.makespan_s,
+                 "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}
+    return p.replace(predicted=predicted)
+
+
+def _replicate(g: Graph, base: Plan, req: PlanRequest, replicas: int) -> Plan:
+    """``base`` (a K-device split) replicated GEMS-style and ``req.dp`` times; simulated."""
+    from outcore.sim.simulate import simulate
+
+    mode = req.parallel
+    mode = "mp" if replicas == 1 else ("mast" if (mode == "mast" or replicas == 2) and
+                                        mode != "master" else "master")
+    layout = Layout.replicate(mode, base.devices, replicas, req.dp)
+    p = base.replace(devices=layout.ranks(base.devices), memory_bytes=req.memory_bytes,
+                     layout=layout)
+    sim = simulate(p, g)
+    return p.replace(predicted={**base.predicted, **sim.to_dict()})

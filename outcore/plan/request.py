@@ -1,0 +1,124 @@
+"""The planning request: everything a planner is asked, validated once (no torch).
+
+The CLI, the Python API and ``outcore train`` all build one :class:`PlanRequest` and hand it to
+the search (:func:`outcore.partition.search.search`), instead of a dozen keyword arguments
+passed down through several functions (torchtitan's ``JobConfig`` habit).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, replace
+from typing import Any
+
+from outcore.errors import UsageError
+from outcore.hardware.cluster import make_cluster
+from outcore.hardware.spec import Cluster, DeviceSpec
+from outcore.plan.layout import MODES
+from outcore.plan.plan import SCHEDULES
+from outcore.plan.policies import CHOICES
+from outcore.units import parse_bytes
+
+__all__ = ["PlanRequest"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """What to plan for.
+
+    Attributes:
+        devices: ranks the plan may use in all (the whole mesh).
+        memory_bytes: per-device memory limit (None: unlimited).
+        cluster: devices and links (see :func:`outcore.hardware.cluster.make_cluster`).
+        strategy: ``auto`` or a planner of ``outcore.partition.STRATEGIES``.
+        parallel: GEMS mode ``mp``, ``mast`` or ``master``.
+        replicas: for ``master``, the replica count (None: the fastest that fits).
+        dp: data-parallel copies of the model-parallel group (must divide ``devices``).
+        tp, sp: tensor and spatial degree (1: not used).
+        microbatches: micro-batches per iteration and model copy.
+        schedule: ``gpipe`` or ``1f1b``.
+        optimizer: the optimizer the memory model assumes (``adam``: 4 x params).
+        memory_policy: ``auto``, ``none``, ``checkpoint`` or ``offload``.
+        seed: for randomised planners (METIS); the others are deterministic.
+    """
+
+    devices: int
+    cluster: Cluster
+    memory_bytes: float | None = None
+    strategy: str = "auto"
+    parallel: str = "mp"
+    replicas: int | None = None
+    dp: int = 1
+    tp: int = 1
+    sp: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    optimizer: str = "adam"
+    memory_policy: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("devices", self.devices)
+        _positive("micro-batches", self.microbatches)
+        _positive("--dp", self.dp)
+        if self.parallel not in MODES:
+            raise UsageError(f"unknown parallel mode {self.parallel!r}: use {', '.join(MODES)}")
+        if self.devices % self.dp:
+            raise UsageError(f"--dp {self.dp} must divide --devices {self.devices}")
+        if self.parallel != "mp" and self.model_parallel_devices < 2:
+            raise UsageError(f"{self.parallel} needs at least 2 model-parallel devices; got "
+                             f"{self.model_parallel_devices}")
+        if self.replicas is not None and (self.parallel != "master" or self.replicas < 2
+                                          or self.replicas % 2):
+            raise UsageError("--replicas is for --parallel master: an even count (2, 4, ...)")
+        if self.tp != 1 or self.sp != 1:
+            raise UsageError("tensor and spatial parallelism are not planned yet: use tp = sp = 1")
+        if self.schedule not in SCHEDULES:
+            raise UsageError(f"unknown schedule {self.schedule!r}: use {' or '.join(SCHEDULES)}")
+        if self.memory_policy not in CHOICES:
+            raise UsageError(f"unknown memory policy {self.memory_policy!r}: use "
+                             f"{', '.join(CHOICES)}")
+        if self.cluster.size < self.devices:
+            raise UsageError(f"the cluster has {self.cluster.size} devices, the request "
+                             f"{self.devices}: pass a larger cluster or fewer devices")
+
+    @property
+    def model_parallel_devices(self) -> int:
+        """Devices one model-parallel group spans (``devices / dp``)."""
+        return self.devices // self.dp
+
+    def replica_options(self) -> list[int]:
+        """Replica counts the search tries for the request's GEMS mode."""
+        if self.parallel == "mp":
+            return [1]
+        if self.parallel == "mast":
+            return [2]
+        K = self.model_parallel_devices
+        return [self.replicas] if self.replicas else [r for r in (8, 4, 2) if r <= K]
+
+    def replace(self, **changes: Any) -> "PlanRequest":
+        return replace(self, **changes)
+
+    @staticmethod
+    def make(devices: int, memory: str | float | None = None, *,
+             bandwidth: str | float = "16GB/s", latency: str | float = "25us",
+             device: str | DeviceSpec | None = None, host_cores: int | None = None,
+             cluster: Cluster | None = None, **fields: Any) -> "PlanRequest":
+        """A request from user-facing units (``memory="16GiB"``, ``bandwidth="16GB/s"``);
+        ``cluster`` (if given) replaces the flat cluster built from the link and device."""
+        _positive("devices", devices)
+        devices = int(devices)
+        mem = None if memory is None else float(parse_bytes(memory))
+        if mem is not None and mem <= 0:
+            raise UsageError(f"memory must be positive, got {memory!r}")
+        if cluster is None:
+            cluster = make_cluster(devices, memory, bandwidth, latency, device, host_cores)
+        else:
+            cluster = cluster.with_memory(mem if mem is not None else math.inf)
+        return PlanRequest(devices=devices, memory_bytes=mem, cluster=cluster, **fields)
+
+
+def _positive(what: str, value: Any) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"{what} must be a positive integer, got {value!r}")

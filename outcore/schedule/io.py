@@ -1,0 +1,106 @@
+"""The schedule's JSON form, ``outcore-schedule/1`` (no torch).
+
+``outcore plan --schedule-out s.json`` writes the schedule a plan lowers to; ``outcore simulate``
+and ``outcore train`` read it back with ``--schedule-file``: the file's action lists are run in
+place of the freshly built ones, after checking that the file was made for the same pieces (node
+names, ranks, transfers, all-reduce buckets) and that its lists are a valid schedule. A person can
+read the file (one line of compact actions per rank, as :meth:`Schedule.format` prints them) and
+may reorder actions by hand; the check refuses orders that would deadlock.
+
+    {"format": "outcore-schedule/1", "kind": "1f1b", "ranks": 2, "microbatches": 2,
+     "pieces": [{"id": 0, "rank": 0, "nodes": ["x", "fc1"]}, ...],
+     "transfers": [{"id": 0, "src": 0, "dst": 1, "tensors": ["fc1"], "bytes": 512}],
+     "buckets": [{"ranks": [0, 1], "params": ["w"]}],
+     "actions": ["0F0 t0SF0 0F1 t0SF1 t0RB0 0B0 ...", "..."]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from outcore.errors import FormatError, ScheduleError
+from outcore.schedule.check import check
+from outcore.schedule.ir import Action, Schedule
+from outcore.schedule.lower import Lowered
+
+FORMAT = "outcore-schedule/1"
+
+__all__ = ["FORMAT", "adopt", "load", "save", "to_dict"]
+
+
+def to_dict(low: Lowered) -> dict[str, Any]:
+    """The JSON form of a lowered plan's schedule (names from the executed graph)."""
+    s, g = low.schedule, low.graph
+    name = g.name_of
+    return {
+        "format": FORMAT, "kind": s.kind, "ranks": s.num_ranks, "microbatches": s.microbatches,
+        "copies": low.copies,
+        "pieces": [{"id": p.id, "rank": p.device, "group": p.group,
+                    "nodes": [name(v) for v in p.nodes]} for p in s.pieces.pieces],
+        "transfers": [{"id": t.id, "src": t.src, "dst": t.dst,
+                       "tensors": [name(v) for v in t.tensors], "bytes": int(t.bytes),
+                       "local": bool(t.local)} for t in s.pieces.transfers],
+        "buckets": [{"ranks": list(group), "params": list(params)} for group, params in
+                    zip(s.buckets, s.meta.get("bucket_params", ()))],
+        "actions": [" ".join(str(a) for a in acts) for acts in s.actions],
+    }
+
+
+def save(low: Lowered, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_dict(low), indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    """A schedule file's document (checked against a lowered plan by :func:`adopt`)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FormatError(f"schedule file {str(path)!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise FormatError(f"{path}: format is {got!r}, expected {FORMAT!r} (schedules come from"
+                          " `outcore plan --schedule-out`)")
+    doc["_source"] = str(path)
+    return doc
+
+
+def adopt(low: Lowered, doc: dict[str, Any]) -> Lowered:
+    """``low`` running the action lists of schedule document ``doc``.
+
+    Raises :class:`ScheduleError` when ``doc`` was made for other pieces, ranks, transfers or
+    buckets than ``low`` (another plan, model or micro-batch count), or when its lists are not
+    a valid schedule (see :func:`outcore.schedule.check.check`).
+    """
+    source = doc.get("_source", "the schedule file")
+    mine = to_dict(low)
+    for key in ("ranks", "microbatches", "copies", "pieces", "transfers", "buckets"):
+        if doc.get(key) != mine[key]:
+            raise ScheduleError(f"{source} was made for other {key} than this plan lowers to "
+                                f"(file: {_short(doc.get(key))}; plan: {_short(mine[key])}): "
+                                "write it again with `outcore plan --schedule-out`")
+    lists = doc.get("actions")
+    if not isinstance(lists, list) or len(lists) != low.schedule.num_ranks:
+        raise ScheduleError(f"{source}: 'actions' needs one line per rank "
+                            f"({low.schedule.num_ranks})")
+    actions = tuple(tuple(Action.parse(t) for t in str(line).split()) for line in lists)
+    s: Schedule = replace(low.schedule, actions=actions,
+                          meta={**low.schedule.meta, "source": source})
+    check(s)
+    return replace(low, schedule=s)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
