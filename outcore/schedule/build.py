@@ -90,92 +90,108 @@ def build(pieces: Pieces, num_ranks: int, microbatches: int, kind: str, costs: P
 def _list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str, costs: PieceCosts,
                    link_time: LinkTime) -> list[list[tuple[str, int, int]]]:
     """Per rank, the compute tasks ``(op, piece, mb)`` in the order a simulation ran them."""
-    P = len(pieces.pieces)
-    dev = [p.device for p in pieces.pieces]
-    ins, outs = pieces.inputs_of, pieces.outputs_of
-    tr = pieces.transfers
-    # remaining dependencies and ready times of each task; task id = (op, piece, mb)
-    deps_f = [[len(ins[p])] * M for p in range(P)]
-    deps_b = [[len(outs[p]) + 1] * M for p in range(P)]
-    ready_f = [[0.0] * M for _ in range(P)]
-    ready_b = [[0.0] * M for _ in range(P)]
-    limits = inflight_limits(pieces, num_ranks)
-    f_left = [0] * num_ranks
-    for p in range(P):
-        f_left[dev[p]] += M
-    f_started = [[False] * M for _ in range(num_ranks)]
-    b_left = [[0] * M for _ in range(num_ranks)]  # backward tasks of mb m left on rank r
-    for p in range(P):
-        for m in range(M):
-            b_left[dev[p]][m] += 1
-    inflight = [0] * num_ranks
-    free_at = [0.0] * num_ranks
-    # ready pools per rank: heaps of (priority, ready_time, op, piece, mb)
-    pool: list[list[tuple[tuple, float, str, int, int]]] = [[] for _ in range(num_ranks)]
+    state = _ListState(pieces, num_ranks, M, kind, costs, link_time)
+    for _ in range(2 * len(pieces.pieces) * M):
+        state.run_next()
+    return state.order
 
-    def push(r: int, op: str, p: int, m: int, t: float) -> None:
-        if kind == "1f1b":
+
+class _ListState:
+    """The list scheduler's state: remaining dependencies and ready times of every task
+    ``(op, piece, mb)``, each rank's ready pool and in-flight micro-batches."""
+
+    def __init__(self, pieces: Pieces, num_ranks: int, M: int, kind: str, costs: PieceCosts,
+                 link_time: LinkTime):
+        P = len(pieces.pieces)
+        self.pieces, self.R, self.kind, self.costs, self.link_time = \
+            pieces, num_ranks, kind, costs, link_time
+        self.dev = [p.device for p in pieces.pieces]
+        self.deps_f = [[len(pieces.inputs_of[p])] * M for p in range(P)]
+        self.deps_b = [[len(pieces.outputs_of[p]) + 1] * M for p in range(P)]
+        self.ready_f = [[0.0] * M for _ in range(P)]
+        self.ready_b = [[0.0] * M for _ in range(P)]
+        self.limits = inflight_limits(pieces, num_ranks)
+        self.f_left = [0] * num_ranks
+        self.b_left = [[0] * M for _ in range(num_ranks)]  # backward tasks of mb m left on r
+        for p in range(P):
+            self.f_left[self.dev[p]] += M
+            for m in range(M):
+                self.b_left[self.dev[p]][m] += 1
+        self.f_started = [[False] * M for _ in range(num_ranks)]
+        self.inflight = [0] * num_ranks
+        self.free_at = [0.0] * num_ranks
+        # ready pools per rank: heaps of (priority, ready_time, op, piece, mb)
+        self.pool: list[list[tuple[tuple, float, str, int, int]]] = \
+            [[] for _ in range(num_ranks)]
+        self.order: list[list[tuple[str, int, int]]] = [[] for _ in range(num_ranks)]
+        for p in range(P):
+            if not pieces.inputs_of[p]:
+                for m in range(M):
+                    self.push(self.dev[p], "F", p, m, 0.0)
+
+    def push(self, r: int, op: str, p: int, m: int, t: float) -> None:
+        if self.kind == "1f1b":
             prio = (0, m, -p) if op == "B" else (1, m, p)
         else:
             prio = (1, m, -p) if op == "B" else (0, m, p)
-        heapq.heappush(pool[r], (prio, t, op, p, m))
+        heapq.heappush(self.pool[r], (prio, t, op, p, m))
 
-    for p in range(P):
-        if not ins[p]:
-            for m in range(M):
-                push(dev[p], "F", p, m, 0.0)
-    order: list[list[tuple[str, int, int]]] = [[] for _ in range(num_ranks)]
-    done = 0
-    total = 2 * P * M
-    while done < total:
+    def run_next(self) -> None:
+        """Run the task that can start earliest (ties: lowest rank)."""
         best = None  # (start, rank, entry)
-        for r in range(num_ranks):
-            entry = _pick(pool[r], r, kind, free_at[r], f_left, f_started, inflight, limits)
+        for r in range(self.R):
+            entry = _pick(self.pool[r], r, self.kind, self.free_at[r], self.f_left,
+                          self.f_started, self.inflight, self.limits)
             if entry is not None:
-                start = max(free_at[r], entry[1])
+                start = max(self.free_at[r], entry[1])
                 if best is None or (start, r) < (best[0], best[1]):
                     best = (start, r, entry)
         if best is None:
             raise ScheduleError("the schedule builder is stuck: no rank has a runnable task "
                                 "(the piece graph is inconsistent)")
         start, r, entry = best
-        pool[r].remove(entry)
-        heapq.heapify(pool[r])
+        self.pool[r].remove(entry)
+        heapq.heapify(self.pool[r])
         _, _, op, p, m = entry
-        end = start + (costs.fwd_s[p] if op == "F" else costs.bwd_s[p])
-        free_at[r] = end
-        order[r].append((op, p, m))
-        done += 1
+        end = start + (self.costs.fwd_s[p] if op == "F" else self.costs.bwd_s[p])
+        self.free_at[r] = end
+        self.order[r].append((op, p, m))
         if op == "F":
-            f_left[r] -= 1
-            if not f_started[r][m]:
-                f_started[r][m] = True
-                inflight[r] += 1
-            for t in outs[p]:
-                q = tr[t].dst
-                arrive = end + (0.0 if tr[t].local else
-                                link_time(r, dev[q], costs.transfer_bytes[t]))
-                ready_f[q][m] = max(ready_f[q][m], arrive)
-                deps_f[q][m] -= 1
-                if deps_f[q][m] == 0:
-                    push(dev[q], "F", q, m, ready_f[q][m])
-            ready_b[p][m] = max(ready_b[p][m], end)
-            deps_b[p][m] -= 1
-            if deps_b[p][m] == 0:
-                push(r, "B", p, m, ready_b[p][m])
+            self._forward_done(r, p, m, end)
         else:
-            b_left[r][m] -= 1
-            if b_left[r][m] == 0:
-                inflight[r] -= 1
-            for t in ins[p]:
-                q = tr[t].src
-                arrive = end + (0.0 if tr[t].local else
-                                link_time(r, dev[q], costs.transfer_bytes[t]))
-                ready_b[q][m] = max(ready_b[q][m], arrive)
-                deps_b[q][m] -= 1
-                if deps_b[q][m] == 0:
-                    push(dev[q], "B", q, m, ready_b[q][m])
-    return order
+            self._backward_done(r, p, m, end)
+
+    def _arrival(self, r: int, t: int, q: int, end: float) -> float:
+        tr = self.pieces.transfers[t]
+        return end + (0.0 if tr.local else
+                      self.link_time(r, self.dev[q], self.costs.transfer_bytes[t]))
+
+    def _forward_done(self, r: int, p: int, m: int, end: float) -> None:
+        self.f_left[r] -= 1
+        if not self.f_started[r][m]:
+            self.f_started[r][m] = True
+            self.inflight[r] += 1
+        for t in self.pieces.outputs_of[p]:
+            q = self.pieces.transfers[t].dst
+            self.ready_f[q][m] = max(self.ready_f[q][m], self._arrival(r, t, q, end))
+            self.deps_f[q][m] -= 1
+            if self.deps_f[q][m] == 0:
+                self.push(self.dev[q], "F", q, m, self.ready_f[q][m])
+        self.ready_b[p][m] = max(self.ready_b[p][m], end)
+        self.deps_b[p][m] -= 1
+        if self.deps_b[p][m] == 0:
+            self.push(r, "B", p, m, self.ready_b[p][m])
+
+    def _backward_done(self, r: int, p: int, m: int, end: float) -> None:
+        self.b_left[r][m] -= 1
+        if self.b_left[r][m] == 0:
+            self.inflight[r] -= 1
+        for t in self.pieces.inputs_of[p]:
+            q = self.pieces.transfers[t].src
+            self.ready_b[q][m] = max(self.ready_b[q][m], self._arrival(r, t, q, end))
+            self.deps_b[q][m] -= 1
+            if self.deps_b[q][m] == 0:
+                self.push(self.dev[q], "B", q, m, self.ready_b[q][m])
 
 
 def _pick(heap: list, r: int, kind: str, free: float, f_left: list[int],

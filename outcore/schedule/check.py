@@ -94,6 +94,7 @@ def _check_progress(s: Schedule) -> None:
     where no rank can move is a deadlock."""
     pc = [0] * s.num_ranks
     sent: set[tuple[int, str, int]] = set()
+    received: set[tuple[int, str, int]] = set()
     done_compute: set[tuple[str, int, int]] = set()
     ar_waiting: dict[int, set[int]] = {}
     total = sum(len(a) for a in s.actions)
@@ -106,8 +107,9 @@ def _check_progress(s: Schedule) -> None:
                 if a.op in ("RF", "RB"):
                     if (a.transfer, a.op[1], a.mb) not in sent:
                         break
+                    received.add((a.transfer, a.op[1], a.mb))
                 elif a.op in ("F", "B"):
-                    if not _inputs_done(s, a, done_compute):
+                    if not _inputs_done(s, a, done_compute, received):
                         raise ScheduleError(f"rank {r}: {a} runs before a local input is ready "
                                             "(missing receive, or wrong order of local pieces)")
                     done_compute.add((a.op, a.piece, a.mb))
@@ -128,13 +130,14 @@ def _check_progress(s: Schedule) -> None:
             raise ScheduleError("the schedule deadlocks: " + "; ".join(stuck[:6]))
 
 
-def _inputs_done(s: Schedule, a: Action, done: set[tuple[str, int, int]]) -> bool:
-    """Whether every input of a compute action has been produced (locally or received)."""
+def _inputs_done(s: Schedule, a: Action, done: set[tuple[str, int, int]],
+                 received: set[tuple[int, str, int]]) -> bool:
+    """Whether every input of a compute action has been produced locally or received."""
     P = s.pieces
     if a.op == "F":
-        return all(("F", P.transfers[t].src, a.mb) in done for t in P.inputs_of[a.piece]
-                   if P.transfers[t].local)
+        return all(("F", P.transfers[t].src, a.mb) in done if P.transfers[t].local
+                   else (t, "F", a.mb) in received for t in P.inputs_of[a.piece])
     if ("F", a.piece, a.mb) not in done:
         return False
-    return all(("B", P.transfers[t].dst, a.mb) in done for t in P.outputs_of[a.piece]
-               if P.transfers[t].local)
+    return all(("B", P.transfers[t].dst, a.mb) in done if P.transfers[t].local
+               else (t, "B", a.mb) in received for t in P.outputs_of[a.piece])

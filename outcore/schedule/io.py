@@ -29,7 +29,7 @@ from outcore.schedule.lower import Lowered
 
 FORMAT = "outcore-schedule/1"
 
-__all__ = ["FORMAT", "adopt", "load", "save", "to_dict"]
+__all__ = ["FORMAT", "adopt", "describe", "load", "save", "to_dict"]
 
 
 def to_dict(low: Lowered) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def adopt(low: Lowered, doc: dict[str, Any]) -> Lowered:
     source = doc.get("_source", "the schedule file")
     mine = to_dict(low)
     for key in ("ranks", "microbatches", "copies", "pieces", "transfers", "buckets"):
-        if doc.get(key) != mine[key]:
+        if _structure(key, doc.get(key)) != _structure(key, mine[key]):
             raise ScheduleError(f"{source} was made for other {key} than this plan lowers to "
                                 f"(file: {_short(doc.get(key))}; plan: {_short(mine[key])}): "
                                 "write it again with `outcore plan --schedule-out`")
@@ -99,6 +99,31 @@ def adopt(low: Lowered, doc: dict[str, Any]) -> Lowered:
                           meta={**low.schedule.meta, "source": source})
     check(s)
     return replace(low, schedule=s)
+
+
+def describe(low: Lowered) -> str:
+    """The schedule as text a person checks by eye: pieces, transfers, buckets, then one line
+    of actions per rank (the golden files of ``tests/schedule/golden`` are in this form)."""
+    s, name = low.schedule, low.graph.name_of
+    lines = [f"{s.kind}, {s.num_ranks} ranks, {s.microbatches} micro-batches, "
+             f"{low.copies} cop{'y' if low.copies == 1 else 'ies'}"]
+    lines += [f"piece {p.id} on rank {p.device}: {' '.join(name(v) for v in p.nodes)}"
+              for p in s.pieces.pieces]
+    lines += [f"transfer {t.id}: piece {t.src} -> piece {t.dst} "
+              f"({' '.join(name(v) for v in t.tensors)}{', local' if t.local else ''})"
+              for t in s.pieces.transfers]
+    lines += [f"bucket {b}: ranks {list(group)}: {' '.join(params)}" for b, (group, params)
+              in enumerate(zip(s.buckets, s.meta.get("bucket_params", ())))]
+    return "\n".join(lines + [s.format()]) + "\n"
+
+
+def _structure(key: str, value: Any) -> Any:
+    """What must match between a schedule file and a plan: transfer sizes depend on the batch
+    the graph was captured at, so they are left out."""
+    if key == "transfers" and isinstance(value, list):
+        return [{k: v for k, v in t.items() if k != "bytes"} if isinstance(t, dict) else t
+                for t in value]
+    return value
 
 
 def _short(value: Any) -> str:
