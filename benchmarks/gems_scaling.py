@@ -37,7 +37,6 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ from outcore.graph import Graph, load, save
 from outcore.hardware.presets import device_preset, link_preset
 from outcore.hardware.spec import Cluster, LinkSpec, flat_cluster
 from outcore.plan.plan import Plan
-from outcore.plan.replicas import make_replication, replication_of
+from outcore.plan import Layout
 from outcore.sim.collectives import dp_allreduce
 from outcore.sim.simulate import SimResult, simulate
 
@@ -106,10 +105,9 @@ def plan_group(g: Graph, k: int, mode: str, replicas: int, microbatches: int,
                               f"({memory_gib} GiB / {replicas} replicas)")
     p = make_plan(g, assignment_from_bounds(ctx, bounds), strategy="pipeline", devices=k,
                   memory_bytes=memory_gib * GIB, schedule="1f1b", microbatches=microbatches,
-                  extra={"devices_used": len(bounds)})
+                  devices_used=len(bounds))
     if mode != "mp":
-        rep = make_replication(mode, p.assignment, k, replicas, 1)
-        p = p.replace(extra={**p.extra, "parallel": rep.to_dict()})
+        p = p.replace(layout=Layout.replicate(mode, k, replicas, 1))
     return p
 
 
@@ -123,12 +121,10 @@ def outcore_plan(g: Graph, k: int, microbatches: int, memory_gib: int) -> Plan:
 
 def with_dp_copies(p: Plan, dp: int) -> Plan:
     """``p`` with its data-parallel copies expanded into graph copies (simulated one by one)."""
-    rep = replication_of(p)
-    if rep is None:
-        rep = make_replication("mp", p.assignment, p.devices, 1, dp)
-    else:
-        rep = replace(rep, dp=dp)
-    return p.replace(devices=rep.stages * dp, extra={**p.extra, "parallel": rep.to_dict()})
+    lay = p.layout
+    stages = lay.stages if lay.replicated else p.devices
+    layout = Layout.replicate(lay.mode, stages, lay.replicas, dp)
+    return p.replace(devices=layout.ranks(stages), layout=layout)
 
 
 def run(p: Plan, g: Graph, cl: Cluster, dp: int, **kw: Any) -> tuple[SimResult, float]:
@@ -161,10 +157,9 @@ def one_group(g: Graph, args: argparse.Namespace) -> tuple[list[dict], dict[str,
         except InfeasibleError as e:
             rows.append({"design": label, "error": str(e)})
             continue
-        rep = replication_of(p)
         r, wall = run(p, g, lassen(args.group, args.gpus_per_node, mem, args.rails), 1)
-        rows.append({"design": label, "replicas": rep.replicas if rep else 1,
-                     "microbatches": mbs, "stages": p.extra.get("devices_used", p.devices),
+        rows.append({"design": label, "replicas": p.layout.replicas,
+                     "microbatches": mbs, "stages": p.devices_used or p.devices,
                      "memory_gib": mem, **summary(r, wall, args.group)})
         if (name, mem) in [(d[0], d[4]) for d in DESIGNS]:
             plans[name] = p
@@ -176,7 +171,7 @@ def one_group(g: Graph, args: argparse.Namespace) -> tuple[list[dict], dict[str,
         r, wall = run(p, g, lassen(args.group, args.gpus_per_node, 16, args.rails), 1)
         if r.fits:
             rows.append({"design": "MP-pipelined (16 GiB)", "replicas": 1, "microbatches": mbs,
-                         "stages": p.extra.get("devices_used", p.devices), "memory_gib": 16,
+                         "stages": p.devices_used or p.devices, "memory_gib": 16,
                          **summary(r, wall, args.group)})
             break
     base = next(x for x in rows if x["design"].startswith("MP-Basic"))["images_per_s"]
@@ -261,7 +256,7 @@ def image_sensitivity(args: argparse.Namespace) -> list[dict]:
             r = run(p, g, lassen(args.group * dp, args.gpus_per_node, 16, args.rails), dp,
                     dp_fused=fused)[0]
             rows.append({"image_size": size, "allreduce": "fused" if fused else "overlapped",
-                         "stages": p.extra.get("devices_used"),
+                         "stages": p.devices_used,
                          "gpus": args.group * dp, "iteration_1_s": one.iteration_s,
                          "iteration_s": r.iteration_s,
                          "efficiency": one.iteration_s / r.iteration_s})

@@ -52,14 +52,11 @@ def measure(spec, g, kind: str, steps: int):
     from outcore.runtime.data import SyntheticData
     from outcore.runtime.trainer import Trainer
     from outcore.sim import simulate
-    from outcore.api import _cluster_doc, make_cluster
+    from outcore.hardware.cluster import make_cluster
 
     cluster = make_cluster(1, device="cpu")
-    pol = policies_for(g, kind)
-    extra = {"memory_policy": pol.to_dict(g.ids, np.zeros(g.num_nodes, dtype=int))} \
-        if pol else {}
     plan = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single", devices=1,
-                     memory_bytes=None, cluster=_cluster_doc(cluster), extra=extra)
+                     memory_bytes=None, cluster=cluster, policies=policies_for(g, kind))
     pred = simulate(plan, g, cluster=cluster)
     torch.manual_seed(0)
     model = spec.build()

@@ -32,7 +32,7 @@ def run(name: str, model: str, devices: int, batch: int, mbs: int, steps: int,
     pred = rep.predicted
     row = {"config": name, "model": model, "devices": devices, "batch": batch,
            "microbatches": mbs, "strategy": rep.plan.strategy,
-           "parallel": rep.plan.extra.get("parallel"),
+           "parallel": rep.plan.layout.to_dict(),
            "measured_samples_per_s": rep.samples_per_s,
            "predicted_samples_per_s": pred.get("samples_per_s"),
            "measured_step_s": rep.median_step_s, "predicted_step_s": pred.get("iteration_s"),

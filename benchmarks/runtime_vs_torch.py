@@ -105,6 +105,7 @@ def outcore_plan(args):
     import torch
 
     import outcore
+    from outcore.hardware.cluster import from_dict as cluster_from_dict
     from outcore.graph.io import to_dict
     from outcore.plan.plan import make_plan, to_dict as plan_to_dict
     from outcore.runtime.data import split
@@ -122,8 +123,10 @@ def outcore_plan(args):
                   else 0 for i in range(g.num_nodes)])
     plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None,
                      microbatches=args.mbs, schedule="1f1b", optimizer="sgd",
-                     cluster={"bandwidth": args.bandwidth, "latency_s": args.latency,
-                              "mem_bandwidth": 10e9})
+                     cluster=cluster_from_dict({"bandwidth": args.bandwidth,
+                                                "latency_s": args.latency,
+                                                "mem_bandwidth": 10e9},
+                                               devices=2, memory_bytes=None))
     pred = outcore.simulate(plan, g)
     return g, plan, pred, to_dict(g), plan_to_dict(plan)
 

@@ -1,6 +1,6 @@
 """Measure the link between two local workers over torch.distributed (gloo loopback here).
 
-``python -m outcore.runtime.linkprobe`` prints the latency and bandwidth of ping-pongs between
+``python benchmarks/link_probe.py`` prints the latency and bandwidth of ping-pongs between
 two spawned workers; ``outcore train`` on a CPU machine uses the stored figures of the
 ``gloo-loopback`` link preset, which came from this.
 """
