@@ -8,7 +8,6 @@ field in ``Graph.meta``; both are written back unchanged.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 
 from outcore.errors import FormatError, GraphError
 from outcore.graph.ir import FORMAT, Graph, build
+from outcore.jsonfile import read_json, write_json
 
 _NODE_FIELDS = ("id", "name", "op", "module", "fwd_s", "bwd_s", "param_bytes", "out_bytes",
                 "saved_bytes")
@@ -149,24 +149,9 @@ def _number(v: Any, source: str, who: Any, key: str, edge: bool = False) -> floa
 
 def save(g: Graph, path: str | os.PathLike) -> Path:
     """Write ``g`` as ``outcore-graph/1`` JSON (atomically: temp file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(to_dict(g), f, separators=(",", ":") if g.num_nodes > 5000 else (", ", ": "),
-                  indent=None if g.num_nodes > 5000 else 1)
-    os.replace(tmp, path)
-    return path
+    return write_json(path, to_dict(g), compact=g.num_nodes > 5000)
 
 
 def load(path: str | os.PathLike) -> Graph:
     """Read an ``outcore-graph/1`` file; errors name the file and the bad entry."""
-    path = Path(path)
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise FormatError(f"graph file {str(path)!r} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise FormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return from_dict(doc, source=str(path))
+    return from_dict(read_json(path, "graph file"), source=str(path))

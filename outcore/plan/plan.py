@@ -10,7 +10,6 @@ keeps only free-form notes a tool wants to carry along. It never holds torch obj
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -23,8 +22,9 @@ from outcore.errors import FormatError, PlanError
 from outcore.graph.ir import Graph
 from outcore.hardware import cluster as cluster_io
 from outcore.hardware.spec import Cluster, flat_cluster
+from outcore.jsonfile import read_json, write_json
 from outcore.plan.layout import PLAIN, Layout
-from outcore.plan.policies import MemoryPolicies, POLICIES
+from outcore.plan.policies import POLICIES, MemoryPolicies
 
 FORMAT = "outcore-plan/2"
 READS = ("outcore-plan/1", FORMAT)
@@ -309,20 +309,8 @@ def _jsonable(v: Any) -> Any:
 
 
 def save(p: Plan, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_dict(p), indent=1))
-    os.replace(tmp, path)
-    return path
+    return write_json(path, to_dict(p))
 
 
 def load(path: str | os.PathLike) -> Plan:
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FormatError(f"plan file {str(path)!r} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise FormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return from_dict(doc, str(path))
+    return from_dict(read_json(path, "plan file"), str(path))

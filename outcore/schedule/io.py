@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from outcore.errors import FormatError, ScheduleError
+from outcore.jsonfile import read_json, write_json
 from outcore.schedule.check import check
 from outcore.schedule.ir import Action, Schedule
 from outcore.schedule.lower import Lowered
@@ -51,23 +52,12 @@ def to_dict(low: Lowered) -> dict[str, Any]:
 
 
 def save(low: Lowered, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_dict(low), indent=1))
-    os.replace(tmp, path)
-    return path
+    return write_json(path, to_dict(low))
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
     """A schedule file's document (checked against a lowered plan by :func:`adopt`)."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FormatError(f"schedule file {str(path)!r} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise FormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    doc = read_json(path, "schedule file")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise FormatError(f"{path}: format is {got!r}, expected {FORMAT!r} (schedules come from"
