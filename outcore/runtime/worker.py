@@ -51,11 +51,10 @@ def make_lr_scheduler(cfg: TrainConfig):
 def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[str, Any],
                   device: torch.device):
     """Resolve the model, build it with the seed, and make this rank's :class:`Trainer`."""
-    from outcore.zoo import resolve_model
+    from outcore.zoo import build_model
 
-    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
-    torch.manual_seed(cfg.seed)
-    model = spec.build()
+    spec, model = build_model(cfg.model, input_shape=cfg.input_shape,
+                              batch_size=cfg.batch_size, seed=cfg.seed)
     graph = graph_from_dict(graph_doc, source="graph")
     plan = align(plan_from_dict(plan_doc, source="plan"), graph) \
         if plan_doc.get("graph", {}).get("depth") is None else plan_from_dict(plan_doc)

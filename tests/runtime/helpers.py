@@ -16,13 +16,12 @@ from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import SyntheticData, default_loss, split
 from outcore.runtime.values import value_metas
 from outcore.graph.capture import trace
-from outcore.zoo import resolve_model
+from outcore.zoo import build_model
 
 
 def graph_for(cfg: TrainConfig, copies: int = 1):
-    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
-    torch.manual_seed(cfg.seed)
-    model = spec.build()
+    spec, model = build_model(cfg.model, input_shape=cfg.input_shape,
+                              batch_size=cfg.batch_size, seed=cfg.seed)
     micro = split(spec.example_inputs, cfg.microbatches * copies)[0]
     g = capture(model, micro, name=cfg.model)
     # simple positive costs so the schedule builder has something to order by
@@ -60,9 +59,9 @@ def reference(cfg: TrainConfig, chunks: int | None = None, *, buffers: bool = Fa
     pieces of the global batch (default: the micro-batches). Returns the losses and the
     parameters (and, with ``buffers``, the buffers: batch-norm running statistics)."""
     chunks = chunks or cfg.microbatches
-    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
-    torch.manual_seed(cfg.seed)
-    model = copy.deepcopy(spec.build())
+    spec, built = build_model(cfg.model, input_shape=cfg.input_shape,
+                              batch_size=cfg.batch_size, seed=cfg.seed)
+    model = copy.deepcopy(built)
     gm = trace(model).gm
     out_name = next(n.name for n in gm.graph.nodes if n.op == "output")
     meta = value_metas(gm, split(spec.example_inputs, chunks)[0])[out_name]
