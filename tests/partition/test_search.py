@@ -1,0 +1,42 @@
+"""The search (outcore.partition.search): a refusal only suggests what it has checked."""
+
+from __future__ import annotations
+
+import pytest
+
+import outcore
+from outcore.errors import InfeasibleError
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return outcore.model_graph("outcore:mlp", costs="estimate:cpu")
+
+
+def test_refusal_suggests_only_device_counts_and_memory_that_fit(mlp):
+    with pytest.raises(InfeasibleError) as info:
+        outcore.plan(mlp, 2, "20KiB")
+    e = info.value
+    assert "(checked)" in str(e) and e.min_devices and e.min_memory_bytes
+    wider = outcore.plan(mlp, e.min_devices, "20KiB")
+    assert max(wider.predicted["peak_bytes"]) <= 20 * 1024
+    # the memory exactly as the message prints it fits too
+    printed = str(e).split(" or ")[-1].split(" per device")[0]
+    roomier = outcore.plan(mlp, 2, printed)
+    assert max(roomier.predicted["peak_bytes"]) <= roomier.memory_bytes
+    # and one device fewer does not (the count is the fewest the search found)
+    with pytest.raises(InfeasibleError):
+        outcore.plan(mlp, e.min_devices - 1, "20KiB")
+
+
+def test_request_is_validated_once():
+    from outcore.errors import UsageError
+    with pytest.raises(UsageError, match="must divide"):
+        outcore.plan_request(3, dp=2)
+    with pytest.raises(UsageError, match="at least 2 model-parallel"):
+        outcore.plan_request(2, dp=2, parallel="mast")
+    with pytest.raises(UsageError, match="schedule"):
+        outcore.plan_request(2, schedule="zigzag")
+    req = outcore.plan_request(4, "1GiB", parallel="master", replicas=2, bandwidth="10GB/s")
+    assert req.memory_bytes == 2**30 and req.cluster.intra.bandwidth == 10e9
+    assert req.replica_options() == [2] and req.model_parallel_devices == 4
