@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from outcore.errors import PlanError, UsageError
 from outcore.graph.io import save as save_graph, to_dict as graph_to_dict
 from outcore.graph.ir import Graph
@@ -251,6 +253,7 @@ def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
     if detect().launcher != "none":
         return _train_in_job(job)
     g, p = prepare(job, progress=progress)
+    p = _only_used_devices(g, p, progress)
     p = _with_schedule_file(job.cfg, g, p)
     root = Path(job.run_dir)
     _save_artifacts(job, g, p)
@@ -258,13 +261,31 @@ def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
     from outcore.runtime.worker import train_worker
 
     if progress:
-        progress(f"starting {job.devices} worker(s)", 0, 1)
+        progress(f"starting {p.devices} worker(s)", 0, 1)
     watcher = _MetricsWatcher(Path(job.cfg.metrics_out or root / "metrics.jsonl"), on_metrics)
-    results = run_local(train_worker, job.devices, (job.cfg, graph_to_dict(g), plan_to_dict(p)),
+    results = run_local(train_worker, p.devices, (job.cfg, graph_to_dict(g), plan_to_dict(p)),
                         timeout_s=job.cfg.timeout_s, threads=job.cfg.threads,
                         poll=watcher.poll)
     watcher.poll()
     return _report(job.cfg, g, p, root, results)
+
+
+def _only_used_devices(g: Graph, p: Plan,
+                       progress: Callable[[str, int, int], None] | None) -> Plan:
+    """A plain plan that leaves devices idle runs on the devices it uses: local workers are
+    started only for them, and the plan says why."""
+    used = p.used_devices
+    if p.layout.replicated or used >= p.devices:
+        return p
+    from outcore.api import simulate
+    why = (f"the plan uses {used} of {p.devices} devices ({p.strategy} found no faster plan "
+           f"on more); starting {used} worker(s)")
+    log.info(why)
+    if progress:
+        progress(why, 0, 1)
+    _, compact = np.unique(p.assignment, return_inverse=True)
+    small = p.replace(devices=used, assignment=compact.astype(np.int64)).with_notes(why)
+    return small.replace(predicted={**p.predicted, **simulate(small, g).to_dict()})
 
 
 def _save_artifacts(job: Job, g: Graph, p: Plan) -> None:
