@@ -1,0 +1,98 @@
+"""Worker functions for the tensor-parallel tests (module level, so spawn can pickle them).
+
+Each worker builds the model from a seed, keeps a deep copy as the single-process reference,
+parallelises the original, trains both on the same batches, and returns both trajectories."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+def build(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """Model, a batch of inputs and of targets (class indices) for ``name``."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        from outcore.zoo.toy import mlp
+        model = mlp(width=32, layers=4, in_features=16, num_classes=12)
+        return model, torch.randn(8, 16), torch.randint(0, 12, (8,))
+    if name == "transformer":
+        from outcore.zoo.transformer import transformer
+        model = transformer(layers=2, d_model=32, heads=4, vocab=64, seq=8)
+        return model, torch.randint(0, 64, (4, 8)), torch.randint(0, 64, (4, 8))
+    if name in ("gpt2", "llama"):
+        import transformers
+        transformers.logging.set_verbosity_error()
+        if name == "gpt2":
+            cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64,
+                                          n_positions=8, resid_pdrop=0.0, embd_pdrop=0.0,
+                                          attn_pdrop=0.0, use_cache=False, bos_token_id=0,
+                                          eos_token_id=0)
+            model = transformers.GPT2LMHeadModel(cfg)
+        else:
+            cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
+                                           intermediate_size=64, num_attention_heads=4,
+                                           num_key_value_heads=4, vocab_size=64,
+                                           use_cache=False, bos_token_id=0, eos_token_id=0,
+                                           pad_token_id=0)
+            model = transformers.LlamaForCausalLM(cfg)
+        return _Logits(model), torch.randint(0, 64, (4, 8)), torch.randint(0, 64, (4, 8))
+    raise ValueError(name)
+
+
+class _Logits(nn.Module):
+    """A Hugging Face LM returning its logits tensor (the loss is computed outside)."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=tokens).logits
+
+
+def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+
+
+def train_pair(ctx, name: str, mode: str, optimizer: str, steps: int = 3) -> dict:
+    """Train ``steps`` steps tensor-parallel and single-process; return both results."""
+    from outcore.tensor import tensor_parallel
+
+    model, x, y = build(name)
+    ref = copy.deepcopy(model)
+    tp = ctx.world_size
+    tensor_parallel(model, tp, mode=mode, example_inputs=x, min_split_bytes=0)
+    make = (lambda ps: torch.optim.Adam(ps, lr=1e-2)) if optimizer == "adam" else \
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    opt, ref_opt = make(model.parameters()), make(ref.parameters())
+    losses, ref_losses = [], []
+    for step in range(steps):
+        xs, ys = x + 0 if x.dtype != torch.float32 else x * (1 + step), y
+        mine_x, mine_y = (xs.chunk(tp)[ctx.rank], ys.chunk(tp)[ctx.rank]) if mode == "depth" \
+            else (xs, ys)
+        loss = _loss(model(mine_x), mine_y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if mode == "depth":  # each rank saw its slice: the batch loss is the mean
+            loss = loss.detach().clone()
+            torch.distributed.all_reduce(loss)
+            loss /= tp
+        losses.append(float(loss))
+        ref_loss = _loss(ref(xs), ys)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(float(ref_loss))
+    layout = getattr(model, "outcore_tensor_layout")
+    return {"rank": ctx.rank, "losses": losses, "ref_losses": ref_losses,
+            "state": {k: _full(v) for k, v in model.named_parameters()},
+            "ref_state": {k: _full(v) for k, v in ref.named_parameters()},
+            "split": list(layout.split_modules), "pairs": len(layout.pairs)}
