@@ -74,10 +74,19 @@ def layout_of(model: nn.Module, tp: int, example_inputs: Any = None, *,
         try:
             g = capture(model, inputs)
         except CaptureError:
+            g = None
+        if g is None or g.meta.get("forced_leaves"):
+            # fx could not see inside part of the model: torch.export sees every op
             from outcore.tensor.export_graph import graph_from_export
-            log.info("torch.fx cannot trace %s; capturing with torch.export",
+            log.info("torch.fx cannot trace all of %s; capturing with torch.export",
                      type(model).__name__)
-            g = graph_from_export(model, inputs)
+            try:
+                g = graph_from_export(model, inputs)
+            except CaptureError:
+                if g is None:
+                    raise
+                log.warning("torch.export failed too: layers inside %s stay whole",
+                            ", ".join(g.meta["forced_leaves"]))
     return _untie_conflicts(model, find_layout(g, tp, min_split_bytes=min_split_bytes))
 
 

@@ -85,12 +85,12 @@ def train_pair(ctx, name: str, mode: str, optimizer: str, steps: int = 3) -> dic
             loss = loss.detach().clone()
             torch.distributed.all_reduce(loss)
             loss /= tp
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         ref_loss = _loss(ref(xs), ys)
         ref_loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
-        ref_losses.append(float(ref_loss))
+        ref_losses.append(float(ref_loss.detach()))
     layout = getattr(model, "outcore_tensor_layout")
     return {"rank": ctx.rank, "losses": losses, "ref_losses": ref_losses,
             "state": {k: _full(v) for k, v in model.named_parameters()},
