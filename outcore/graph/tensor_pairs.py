@@ -181,6 +181,8 @@ def _external_ok(g: Graph, u: int, v: int, heads_mode: bool) -> bool:
     only a broadcast operand that does not span the split dimension."""
     if g.op_of(u) in _CONST_OPS and g.op_of(u) != "param":
         return True
+    if g.out_bytes[u] == 0 and _shape(g, u) is None:  # not a tensor (sizes read off x.shape)
+        return True
     su, sv = _shape(g, u), _shape(g, v)
     if su is None or sv is None:
         return False

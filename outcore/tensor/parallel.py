@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 __all__ = ["tensor_parallel", "layout_of", "tensor_mesh", "MODES"]
 
 MODES = ("1d", "depth")
-HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads", "num_key_value_heads",
+HEAD_ATTRS = ("heads", "num_heads", "n_head", "n_heads", "num_attention_heads", "num_key_value_heads",
               "nhead", "num_kv_heads")
 WIDTH_ATTRS = ("all_head_size", "inner_dim")
 DEFAULT_MIN_SPLIT_BYTES = 1 << 20

@@ -63,3 +63,12 @@ def test_hugging_face_lm_equals_single_process(name, min_split):
     check(results, min_split=min_split)
     if name == "llama":
         assert results[0]["pairs"] == 4
+
+
+def test_auto_parallelize_pairs_attention_and_mlp():
+    """Built inside ``auto_parallelize``: q/k/v -> o (4 heads, 2 per rank) and fc1 -> fc2
+    pair; the head count the module reshapes with is divided."""
+    from tests.tensor.workers import train_auto
+    results = run_local(train_auto, 2, (), timeout_s=60, overall_timeout_s=180)
+    check(results, min_split=7)
+    assert results[0]["pairs"] == 2 and results[0]["heads"] == 2

@@ -96,3 +96,55 @@ def train_pair(ctx, name: str, mode: str, optimizer: str, steps: int = 3) -> dic
             "state": {k: _full(v) for k, v in model.named_parameters()},
             "ref_state": {k: _full(v) for k, v in ref.named_parameters()},
             "split": list(layout.split_modules), "pairs": len(layout.pairs)}
+
+
+class AttnBlock(nn.Module):
+    """Attention with separate q/k/v projections and a head reshape reading ``self.heads``,
+    then an MLP: both pair Megatron-style."""
+
+    def __init__(self, d: int = 32, heads: int = 4):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.heads = heads
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.out = nn.Linear(d, 16)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (f(x).view(b, t, self.heads, -1).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(y.transpose(1, 2).reshape(b, t, -1))
+        x = x + self.fc2(torch.relu(self.fc1(x)))
+        return self.out(x)
+
+
+def train_auto(ctx, steps: int = 3) -> dict:
+    """``auto_parallelize`` around the model's construction against the same model built
+    whole from the same seed."""
+    from outcore.tensor import auto_parallelize
+
+    x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 16, (4, 8), generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(0)
+    ref = AttnBlock()
+    torch.manual_seed(0)
+    with auto_parallelize(ctx.world_size, example_inputs=x, min_split_bytes=0) as built:
+        model = AttnBlock()
+    assert built.models == [model]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    losses, ref_losses = [], []
+    for _ in range(steps):
+        for m, o, acc in ((model, opt, losses), (ref, ref_opt, ref_losses)):
+            loss = _loss(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            acc.append(float(loss.detach()))
+    layout = model.outcore_tensor_layout
+    return {"rank": ctx.rank, "losses": losses, "ref_losses": ref_losses,
+            "state": {k: _full(v) for k, v in model.named_parameters()},
+            "ref_state": {k: _full(v) for k, v in ref.named_parameters()},
+            "split": list(layout.split_modules), "pairs": len(layout.pairs),
+            "heads": model.heads}
