@@ -11,10 +11,24 @@ from outcore.errors import OutcoreError
 __version__ = "0.1.0"
 
 __all__ = ["OutcoreError", "capture", "estimate", "make_cluster", "parallelize", "plan",
-           "profile", "simulate", "train"]
+           "profile", "simulate", "train", "tensor_parallel", "auto_parallelize"]
 
 
 def train(*args, **kwargs):
     """Train a model across local workers (see :func:`outcore.train_api.train`)."""
     from outcore.train_api import train as _train
     return _train(*args, **kwargs)
+
+
+def tensor_parallel(*args, **kwargs):
+    """Split a model's layers over a tensor-parallel group (see
+    :func:`outcore.tensor.tensor_parallel`)."""
+    from outcore.tensor import tensor_parallel as _tensor_parallel
+    return _tensor_parallel(*args, **kwargs)
+
+
+def auto_parallelize(*args, **kwargs):
+    """Context manager: models built inside become tensor-parallel (see
+    :func:`outcore.tensor.auto_parallelize`)."""
+    from outcore.tensor import auto_parallelize as _auto_parallelize
+    return _auto_parallelize(*args, **kwargs)

@@ -1,8 +1,9 @@
 """``auto_parallelize``: models built inside the context come out tensor-parallel.
 
-AxoNN's interface (Singh et al., SC 2024; axonn-ai/axonn ``intra_layer/__init__.py``): its
-context manager swaps ``torch.nn.Linear`` for AxoNN's own parallel Linear while the model is
-built, so each layer is split alone, without looking at its neighbours. outcore records instead:
+AxoNN's interface (Singh et al., SC 2024; axonn-ai/axonn, ``axonn/intra_layer/``): its context
+manager swaps ``torch.nn.Linear`` and ``nn.Embedding`` for AxoNN's own grid-parallel layers
+(when the dimensions divide the row x column x depth grid) while the model is built, so each
+layer is split alone, without looking at its neighbours. outcore records instead:
 while the context is open, every module whose constructor runs is remembered (a wrapper around
 ``nn.Module.__init__``, the one constructor every module calls); on exit the *roots* among them
 (modules not contained in another recorded module) that hold a Linear or an Embedding are handed

@@ -225,16 +225,39 @@ def _untie_conflicts(model: nn.Module, layout: TensorLayout) -> TensorLayout:
 
 
 def _shard_depth(model: nn.Module, layout: TensorLayout, mesh: Any, min_bytes: int) -> None:
-    """Each Linear / Embedding of at least ``min_bytes`` its own FSDP unit (gathered just
-    before it runs, freed after), the root the rest; shared weights go with the root."""
+    """FSDP units: every repeated block (:func:`depth_units`), or, in a model without
+    repeated blocks, every Linear / Embedding of at least ``min_bytes``; the root takes the
+    rest (each unit is one all-gather and one reduce-scatter: fewer, larger units cost fewer
+    collective latencies, smaller ones a lower peak). Shared weights go with
+    the root (one parameter cannot belong to two units)."""
     from torch.distributed.fsdp import fully_shard
 
     shared = {p for group in _ties(model) for p, _ in group}
-    units = [s.module for s in layout.splits
-             if s.param_bytes >= min_bytes and s.module not in shared and s.module]
-    for path in reversed(units):  # innermost first; the root takes the rest
+    units = depth_units(model) or [s.module for s in layout.splits
+                                   if s.param_bytes >= min_bytes and s.module
+                                   and s.module not in shared]
+    units = [u for u in units if not any(t.startswith(u + ".") for t in shared)]
+    for path in sorted(units, key=lambda u: -u.count(".")):  # innermost first
         fully_shard(model.get_submodule(path), mesh=mesh)
     fully_shard(model, mesh=mesh)
+
+
+def depth_units(model: nn.Module) -> list[str]:
+    """The repeated blocks of ``model``: children of the outermost ``ModuleList`` /
+    ``Sequential`` whose two or more children share one type and hold a Linear or Embedding
+    (the granularity torchtitan gives ``fully_shard``: one all-gather per transformer block
+    instead of one per layer)."""
+    found: list[str] = []
+    for path, mod in model.named_modules():
+        if any(path.startswith(f + ".") or path == f for f in found):
+            continue
+        kids = list(mod.named_children())
+        if isinstance(mod, (nn.ModuleList, nn.Sequential)) and len(kids) >= 2 and \
+                len({type(c) for _, c in kids}) == 1 and \
+                any(isinstance(m, (nn.Linear, nn.Embedding)) for m in kids[0][1].modules()):
+            found.append(path)
+    return [f"{p}.{name}" if p else name for p in found
+            for name, _ in model.get_submodule(p).named_children()]
 
 
 # ------------------------------------------------------------------------------ check
