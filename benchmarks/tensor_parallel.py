@@ -13,8 +13,9 @@ Same model (outcore's zoo transformer, random init, same seed), same data, loss 
 * **depth**: ``tensor_parallel(..., mode="depth")`` against ``fully_shard`` by hand on every
   block and the root (torchtitan's FSDP recipe), each rank fed its slice of the batch.
 
-The variants alternate in rounds; each round times ``--steps`` steps after ``--warmup``; we
-report the median step time of each and the ratio hand / outcore (>= 1: outcore is as fast).
+Both variants live in the same worker processes and alternate in rounds (A B A B ...), so that
+machine noise hits both; each round times ``--steps`` steps (after ``--warmup``); we report the
+median step time of each and the ratio hand / outcore (>= 1: outcore is as fast).
 
     .venv/bin/python benchmarks/tensor_parallel.py [--tp 2 --rounds 3 --steps 10 --d-model 256]
 
@@ -59,7 +60,8 @@ def _by_hand(model, mesh, mode: str) -> None:
     parallelize_module(model, mesh, plan)
 
 
-def _worker(ctx, args, variant: str, mode: str) -> dict:
+def _setup(ctx, args, variant: str, mode: str):
+    """A model parallelised by ``variant``, its batch and one training step."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from outcore.tensor import tensor_parallel
@@ -82,18 +84,30 @@ def _worker(ctx, args, variant: str, mode: str) -> dict:
         loss.backward()
         opt.step()
         opt.zero_grad()
-        return loss
 
-    for _ in range(args.warmup):
-        step()
-    torch.distributed.barrier()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    torch.distributed.barrier()
     split = getattr(model, "outcore_tensor_layout", None)
-    return {"step_s": (time.perf_counter() - t0) / args.steps,
-            "split": list(split.split_modules) if split else None}
+    return step, (list(split.split_modules) if split else None)
+
+
+def _worker(ctx, args, mode: str) -> dict:
+    """Both variants in the same processes, alternating rounds (A B A B ...)."""
+    import torch
+
+    steps, splits = {}, {}
+    for variant in ("outcore", "hand"):
+        steps[variant], splits[variant] = _setup(ctx, args, variant, mode)
+        for _ in range(args.warmup):
+            steps[variant]()
+    times: dict[str, list[float]] = {"outcore": [], "hand": []}
+    for _ in range(args.rounds):
+        for variant in ("outcore", "hand"):
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                steps[variant]()
+            torch.distributed.barrier()
+            times[variant].append((time.perf_counter() - t0) / args.steps)
+    return {"times": times, "split": splits["outcore"]}
 
 
 def main(argv=None) -> dict:
@@ -101,7 +115,7 @@ def main(argv=None) -> dict:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--layers", type=int, default=2)
@@ -114,14 +128,11 @@ def main(argv=None) -> dict:
     times: dict[str, dict[str, list[float]]] = {}
     splits = {}
     for mode in args.modes.split(","):
-        times[mode] = {"outcore": [], "hand": []}
-        for _ in range(args.rounds):
-            for variant in ("outcore", "hand"):
-                res = run_local(_worker, args.tp, (args, variant, mode), timeout_s=120,
-                                overall_timeout_s=600)
-                times[mode][variant].append(max(r["step_s"] for r in res))
-                if variant == "outcore":
-                    splits[mode] = res[0]["split"]
+        res = run_local(_worker, args.tp, (args, mode), timeout_s=120, overall_timeout_s=900)
+        # a round's time is its slowest rank's
+        times[mode] = {v: [max(r["times"][v][k] for r in res) for k in range(args.rounds)]
+                       for v in ("outcore", "hand")}
+        splits[mode] = res[0]["split"]
     rows = []
     for mode, t in times.items():
         o, h = statistics.median(t["outcore"]), statistics.median(t["hand"])

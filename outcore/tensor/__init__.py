@@ -7,7 +7,8 @@ See docs/tensor.md. The pure layout (which layer is split how) is
 
 from outcore.graph.tensor_pairs import Pair, Split, TensorLayout, find_layout
 from outcore.tensor.auto import auto_parallelize
-from outcore.tensor.parallel import MODES, layout_of, tensor_mesh, tensor_parallel
+from outcore.tensor.parallel import (MODES, depth_units, grid_mesh, layout_of, tensor_mesh,
+                                     tensor_parallel)
 
-__all__ = ["MODES", "Pair", "Split", "TensorLayout", "auto_parallelize", "find_layout",
-           "layout_of", "tensor_mesh", "tensor_parallel"]
+__all__ = ["MODES", "Pair", "Split", "TensorLayout", "auto_parallelize", "depth_units",
+           "find_layout", "grid_mesh", "layout_of", "tensor_mesh", "tensor_parallel"]

@@ -26,7 +26,7 @@ from outcore.graph.tensor_pairs import TensorLayout, find_layout
 
 log = logging.getLogger(__name__)
 
-__all__ = ["tensor_parallel", "layout_of", "tensor_mesh", "MODES"]
+__all__ = ["tensor_parallel", "layout_of", "tensor_mesh", "grid_mesh", "depth_units", "MODES"]
 
 MODES = ("1d", "depth")
 HEAD_ATTRS = ("heads", "num_heads", "n_head", "n_heads", "num_attention_heads", "num_key_value_heads",
@@ -42,10 +42,7 @@ def tensor_mesh(tp: int, *, mesh: Any = None, group: Any = None) -> Any:
     ``group``, or (neither given) over every rank of the job, which must then number ``tp``."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    if not dist.is_available() or not dist.is_initialized():
-        raise UsageError("tensor parallelism needs torch.distributed initialised: call "
-                         "torch.distributed.init_process_group first (or run under outcore "
-                         "train / torchrun)")
+    _require_dist()
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     if mesh is None and group is not None:
         mesh = DeviceMesh.from_group(group, device)
@@ -58,6 +55,25 @@ def tensor_mesh(tp: int, *, mesh: Any = None, group: Any = None) -> Any:
         raise UsageError(f"the tensor-parallel mesh must be 1-D with {tp} ranks, got shape "
                          f"{tuple(mesh.shape)}")
     return mesh
+
+
+def _require_dist() -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise UsageError("tensor parallelism needs torch.distributed initialised: call "
+                         "torch.distributed.init_process_group first (or run under outcore "
+                         "train / torchrun)")
+
+
+def grid_mesh(tp: int, depth: int) -> Any:
+    """A 2-D ``("depth", "tp")`` ``DeviceMesh`` over every rank of the job (``tp x depth``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    _require_dist()
+    if dist.get_world_size() != tp * depth:
+        raise UsageError(f"tp={tp} x depth={depth} needs {tp * depth} ranks, the job has "
+                         f"{dist.get_world_size()}: pass a 2-D mesh (mesh=)")
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    return init_device_mesh(device, (depth, tp), mesh_dim_names=("depth", "tp"))
 
 
 def layout_of(model: nn.Module, tp: int, example_inputs: Any = None, *,
@@ -93,7 +109,7 @@ def layout_of(model: nn.Module, tp: int, example_inputs: Any = None, *,
 def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any = None,
                     mode: str = "1d", example_inputs: Any = None,
                     min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
-                    check: bool = True) -> nn.Module:
+                    check: bool = True, depth: int = 1) -> nn.Module:
     """Parallelise ``model`` in place over a tensor-parallel group of ``tp`` ranks; return it.
 
     Args:
@@ -108,6 +124,11 @@ def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any =
         min_split_bytes: layers (pairs: together) with fewer parameter bytes stay whole.
         check: with ``example_inputs`` and ``mode="1d"``, compare the split model's output with
             the whole model's and raise :class:`ModelError` if they differ.
+        depth: with ``mode="1d"``, also shard the split model FSDP-style over ``depth``
+            tensor-parallel groups (torchtitan's 2-D recipe: ``parallelize_module`` on the
+            ``tp`` dimension, ``fully_shard`` on the other). Needs ``tp x depth`` ranks, or a
+            2-D ``mesh`` with dimensions named ``("depth", "tp")``; rank ``d * tp + t`` is
+            tensor rank ``t`` of depth group ``d``, fed batch slice ``d``.
 
     The layout is kept as ``model.outcore_tensor_layout`` (a :class:`TensorLayout`).
     """
@@ -115,6 +136,13 @@ def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any =
         raise UsageError(f"unknown tensor-parallel mode {mode!r}: use one of {', '.join(MODES)}")
     if tp < 1:
         raise UsageError(f"tp must be >= 1, got {tp}")
+    depth_mesh = None
+    if depth > 1:
+        if mode != "1d":
+            raise UsageError("depth > 1 composes with mode='1d' (mode='depth' already shards "
+                             "over the whole group)")
+        grid = mesh if mesh is not None and mesh.ndim == 2 else grid_mesh(tp, depth)
+        mesh, depth_mesh = grid["tp"], grid["depth"]
     mesh = tensor_mesh(tp, mesh=mesh, group=group)
     layout = layout_of(model, tp, example_inputs, min_split_bytes=min_split_bytes)
     if mode == "depth":
@@ -124,6 +152,8 @@ def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any =
         _split_1d(model, layout, mesh)
         if reference is not None:
             _check(model, example_inputs, reference, layout)
+        if depth_mesh is not None:
+            _shard_depth(model, layout, depth_mesh, min_split_bytes)
     model.outcore_tensor_layout = layout
     log.info("tensor parallel (%s, tp=%d): %d pairs, %d modules split", mode, tp,
              len(layout.pairs), len(layout.split_modules))

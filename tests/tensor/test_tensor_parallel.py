@@ -72,3 +72,12 @@ def test_auto_parallelize_pairs_attention_and_mlp():
     results = run_local(train_auto, 2, (), timeout_s=60, overall_timeout_s=180)
     check(results, min_split=7)
     assert results[0]["pairs"] == 2 and results[0]["heads"] == 2
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_tensor_times_depth_grid_on_four_ranks(name):
+    """tp = 2 (Megatron layout) x depth = 2 (FSDP sharding of the split model) on 4 ranks:
+    torchtitan's 2-D composition, each depth group fed half of the batch."""
+    results = run_local(train_pair, 4, (name, "1d", "sgd", 3, 2), timeout_s=90,
+                        overall_timeout_s=240)
+    check(results, min_split=4)

@@ -61,30 +61,33 @@ def _full(p: torch.Tensor) -> torch.Tensor:
     return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
 
 
-def train_pair(ctx, name: str, mode: str, optimizer: str, steps: int = 3) -> dict:
-    """Train ``steps`` steps tensor-parallel and single-process; return both results."""
+def train_pair(ctx, name: str, mode: str, optimizer: str, steps: int = 3,
+               depth: int = 1) -> dict:
+    """Train ``steps`` steps tensor-parallel and single-process; return both results.
+    ``depth`` > 1: ``tp = world / depth`` and each depth group gets its slice of the batch."""
     from outcore.tensor import tensor_parallel
 
     model, x, y = build(name)
     ref = copy.deepcopy(model)
-    tp = ctx.world_size
-    tensor_parallel(model, tp, mode=mode, example_inputs=x, min_split_bytes=0)
+    tp = ctx.world_size // depth
+    shards, shard = (tp, ctx.rank) if mode == "depth" else (depth, ctx.rank // tp)
+    tensor_parallel(model, tp, mode=mode, example_inputs=x.chunk(shards)[shard],
+                    min_split_bytes=0, depth=depth)
     make = (lambda ps: torch.optim.Adam(ps, lr=1e-2)) if optimizer == "adam" else \
         (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
     opt, ref_opt = make(model.parameters()), make(ref.parameters())
     losses, ref_losses = [], []
     for step in range(steps):
         xs, ys = x + 0 if x.dtype != torch.float32 else x * (1 + step), y
-        mine_x, mine_y = (xs.chunk(tp)[ctx.rank], ys.chunk(tp)[ctx.rank]) if mode == "depth" \
-            else (xs, ys)
+        mine_x, mine_y = xs.chunk(shards)[shard], ys.chunk(shards)[shard]
         loss = _loss(model(mine_x), mine_y)
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if mode == "depth":  # each rank saw its slice: the batch loss is the mean
+        if shards > 1:  # each group saw its slice: the batch loss is the mean
             loss = loss.detach().clone()
             torch.distributed.all_reduce(loss)
-            loss /= tp
+            loss /= ctx.world_size
         losses.append(float(loss.detach()))
         ref_loss = _loss(ref(xs), ys)
         ref_loss.backward()
