@@ -316,7 +316,14 @@ def _reference_output(model: nn.Module, example_inputs: Any) -> torch.Tensor | N
 
 def _check(model: nn.Module, example_inputs: Any, reference: torch.Tensor,
            layout: TensorLayout) -> None:
-    got = _reference_output(model, example_inputs)
+    try:
+        got = _reference_output(model, example_inputs)
+    except Exception as e:  # a consumer of a split tensor expected the whole width
+        raise ModelError(f"the tensor-parallel model fails on the example input "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:200]}) under the "
+                         f"layout:\n{layout.summary()}\na consumer of a split layer reads "
+                         "the whole width (a hard-coded size?); raise min_split_bytes to keep "
+                         "that layer whole, or size the reshape with -1") from e
     if hasattr(got, "full_tensor"):
         got = got.full_tensor()
     scale = max(reference.abs().max().item(), 1e-6)

@@ -151,3 +151,45 @@ def train_auto(ctx, steps: int = 3) -> dict:
             "ref_state": {k: _full(v) for k, v in ref.named_parameters()},
             "split": list(layout.split_modules), "pairs": len(layout.pairs),
             "heads": model.heads}
+
+
+class FixedWidth(AttnBlock):
+    """Merges the heads back with a hard-coded width: splitting by heads breaks it."""
+
+    def __init__(self):
+        super().__init__()
+        self.width = 32
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (f(x).view(b, t, self.heads, -1).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(x + self.o(y.transpose(1, 2).reshape(b, t, self.width)))
+
+
+def split_fixed_width(ctx) -> dict:
+    """``tensor_parallel``'s output check must refuse a model it splits wrongly."""
+    from outcore.errors import ModelError
+    from outcore.tensor import tensor_parallel
+
+    torch.manual_seed(0)
+    try:
+        tensor_parallel(FixedWidth(), ctx.world_size, example_inputs=torch.randn(2, 8, 32),
+                        min_split_bytes=0)
+    except ModelError as e:
+        return {"refused": str(e)}
+    return {"refused": None}
+
+
+def run_cases(ctx, cases: list[tuple]) -> dict:
+    """Run several cases in one launch (spawning workers costs more than a case): each case is
+    ``(key, fn_name, args)``; a failing case returns its error instead of stopping the rest."""
+    import traceback
+    out = {}
+    for key, fn, args in cases:
+        try:
+            out[key] = globals()[fn](ctx, *args)
+        except Exception as e:  # reported by the test of that case
+            out[key] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
+    return out
