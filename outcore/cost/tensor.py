@@ -29,10 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from outcore.errors import UsageError
 
 __all__ = ["Collective", "STYLES", "split_compute_s", "split_state_bytes", "depth_peak_bytes",
-           "style_collectives", "depth_collectives", "layout_collectives"]
+           "style_collectives", "depth_collectives", "layout_collectives", "NodeCosts",
+           "layout_node_costs"]
 
 STYLES = ("whole", "colwise", "rowwise", "colwise_gather", "rowwise_alone", "vocab", "embed_dim")
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -133,6 +136,39 @@ def layout_collectives(layout, depth: int = 1) -> dict[int, tuple[Collective, ..
         if cs:
             out[s.node] = cs
     return out
+
+
+@dataclass(frozen=True, eq=False)
+class NodeCosts:
+    """Per-rank costs of every graph node under a tensor-parallel layout (``float64[n]`` /
+    ``int64[n]`` arrays indexed like the graph; collectives from :func:`layout_collectives`).
+    """
+
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    param_bytes: np.ndarray
+    collectives: dict[int, tuple[Collective, ...]]
+
+
+def layout_node_costs(g, layout, depth: int = 1) -> NodeCosts:
+    """What one rank of a ``layout.tp``-way group (sharded over ``depth``) spends per node of
+    ``g``: split Linears / Embeddings and the nodes inside Megatron pairs (they run on shards)
+    take ``1/tp`` of the time; split modules hold ``1/tp`` of their parameters, and every
+    parameter ``1/depth`` more. Whole nodes are unchanged."""
+    tp = layout.tp
+    fwd, bwd = g.fwd_s.astype(np.float64).copy(), g.bwd_s.astype(np.float64).copy()
+    params = g.param_bytes.astype(np.float64).copy()
+    split_nodes = {s.node for s in layout.splits if s.style != "whole"}
+    split_modules = {s.module for s in layout.splits if s.style != "whole"}
+    region = {i for p in layout.pairs for i in p.region}
+    for i in range(g.num_nodes):
+        if i in split_nodes or i in region:
+            fwd[i], bwd[i] = split_compute_s(fwd[i], bwd[i], tp)
+        if i in split_nodes or g.op_of(i) == "param" and g.module_of(i) in split_modules:
+            params[i] /= tp
+    params /= depth
+    return NodeCosts(fwd_s=fwd, bwd_s=bwd, param_bytes=np.ceil(params).astype(np.int64),
+                     collectives=layout_collectives(layout, depth))
 
 
 def _check_degree(value: int, name: str) -> None:

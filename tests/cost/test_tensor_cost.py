@@ -62,3 +62,37 @@ def test_depth_collectives_and_times():
     assert depth_collectives(8_000_000, 1) == ()
     with pytest.raises(UsageError, match="depth must be a positive integer"):
         depth_collectives(10, 0)
+
+
+def test_layout_node_costs_divide_split_nodes_and_pair_regions():
+    import numpy as np
+
+    from outcore.cost.tensor import layout_node_costs
+    from outcore.graph.ir import build
+    from outcore.graph.tensor_pairs import find_layout
+
+    # x -> fc1 (4 -> 8) -> relu -> fc2 (8 -> 4) -> out (4 -> 3, 60 B: stays whole)
+    lin = lambda i, o: {"config": {"in_features": i, "out_features": o}}  # noqa: E731
+    g = build("mlp", fwd_s=[0, 4e-3, 1e-3, 4e-3, 2e-3], src=[0, 1, 2, 3], dst=[1, 2, 3, 4],
+              param_bytes=[0, 160, 0, 144, 60], out_bytes=[64, 128, 128, 64, 48],
+              ops=["input", "linear", "relu", "linear", "linear"],
+              modules=["", "fc1", "act", "fc2", "out"],
+              attrs=[{}, lin(4, 8), {}, lin(8, 4), lin(4, 3)],
+              meta={"module_types": {"fc1": "Linear", "fc2": "Linear", "out": "Linear",
+                                     "act": "ReLU"}})
+    lay = find_layout(g, 2, min_split_bytes=100)
+    assert [(p.columns, p.rows) for p in lay.pairs] == [(("fc1",), ("fc2",))]
+    assert lay.split("out").style == "whole"
+    c = layout_node_costs(g, lay)
+    np.testing.assert_allclose(c.fwd_s, [0, 2e-3, 0.5e-3, 2e-3, 2e-3])
+    np.testing.assert_allclose(c.bwd_s, 2 * c.fwd_s)
+    assert c.param_bytes.tolist() == [0, 80, 0, 72, 60]
+    # fc1: all-reduce of its 64-byte input's gradient (bwd); fc2: of its 64-byte output (fwd)
+    assert [(x.kind, x.phase, x.nbytes) for x in c.collectives[1]] == [("all_reduce", "bwd", 64)]
+    assert [(x.kind, x.phase, x.nbytes) for x in c.collectives[3]] == [("all_reduce", "fwd", 64)]
+    assert 4 not in c.collectives
+    # and sharded over a depth of 2: every parameter halves again, plus FSDP's collectives
+    d = layout_node_costs(g, lay, depth=2)
+    assert d.param_bytes.tolist() == [0, 40, 0, 36, 30]
+    assert [x.kind for x in d.collectives[1]] == ["all_reduce", "all_gather", "all_gather",
+                                                  "reduce_scatter"]
