@@ -17,10 +17,25 @@ __all__ = ["OutcoreError", "PlanRequest", "capture", "check_fits", "cluster_of",
            "device_loads", "draw_graph", "draw_timeline", "estimate", "launcher", "load_graph",
            "load_plan", "lower", "make_cluster", "model_graph", "parallelize", "plan",
            "plan_request", "profile", "save_chrome_trace", "save_graph", "save_plan",
-           "save_schedule", "simulate", "strategies", "train"]
+           "save_schedule", "simulate", "strategies", "tensor_parallel", "auto_parallelize",
+           "train"]
 
 
 def train(*args, **kwargs):
     """Train a model across local workers (see :func:`outcore.job.train`)."""
     from outcore.job import train as _train
     return _train(*args, **kwargs)
+
+
+def tensor_parallel(*args, **kwargs):
+    """Split a model's layers over a tensor-parallel group (see
+    :func:`outcore.tensor.tensor_parallel`)."""
+    from outcore.tensor import tensor_parallel as _tensor_parallel
+    return _tensor_parallel(*args, **kwargs)
+
+
+def auto_parallelize(*args, **kwargs):
+    """Context manager: models built inside become tensor-parallel (see
+    :func:`outcore.tensor.auto_parallelize`)."""
+    from outcore.tensor import auto_parallelize as _auto_parallelize
+    return _auto_parallelize(*args, **kwargs)

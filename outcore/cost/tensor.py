@@ -1,0 +1,176 @@
+"""Costs of a layer split over a tensor-parallel group (pure; no torch).
+
+A layer split ``tp`` ways does ``1/tp`` of its arithmetic and holds ``1/tp`` of its weights,
+gradients and optimizer state (Megatron-LM, Shoeybi et al. 2019, section 3); sharding the rest
+over a depth group of ``depth`` ranks divides the resident state again (ZeRO-3, Rajbhandari et
+al., SC 2020, section 5; AxoNN's depth dimension, Singh et al., SC 2024) at the price of
+gathering each weight before it is used. The collectives each split style adds, per forward and
+per backward, with the bytes of the *whole* tensor they act on (times: :mod:`outcore.sim.tensor`):
+
+=================  ==============================  ==============================
+style              forward                         backward
+=================  ==============================  ==============================
+colwise (pair)     --                              all-reduce of the input's grad
+rowwise (pair)     all-reduce of the output        --
+colwise_gather     all-gather of the output        all-reduce of the input's grad
+rowwise_alone      all-reduce of the output        all-gather of the input's grad
+vocab (Embedding)  all-reduce of the output        --
+embed_dim          all-gather of the output        --
+depth (sharded)    all-gather of the weights       all-gather of the weights (resharded after
+                                                   the forward) + reduce-scatter of the grads
+=================  ==============================  ==============================
+
+Megatron's attention block has one backward all-reduce for q, k and v together; DTensor's
+``ColwiseParallel`` reduces each column's input gradient separately, and this table charges
+what runs (one per column Linear).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from outcore.errors import UsageError
+
+__all__ = ["Collective", "STYLES", "split_compute_s", "split_state_bytes", "depth_peak_bytes",
+           "style_collectives", "depth_collectives", "layout_collectives", "NodeCosts",
+           "layout_node_costs"]
+
+STYLES = ("whole", "colwise", "rowwise", "colwise_gather", "rowwise_alone", "vocab", "embed_dim")
+KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One collective of a tensor-parallel layer.
+
+    Attributes:
+        kind: ``all_reduce``, ``all_gather`` or ``reduce_scatter``.
+        nbytes: bytes of the whole (unsplit) tensor it produces or reduces.
+        ranks: processes taking part.
+        phase: ``fwd`` or ``bwd``.
+        what: what it carries (for timelines and notes).
+    """
+
+    kind: str
+    nbytes: int
+    ranks: int
+    phase: str
+    what: str = ""
+
+
+def split_compute_s(fwd_s: float, bwd_s: float, tp: int) -> tuple[float, float]:
+    """Forward and backward seconds of a layer split ``tp`` ways (arithmetic divides evenly)."""
+    _check_degree(tp, "tp")
+    return fwd_s / tp, bwd_s / tp
+
+
+def split_state_bytes(param_bytes: float, tp: int = 1, depth: int = 1,
+                      factor: float = 4.0) -> float:
+    """Resident bytes per rank of a layer's weights, gradients and optimizer state
+    (``factor`` copies of ``param_bytes``: 4 for Adam) split ``tp`` ways and sharded over
+    ``depth`` ranks."""
+    _check_degree(tp, "tp")
+    _check_degree(depth, "depth")
+    return param_bytes * factor / (tp * depth)
+
+
+def depth_peak_bytes(param_bytes: float, tp: int = 1, depth: int = 1,
+                     factor: float = 4.0) -> float:
+    """Peak per rank while a sharded layer runs: the resident shards
+    (:func:`split_state_bytes`) plus its ``1/tp`` weights gathered whole and, in the backward,
+    their whole gradient before the reduce-scatter: ``+ 2 x param_bytes / tp`` when
+    ``depth > 1``."""
+    resident = split_state_bytes(param_bytes, tp, depth, factor)
+    return resident + (2 * param_bytes / tp if depth > 1 else 0.0)
+
+
+def style_collectives(style: str, *, in_bytes: int, out_bytes: int, tp: int) -> tuple[Collective, ...]:
+    """The collectives of one module split in ``style`` over ``tp`` ranks (module docstring)."""
+    if style not in STYLES:
+        raise UsageError(f"unknown split style {style!r}: use one of {', '.join(STYLES)}")
+    if tp <= 1 or style == "whole":
+        return ()
+
+    def c(kind: str, nbytes: int, phase: str, what: str) -> Collective:
+        return Collective(kind=kind, nbytes=int(nbytes), ranks=tp, phase=phase, what=what)
+
+    grad_in = c("all_reduce", in_bytes, "bwd", "input gradient")
+    return {
+        "colwise": (grad_in,),
+        "rowwise": (c("all_reduce", out_bytes, "fwd", "output"),),
+        "colwise_gather": (c("all_gather", out_bytes, "fwd", "output"), grad_in),
+        "rowwise_alone": (c("all_reduce", out_bytes, "fwd", "output"),
+                          c("all_gather", in_bytes, "bwd", "input gradient")),
+        "vocab": (c("all_reduce", out_bytes, "fwd", "output"),),
+        "embed_dim": (c("all_gather", out_bytes, "fwd", "output"),),
+    }[style]
+
+
+def depth_collectives(param_bytes: int, depth: int, *, tp: int = 1,
+                      reshard_after_forward: bool = True) -> tuple[Collective, ...]:
+    """FSDP/ZeRO-3 collectives of a layer whose (``1/tp``) weights are sharded over ``depth``."""
+    _check_degree(depth, "depth")
+    if depth <= 1 or param_bytes <= 0:
+        return ()
+    nbytes = int(param_bytes // tp)
+    out = [Collective(kind="all_gather", nbytes=nbytes, ranks=depth, phase="fwd",
+                      what="weights")]
+    if reshard_after_forward:
+        out.append(Collective(kind="all_gather", nbytes=nbytes, ranks=depth, phase="bwd",
+                              what="weights"))
+    out.append(Collective(kind="reduce_scatter", nbytes=nbytes, ranks=depth, phase="bwd",
+                          what="weight gradients"))
+    return tuple(out)
+
+
+def layout_collectives(layout, depth: int = 1) -> dict[int, tuple[Collective, ...]]:
+    """Collectives per graph node index of a :class:`~outcore.graph.tensor_pairs.TensorLayout`
+    (and of depth sharding of each split module over ``depth`` ranks)."""
+    out: dict[int, tuple[Collective, ...]] = {}
+    for s in layout.splits:
+        cs = style_collectives(s.style, in_bytes=s.in_bytes, out_bytes=s.out_bytes,
+                               tp=layout.tp)
+        cs += depth_collectives(s.param_bytes, depth, tp=layout.tp if s.style != "whole" else 1)
+        if cs:
+            out[s.node] = cs
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class NodeCosts:
+    """Per-rank costs of every graph node under a tensor-parallel layout (``float64[n]`` /
+    ``int64[n]`` arrays indexed like the graph; collectives from :func:`layout_collectives`).
+    """
+
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    param_bytes: np.ndarray
+    collectives: dict[int, tuple[Collective, ...]]
+
+
+def layout_node_costs(g, layout, depth: int = 1) -> NodeCosts:
+    """What one rank of a ``layout.tp``-way group (sharded over ``depth``) spends per node of
+    ``g``: split Linears / Embeddings and the nodes inside Megatron pairs (they run on shards)
+    take ``1/tp`` of the time; split modules hold ``1/tp`` of their parameters, and every
+    parameter ``1/depth`` more. Whole nodes are unchanged."""
+    tp = layout.tp
+    fwd, bwd = g.fwd_s.astype(np.float64).copy(), g.bwd_s.astype(np.float64).copy()
+    params = g.param_bytes.astype(np.float64).copy()
+    split_nodes = {s.node for s in layout.splits if s.style != "whole"}
+    split_modules = {s.module for s in layout.splits if s.style != "whole"}
+    region = {i for p in layout.pairs for i in p.region}
+    for i in range(g.num_nodes):
+        if i in split_nodes or i in region:
+            fwd[i], bwd[i] = split_compute_s(fwd[i], bwd[i], tp)
+        if i in split_nodes or g.op_of(i) == "param" and g.module_of(i) in split_modules:
+            params[i] /= tp
+    params /= depth
+    return NodeCosts(fwd_s=fwd, bwd_s=bwd, param_bytes=np.ceil(params).astype(np.int64),
+                     collectives=layout_collectives(layout, depth))
+
+
+def _check_degree(value: int, name: str) -> None:
+    if int(value) != value or value < 1:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,352 @@
+"""Megatron pairing of a layer graph: which layers to split over a tensor-parallel group, and how.
+
+Megatron-LM (Shoeybi et al., "Megatron-LM: Training Multi-Billion Parameter Language Models Using
+Model Parallelism", 2019, section 3) splits the first weight matrix of an MLP block by columns and
+the second by rows, so the element-wise non-linearity between them runs on local shards and the
+block needs one all-reduce forward (of its output) and one backward (of its input's gradient). Its
+attention block does the same with the query/key/value projections (split by heads) and the output
+projection. This module finds those pairs in a captured :class:`~outcore.graph.ir.Graph` from the
+dataflow alone, never from module names:
+
+* **region**: starting at a column candidate's output, the connected set of nodes whose ops act on
+  the split dimension only element-wise (activations, dropout, arithmetic with scalars, broadcast
+  operands) or, once a reshape has split the features into ``(heads, head_dim)``, head-batched
+  (matmul, softmax, scaled-dot-product attention, slicing within a head);
+* **columns**: every split-candidate ``Linear`` feeding the region (q, k and v; a GLU's gate and
+  up projections); **rows**: every ``Linear`` the region feeds. Nothing else may consume the region.
+
+Linears that do not pair are split alone (column split with an all-gather of the output, or row
+split of a replicated input with an all-reduce) or left whole when their parameters are smaller
+than a threshold; ``Embedding`` tables are split by vocabulary rows (all-reduce of the lookup).
+AxoNN (Singh & Bhatele, IPDPS 2022; Singh et al., SC 2024) splits every layer alone on a grid;
+pairing saves its gathers. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+from outcore.graph.ir import Graph
+
+__all__ = ["Pair", "Split", "TensorLayout", "find_layout", "HEAD_OPS", "ELEMENTWISE_OPS"]
+
+ELEMENTWISE_OPS = frozenset({
+    "gelu", "relu", "tanh", "sigmoid", "silu", "mish", "elu", "leakyrelu", "leaky_relu", "softplus",
+    "hardtanh", "relu6", "gelu_new", "newgeluactivation", "geluactivation", "siluactivation",
+    "dropout", "identity", "neg", "mul", "add", "sub", "truediv", "div", "pow", "exp", "sqrt",
+    "rsqrt", "abs", "clamp", "square", "erf", "reciprocal", "mul_", "add_", "iadd", "imul",
+    "contiguous", "clone", "to", "float", "type_as", "_to_copy", "alias", "detach", "dropout_",
+    "native_dropout", "lift_fresh_copy", "where", "masked_fill",
+})
+SHAPE_OPS = frozenset({"view", "reshape", "_unsafe_view", "unflatten", "flatten", "transpose",
+                       "permute", "unsqueeze", "squeeze", "expand", "t"})
+HEAD_OPS = frozenset({"matmul", "bmm", "baddbmm", "softmax", "_softmax", "log_softmax",
+                      "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+                      "_scaled_dot_product_efficient_attention",
+                      "_scaled_dot_product_flash_attention_for_cpu", "slice", "getitem", "cat",
+                      "split", "chunk", "select", "narrow", "split_with_sizes",
+                      "repeat_interleave"})
+_CONST_OPS = frozenset({"param", "constant", "get_attr", "scalar_tensor", "full", "ones",
+                        "zeros", "arange", "sym_size", "size"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pair:
+    """A Megatron pair: column-split Linears feeding row-split Linears through ``region``.
+
+    Attributes:
+        columns, rows: module paths of the column- and row-split Linears.
+        region: node indices between them (run on local shards).
+        heads: number of attention heads split across the group (``None``: an MLP-style pair).
+        param_bytes: parameters of all its Linears, bytes (before splitting).
+        out_bytes: bytes of the rows' outputs (the forward all-reduce).
+        in_bytes: bytes of the columns' (replicated) input (the backward all-reduce).
+    """
+
+    columns: tuple[str, ...]
+    rows: tuple[str, ...]
+    region: tuple[int, ...]
+    heads: int | None
+    param_bytes: int
+    out_bytes: int
+    in_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    """How one module is split.
+
+    ``style``: ``colwise`` / ``rowwise`` (inside a pair), ``colwise_gather`` (alone: output
+    all-gathered), ``rowwise_alone`` (alone: replicated input sliced, output all-reduced),
+    ``vocab`` (Embedding split by rows, lookup all-reduced), ``embed_dim`` (Embedding split by
+    columns, output all-gathered) or ``whole`` (replicated; ``reason`` says why).
+    """
+
+    module: str
+    kind: str
+    style: str
+    node: int
+    param_bytes: int
+    in_bytes: int = 0
+    out_bytes: int = 0
+    pair: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorLayout:
+    """The tensor-parallel layout of a graph over ``tp`` ranks: pairs and per-module splits."""
+
+    tp: int
+    pairs: tuple[Pair, ...]
+    splits: tuple[Split, ...]
+
+    def split(self, module: str) -> Split | None:
+        return next((s for s in self.splits if s.module == module), None)
+
+    @property
+    def split_modules(self) -> tuple[str, ...]:
+        return tuple(s.module for s in self.splits if s.style != "whole")
+
+    def summary(self) -> str:
+        """One line per pair and per split: what is split and how (for plan notes and logs)."""
+        lines = [f"pair {i}: {', '.join(p.columns)} -> {', '.join(p.rows)}"
+                 + (f" ({p.heads} heads)" if p.heads else "") for i, p in enumerate(self.pairs)]
+        lines += [f"{s.module}: {s.style}" + (f" ({s.reason})" if s.reason else "")
+                  for s in self.splits if s.pair is None]
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _module_type(g: Graph, i: int) -> str:
+    return str(g.meta.get("module_types", {}).get(g.module_of(i), ""))
+
+
+def _candidate(g: Graph, i: int, kind: str) -> bool:
+    """Node ``i`` is a call of a real ``nn.Linear`` / ``nn.Embedding`` module."""
+    return g.op_of(i) == kind and _module_type(g, i) == {"linear": "Linear",
+                                                          "embedding": "Embedding"}[kind]
+
+
+def _shape(g: Graph, i: int) -> list[int] | None:
+    s = g.attr(i, "shape")
+    return s if isinstance(s, list) and all(isinstance(v, int) for v in s) else None
+
+
+def _numel(shape: list[int] | None) -> int | None:
+    return None if shape is None else prod(shape)
+
+
+def _config(g: Graph, i: int, key: str) -> int | None:
+    value = (g.attr(i, "config") or {}).get(key)
+    return value if isinstance(value, int) else None
+
+
+def _in_bytes(g: Graph, i: int) -> int:
+    preds = [int(p) for p in g.predecessors(i) if g.op_of(int(p)) not in _CONST_OPS]
+    return int(max((g.out_bytes[p] for p in preds), default=0))
+
+
+def _head_view(g: Graph, i: int, width: int, tp: int) -> int | None:
+    """Heads ``H`` if node ``i`` reshapes a ``[..., width]`` tensor into ``[..., H, width/H]``
+    with ``H`` a multiple of ``tp``."""
+    if g.op_of(i) not in ("view", "reshape", "_unsafe_view", "unflatten"):
+        return None
+    out, ins = _shape(g, i), g.attr(i, "in_shapes") or []
+    if out is None or not ins or not ins[0] or ins[0][-1] != width or len(out) < 2 or \
+            len(out) != len(ins[0]) + 1:
+        return None
+    heads, dim = out[-2], out[-1]
+    return heads if heads * dim == width and heads % tp == 0 and dim > 1 else None
+
+
+# ------------------------------------------------------------------------------ regions
+
+
+@dataclass
+class _Walk:
+    region: set[int]
+    columns: set[int]
+    rows: set[int]
+    ok: bool = True
+    why: str = ""
+
+
+def _external_ok(g: Graph, u: int, v: int, heads_mode: bool) -> bool:
+    """May node ``u`` (outside the region) feed region node ``v``? Constants always; otherwise
+    only a broadcast operand that does not span the split dimension."""
+    if g.op_of(u) in _CONST_OPS and g.op_of(u) != "param":
+        return True
+    if g.out_bytes[u] == 0 and _shape(g, u) is None:  # not a tensor (sizes read off x.shape)
+        return True
+    su, sv = _shape(g, u), _shape(g, v)
+    if su is None or sv is None:
+        return False
+    if not heads_mode:  # split dimension is the last one
+        return len(su) == 0 or su[-1] == 1 and len(sv) > 0 and sv[-1] != 1
+    nu, nv = _numel(su), _numel(sv)
+    return nu is not None and nv is not None and nu * 2 <= nv and len(su) < len(sv) or \
+        (len(su) == len(sv) and len(sv) >= 3 and su[-3] == 1)
+
+
+def _walk(g: Graph, start: int, used: set[int], tp: int) -> _Walk:
+    """Grow the region from column candidate ``start`` (see the module docstring)."""
+    w = _Walk(set(), {start}, set())
+    todo = [int(s) for s in g.successors(start)]
+    pending_externals: list[tuple[int, int]] = []
+    while todo and w.ok:
+        v = todo.pop()
+        if v in w.region or v in w.rows:
+            continue
+        if _candidate(g, v, "linear"):
+            if v in used or v in w.columns:
+                w.ok, w.why = False, f"{g.name_of(v)} already split"
+                break
+            w.rows.add(v)
+            continue
+        op = g.op_of(v)
+        if op not in ELEMENTWISE_OPS and op not in SHAPE_OPS and op not in HEAD_OPS:
+            w.ok, w.why = False, f"{g.name_of(v)} ({op}) consumes the split tensor"
+            break
+        w.region.add(v)
+        todo.extend(int(s) for s in g.successors(v))
+        for u in (int(p) for p in g.predecessors(v)):
+            if u in w.region or u in w.columns:
+                continue
+            if _candidate(g, u, "linear") and u not in used and u not in w.rows:
+                w.columns.add(u)
+                todo.extend(int(s) for s in g.successors(u))
+            elif g.op_of(u) in ELEMENTWISE_OPS | SHAPE_OPS | HEAD_OPS and \
+                    _numel(_shape(g, u)) is not None and \
+                    _numel(_shape(g, u)) == _numel(_shape(g, v)):
+                todo.append(u)  # a same-size operand chain (k's transpose): absorb it
+                pending_externals.append((u, v))
+            else:
+                pending_externals.append((u, v))
+    if not w.ok:
+        return w
+    heads = _heads(g, w, tp)
+    needs_heads = any(g.op_of(v) in HEAD_OPS for v in w.region)
+    for u, v in pending_externals:
+        if u not in w.region and u not in w.columns and not _external_ok(g, u, v, heads is not None):
+            w.ok, w.why = False, f"{g.name_of(u)} feeds {g.name_of(v)} unsplit"
+            return w
+    if not w.rows:
+        w.ok, w.why = False, "no row-split partner"
+    elif needs_heads and heads is None:
+        w.ok, w.why = False, "head-batched ops without a head split divisible by tp"
+    return w
+
+
+def _heads(g: Graph, w: _Walk, tp: int) -> int | None:
+    widths = {_config(g, c, "out_features") for c in w.columns}
+    found = [h for v in sorted(w.region) for width in widths if width
+             for h in [_head_view(g, v, width, tp)] if h]
+    return min(found) if found else None
+
+
+def _pair_ok(g: Graph, w: _Walk, tp: int) -> str:
+    """Why the walk cannot be split ``tp`` ways ('' if it can)."""
+    for c in w.columns:
+        out = _config(g, c, "out_features")
+        if not out or out % tp:
+            return f"{g.module_of(c)} has {out} output features, not a multiple of {tp}"
+    for r in w.rows:
+        inp = _config(g, r, "in_features")
+        if not inp or inp % tp:
+            return f"{g.module_of(r)} has {inp} input features, not a multiple of {tp}"
+        if any(int(p) not in w.region and int(p) not in w.columns
+               and g.op_of(int(p)) not in _CONST_OPS for p in g.predecessors(r)):
+            return f"{g.module_of(r)} also reads an unsplit tensor"
+    return ""
+
+
+# ------------------------------------------------------------------------------ layout
+
+
+def find_layout(g: Graph, tp: int, *, min_split_bytes: int = 1 << 20) -> TensorLayout:
+    """The tensor-parallel layout of ``g`` over ``tp`` ranks.
+
+    Args:
+        g: a captured graph (``outcore.capture``; shapes make attention pairs findable).
+        tp: tensor-parallel degree (>= 1).
+        min_split_bytes: Linears (pairs: all their Linears together) and Embeddings with
+            fewer parameter bytes stay whole: their collectives would cost more than they save.
+    """
+    linears = [i for i in range(g.num_nodes) if _candidate(g, i, "linear")]
+    embeds = [i for i in range(g.num_nodes) if _candidate(g, i, "embedding")]
+    calls: dict[str, int] = {}
+    for i in linears + embeds:
+        calls[g.module_of(i)] = calls.get(g.module_of(i), 0) + 1
+    reused = {m for m, c in calls.items() if c > 1}
+    used: set[int] = {i for i in linears if g.module_of(i) in reused}
+    pairs: list[Pair] = []
+    splits: list[Split] = []
+    for i in linears:
+        if i in used or tp <= 1:
+            continue
+        w = _walk(g, i, used, tp)
+        if not w.ok or _pair_ok(g, w, tp):
+            continue
+        pb = int(sum(g.param_bytes[j] for j in w.columns | w.rows))
+        if pb < min_split_bytes:
+            continue
+        k = len(pairs)
+        pairs.append(Pair(columns=tuple(g.module_of(c) for c in sorted(w.columns)),
+                          rows=tuple(g.module_of(r) for r in sorted(w.rows)),
+                          region=tuple(sorted(w.region)), heads=_heads(g, w, tp),
+                          param_bytes=pb, out_bytes=int(sum(g.out_bytes[r] for r in w.rows)),
+                          in_bytes=max(_in_bytes(g, c) for c in w.columns)))
+        for j, style in [(c, "colwise") for c in w.columns] + [(r, "rowwise") for r in w.rows]:
+            splits.append(_split(g, j, "linear", style, pair=k))
+        used |= w.columns | w.rows
+    for i in linears:
+        if i not in used:
+            splits.append(_alone(g, i, tp, min_split_bytes, reused))
+            used.add(i)
+    seen: set[str] = set()
+    for i in embeds:
+        if g.module_of(i) not in seen:
+            seen.add(g.module_of(i))
+            splits.append(_embedding(g, i, tp, min_split_bytes, reused))
+    splits.sort(key=lambda s: s.node)
+    return TensorLayout(tp=tp, pairs=tuple(pairs), splits=tuple(splits))
+
+
+def _split(g: Graph, i: int, kind: str, style: str, **kw: Any) -> Split:
+    return Split(module=g.module_of(i), kind=kind, style=style, node=i,
+                 param_bytes=int(g.param_bytes[i]), in_bytes=_in_bytes(g, i),
+                 out_bytes=int(g.out_bytes[i]), **kw)
+
+
+def _alone(g: Graph, i: int, tp: int, min_bytes: int, reused: set[str]) -> Split:
+    out, inp = _config(g, i, "out_features"), _config(g, i, "in_features")
+    if tp <= 1:
+        return _split(g, i, "linear", "whole", reason="tp = 1")
+    if g.module_of(i) in reused:
+        return _split(g, i, "linear", "whole", reason="called more than once")
+    if g.param_bytes[i] < min_bytes:
+        return _split(g, i, "linear", "whole", reason=f"{int(g.param_bytes[i])} B < threshold")
+    if out and out % tp == 0:
+        return _split(g, i, "linear", "colwise_gather")
+    if inp and inp % tp == 0:
+        return _split(g, i, "linear", "rowwise_alone")
+    return _split(g, i, "linear", "whole", reason=f"{inp}x{out} not divisible by {tp}")
+
+
+def _embedding(g: Graph, i: int, tp: int, min_bytes: int, reused: set[str]) -> Split:
+    rows, dim = _config(g, i, "num_embeddings"), _config(g, i, "embedding_dim")
+    if tp <= 1:
+        return _split(g, i, "embedding", "whole", reason="tp = 1")
+    if g.param_bytes[i] < min_bytes:
+        return _split(g, i, "embedding", "whole",
+                      reason=f"{int(g.param_bytes[i])} B < threshold")
+    if rows and rows % tp == 0:
+        return _split(g, i, "embedding", "vocab")
+    if dim and dim % tp == 0:
+        return _split(g, i, "embedding", "embed_dim")
+    return _split(g, i, "embedding", "whole", reason=f"{rows}x{dim} not divisible by {tp}")

@@ -1,0 +1,78 @@
+"""Megatron pairing found from captured graphs (zoo models, no names consulted)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from outcore.graph.capture import capture
+from outcore.graph.tensor_pairs import find_layout
+from outcore.zoo.toy import mlp
+from outcore.zoo.transformer import transformer
+
+
+def styles(layout):
+    return {s.module: s.style for s in layout.splits}
+
+
+def test_mlp_pairs_consecutive_linears_and_splits_the_head_alone():
+    g = capture(mlp(width=32, layers=4, num_classes=10), torch.randn(4, 16))
+    lay = find_layout(g, 2, min_split_bytes=0)
+    assert [(p.columns, p.rows) for p in lay.pairs] == [(("layers.0.0",), ("layers.1.0",)),
+                                                        (("layers.2.0",), ("layers.3.0",))]
+    assert styles(lay)["out"] == "colwise_gather"          # 10 outputs split 2 ways
+    assert styles(find_layout(g, 4, min_split_bytes=0))["out"] == "rowwise_alone"  # 10 % 4
+    assert find_layout(g, 2).split_modules == ()             # all below the 1 MiB default
+
+
+def test_transformer_pairs_mlp_blocks_but_not_per_head_projections():
+    g = capture(transformer(layers=2, d_model=32, heads=4, vocab=64, seq=8),
+                torch.randint(0, 64, (2, 8)))
+    lay = find_layout(g, 2, min_split_bytes=0)
+    assert [(p.columns, p.rows) for p in lay.pairs] == [
+        (("blocks.0.fc1",), ("blocks.0.fc2",)), (("blocks.1.fc1",), ("blocks.1.fc2",))]
+    s = styles(lay)
+    assert s["embed"] == "vocab"
+    # q @ k^T contracts over the head width: q/k/v cannot pair with proj in this model
+    assert s["blocks.0.heads.0.q"] == "colwise_gather"
+
+
+class Attention(nn.Module):
+    """Standard multi-head attention with separate projections and a head reshape."""
+
+    def __init__(self, d: int = 32, heads: int = 4):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (f(x).view(b, t, self.heads, -1).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.o(y.transpose(1, 2).reshape(b, t, -1))
+
+
+def test_attention_projections_pair_through_the_head_split():
+    g = capture(Attention(), torch.randn(2, 8, 32))
+    lay = find_layout(g, 2, min_split_bytes=0)
+    assert len(lay.pairs) == 1
+    assert lay.pairs[0].columns == ("q", "k", "v") and lay.pairs[0].rows == ("o",)
+    assert lay.pairs[0].heads == 4
+    # 4 heads cannot be split 8 ways: no pair, each projection alone
+    assert find_layout(g, 8, min_split_bytes=0).pairs == ()
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(torch.tanh(h) + h.sum(-1, keepdim=True))  # a reduction over the split dim
+
+
+def test_a_reduction_over_the_split_dimension_blocks_the_pair():
+    lay = find_layout(capture(Residual(), torch.randn(2, 8)), 2, min_split_bytes=0)
+    assert lay.pairs == ()
