@@ -23,7 +23,11 @@ class TrainConfig:
         data: ``synthetic`` or ``imagefolder:PATH``.
         metrics_out: JSONL file, one object per step (written by rank 0).
         trace_dir: write a measured Chrome trace / timeline per rank of the last step.
-        checkpoint_dir, checkpoint_every, resume: sharded checkpoints.
+        checkpoint_dir, checkpoint_every, resume: sharded checkpoints (a checkpoint is code:
+            resume only from folders you wrote; see docs/runtime.md).
+        on_nonfinite: ``stop`` (default: end the run at the first NaN/inf loss or gradient,
+            naming the step and the last good checkpoint) or ``skip`` (skip that step's
+            optimizer update and go on).
         timeout_s: longest wait for any message, collective or worker.
         track_memory: measure each rank's peak tensor memory (on the first two steps and
             every tenth; other steps repeat the latest measurement, named in the metrics).
@@ -50,6 +54,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    on_nonfinite: str = "stop"
     timeout_s: float = 60.0
     track_memory: bool = True
     threads: int | None = 1
