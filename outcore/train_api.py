@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -178,7 +177,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
           data: str = "synthetic", costs: str = "profile", run_dir: str | None = None,
           metrics_out: str | None = None, trace: bool = True,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
-          timeout_s: float = 60.0, threads: int | None = 1,
+          on_nonfinite: str = "stop", timeout_s: float = 60.0, threads: int | None = 1,
           progress: Callable[[str, int, int], None] | None = None,
           on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
     """Train ``model`` on ``devices`` devices (see the module docstring).
@@ -194,7 +193,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
         microbatches: micro-batches per step (default: ``2 x devices`` when the batch allows).
         steps: training steps.
         costs: ``profile`` (measure each layer here) or ``estimate[:DEVICE]`` (analytical).
-        run_dir: where artifacts go (default ``outcore-runs/<time>-<model>``).
+        run_dir: where artifacts go (default: a new ``outcore-runs/<time>-<model>[-N]``).
+        on_nonfinite: ``stop`` at the first NaN/inf loss or gradient, or ``skip`` its update.
         progress: ``progress(phase, done, total)`` for the preparation phases.
         on_metrics: called with each step's metrics as rank 0 writes them.
     """
@@ -209,18 +209,22 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
         raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
                          f"{copies} model copies: make --batch-size a multiple of "
                          f"{M * copies}")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    root = Path(run_dir or Path("outcore-runs") / f"{stamp}-{_slug(model)}")
-    root.mkdir(parents=True, exist_ok=True)
+    from outcore.runtime.env import detect
+    from outcore.runtime.rundir import unique_run_dir
+    job = detect()
+    if run_dir or job.rank != 0:  # other ranks of a job get rank 0's folder (broadcast)
+        root = Path(run_dir or "outcore-runs")
+        root.mkdir(parents=True, exist_ok=True)
+    else:  # a new folder per run: jobs started in the same second never share one
+        root = unique_run_dir("outcore-runs", _slug(model))
     metrics = metrics_out or str(root / "metrics.jsonl")
     cfg = TrainConfig(model=model, input_shape=shape, batch_size=batch_size, microbatches=M,
                       steps=steps, schedule=schedule, optimizer=optimizer, lr=lr,
                       lr_schedule=lr_schedule, seed=seed, data=data, metrics_out=metrics,
                       trace_dir=str(root / "trace") if trace else None,
                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                      resume=resume, timeout_s=timeout_s, threads=threads)
-    from outcore.runtime.env import detect
-    job = detect()
+                      resume=resume, on_nonfinite=on_nonfinite, timeout_s=timeout_s,
+                      threads=threads)
     if job.launcher != "none":
         return _train_in_job(cfg, devices, memory, strategy, plan, costs, root,
                              dict(parallel=parallel, replicas=replicas, dp=dp,
