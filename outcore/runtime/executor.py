@@ -94,6 +94,7 @@ class RankExecutor:
         # NaN or infinite; ``nonfinite`` then holds (loss bad, gradient bad) for the step
         self.guard_nonfinite = False
         self.nonfinite: tuple[bool, bool] | None = None
+        self.guard_s = 0.0  # time the last check waited for the other ranks
 
     def check_finite(self) -> bool:
         """Whether any rank's loss or gradient of this step is NaN or infinite (a collective:
@@ -105,9 +106,11 @@ class RankExecutor:
              for g in grads])).all())
         flags = torch.tensor([float(loss_bad), float(grad_bad)], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
+            t0 = time.perf_counter()
             if self.device.type == "cuda":
                 flags = flags.to(self.device)
             dist.all_reduce(flags)
+            self.guard_s = time.perf_counter() - t0
         self.nonfinite = (bool(flags[0].item() > 0), bool(flags[1].item() > 0))
         return any(self.nonfinite)
 
@@ -138,8 +141,10 @@ class RankExecutor:
         for k, a in enumerate(acts):
             start = time.perf_counter()
             self._lookahead(acts, k)
+            self.guard_s = 0.0
             self.execute(a)
             end = time.perf_counter()
+            start += self.guard_s  # waiting for the other ranks' verdict is not work
             if a.op in ("F", "B", "OPT"):
                 result.busy_s += end - start
             if self.trace:
