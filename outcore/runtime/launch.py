@@ -229,7 +229,8 @@ def _failure(procs: list[Any], outputs: dict[int, Any],
     who = f"rank {rank}" if rank >= 0 else "the run"
     short = _short(msg)
     text = short if short.startswith(f"rank {rank}") else f"{who} failed: {short}"
-    others = [f"rank {r}: {_short(m)}" for r, m in ordered[1:3] if r != rank]
+    others = [f"rank {r}: {_short(m)}" for r, m in ordered[1:3]
+              if r != rank and _short(m) != short]  # every rank saying the same: once
     if others:
         text += " (then " + "; ".join(others) + ")"
     cls = getattr(errors_mod, kinds.get(rank, ""), None)
