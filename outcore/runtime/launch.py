@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-from outcore import errors as errors_mod
+import outcore.errors as errors_mod
 from outcore.errors import Interrupted, LaunchError, OutcoreError, RuntimeFailure
 from outcore.runtime import lifetime
 from outcore.runtime.env import JobEnv, detect
