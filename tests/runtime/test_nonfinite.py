@@ -84,3 +84,15 @@ def test_the_cli_exits_non_zero_with_one_line(tmp_path):
     assert "Traceback" not in r.stderr
     for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
         _strict(line)
+
+
+def test_a_rank_without_work_joins_the_check(tmp_path):
+    """A plan may leave a rank idle (no actions, no OPT): it still joins each step's verdict,
+    so the guard neither hangs nor lets the other ranks apply a NaN update."""
+    cfg = TrainConfig(**BASE, on_nonfinite="skip", return_state=True)
+    graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, 2), 3)
+    results = run_local(train_worker, 3, (cfg, graph_doc, plan_doc), timeout_s=30)
+    assert results[2]["pieces"] == [] and not results[2]["state"]
+    assert math.isnan(results[0]["losses"][2])
+    for r in results[:2]:
+        assert all(bool(v.isfinite().all()) for v in r["state"].values())
