@@ -57,3 +57,22 @@ class RuntimeFailure(OutcoreError):
 
 class LaunchError(RuntimeFailure):
     """Workers could not be started or joined."""
+
+
+class Interrupted(LaunchError):
+    """The main process was asked to stop (SIGINT, SIGTERM, SIGHUP); every worker was stopped.
+    The exit code is the shell's convention for that signal: 128 + its number."""
+
+    def __init__(self, message: str, signum: int = 2):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+class CheckpointError(RuntimeFailure):
+    """A checkpoint folder that cannot be used: locked by another job, writable by others,
+    corrupted, or written for another model."""
+
+
+class NonFiniteError(RuntimeFailure):
+    """A training step produced a NaN or infinite loss or gradient."""

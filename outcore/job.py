@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -169,7 +169,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
           data: str = "synthetic", costs: str = "profile", run_dir: str | None = None,
           metrics_out: str | None = None, trace: bool = True,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
-          timeout_s: float = 60.0, threads: int | None = 1, schedule_file: str | None = None,
+          on_nonfinite: str = "stop", timeout_s: float = 60.0, threads: int | None = 1,
+          schedule_file: str | None = None,
           progress: Callable[[str, int, int], None] | None = None,
           on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
     """Train ``model`` on ``devices`` devices (see the module docstring).
@@ -187,7 +188,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
         microbatches: micro-batches per step (default: ``2 x devices`` when the batch allows).
         steps: training steps.
         costs: ``profile`` (measure each layer here) or ``estimate[:DEVICE]`` (analytical).
-        run_dir: where artifacts go (default ``outcore-runs/<time>-<model>``).
+        run_dir: where artifacts go (default: a new ``outcore-runs/<time>-<model>[-N]``).
+        on_nonfinite: ``stop`` at the first NaN/inf loss or gradient, or ``skip`` its update.
         progress: ``progress(phase, done, total)`` for the preparation phases.
         on_metrics: called with each step's metrics as rank 0 writes them.
     """
@@ -198,8 +200,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
                    lr_schedule=lr_schedule, seed=seed, data=data, costs=costs,
                    run_dir=run_dir, metrics_out=metrics_out, trace=trace,
                    checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                   resume=resume, timeout_s=timeout_s, threads=threads,
-                   schedule_file=schedule_file)
+                   resume=resume, on_nonfinite=on_nonfinite, timeout_s=timeout_s,
+                   threads=threads, schedule_file=schedule_file)
     return run(job, progress=progress, on_metrics=on_metrics)
 
 
@@ -222,8 +224,7 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
         raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
                          f"{copies} model copies: make --batch-size a multiple of "
                          f"{M * copies}")
-    root = Path(run_dir) if run_dir else _fresh_run_dir(model)
-    root.mkdir(parents=True, exist_ok=True)
+    root = _run_dir(run_dir, model)
     cfg = TrainConfig(model=model, input_shape=shape, batch_size=batch_size, microbatches=M,
                       metrics_out=metrics_out or str(root / "metrics.jsonl"),
                       trace_dir=str(root / "trace") if trace else None, **cfg_fields)
@@ -232,18 +233,17 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
                memory_policy=memory_policy, run_dir=str(root))
 
 
-def _fresh_run_dir(model: str) -> Path:
-    """``outcore-runs/<time>-<model>``, made unique (two jobs started in one second)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path("outcore-runs") / f"{stamp}-{_slug(model)}"
-    path, k = base, 1
-    while True:
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-            return path
-        except FileExistsError:
-            k += 1
-            path = base.with_name(f"{base.name}-{k}")
+def _run_dir(run_dir: str | None, model: str) -> Path:
+    """The run's folder: ``run_dir``, or a new ``outcore-runs/<time>-<model>[-N]`` (jobs
+    started in the same second never share one); other ranks of a launched job get rank 0's
+    folder by broadcast, so they create none of their own."""
+    from outcore.runtime.env import detect
+    from outcore.runtime.rundir import unique_run_dir
+    if run_dir or detect().rank != 0:
+        root = Path(run_dir or "outcore-runs")
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+    return unique_run_dir("outcore-runs", _slug(model))
 
 
 def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
@@ -350,8 +350,20 @@ def _report(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
     if cfg.trace_dir and Path(cfg.trace_dir).is_dir():
         files.update(_timeline_files(cfg, g, p, root))
     report.files = files
-    (root / "report.json").write_text(json.dumps(report.to_dict(), indent=1))
+    (root / "report.json").write_text(json.dumps(_strict(report.to_dict()), indent=1,
+                                                 allow_nan=False))
     return report
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with NaN and infinities as None (strict JSON: a skipped step has no loss)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
 
 
 def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path) -> dict[str, str]:

@@ -67,10 +67,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-out", metavar="FILE.jsonl",
                    help="per-step metrics, one JSON object per line")
     p.add_argument("--trace", metavar="DIR", help="also copy the measured timeline files here")
-    p.add_argument("--checkpoint-dir", help="write sharded checkpoints here")
+    p.add_argument("--checkpoint-dir", help="write sharded checkpoints here (one job at a time: "
+                   "a LOCK file names the writer). A checkpoint is code (its .metadata is a "
+                   "pickle): use only folders you wrote; outcore refuses folders other users "
+                   "can write and files whose digests do not match")
     p.add_argument("--checkpoint-every", type=positive_int, default=0, metavar="N",
                    help="checkpoint every N steps")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from the newest intact "
+                   "checkpoint in --checkpoint-dir (loading it runs code its author could "
+                   "control: resume only from your own checkpoints)")
+    p.add_argument("--on-nonfinite", choices=["stop", "skip"], default="stop",
+                   help="a NaN/inf loss or gradient: stop (default, exit non-zero naming the "
+                   "step and the last good checkpoint) or skip that step's update")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="longest wait for any message or worker before failing (default 60)")
     p.set_defaults(func=run)
@@ -113,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
         def on_metrics(m: dict) -> None:
             bar.update(prep, visible=False)
-            info = f"loss {m['loss']:.4f}  {m['samples_per_s']:.1f} samples/s"
+            loss = f"{m['loss']:.4f}" if m["loss"] is not None else "non-finite"
+            info = f"loss {loss}  {m['samples_per_s']:.1f} samples/s"
             bar.update(task, visible=True, completed=m["step"] + 1, info=info)
             if not live:
                 console.print(f"step {m['step'] + 1}/{steps}  {info}", soft_wrap=True)
@@ -128,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
             lr_schedule=args.lr_schedule, seed=args.seed, data=args.data, costs=args.costs,
             run_dir=args.run_dir, metrics_out=args.metrics_out,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-            resume=args.resume, timeout_s=args.timeout, schedule_file=args.schedule_file,
-            progress=on_progress, on_metrics=on_metrics)
+            resume=args.resume, on_nonfinite=args.on_nonfinite, timeout_s=args.timeout,
+            schedule_file=args.schedule_file, progress=on_progress, on_metrics=on_metrics)
     print_report(report)
     if args.trace:
         _copy_trace(report, args.trace)
@@ -152,7 +161,8 @@ def _run_quiet(args: argparse.Namespace) -> int:
         optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule, seed=args.seed,
         data=args.data, costs=args.costs, run_dir=args.run_dir, metrics_out=args.metrics_out,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        resume=args.resume, timeout_s=args.timeout, schedule_file=args.schedule_file)
+        resume=args.resume, on_nonfinite=args.on_nonfinite, timeout_s=args.timeout,
+        schedule_file=args.schedule_file)
     return 0
 
 

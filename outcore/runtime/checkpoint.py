@@ -1,9 +1,18 @@
-"""Sharded, atomic checkpoints with torch.distributed.checkpoint.
+"""Sharded, atomic checkpoints with torch.distributed.checkpoint, keyed by name only.
 
-Each rank writes its own pieces' parameters, buffers and optimizer state (keys are parameter
-names, so shards never collide; a parameter held by two ranks is identical on both). A checkpoint
-is written to ``step_<N>.partial`` and renamed to ``step_<N>`` by rank 0 only after every rank
-has finished writing, so a crash mid-write never leaves a directory that looks complete.
+Each rank writes the parameters, buffers and optimizer state of its own pieces under their
+parameter names (``model.<name>``, ``buffer.<name>``, ``optim.<name>.<key>``) and the state every
+rank shares under one name (``optim.hparams``, ``lr_scheduler``, ``step``); DCP keeps one copy
+of a key written by several ranks (a replicated parameter is identical on all of them). No key
+names a rank, so any plan, device count or parallel mode of the same model loads any checkpoint:
+each rank reads the names it holds now (the by-name resharding of
+``torch.distributed.checkpoint.state_dict.get_state_dict``, for outcore's piece layout).
+
+A checkpoint is written to ``step_<N>.partial``; after every rank finished, rank 0 makes the
+files private (0600), records their SHA-256 digests in ``COMPLETE`` and renames the folder to
+``step_<N>``, so a crash mid-write never leaves a folder that looks complete. Before loading,
+the digests and permissions are checked (:mod:`outcore.runtime.ckpt_trust`): a checkpoint is
+code (DCP's ``.metadata`` is a pickle).
 """
 
 from __future__ import annotations
@@ -18,15 +27,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
-from outcore.errors import RuntimeFailure
+from outcore.errors import CheckpointError
+from outcore.runtime import ckpt_trust
 
 log = logging.getLogger(__name__)
-_DONE = "COMPLETE"
+_DONE = ckpt_trust.DONE
 
 
 def _flatten(trainer: Any, step: int) -> dict[str, Any]:
-    rank = trainer.rank
+    """This rank's state under rank-independent names."""
     state = trainer.state_dict()
     flat: dict[str, Any] = {f"model.{k}": v for k, v in state["model"].items()}
     flat.update({f"buffer.{k}": v for k, v in state["buffers"].items()})
@@ -34,11 +45,24 @@ def _flatten(trainer: Any, step: int) -> dict[str, Any]:
         for name, st in state["optim"]["state"].items():
             for key, value in st.items():
                 flat[f"optim.{name}.{key}"] = value
-        flat[f"rank{rank}.param_groups"] = state["optim"]["param_groups"]
+        flat["optim.hparams"] = [{k: v for k, v in g.items() if k != "params"}
+                                 for g in state["optim"]["param_groups"]]
     if "lr_scheduler" in state:
-        flat[f"rank{rank}.lr_scheduler"] = state["lr_scheduler"]
+        flat["lr_scheduler"] = state["lr_scheduler"]
     flat["step"] = torch.tensor(step)
     return flat
+
+
+def _explain(e: CheckpointException | Exception) -> str:
+    """One line per failing rank instead of DCP's ``CheckpointException ranks:dict_keys``."""
+    failures = getattr(e, "failures", None)
+    if not failures:
+        return f"{type(e).__name__}: {e}".splitlines()[0]
+    parts = []
+    for rank, (exc, _) in sorted(failures.items()):
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        parts.append(f"rank {rank}: {type(exc).__name__} {text}".rstrip())
+    return "; ".join(parts)
 
 
 def save(trainer: Any, directory: str | os.PathLike, step: int) -> Path:
@@ -49,13 +73,17 @@ def save(trainer: Any, directory: str | os.PathLike, step: int) -> Path:
     if trainer.rank == 0:
         if partial.exists():
             shutil.rmtree(partial)
-        partial.mkdir(parents=True, exist_ok=True)
+        partial.mkdir(parents=True, exist_ok=True, mode=0o700)
     _barrier()
     trainer.sync_running_stats()  # replicas agree on what is saved under one name
-    dcp.save(_flatten(trainer, step), checkpoint_id=str(partial))
+    try:
+        dcp.save(_flatten(trainer, step), checkpoint_id=str(partial))
+    except (CheckpointException, Exception) as e:
+        raise CheckpointError(f"cannot write checkpoint {partial}: {_explain(e)}") from None
     _barrier()
     if trainer.rank == 0:
-        (partial / _DONE).write_text(str(step))
+        ckpt_trust.privatise(partial)
+        ckpt_trust.write_marker(partial, step)
         if final.exists():
             shutil.rmtree(final)
         os.replace(partial, final)
@@ -63,30 +91,58 @@ def save(trainer: Any, directory: str | os.PathLike, step: int) -> Path:
     return final
 
 
-def latest(directory: str | os.PathLike) -> tuple[int, Path] | None:
-    """The newest complete checkpoint in ``directory`` as ``(step, path)``, or None."""
+def complete(directory: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Every checkpoint in ``directory`` marked complete, newest first."""
     root = Path(directory)
     if not root.is_dir():
-        return None
-    best = None
+        return []
+    found = []
     for p in root.iterdir():
         m = re.fullmatch(r"step_(\d+)", p.name)
         if m and (p / _DONE).exists():
-            step = int(m.group(1))
-            if best is None or step > best[0]:
-                best = (step, p)
-    return best
+            found.append((int(m.group(1)), p))
+    return sorted(found, reverse=True)
+
+
+def latest(directory: str | os.PathLike) -> tuple[int, Path] | None:
+    """The newest complete checkpoint in ``directory`` as ``(step, path)``, or None."""
+    found = complete(directory)
+    return found[0] if found else None
+
+
+def choose(directory: str | os.PathLike) -> tuple[int, Path] | None:
+    """The newest checkpoint that passes :func:`ckpt_trust.verify`, or None when there is no
+    complete checkpoint. A newer one that fails is skipped with a warning naming the file;
+    when every one fails, raises the newest one's error."""
+    candidates = complete(directory)
+    first_error: CheckpointError | None = None
+    for step, path in candidates:
+        try:
+            ckpt_trust.verify(path)
+        except CheckpointError as e:
+            first_error = first_error or e
+            log.warning("checkpoint %s cannot be used: %s; falling back to an older one",
+                        path.name, e)
+            continue
+        if first_error is not None:
+            log.warning("resuming from the older checkpoint %s", path)
+        return step, path
+    if first_error is not None:
+        raise CheckpointError(f"no usable checkpoint in {directory}: {first_error}")
+    return None
 
 
 def load(trainer: Any, path: str | os.PathLike) -> int:
-    """Restore ``trainer`` from a checkpoint directory; returns the step it was taken after."""
+    """Restore ``trainer`` from a checkpoint folder (verified by :func:`choose`); returns the
+    step it was taken after. Any plan or device count of the same model can load it."""
     if trainer.optimizer is not None and not trainer.optimizer.state:
         _init_optimizer_state(trainer)
     flat = _flatten(trainer, 0)
     try:
         dcp.load(flat, checkpoint_id=str(path))
-    except Exception as e:  # a missing key or corrupt file: say which checkpoint
-        raise RuntimeFailure(f"cannot resume from {path}: {e}") from e
+    except (CheckpointException, Exception) as e:  # CheckpointException is a BaseException
+        raise CheckpointError(f"cannot resume from {path}: {_explain(e)} (was it written for "
+                              "this model?)") from None
     with torch.no_grad():
         for k, p in trainer.named_params.items():
             p.copy_(flat[f"model.{k}"])
@@ -94,22 +150,25 @@ def load(trainer: Any, path: str | os.PathLike) -> int:
             if f"buffer.{k}" in flat and b.device.type != "meta":
                 b.copy_(flat[f"buffer.{k}"])
     if trainer.optimizer is not None:
-        index = {id(p): k for k, p in trainer.named_params.items()}
-        for group in trainer.optimizer.param_groups:
-            for p in group["params"]:
-                st = trainer.optimizer.state[p]
-                for key in list(st):
-                    value = flat[f"optim.{index[id(p)]}.{key}"]
-                    if isinstance(st[key], torch.Tensor):
-                        st[key].copy_(value)
-                    else:
-                        st[key] = value
-        groups = flat[f"rank{trainer.rank}.param_groups"]
-        for group, saved in zip(trainer.optimizer.param_groups, groups):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+        _load_optimizer(trainer, flat)
     if trainer.lr_scheduler is not None:
-        trainer.lr_scheduler.load_state_dict(flat[f"rank{trainer.rank}.lr_scheduler"])
+        trainer.lr_scheduler.load_state_dict(flat["lr_scheduler"])
     return int(flat["step"])
+
+
+def _load_optimizer(trainer: Any, flat: dict[str, Any]) -> None:
+    index = {id(p): k for k, p in trainer.named_params.items()}
+    for group in trainer.optimizer.param_groups:
+        for p in group["params"]:
+            st = trainer.optimizer.state[p]
+            for key in list(st):
+                value = flat[f"optim.{index[id(p)]}.{key}"]
+                if isinstance(st[key], torch.Tensor):
+                    st[key].copy_(value)
+                else:
+                    st[key] = value
+    for group, saved in zip(trainer.optimizer.param_groups, flat["optim.hparams"]):
+        group.update({k: v for k, v in saved.items() if k != "params"})
 
 
 def _init_optimizer_state(trainer: Any) -> None:

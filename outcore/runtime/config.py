@@ -26,6 +26,11 @@ class TrainConfig:
         checkpoint_dir, checkpoint_every, resume: sharded checkpoints.
         schedule_file: an ``outcore-schedule/1`` file whose action lists the ranks run
             (``outcore plan --schedule-out``); None: the plan's own lowering.
+        checkpoint_dir, checkpoint_every, resume: sharded checkpoints (a checkpoint is code:
+            resume only from folders you wrote; see docs/runtime.md).
+        on_nonfinite: ``stop`` (default: end the run at the first NaN/inf loss or gradient,
+            naming the step and the last good checkpoint) or ``skip`` (skip that step's
+            optimizer update and go on).
         timeout_s: longest wait for any message, collective or worker.
         track_memory: measure each rank's peak tensor memory (on the first two steps and
             every tenth; other steps repeat the latest measurement, named in the metrics).
@@ -53,6 +58,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: bool = False
     schedule_file: str | None = None
+    on_nonfinite: str = "stop"
     timeout_s: float = 60.0
     track_memory: bool = True
     threads: int | None = 1

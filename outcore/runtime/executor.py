@@ -89,6 +89,35 @@ class RankExecutor:
         for t in P.transfers:
             for i in t.tensors:
                 self.transfer_into[(names[i], t.dst)] = t.id
+        # non-finite guard: when on, every rank joins one all-reduce per step (at its OPT, or
+        # after its last action) and no rank steps its optimizer if any loss or gradient is
+        # NaN or infinite; ``nonfinite`` then holds (loss bad, gradient bad) for the step
+        self.guard_nonfinite = False
+        self.nonfinite: tuple[bool, bool] | None = None
+        self.guard_s = 0.0  # time the last check waited for the other ranks
+
+    def check_finite(self) -> bool:
+        """Whether any rank's loss or gradient of this step is NaN or infinite (a collective:
+        every rank calls it once per step). Max-norms, so large finite values never overflow."""
+        loss_bad = any(not torch.isfinite(v).all() for v in self.losses.values())
+        grads = [p.grad for p in self._grad_params() if p.grad is not None]
+        grad_bad = bool(grads) and not bool(torch.isfinite(torch.stack(
+            [torch.linalg.vector_norm(g.detach(), float("inf")).float().cpu()
+             for g in grads])).all())
+        flags = torch.tensor([float(loss_bad), float(grad_bad)], dtype=torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            t0 = time.perf_counter()
+            if self.device.type == "cuda":
+                flags = flags.to(self.device)
+            dist.all_reduce(flags)
+            self.guard_s = time.perf_counter() - t0
+        self.nonfinite = (bool(flags[0].item() > 0), bool(flags[1].item() > 0))
+        return any(self.nonfinite)
+
+    def _grad_params(self) -> list[torch.nn.Parameter]:
+        if self.optimizer is None:
+            return []
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
 
     # ------------------------------------------------------------------ per step
     def run_step(self, inputs: list[tuple[torch.Tensor, ...]] | None,
@@ -106,18 +135,23 @@ class RankExecutor:
         self.losses: dict[int, torch.Tensor] = {}
         result = StepResult(None)
         self.msg.start_step()
+        self.nonfinite = None
         t0 = time.perf_counter()
         acts = self.s.actions[self.rank]
         for k, a in enumerate(acts):
             start = time.perf_counter()
             self._lookahead(acts, k)
+            self.guard_s = 0.0
             self.execute(a)
             end = time.perf_counter()
+            start += self.guard_s  # waiting for the other ranks' verdict is not work
             if a.op in ("F", "B", "OPT"):
                 result.busy_s += end - start
             if self.trace:
                 result.events.append(self._event(a, start - t0, end - t0))
         self.msg.flush()
+        if self.guard_nonfinite and self.nonfinite is None:  # a rank without an OPT action
+            self.check_finite()
         if self.losses:
             result.loss = float(sum(v.item() for v in self.losses.values()))
         return result
@@ -156,8 +190,10 @@ class RankExecutor:
         elif op == "OPT":
             self.finish_allreduces()
             self.param_off.before_step()
+            bad = self.check_finite() if self.guard_nonfinite else False
             if self.optimizer is not None:
-                self.optimizer.step()
+                if not bad:  # a non-finite step never reaches the parameters
+                    self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             if self.on_step is not None:
                 self.on_step()

@@ -1,10 +1,13 @@
 """Run a function on K local worker processes joined by torch.distributed, or inside the job
 this process is already part of (torchrun, mpirun, srun).
 
-Local workers are spawned (not forked), bound to 127.0.0.1 on a free port, use gloo on CPU and
-NCCL on GPUs (one GPU per worker), run with one thread each unless told otherwise, and are torn
-down whatever happens: when a worker fails, the others are stopped within ``grace_s`` seconds
-and the error names the rank and what it was doing.
+Local workers are spawned (not forked), meet through a ``FileStore`` in a private temporary
+directory (mode 0700: no rendezvous port on the network), talk over the loopback interface only
+(gloo and NCCL sockets bound to ``lo``), use gloo on CPU and NCCL on GPUs (one GPU per worker),
+run with one thread each unless told otherwise, and are torn down whatever happens: when a
+worker fails, the others are stopped within ``grace_s`` seconds and the error names the rank and
+what it was doing; when the main process is stopped (SIGINT, SIGTERM, SIGHUP) or killed, every
+worker ends too (:mod:`outcore.runtime.lifetime`).
 """
 
 from __future__ import annotations
@@ -14,15 +17,21 @@ import logging
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import shutil
 import signal
+import socket
+import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-from outcore.errors import LaunchError, OutcoreError, RuntimeFailure
-from outcore.runtime.env import JobEnv, detect, free_port
+import outcore.errors as errors_mod
+from outcore.errors import Interrupted, LaunchError, OutcoreError, RuntimeFailure
+from outcore.runtime import lifetime
+from outcore.runtime.env import JobEnv, detect
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +51,10 @@ def _backend() -> str:
         else "gloo"
 
 
-def init_distributed(env: JobEnv, timeout_s: float, threads: int | None) -> WorkerContext:
-    """Join the process group described by ``env`` (sets the device and thread count)."""
+def init_distributed(env: JobEnv, timeout_s: float, threads: int | None,
+                     init_method: str | None = None) -> WorkerContext:
+    """Join the process group described by ``env`` (sets the device and thread count);
+    ``init_method`` overrides the rendezvous (default ``tcp://MASTER_ADDR:MASTER_PORT``)."""
     import torch
     import torch.distributed as dist
 
@@ -52,32 +63,51 @@ def init_distributed(env: JobEnv, timeout_s: float, threads: int | None) -> Work
         torch.set_num_threads(threads)
     if backend == "nccl":
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-    os.environ.setdefault("MASTER_ADDR", env.master_addr)
-    os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    if init_method is None:
+        os.environ.setdefault("MASTER_ADDR", env.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(env.master_port))
+        init_method = f"tcp://{env.master_addr}:{env.master_port}"
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                                init_method=f"tcp://{env.master_addr}:{env.master_port}",
-                                timeout=timedelta(seconds=timeout_s))
+                                init_method=init_method, timeout=timedelta(seconds=timeout_s))
     return WorkerContext(env.rank, env.world_size, env.local_rank, backend, env.launcher)
 
 
-def _worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple,
-            results: Any, timeout_s: float, threads: int | None) -> None:
+def loopback_interface() -> str:
+    """Name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS/BSD)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (AttributeError, OSError):
+        names = []
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    return "lo0" if sys.platform == "darwin" else "lo"
+
+
+def _worker(rank: int, world: int, store: str, parent_pid: int, fn: Callable[..., Any],
+            args: tuple, results: Any, timeout_s: float, threads: int | None,
+            log_level: int = logging.WARNING) -> None:
+    lifetime.die_with_parent(parent_pid)
     import torch.distributed as dist
 
+    _worker_logging(rank, log_level)
+    lo = loopback_interface()  # local workers' sockets listen on loopback only
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo,
                        "OUTCORE_LOCAL_WORKER": "1"})
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(var, None)
     try:
-        env = JobEnv("local", rank, world, rank, "127.0.0.1", port)
-        ctx = init_distributed(env, timeout_s, threads)
+        env = JobEnv("local", rank, world, rank, "127.0.0.1", 0)
+        ctx = init_distributed(env, timeout_s, threads, init_method=f"file://{store}")
         out = fn(ctx, *args)
         results.put((rank, "ok", _pack(out)))
     except BaseException as e:  # report everything to the launcher, then exit non-zero
         msg = str(e) if isinstance(e, OutcoreError) else \
             f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         try:
-            results.put((rank, "error", msg))
+            results.put((rank, "error", (msg, type(e).__name__)))
             results.close()
             results.join_thread()  # flush the message before dying
         finally:
@@ -88,6 +118,16 @@ def _worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tupl
                 dist.destroy_process_group()
             except Exception:  # best effort on the way out
                 pass
+
+
+def _worker_logging(rank: int, level: int) -> None:
+    """Worker log lines go to stderr, prefixed with the rank, at the launcher's level."""
+    logger = logging.getLogger("outcore")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"rank {rank}: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
 
 
 def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
@@ -111,63 +151,92 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
         raise LaunchError(f"need at least one worker, got {world_size}")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results,
-                                                timeout_s, threads), daemon=True)
+    private = tempfile.mkdtemp(prefix="outcore-rdzv-")  # mode 0700: only this user
+    level = logging.getLogger("outcore").getEffectiveLevel()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, os.path.join(private, "store"),
+                                                os.getpid(), fn, args, results, timeout_s,
+                                                threads, level), daemon=True)
              for r in range(world_size)]
-    with _worker_environment():
-        for p in procs:
-            p.start()
     outputs: dict[int, Any] = {}
-    errors: list[tuple[int, str]] = []
-    started = time.monotonic()
+    errors: list[tuple[int, Any]] = []
     try:
-        while len(outputs) < world_size and not errors:
-            try:
-                rank, status, value = results.get(timeout=0.2)
-                if status == "ok":
-                    outputs[rank] = _unpack(value)
-                else:
-                    errors.append((rank, value))
-            except queue_mod.Empty:
-                pass
-            if poll is not None:
-                poll()
-            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
-                    and r not in outputs]
-            if dead and not errors:
+        with lifetime.stop_signals_raise():
+            with _worker_environment():
+                for p in procs:
+                    p.start()
+            _wait(procs, results, outputs, errors, poll, overall_timeout_s)
+            if errors:
+                deadline = time.monotonic() + grace_s
+                while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+                    _drain(results, outputs, errors)
+                    time.sleep(0.1)
                 _drain(results, outputs, errors)
-                if not errors:
-                    r = dead[0]
-                    errors.append((r, f"worker {r} exited with code {procs[r].exitcode}"
-                                      " (killed or crashed)"))
-            if overall_timeout_s and time.monotonic() - started > overall_timeout_s:
-                errors.append((-1, f"the run took longer than {overall_timeout_s:.0f} s"))
-        if errors:
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-                _drain(results, outputs, errors)
-                time.sleep(0.1)
-            _drain(results, outputs, errors)
-            for r, p in enumerate(procs):  # workers that died without a word
-                if p.exitcode not in (None, 0) and r not in outputs and \
-                        not any(e[0] == r for e in errors):
-                    errors.append((r, f"worker {r} exited with code {p.exitcode} (killed or "
-                                      "crashed)"))
-            ordered = sorted(errors, key=lambda e: _root_cause_rank(e[1], e[0]))
-            rank, msg = ordered[0]
-            who = f"rank {rank}" if rank >= 0 else "the run"
-            short = _short(msg)
-            text = short if short.startswith(f"rank {rank}") else f"{who} failed: {short}"
-            others = [f"rank {r}: {_short(m)}" for r, m in ordered[1:3] if r != rank]
-            if others:
-                text += " (then " + "; ".join(others) + ")"
-            raise RuntimeFailure(text)
+                raise _failure(procs, outputs, errors)
         return [outputs[r] for r in range(world_size)]
-    except KeyboardInterrupt:
-        raise LaunchError("interrupted; all workers stopped") from None
+    except KeyboardInterrupt as e:
+        signum = lifetime.signal_number(e)
+        name = signal.Signals(signum).name
+        raise Interrupted(f"stopped by {name}; all {world_size} workers stopped",
+                          signum) from None
     finally:
         _stop(procs)
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _wait(procs: list[Any], results: Any, outputs: dict[int, Any],
+          errors: list[tuple[int, Any]], poll: Callable[[], None] | None,
+          overall_timeout_s: float | None) -> None:
+    """Collect results until every worker answered or one failed."""
+    started = time.monotonic()
+    while len(outputs) < len(procs) and not errors:
+        try:
+            rank, status, value = results.get(timeout=0.2)
+            if status == "ok":
+                outputs[rank] = _unpack(value)
+            else:
+                errors.append((rank, value))
+        except queue_mod.Empty:
+            pass
+        if poll is not None:
+            poll()
+        dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
+                and r not in outputs]
+        if dead and not errors:
+            _drain(results, outputs, errors)
+            if not errors:
+                r = dead[0]
+                errors.append((r, f"worker {r} exited with code {procs[r].exitcode}"
+                                  " (killed or crashed)"))
+        if overall_timeout_s and time.monotonic() - started > overall_timeout_s:
+            errors.append((-1, f"the run took longer than {overall_timeout_s:.0f} s"))
+
+
+def _failure(procs: list[Any], outputs: dict[int, Any],
+             errors: list[tuple[int, Any]]) -> RuntimeFailure:
+    """One error for the run: the root cause first, then up to two errors it caused. Its class
+    is the worker's own when that is a :class:`RuntimeFailure` (e.g. ``NonFiniteError``)."""
+    kinds: dict[int, str] = {}
+    flat: list[tuple[int, str]] = []
+    for r, value in errors:
+        if isinstance(value, tuple):
+            value, kinds[r] = value
+        flat.append((r, value))
+    for r, p in enumerate(procs):  # workers that died without a word
+        if p.exitcode not in (None, 0) and r not in outputs and not any(e[0] == r for e in flat):
+            flat.append((r, f"worker {r} exited with code {p.exitcode} (killed or crashed)"))
+    ordered = sorted(flat, key=lambda e: _root_cause_rank(e[1], e[0]))
+    rank, msg = ordered[0]
+    who = f"rank {rank}" if rank >= 0 else "the run"
+    short = _short(msg)
+    text = short if short.startswith(f"rank {rank}") else f"{who} failed: {short}"
+    others = [f"rank {r}: {_short(m)}" for r, m in ordered[1:3]
+              if r != rank and _short(m) != short]  # every rank saying the same: once
+    if others:
+        text += " (then " + "; ".join(others) + ")"
+    cls = getattr(errors_mod, kinds.get(rank, ""), None)
+    if not (isinstance(cls, type) and issubclass(cls, RuntimeFailure)):
+        cls = RuntimeFailure
+    return cls(text)
 
 
 _COMM_WORDS = ("timed out", "timeout", "connection", "read error", "gloo", "nccl",

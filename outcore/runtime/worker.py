@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -12,10 +11,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from outcore.errors import OutcoreError, RuntimeFailure, UsageError
+from outcore.errors import NonFiniteError, OutcoreError, RuntimeFailure, UsageError
 from outcore.graph.io import from_dict as graph_from_dict
 from outcore.plan.plan import align, from_dict as plan_from_dict
-from outcore.runtime import checkpoint
+from outcore.runtime import checkpoint, resume
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import ImageFolderData, SyntheticData, split
 from outcore.runtime.trainer import Trainer
@@ -83,18 +82,24 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
     """Train ``cfg.steps`` steps on this rank; rank 0 writes the metrics. Returns a summary."""
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if ctx.backend == "nccl" \
         else torch.device("cpu")
+    if cfg.on_nonfinite not in ("stop", "skip"):
+        raise UsageError(f"unknown on_nonfinite {cfg.on_nonfinite!r}: choose stop or skip")
     trainer, data = build_trainer(cfg, graph_doc, plan_doc, device)
+    trainer.executor.guard_nonfinite = True
+    begun = resume.begin(trainer, cfg)
+    try:
+        return _train_steps(ctx, cfg, trainer, data, begun)
+    finally:
+        if begun.lock is not None:
+            begun.lock.release()
+
+
+def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
+                 begun: resume.Start) -> dict[str, Any]:
     rank, world = trainer.rank, trainer.world
-    start = 0
-    if cfg.resume and cfg.checkpoint_dir:
-        found = checkpoint.latest(cfg.checkpoint_dir)
-        if found is not None:
-            start = checkpoint.load(trainer, found[1])
-            log.info("rank %d resumed after step %d from %s", rank, start, found[1])
-    metrics_file = None
-    if rank == 0 and cfg.metrics_out:
-        Path(cfg.metrics_out).parent.mkdir(parents=True, exist_ok=True)
-        metrics_file = open(cfg.metrics_out, "a" if start else "w")
+    start = begun.step
+    last_good = begun.checkpoint
+    metrics_file = resume.open_metrics(cfg.metrics_out, start) if rank == 0 else None
     losses, step_times, last_events = [], [], []
     peaks = [0] * world
     measured_at = -1
@@ -127,15 +132,21 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
             losses.append(report.loss)
             step_times.append(step_s)
             last_events = report.events
+            bad = trainer.executor.nonfinite or (False, False)
             if metrics_file is not None:
-                metrics_file.write(json.dumps({
-                    "step": step, "loss": report.loss, "step_s": step_s,
-                    "samples_per_s": cfg.batch_size / step_s, "peak_bytes": peaks,
-                    "peak_measured_at": measured_at, "busy_s": busy}) + "\n")
+                record = {"step": step, "loss": report.loss, "step_s": step_s,
+                          "samples_per_s": cfg.batch_size / step_s, "peak_bytes": peaks,
+                          "peak_measured_at": measured_at, "busy_s": busy}
+                if any(bad):
+                    record["nonfinite"] = [w for w, b in zip(("loss", "gradient"), bad) if b]
+                    record["skipped"] = cfg.on_nonfinite == "skip"
+                metrics_file.write(resume.json_line(record))
                 metrics_file.flush()
+            if any(bad):
+                _on_nonfinite(cfg, step, report.loss, bad, last_good)
             if cfg.checkpoint_dir and cfg.checkpoint_every and \
                     (step + 1) % cfg.checkpoint_every == 0:
-                checkpoint.save(trainer, cfg.checkpoint_dir, step + 1)
+                last_good = checkpoint.save(trainer, cfg.checkpoint_dir, step + 1)
     except OutcoreError as e:
         if f"step {step}" in str(e):
             raise
@@ -160,6 +171,22 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
         out["buffers"] = {k: b.detach().cpu().clone() for k, b in trainer.gm.named_buffers()
                           if b.device.type != "meta"}
     return out
+
+
+def _on_nonfinite(cfg: TrainConfig, step: int, loss: float, bad: tuple[bool, bool],
+                  last_good: Path | None) -> None:
+    """Stop (one line naming the step and the last good checkpoint) or log the skipped step."""
+    what = " and ".join(w for w, b in zip(("loss", "gradient"), bad) if b)
+    detail = f"loss {loss}" if bad[0] else "a NaN or infinite gradient"
+    if cfg.on_nonfinite == "skip":
+        log.warning("step %d: non-finite %s (%s); skipped its optimizer update", step, what,
+                    detail)
+        return
+    ckpt = f"the last good checkpoint is {last_good}" if last_good is not None else \
+        "no checkpoint was written yet" + ("" if cfg.checkpoint_dir else " (no --checkpoint-dir)")
+    raise NonFiniteError(f"step {step}: non-finite {what} ({detail}); stopped before its "
+                         f"optimizer update; {ckpt}. Lower --lr, or pass --on-nonfinite skip "
+                         "to skip such steps")
 
 
 def _barrier(ctx: Any, timeout_s: float) -> None:

@@ -1,0 +1,173 @@
+"""Nothing left behind, nobody let in: workers end with the main process whatever signal ends
+it, SIGTERM/SIGHUP stop a run like Ctrl-C, local workers open no socket off loopback, and a
+checkpoint folder has one writer at a time."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from outcore.errors import CheckpointError, RuntimeFailure
+from outcore.runtime import ckpt_trust
+from outcore.runtime.config import TrainConfig
+from outcore.runtime.launch import run_local
+from outcore.runtime.worker import train_worker
+from tests.runtime.helpers import chunks, docs_for
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
+
+
+def sleeper(ctx, piddir: str) -> None:
+    """Worker: say who it is, then wait (the main process gets signalled meanwhile)."""
+    Path(piddir, f"rank{ctx.rank}").write_text(str(os.getpid()))
+    time.sleep(120)
+
+
+def listeners(ctx) -> list[tuple[str, int, str]]:
+    """Worker: talk to every other rank (collective and point-to-point), then list this
+    process's listening TCP sockets and bound UDP sockets."""
+    import torch
+    import torch.distributed as dist
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    peer = (ctx.rank + 1) % ctx.world_size
+    send = dist.isend(torch.full((3,), float(ctx.rank)), peer)
+    got = torch.zeros(3)
+    dist.recv(got, (ctx.rank - 1) % ctx.world_size)
+    send.wait()
+    dist.new_group([0, 1])
+    out = []
+    for c in psutil.Process().net_connections(kind="inet"):
+        if c.status == psutil.CONN_LISTEN or (c.type == 2 and c.laddr):  # 2: SOCK_DGRAM
+            out.append((c.laddr.ip, c.laddr.port, c.status))
+    return out
+
+
+DRIVER = """
+import sys
+from outcore.errors import OutcoreError
+from outcore.runtime.launch import run_local
+from tests.runtime.test_lifetime import sleeper
+try:
+    run_local(sleeper, 2, (sys.argv[1],), timeout_s=30)
+except OutcoreError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(e.exit_code)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL",
+                                 pytest.param("SIGHUP", marks=pytest.mark.slow),
+                                 pytest.param("SIGINT", marks=pytest.mark.slow)])
+def test_workers_end_with_the_main_process(tmp_path, sig):
+    """A batch scheduler (SIGTERM), a closed terminal (SIGHUP), Ctrl-C (SIGINT) or the OOM
+    killer (SIGKILL) ends the main process: every worker ends within seconds too."""
+    env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH",
+                                                                                 ""))
+    main = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], env=env,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(tmp_path.glob("rank*"))) < 2:
+            assert main.poll() is None, main.stderr.read()
+            assert time.monotonic() < deadline, "workers did not start"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        pids = [int(p.read_text()) for p in sorted(tmp_path.glob("rank*"))]
+        os.kill(main.pid, getattr(signal, sig))
+        code = main.wait(timeout=30)
+        signum = int(getattr(signal, sig))
+        if sig == "SIGKILL":
+            assert code == -signum
+        else:  # a clean stop: one line naming the signal, the shell's exit code for it
+            err = main.stderr.read()
+            assert code == 128 + signum, err
+            assert f"stopped by {sig}" in err and "Traceback" not in err, err
+        deadline = time.monotonic() + 15
+        while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all(_gone(p) for p in pids), f"orphan workers after {sig}: {pids}"
+    finally:
+        if main.poll() is None:
+            main.kill()
+            main.wait(timeout=10)
+
+
+def test_local_workers_listen_on_loopback_only():
+    """No rendezvous port on the network (FileStore), gloo's own sockets on loopback only."""
+    found = run_local(listeners, 2, timeout_s=60)
+    for rank, socks in enumerate(found):
+        assert socks, "gloo opened no listening socket: this test would not see one"
+        off = [s for s in socks if not ipaddress.ip_address(s[0].split("%")[0]).is_loopback]
+        assert not off, f"rank {rank} listens off loopback: {off}"
+    mine = [c for c in psutil.Process().net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN]
+    assert not mine, f"the launching process listens: {mine}"
+
+
+def _cfg(**kw) -> TrainConfig:
+    return TrainConfig(model="outcore:mlp", batch_size=4, microbatches=2, steps=2,
+                       track_memory=False, **kw)
+
+
+def test_a_second_writer_is_refused(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    held = ckpt_trust.acquire(ckpt)  # this test process plays the job already writing it
+    try:
+        cfg = _cfg(checkpoint_dir=str(ckpt), checkpoint_every=1)
+        graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, 2), 2)
+        with pytest.raises(CheckpointError) as err:
+            run_local(train_worker, 2, (cfg, graph_doc, plan_doc), timeout_s=30)
+        msg = str(err.value)
+        assert f"pid {os.getpid()}" in msg and "being written by another job" in msg, msg
+        assert not list(ckpt.glob("step_*")), "the refused job wrote a checkpoint"
+    finally:
+        held.release()
+    assert not (ckpt / "LOCK").exists()
+
+
+def test_a_stale_lock_is_taken_over(tmp_path, caplog):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    folder = tmp_path / "ckpt"
+    folder.mkdir(mode=0o700)
+    (folder / "LOCK").write_text(json.dumps({"host": os.uname().nodename, "pid": dead.pid}))
+    with caplog.at_level("WARNING"):
+        lock = ckpt_trust.acquire(folder)
+    assert "stale lock" in caplog.text and str(dead.pid) in caplog.text
+    assert json.loads((folder / "LOCK").read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (folder / "LOCK").exists()
+
+
+def test_a_lock_of_another_host_is_respected(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir(mode=0o700)
+    (folder / "LOCK").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+    with pytest.raises(CheckpointError, match="pid 1 on elsewhere"):
+        ckpt_trust.acquire(folder)
+
+
+def test_a_run_without_conflicts_releases_its_lock(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    cfg = _cfg(checkpoint_dir=str(ckpt), checkpoint_every=2)
+    graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, 2), 2)
+    run_local(train_worker, 2, (cfg, graph_doc, plan_doc), timeout_s=30)
+    assert (ckpt / "step_2" / "COMPLETE").exists() and not (ckpt / "LOCK").exists()
+    assert isinstance(CheckpointError("x"), RuntimeFailure)
