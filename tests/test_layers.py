@@ -17,13 +17,13 @@ LAYERS = {
     "graph": 1, "graph.capture": 1, "hardware": 1, "zoo": 1,
     "cost": 2,
     "plan": 3, "schedule": 3,
-    "sim": 4, "runtime": 4, "viz": 4,
+    "sim": 4, "runtime": 4, "viz": 4, "spatial": 4,
     "partition": 5,
     "api": 6, "train_api": 6, "__init__": 6,
     "cli": 7,
 }
 TORCH_FREE = ("errors", "units", "graph", "hardware.spec", "hardware.presets", "cost.memory",
-              "cost.analytical", "cost.regression", "plan", "schedule", "sim", "partition",
+              "cost.analytical", "cost.spatial", "cost.spatial_geometry", "cost.regression", "plan", "schedule", "sim", "partition",
               "viz")
 TORCH_ALLOWED = ("graph.capture",)
 
