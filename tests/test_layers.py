@@ -23,8 +23,8 @@ LAYERS = {
     "cli": 7,
 }
 TORCH_FREE = ("errors", "units", "graph", "hardware.spec", "hardware.presets", "cost.memory",
-              "cost.analytical", "cost.spatial", "cost.spatial_geometry", "cost.regression", "plan", "schedule", "sim", "partition",
-              "viz")
+              "cost.analytical", "cost.regression", "cost.spatial", "cost.spatial_geometry",
+              "plan", "schedule", "sim", "partition", "viz")
 TORCH_ALLOWED = ("graph.capture",)
 
 
