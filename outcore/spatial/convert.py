@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 def record_shapes(model: nn.Module, example: torch.Tensor):
     """Run a meta-device copy of ``model`` on ``example``'s shape. Returns (order of first calls:
     module names, {name: [input shapes]}, output shape)."""
-    meta = copy.deepcopy(model).to("meta")
+    meta = copy.deepcopy(model).to("meta").eval()   # eval: shapes only, no statistics
     order, shapes, handles = [], {}, []
     for name, mod in meta.named_modules():
         def hook(m, args, name=name):

@@ -64,3 +64,78 @@ def spatial_worker(ctx, name, grid, shape, steps, join, dtype=torch.float32):
                     join=join)
     losses, grads, state, bufs = train(sm, name, shape, steps, dtype, sm.reduce_gradients)
     return {"rank": ctx.rank, "losses": losses, "grads": grads, "state": state, "bufs": bufs}
+
+
+# one layer at a time, odd image size, borders crossed: (name, constructor source)
+LAYERS = [
+    "nn.Conv2d(4, 4, 3, 1, 1)",
+    "nn.Conv2d(4, 4, 5, stride=2, padding=1)",
+    "nn.Conv2d(4, 4, 3, stride=3)",
+    "nn.Conv2d(4, 4, 3, padding=2, dilation=2)",
+    "nn.Conv2d(4, 4, 5, padding=6, dilation=3)",
+    "nn.Conv2d(4, 6, 3, padding=1, groups=2)",
+    "nn.Conv2d(4, 4, (3, 1), stride=(2, 1), padding=(1, 0))",
+    "nn.Conv2d(4, 4, 4, padding='same')",
+    "nn.Conv2d(4, 4, 1, stride=2)",
+    "nn.MaxPool2d(3, 2, 1)",
+    "nn.MaxPool2d(2, ceil_mode=True)",
+    "nn.MaxPool2d(3, stride=2, padding=1, dilation=2)",
+    "nn.AvgPool2d(3, 2, 1)",
+    "nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False)",
+    "nn.AvgPool2d(2, ceil_mode=True)",
+    "nn.AvgPool2d(3, 2, 1, divisor_override=4)",
+    "nn.ConvTranspose2d(4, 4, 3, stride=2, padding=1, output_padding=1)",
+    "nn.ConvTranspose2d(4, 4, 2, stride=2)",
+    "nn.ConvTranspose2d(4, 4, 3, padding=1)",
+    "nn.ConvTranspose2d(4, 4, 1, stride=2)",
+    "nn.ConvTranspose2d(4, 2, 3, stride=2, dilation=2, groups=2)",
+    "nn.Upsample(scale_factor=2)",
+    "nn.Upsample(scale_factor=3, mode='nearest')",
+    "nn.Upsample(scale_factor=2, mode='bilinear')",
+    "nn.Upsample(size=(26, 22))",
+    "nn.BatchNorm2d(4)",
+    "nn.BatchNorm2d(4, momentum=None)",
+    "nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.PReLU(4), nn.AdaptiveAvgPool2d(1))",
+]
+
+
+def layers_worker(ctx, grid, hw=(13, 11)):
+    """For every layer: the spatial output, input gradient and parameter gradients (summed over
+    tiles) against the serial layer's, as max errors relative to the largest serial entry."""
+    import torch.distributed as dist
+    from torch import nn  # noqa: F401 (used by eval)
+    from outcore.spatial import spatialize
+    errors = {}
+    for src in LAYERS:
+        torch.manual_seed(1)
+        serial = eval(src).double()
+        x = torch.randn((2, 4) + tuple(hw), dtype=torch.float64, requires_grad=True)
+        sm = spatialize(copy.deepcopy(serial), grid, example=x.detach())
+        y = serial(x)
+        w = torch.randn(y.shape, dtype=torch.float64)
+        (y * w).sum().backward()
+        xs = x.detach().clone().requires_grad_(True)
+        ys = sm(xs)
+        (ys * w).sum().backward()
+        sm.reduce_gradients()
+        gx = xs.grad.clone()
+        dist.all_reduce(gx)
+        pairs = [("out", ys, y), ("dx", gx, x.grad)]
+        pairs += [(k, p.grad, dict(serial.named_parameters())[k].grad)
+                  for k, p in sm.module.named_parameters()]
+        pairs += [(k, b, dict(serial.named_buffers())[k]) for k, b in sm.module.named_buffers()]
+        errors[src] = {k: ((a.double() - b.double()).abs().max().item() /
+                           max(b.double().abs().max().item(), 1e-12)) for k, a, b in pairs}
+    return errors
+
+
+def suite_worker(ctx, grid, jobs, shape, steps):
+    """Several checks in one process group (spawning workers is the slow part): ``jobs`` holds
+    ``("layers",)`` and ``("train", model name, join)`` entries."""
+    out = {}
+    for job in jobs:
+        if job[0] == "layers":
+            out[job] = layers_worker(ctx, grid)
+        else:
+            out[job] = spatial_worker(ctx, job[1], grid, shape, steps, job[2])
+    return out
