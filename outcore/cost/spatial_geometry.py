@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from outcore.errors import UsageError
 
 __all__ = ["TileGrid", "split_sizes", "intervals", "conv_out_size", "conv_need",
-           "conv_transpose_out_size", "conv_transpose_need", "upsample_need", "halo_sides",
+           "conv_transpose_out_size", "conv_transpose_need", "upsample_need", "bilinear_need", "halo_sides",
            "pool_divisors"]
 
 
@@ -130,6 +130,18 @@ def conv_transpose_need(o0: int, o1: int, n: int, kernel: int, stride: int = 1,
 def upsample_need(o0: int, o1: int, factor: int) -> tuple[int, int]:
     """Input rows that nearest upsampling by an integer ``factor`` copies into ``[o0, o1)``."""
     return o0 // factor, (o1 - 1) // factor + 1
+
+
+def bilinear_need(o0: int, o1: int, n: int, factor: int) -> tuple[int, int]:
+    """Input rows that bilinear upsampling (align_corners=False) by an integer ``factor`` reads
+    for output rows ``[o0, o1)``: output ``o`` reads ``floor(src)`` and the row after, where
+    ``src = max((o + 0.5) / factor - 0.5, 0)``. For factors other than powers of two PyTorch's
+    ``1 / factor`` is rounded, so one more row is taken on each side."""
+    lo = max((2 * o0 + 1 - factor) // (2 * factor), 0)
+    hi = max((2 * (o1 - 1) + 1 - factor) // (2 * factor), 0) + 2
+    if factor & (factor - 1):
+        lo, hi = lo - 1, hi + 1
+    return max(lo, 0), min(hi, n)
 
 
 def halo_sides(own: tuple[int, int], need: tuple[int, int], n: int) -> tuple[int, int]:

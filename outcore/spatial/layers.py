@@ -19,11 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from outcore.cost.spatial_geometry import (conv_need, conv_out_size, conv_transpose_need,
-                                           conv_transpose_out_size, intervals, pool_divisors,
-                                           upsample_need)
-from outcore.errors import UsageError
-from outcore.spatial.comm import SpatialGroup, fetch_region, group_sum
+from outcore.cost.spatial_geometry import (bilinear_need, conv_need, conv_out_size,
+                                           conv_transpose_need, conv_transpose_out_size,
+                                           intervals, pool_divisors, upsample_need)
 
 __all__ = ["make_spatial", "SPATIAL_TYPES", "POINTWISE_TYPES", "global_pool_sum"]
 
@@ -164,8 +162,8 @@ class SpatialConvTranspose2d(_SpatialMixin, nn.ConvTranspose2d):
 
 
 class SpatialUpsample(_SpatialMixin, nn.Upsample):
-    """Upsample by an integer factor on a tile: nearest, or bilinear without align_corners
-    (one extra input row each side, cut off after)."""
+    """Upsample by an integer factor on a tile: nearest, or bilinear without align_corners (the
+    rows its source coordinates reach, computed on the region and cut to my rows)."""
 
     def _factors(self, hw):
         if self.scale_factor is not None:
@@ -185,11 +183,11 @@ class SpatialUpsample(_SpatialMixin, nn.Upsample):
                              f"with align_corners=False")
         hw = self._global_hw(x)
         f = self._factors(hw)
-        extra = 1 if self.mode == "bilinear" else 0
 
         def need_fn(a, o0, o1, n):
-            lo, hi = upsample_need(o0, o1, f[a])
-            return max(lo - extra, 0), min(hi + extra, n)
+            if self.mode == "bilinear":
+                return bilinear_need(o0, o1, n, f[a])
+            return upsample_need(o0, o1, f[a])
 
         outs, (nh, nw) = self._plans(hw, lambda a, n: n * f[a], need_fn)
         xr = fetch_region(x, self._sp, hw, nh, nw, None)

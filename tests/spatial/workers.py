@@ -92,6 +92,7 @@ LAYERS = [
     "nn.Upsample(scale_factor=2)",
     "nn.Upsample(scale_factor=3, mode='nearest')",
     "nn.Upsample(scale_factor=2, mode='bilinear')",
+    "nn.Upsample(scale_factor=3, mode='bilinear')",
     "nn.Upsample(size=(26, 22))",
     "nn.BatchNorm2d(4)",
     "nn.BatchNorm2d(4, momentum=None)",
