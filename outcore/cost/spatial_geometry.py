@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from outcore.errors import UsageError
 
 __all__ = ["TileGrid", "split_sizes", "intervals", "conv_out_size", "conv_need",
-           "conv_transpose_out_size", "conv_transpose_need", "upsample_need", "bilinear_need", "halo_sides",
-           "pool_divisors"]
+           "conv_transpose_out_size", "conv_transpose_need", "upsample_need", "bilinear_need",
+           "halo_sides", "pool_divisors"]
 
 
 def split_sizes(n: int, parts: int) -> list[int]:
-    """Extents of ``parts`` tiles over ``n`` rows: ``n // parts``, the first ``n % parts`` one more."""
+    """Extents of ``parts`` tiles over ``n`` rows: ``n // parts``, the first ``n % parts`` one
+    more."""
     if parts < 1:
         raise UsageError(f"a tile grid needs at least one tile per axis, got {parts}")
     if n < parts:

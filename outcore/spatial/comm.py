@@ -139,8 +139,8 @@ def exchange_axis(x: torch.Tensor, sg: SpatialGroup, axis: int, n: int,
 def fetch_region(x: torch.Tensor, sg: SpatialGroup, hw: tuple[int, int],
                  needs_h: list[tuple[int, int]], needs_w: list[tuple[int, int]],
                  pad_value: float | None = 0.0) -> torch.Tensor:
-    """My tile's input region ``needs_h[row] × needs_w[col]`` of an image of size ``hw``: halo rows,
-    then halo columns of the row-extended tile (corners come with the second step), then the part
+    """My tile's input region ``needs_h[row] × needs_w[col]`` of an image of size ``hw``: halo
+    rows, then halo columns of the row-extended tile (corners come with the second step), then the part
     outside the image filled with ``pad_value`` (None: leave it out)."""
     r, c = sg.coords
     x = exchange_axis(x, sg, 0, hw[0], needs_h)

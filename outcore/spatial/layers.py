@@ -22,6 +22,8 @@ from torch import nn
 from outcore.cost.spatial_geometry import (bilinear_need, conv_need, conv_out_size,
                                            conv_transpose_need, conv_transpose_out_size,
                                            intervals, pool_divisors, upsample_need)
+from outcore.errors import UsageError
+from outcore.spatial.comm import SpatialGroup, fetch_region, group_sum
 
 __all__ = ["make_spatial", "SPATIAL_TYPES", "POINTWISE_TYPES", "global_pool_sum"]
 
@@ -143,7 +145,8 @@ class SpatialConvTranspose2d(_SpatialMixin, nn.ConvTranspose2d):
             lambda a, o0, o1, n: conv_transpose_need(o0, o1, n, k[a], s[a], p[a], d[a]))
         xr = fetch_region(x, self._sp, hw, nh, nw, None)
         r, c = self._sp.coords
-        mine = (intervals(outs[0], self._sp.grid.rows)[r], intervals(outs[1], self._sp.grid.cols)[c])
+        mine = (intervals(outs[0], self._sp.grid.rows)[r],
+                intervals(outs[1], self._sp.grid.cols)[c])
         lo = (nh[r][0], nw[c][0])
         if xr.shape[2] == 0 or xr.shape[3] == 0:
             y = x.new_zeros(x.shape[0], self.out_channels, mine[0][1] - mine[0][0],
