@@ -42,6 +42,8 @@ class LayerGeometry:
     factor: tuple[int, int] = (1, 1)
     ceil_mode: bool = False
     bilinear: bool = False
+    same: bool = False            # conv padding='same': output size = input size, ``padding``
+                                  # is the padding before (PyTorch puts the odd one after)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -50,6 +52,8 @@ class LayerGeometry:
     def out_size(self, axis: int, n: int) -> int:
         k, s, p, d = (self.kernel[axis], self.stride[axis], self.padding[axis],
                       self.dilation[axis])
+        if self.kind == "conv" and self.same:
+            return n
         if self.kind in ("conv", "pool"):
             return conv_out_size(n, k, s, p, d, self.ceil_mode)
         if self.kind == "conv_transpose":

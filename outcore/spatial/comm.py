@@ -140,8 +140,8 @@ def fetch_region(x: torch.Tensor, sg: SpatialGroup, hw: tuple[int, int],
                  needs_h: list[tuple[int, int]], needs_w: list[tuple[int, int]],
                  pad_value: float | None = 0.0) -> torch.Tensor:
     """My tile's input region ``needs_h[row] × needs_w[col]`` of an image of size ``hw``: halo
-    rows, then halo columns of the row-extended tile (corners come with the second step), then the part
-    outside the image filled with ``pad_value`` (None: leave it out)."""
+    rows, then halo columns of the row-extended tile (corners come with the second step), then
+    the part outside the image filled with ``pad_value`` (None: leave it out)."""
     r, c = sg.coords
     x = exchange_axis(x, sg, 0, hw[0], needs_h)
     x = exchange_axis(x, sg, 1, hw[1], needs_w)
@@ -204,11 +204,56 @@ class _Gather(torch.autograd.Function):
         return grad[:, :, a:b, p:q].contiguous(), None, None
 
 
-def gather_tiles(x: torch.Tensor, sg: SpatialGroup, hw: tuple[int, int]) -> torch.Tensor:
-    """The whole ``(N, C, *hw)`` tensor from its tiles, on every rank of the group (the join
-    point: what follows must run identically on every rank, or on one and be broadcast)."""
+class _GatherTo(torch.autograd.Function):
+    """Tiles -> the whole image on tile ``dst`` only (the others get an empty tensor). Backward:
+    ``dst`` scatters each tile's slice of the gradient back to it."""
+
+    @staticmethod
+    def forward(ctx, x, sg, hw, dst):
+        grid = sg.grid
+        rows, cols = intervals(hw[0], grid.rows), intervals(hw[1], grid.cols)
+        mh, mw = max(b - a for a, b in rows), max(b - a for a, b in cols)
+        regions = [(rows[t // grid.cols], cols[t % grid.cols]) for t in range(grid.tiles)]
+        ctx.args = (sg, regions, (mh, mw), dst, x.shape)
+        padded = torch.nn.functional.pad(x, (0, mw - x.shape[3], 0, mh - x.shape[2])).contiguous()
+        root = sg.global_rank(dst)
+        if sg.tile != dst:
+            dist.gather(padded, None, dst=root, group=sg.group)
+            return x.new_empty(0)
+        bufs = [torch.empty_like(padded) for _ in range(grid.tiles)]
+        dist.gather(padded, bufs, dst=root, group=sg.group)
+        out = x.new_empty(x.shape[:2] + tuple(hw))
+        for buf, ((a, b), (p, q)) in zip(bufs, regions):
+            out[:, :, a:b, p:q] = buf[:, :, :b - a, :q - p]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        sg, regions, (mh, mw), dst, shape = ctx.args
+        recv = grad.new_zeros(shape[:2] + (mh, mw))
+        root = sg.global_rank(dst)
+        if sg.tile == dst:
+            parts = []
+            for (a, b), (p, q) in regions:
+                g = grad[:, :, a:b, p:q]
+                parts.append(torch.nn.functional.pad(
+                    g, (0, mw - g.shape[3], 0, mh - g.shape[2])).contiguous())
+            dist.scatter(recv, parts, src=root, group=sg.group)
+        else:
+            dist.scatter(recv, None, src=root, group=sg.group)
+        return recv[:, :, :shape[2], :shape[3]].contiguous(), None, None, None
+
+
+def gather_tiles(x: torch.Tensor, sg: SpatialGroup, hw: tuple[int, int],
+                 dst: int | None = None) -> torch.Tensor:
+    """The whole ``(N, C, *hw)`` tensor from its tiles (the join point), on every rank of the
+    group (``dst=None``: what follows runs replicated) or on tile ``dst`` only (the others get an
+    empty tensor, on which they call ``torch.autograd.backward(out, torch.empty(0))`` to receive
+    their gradient when ``dst`` runs its backward)."""
     if sg.grid.tiles == 1:
         return x
+    if dst is not None:
+        return _GatherTo.apply(x, sg, tuple(hw), dst)
     return _Gather.apply(x, sg, tuple(hw))
 
 

@@ -25,7 +25,7 @@ from outcore.cost.spatial_geometry import (bilinear_need, conv_need, conv_out_si
 from outcore.errors import UsageError
 from outcore.spatial.comm import SpatialGroup, fetch_region, group_sum
 
-__all__ = ["make_spatial", "SPATIAL_TYPES", "POINTWISE_TYPES", "global_pool_sum"]
+__all__ = ["make_spatial", "geometry_of", "SPATIAL_TYPES", "POINTWISE_TYPES", "global_pool_sum"]
 
 
 def _pair(v) -> tuple[int, int]:
@@ -285,3 +285,36 @@ def make_spatial(module: nn.Module, sg: SpatialGroup, input_hw) -> nn.Module:
     module._sp = sg
     module._sp_hw = tuple(tuple(hw) for hw in input_hw)
     return module
+
+
+def geometry_of(module: nn.Module):
+    """The pure :class:`outcore.cost.spatial.LayerGeometry` of a torch layer (for capture and the
+    planner's halo / memory costs); None for layers with no spatial version."""
+    from outcore.cost.spatial import LayerGeometry
+    if isinstance(module, nn.Conv2d):
+        pads = (_conv_pads(module, 0)[0], _conv_pads(module, 1)[0])
+        return LayerGeometry(kind="conv", kernel=module.kernel_size, stride=module.stride,
+                             padding=pads, dilation=module.dilation,
+                             same=module.padding == "same")
+    if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
+        k = _pair(module.kernel_size)
+        return LayerGeometry(kind="conv" if isinstance(module, nn.MaxPool2d) else "pool",
+                             kernel=k, stride=_pair(module.stride or k),
+                             padding=_pair(module.padding),
+                             dilation=_pair(getattr(module, "dilation", 1)),
+                             ceil_mode=module.ceil_mode)
+    if isinstance(module, nn.ConvTranspose2d):
+        return LayerGeometry(kind="conv_transpose", kernel=module.kernel_size,
+                             stride=module.stride, padding=module.padding,
+                             dilation=module.dilation, output_padding=module.output_padding)
+    if isinstance(module, nn.Upsample) and module.scale_factor is not None:
+        f = module.scale_factor
+        f = (int(f), int(f)) if isinstance(f, (int, float)) else tuple(int(v) for v in f)
+        return LayerGeometry(kind="upsample", factor=f, bilinear=module.mode == "bilinear")
+    if isinstance(module, nn.BatchNorm2d):
+        return LayerGeometry(kind="batchnorm")
+    if isinstance(module, nn.AdaptiveAvgPool2d):
+        return LayerGeometry(kind="global_pool")
+    if isinstance(module, POINTWISE_TYPES):
+        return LayerGeometry(kind="pointwise")
+    return None

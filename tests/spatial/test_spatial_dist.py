@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from outcore.runtime.launch import run_local
-from tests.spatial.workers import LAYERS, reference, suite_worker
+from tests.spatial.workers import LAYERS, gather_worker, reference, suite_worker
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
@@ -64,3 +64,14 @@ def test_spatial_equals_serial(grid, ranks, jobs):
                     assert not bad, f"{layer} on {grid}: relative errors {bad}"
         else:
             assert_same_training(per_rank, reference(job[1], SHAPE, steps))
+
+
+def test_gather_to_all_and_to_one_rank():
+    """The join's gather: the whole tensor (on every rank, or on rank 1 only with an empty
+    tensor elsewhere) and each tile's gradient back (2x1 grid of 13 x 11: tiles 7 and 6 rows)."""
+    results = run_local(gather_worker, 2, ("2x1", 1), timeout_s=60, overall_timeout_s=120)
+    for r in results:
+        assert r[(None, "value")] == 0 and r[(None, "grad")] == 0
+        assert r[(1, "grad")] == 0
+        # rank 1: largest difference from the whole tensor; rank 0: elements of what it got
+        assert r[(1, "value")] == 0

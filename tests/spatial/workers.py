@@ -140,3 +140,30 @@ def suite_worker(ctx, grid, jobs, shape, steps):
         else:
             out[job] = spatial_worker(ctx, job[1], grid, shape, steps, job[2])
     return out
+
+
+def gather_worker(ctx, grid, dst):
+    """gather_tiles to every rank and to one rank: values and the input gradient."""
+    import torch.distributed as dist
+    from outcore.spatial import SpatialGroup, TileGrid, gather_tiles, scatter_image
+    sg = SpatialGroup(TileGrid.parse(grid))
+    x = torch.randn(2, 3, 13, 11, generator=torch.Generator().manual_seed(5),
+                    dtype=torch.float64)
+    w = torch.randn(2, 3, 13, 11, generator=torch.Generator().manual_seed(6),
+                    dtype=torch.float64)
+    out = {}
+    for mode in (None, dst):
+        tile = scatter_image(x, sg).clone().requires_grad_(True)
+        full = gather_tiles(tile, sg, (13, 11), dst=mode)
+        if mode is None or sg.tile == mode:
+            out[(mode, "value")] = (full - x).abs().max().item()
+            (full * w).sum().backward()
+        else:
+            out[(mode, "value")] = float(full.numel())
+            torch.autograd.backward(full, torch.empty(0, dtype=full.dtype))
+        g = torch.zeros_like(x)
+        r0, r1, c0, c1 = sg.grid.region(sg.tile, 13, 11)
+        g[:, :, r0:r1, c0:c1] = tile.grad
+        dist.all_reduce(g)
+        out[(mode, "grad")] = (g - w).abs().max().item()
+    return out
