@@ -18,7 +18,7 @@ from outcore.cost.spatial_geometry import (TileGrid, bilinear_need, conv_need, c
                                            halo_sides, intervals, upsample_need)
 from outcore.errors import UsageError
 
-__all__ = ["LayerGeometry", "output_hw", "tile_needs", "tile_halos", "halo_bytes",
+__all__ = ["LayerGeometry", "LayerCost", "chain_costs", "output_hw", "tile_needs", "tile_halos", "halo_bytes",
            "gather_bytes", "tile_activation_bytes", "bn_allreduce_bytes"]
 
 KINDS = ("conv", "pool", "conv_transpose", "upsample", "pointwise", "batchnorm", "global_pool")
@@ -144,3 +144,49 @@ def bn_allreduce_bytes(channels: int, dtype_bytes: int = 4) -> int:
     """Payload of a spatial batch norm's forward all-reduces (sum, then centred sum of squares;
     the backward all-reduces the same two vectors' gradients)."""
     return 2 * channels * dtype_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCost:
+    """One layer of a chain on tiles, per tile (the largest over the tiles).
+
+    out_hw: global output size; out_bytes: the tile's output; region_bytes: the input region a
+    windowed layer reads and keeps for its backward (own rows + halo + padding; 0 for element-wise
+    layers, which read their input in place); halo_bytes: received per forward (the backward sends
+    as many back); allreduce_bytes: batch norm's statistics per forward.
+    """
+
+    out_hw: tuple[int, int]
+    out_bytes: int
+    region_bytes: int
+    halo_bytes: int
+    allreduce_bytes: int
+
+
+def _region_len(layer: LayerGeometry, need: tuple[int, int], n: int) -> int:
+    """Rows of the region a layer computes on: padded for windows, clipped otherwise."""
+    if layer.kind in ("conv", "pool"):
+        return need[1] - need[0]
+    return max(0, min(need[1], n) - max(need[0], 0))
+
+
+def chain_costs(layers, batch: int, in_hw: tuple[int, int], grid: TileGrid,
+                dtype_bytes: int = 4) -> list[LayerCost]:
+    """Walk a chain of ``(LayerGeometry, in_channels, out_channels)`` from an image of ``in_hw``;
+    one :class:`LayerCost` per layer. A join after layer ``i`` gathers ``layers[i]``'s output
+    (:func:`gather_bytes`); the saved activations per tile up to there are the sum of
+    ``out_bytes + region_bytes`` of layers ``0..i`` (plus the input tile)."""
+    out, hw = [], tuple(in_hw)
+    for layer, cin, cout in layers:
+        halo = max(halo_bytes(layer, batch, cin, hw, grid, dtype_bytes))
+        region = 0
+        if layer.kind not in ("pointwise", "batchnorm", "global_pool"):
+            region = max(_region_len(layer, nh, hw[0]) * _region_len(layer, nw, hw[1])
+                         for nh, nw in tile_needs(layer, hw, grid)) * batch * cin * dtype_bytes
+        hw = output_hw(layer, hw)
+        out_bytes = max(tile_activation_bytes(batch, cout, hw, grid, dtype_bytes)) \
+            if layer.kind != "global_pool" else batch * cout * dtype_bytes
+        reduce = bn_allreduce_bytes(cin, dtype_bytes) if layer.kind == "batchnorm" else 0
+        out.append(LayerCost(out_hw=hw, out_bytes=out_bytes, region_bytes=region,
+                             halo_bytes=halo, allreduce_bytes=reduce))
+    return out

@@ -89,6 +89,8 @@ class _Exchange(torch.autograd.Function):
                 recvs.append((buf, peers[j]))
                 pieces.append(buf)
         _p2p(sends, recvs, group)
+        if not pieces:                                    # this tile reads nothing on this axis
+            return x.narrow(dim, 0, 0).clone()
         return torch.cat(pieces, dim) if len(pieces) > 1 else pieces[0].clone()
 
     @staticmethod

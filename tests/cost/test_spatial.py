@@ -125,3 +125,24 @@ def test_transposed_need_covers_every_contributing_input(n, parts, k, s, p, d, o
         assert all(lo <= i < hi for i in src)
         if src and d == 1:   # with dilation the interval may hold inputs that skip the tile
             assert lo == min(src) and hi == max(src) + 1
+
+
+def test_chain_costs_hand_checked():
+    from outcore.cost.spatial import chain_costs
+    conv = LayerGeometry(kind="conv", kernel=(3, 3), padding=(1, 1))
+    pool = LayerGeometry(kind="conv", kernel=(2, 2), stride=(2, 2))
+    bn = LayerGeometry(kind="batchnorm")
+    gap = LayerGeometry(kind="global_pool")
+    g = TileGrid(rows=2, cols=1)
+    costs = chain_costs([(conv, 3, 8), (bn, 8, 8), (pool, 8, 8), (gap, 8, 8)], 1, (30, 34), g)
+    c0, c1, c2, c3 = costs
+    # conv: tile rows [0,15) read [-1,16) = 17 rows x 36 padded cols x 3 ch x 4 B = 7344;
+    # output 15 x 34 x 8 x 4 = 16320; halo one row of 34 cols x 3 ch x 4 B = 408
+    assert (c0.region_bytes, c0.out_bytes, c0.halo_bytes) == (7344, 16320, 408)
+    assert (c1.region_bytes, c1.allreduce_bytes, c1.halo_bytes) == (0, 64, 0)
+    # pool on 30 x 34 -> 15 x 17: output tiles [0,8), [8,15) read input rows [0,16), [16,30),
+    # so tile 0 (owning input rows [0,15)) takes row 15 from tile 1: the window crosses the
+    # border; region 16 x 34 x 8 x 4 = 17408, halo 1 x 34 x 8 x 4 = 1088, output 8x17x8x4 = 4352
+    assert (c2.out_hw, c2.region_bytes, c2.halo_bytes, c2.out_bytes) == ((15, 17), 17408, 1088,
+                                                                         4352)
+    assert (c3.out_hw, c3.out_bytes) == ((1, 1), 32)
