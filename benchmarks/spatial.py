@@ -47,9 +47,11 @@ def build_net():
 
 
 def predicted(size: int, tiles: int) -> dict:
-    """Largest tile's saved activations (every layer's output, plus, on tiles, each conv's input
-    region with its halo) and halo bytes received per forward, from outcore.cost.spatial."""
-    from outcore.cost.spatial import LayerGeometry, halo_bytes, output_hw, tile_activation_bytes
+    """Largest tile's saved activations and halo bytes received per forward, from
+    outcore.cost.spatial.chain_costs: the input tile, every layer's output tile and, for the
+    windowed layers on tiles, the border strips (halo + padding) they keep beside the tile
+    (outcore.spatial.comm.lean_region)."""
+    from outcore.cost.spatial import LayerGeometry, chain_costs, tile_activation_bytes
     from outcore.cost.spatial_geometry import TileGrid
     grid = TileGrid.parse(GRIDS[tiles])
     w = WIDTH
@@ -60,16 +62,15 @@ def predicted(size: int, tiles: int) -> dict:
     layers = [(conv, 3, w), (pw, w, w), (pw, w, w), (conv, w, w), (pw, w, w), (pw, w, w),
               (pool, w, w), (conv, w, 2 * w), (pw, 2 * w, 2 * w), (pw, 2 * w, 2 * w),
               (pool, 2 * w, 2 * w), (conv2, 2 * w, 2 * w), (pw, 2 * w, 2 * w)]
-    hw, act, halo = (size, size), [0] * grid.tiles, [0] * grid.tiles
-    act = tile_activation_bytes(1, 3, hw, grid)
-    for layer, cin, cout in layers:
-        h = halo_bytes(layer, 1, cin, hw, grid)
-        halo = [a + b for a, b in zip(halo, h)]
-        if tiles > 1 and (layer is conv or layer is conv2):   # a tiled conv keeps its region
-            act = [a + b + c for a, b, c in zip(act, tile_activation_bytes(1, cin, hw, grid), h)]
-        hw = output_hw(layer, hw)
-        act = [a + b for a, b in zip(act, tile_activation_bytes(1, cout, hw, grid))]
-    return {"activation_bytes": max(act), "halo_bytes": max(halo)}
+    costs = chain_costs(layers, 1, (size, size), grid)
+    act = max(tile_activation_bytes(1, 3, (size, size), grid))
+    hw = (size, size)
+    for (layer, cin, _), c in zip(layers, costs):
+        act += c.out_bytes
+        if tiles > 1 and c.region_bytes:
+            act += max(0, c.region_bytes - max(tile_activation_bytes(1, cin, hw, grid)))
+        hw = c.out_hw
+    return {"activation_bytes": act, "halo_bytes": sum(c.halo_bytes for c in costs)}
 
 
 def worker(ctx, size: int, tiles: int, steps: int):

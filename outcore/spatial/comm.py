@@ -10,6 +10,7 @@ exchanging in both directions cannot deadlock.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -17,8 +18,8 @@ import torch.distributed as dist
 
 from outcore.cost.spatial_geometry import TileGrid, intervals
 
-__all__ = ["SpatialGroup", "exchange_axis", "fetch_region", "group_sum", "gather_tiles",
-           "scatter_image"]
+__all__ = ["SpatialGroup", "exchange_axis", "fetch_region", "lean_region", "group_sum",
+           "gather_tiles", "scatter_image"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,51 @@ def fetch_region(x: torch.Tensor, sg: SpatialGroup, hw: tuple[int, int],
     if any(pads):
         x = torch.nn.functional.pad(x, pads, value=pad_value)
     return x
+
+
+def _interior(sg: SpatialGroup, hw, needs_h, needs_w):
+    """Per axis (start in the region, start in my tile, length) of the rows a region shares
+    with my tile."""
+    r, c = sg.coords
+    out = []
+    for axis, (needs, parts) in enumerate(((needs_h, sg.grid.rows), (needs_w, sg.grid.cols))):
+        o0, o1 = intervals(hw[axis], parts)[(r, c)[axis]]
+        lo, hi = needs[(r, c)[axis]]
+        a, b = max(o0, lo), min(o1, hi)
+        out.append((a - lo, a - o0, b - a))
+    return out
+
+
+def lean_region(x: torch.Tensor, xr: torch.Tensor, sg: SpatialGroup, hw, needs_h, needs_w):
+    """Saved-tensor hooks under which an operator that saves the region ``xr`` (a convolution,
+    a max pool) keeps only its border strips (halo and padding) and my tile ``x``, which the
+    layers before keep anyway: the region is rebuilt, bit for bit, when the backward needs it.
+    Without them a tiled layer would keep one more activation than the serial one."""
+    (rh, xh, lh), (rw, xw, lw) = _interior(sg, hw, needs_h, needs_w)
+    if lh <= 0 or lw <= 0 or xr.data_ptr() == x.data_ptr():
+        return contextlib.nullcontext()
+    key = (xr.data_ptr(), tuple(xr.shape))
+
+    def pack(t):
+        if not isinstance(t, torch.Tensor) or (t.data_ptr(), tuple(t.shape)) != key:
+            return t
+        strips = (t[:, :, :rh].clone(), t[:, :, rh + lh:].clone(),
+                  t[:, :, rh:rh + lh, :rw].clone(), t[:, :, rh:rh + lh, rw + lw:].clone())
+        return ("region", x.detach(), strips, tuple(t.shape))
+
+    def unpack(p):
+        if not (isinstance(p, tuple) and p and p[0] == "region"):
+            return p
+        _, xs, (top, bottom, left, right), shape = p
+        t = xs.new_empty(shape)
+        t[:, :, :rh] = top
+        t[:, :, rh + lh:] = bottom
+        t[:, :, rh:rh + lh, :rw] = left
+        t[:, :, rh:rh + lh, rw + lw:] = right
+        t[:, :, rh:rh + lh, rw:rw + lw] = xs[:, :, xh:xh + lh, xw:xw + lw]
+        return t
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
 class _GroupSum(torch.autograd.Function):

@@ -23,7 +23,7 @@ from outcore.cost.spatial_geometry import (bilinear_need, conv_need, conv_out_si
                                            conv_transpose_need, conv_transpose_out_size,
                                            intervals, pool_divisors, upsample_need)
 from outcore.errors import UsageError
-from outcore.spatial.comm import SpatialGroup, fetch_region, group_sum
+from outcore.spatial.comm import SpatialGroup, fetch_region, group_sum, lean_region
 
 __all__ = ["make_spatial", "geometry_of", "SPATIAL_TYPES", "POINTWISE_TYPES", "global_pool_sum"]
 
@@ -87,7 +87,8 @@ class SpatialConv2d(_SpatialMixin, nn.Conv2d):
 
         _, (nh, nw) = self._plans(hw, out_fn, need_fn)
         xr = fetch_region(x, self._sp, hw, nh, nw, 0.0)
-        return F.conv2d(xr, self.weight, self.bias, s, 0, d, self.groups)
+        with lean_region(x, xr, self._sp, hw, nh, nw):
+            return F.conv2d(xr, self.weight, self.bias, s, 0, d, self.groups)
 
 
 class SpatialMaxPool2d(_SpatialMixin, nn.MaxPool2d):
@@ -101,7 +102,8 @@ class SpatialMaxPool2d(_SpatialMixin, nn.MaxPool2d):
             hw, lambda a, n: conv_out_size(n, k[a], s[a], p[a], d[a], self.ceil_mode),
             lambda a, o0, o1, n: conv_need(o0, o1, k[a], s[a], p[a], d[a]))
         xr = fetch_region(x, self._sp, hw, nh, nw, -math.inf)
-        return F.max_pool2d(xr, k, s, 0, d, ceil_mode=False)
+        with lean_region(x, xr, self._sp, hw, nh, nw):
+            return F.max_pool2d(xr, k, s, 0, d, ceil_mode=False)
 
 
 class SpatialAvgPool2d(_SpatialMixin, nn.AvgPool2d):
