@@ -32,7 +32,7 @@ class SpatialGroup:
 
     @property
     def tile(self) -> int:
-        return dist.get_rank(self.group)
+        return 0 if self.grid.tiles == 1 else dist.get_rank(self.group)
 
     @property
     def coords(self) -> tuple[int, int]:
