@@ -205,6 +205,51 @@ class SpatialUpsample(_SpatialMixin, nn.Upsample):
         return y[:, :, h0:h0 + a1 - a0, w0:w0 + b1 - b0]
 
 
+class _TileBatchNorm(torch.autograd.Function):
+    """Batch norm over the whole image from tiles: the sums of ``x`` and of ``(x - mean)²`` and,
+    in the backward, of ``dy`` and ``dy·(x - mean)`` are all-reduced over the group (the
+    SyncBatchNorm scheme, whose torch kernels are CUDA-only, here in plain tensor ops). Saves
+    only ``x``, like the serial layer. Weight and bias gradients are this tile's part (summed
+    over the tiles by ``SpatialModel.reduce_gradients``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, n, eps, group):
+        s1 = x.sum((0, 2, 3))
+        if group is not False:
+            torch.distributed.all_reduce(s1, group=group)
+        mean = s1 / n
+        xc = x - mean[None, :, None, None]
+        s2 = (xc * xc).sum((0, 2, 3))
+        if group is not False:
+            torch.distributed.all_reduce(s2, group=group)
+        var = s2 / n
+        invstd = torch.rsqrt(var + eps)
+        y = xc.mul_(invstd[None, :, None, None])
+        if weight is not None:
+            y = y.mul_(weight[None, :, None, None]).add_(bias[None, :, None, None])
+        ctx.save_for_backward(x, mean, invstd, weight)
+        ctx.n, ctx.group = n, group
+        ctx.mark_non_differentiable(mean, var)
+        return y, mean, var
+
+    @staticmethod
+    def backward(ctx, gy, _gmean, _gvar):
+        x, mean, invstd, weight = ctx.saved_tensors
+        xmu = x - mean[None, :, None, None]
+        local = torch.stack([gy.sum((0, 2, 3)), (gy * xmu).sum((0, 2, 3))])
+        total = local.clone()
+        if ctx.group is not False:
+            torch.distributed.all_reduce(total, group=ctx.group)
+        sum_dy, sum_dy_xmu = total[0] / ctx.n, total[1] / ctx.n
+        scale = invstd if weight is None else invstd * weight
+        gx = (gy - sum_dy[None, :, None, None]
+              - xmu.mul_((invstd * invstd * sum_dy_xmu)[None, :, None, None]))
+        gx = gx.mul_(scale[None, :, None, None])
+        gw = local[1] * invstd if weight is not None and ctx.needs_input_grad[1] else None
+        gb = local[0] if ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None, None
+
+
 class SpatialBatchNorm2d(_SpatialMixin, nn.BatchNorm2d):
     """BatchNorm2d whose training statistics are summed over the tile group: the serial
     batch statistics, and running statistics equal to the serial layer's."""
@@ -214,19 +259,15 @@ class SpatialBatchNorm2d(_SpatialMixin, nn.BatchNorm2d):
             return super().forward(x)
         hw = self._global_hw(x)
         n = x.shape[0] * hw[0] * hw[1]
-        mean = group_sum(x.sum((0, 2, 3)), self._sp) / n
-        xc = x - mean[None, :, None, None]
-        var = group_sum((xc * xc).sum((0, 2, 3)), self._sp) / n
-        y = xc * torch.rsqrt(var + self.eps)[None, :, None, None]
-        if self.affine:
-            y = y * self.weight[None, :, None, None] + self.bias[None, :, None, None]
+        group = self._sp.group if self._sp.grid.tiles > 1 else False
+        y, mean, var = _TileBatchNorm.apply(x, self.weight, self.bias, n, self.eps, group)
         if self.training and self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
                 m = self.momentum if self.momentum is not None \
                     else 1.0 / float(self.num_batches_tracked)
-                self.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)
-                self.running_var.mul_(1 - m).add_(var.detach() * (n / max(n - 1, 1)), alpha=m)
+                self.running_mean.mul_(1 - m).add_(mean, alpha=m)
+                self.running_var.mul_(1 - m).add_(var * (n / max(n - 1, 1)), alpha=m)
         return y
 
 
