@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from outcore.runtime.launch import run_local
-from tests.spatial.workers import LAYERS, gather_worker, reference, suite_worker
+from tests.spatial.workers import (LAYERS, gather_worker, reference, subgroup_worker,
+                                   suite_worker)
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
@@ -75,3 +76,12 @@ def test_gather_to_all_and_to_one_rank():
         assert r[(1, "grad")] == 0
         # rank 1: largest difference from the whole tensor; rank 0: elements of what it got
         assert r[(1, "value")] == 0
+
+
+@pytest.mark.slow
+def test_tile_groups_inside_a_larger_world():
+    """World of 4, tile groups {0, 2} and {1, 3}: messages go to the right global ranks."""
+    results = run_local(subgroup_worker, 4, ("resnet", "1x2", SHAPE, 2, "fc"), timeout_s=60,
+                        overall_timeout_s=150)
+    assert [r["tile"] for r in results] == [0, 0, 1, 1]
+    assert_same_training(results, reference("resnet", SHAPE, 2))

@@ -167,3 +167,18 @@ def gather_worker(ctx, grid, dst):
         dist.all_reduce(g)
         out[(mode, "grad")] = (g - w).abs().max().item()
     return out
+
+
+def subgroup_worker(ctx, name, grid, shape, steps, join):
+    """Two tile groups of 2 in a world of 4, interleaved ({0, 2} and {1, 3}: group rank and
+    global rank differ), as when spatial parallelism sits inside a larger mesh."""
+    import torch.distributed as dist
+    from outcore.spatial import spatialize
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group = groups[ctx.rank % 2]
+    model = build(name, torch.float32)
+    sm = spatialize(model, grid, example=torch.empty(shape), group=group, join=join)
+    losses, grads, state, bufs = train(sm, name, shape, steps, torch.float32,
+                                       sm.reduce_gradients)
+    return {"rank": ctx.rank, "tile": sm.sg.tile, "losses": losses, "grads": grads,
+            "state": state, "bufs": bufs}
