@@ -21,14 +21,14 @@ LAYERS = {
     "graph": 1, "graph.capture": 1, "hardware": 1, "zoo": 1,
     "cost": 2,
     "plan": 3, "schedule": 3, "trace": 3,
-    "sim": 4, "runtime": 4, "viz": 4, "tensor": 4,
+    "sim": 4, "runtime": 4, "viz": 4, "tensor": 4, "spatial": 4,
     "partition": 5,
     "api": 6, "job": 6, "__init__": 6,
     "cli": 7,
 }
 TORCH_FREE = ("errors", "units", "jsonfile", "graph", "hardware.spec", "hardware.presets",
               "hardware.cluster", "cost.memory", "cost.analytical", "cost.regression",
-              "cost.tensor", "graph.tensor_pairs", "plan",
+              "cost.tensor", "cost.spatial", "cost.spatial_geometry", "graph.tensor_pairs", "plan",
               "schedule", "trace", "sim", "partition", "viz")
 TORCH_ALLOWED = ("graph.capture",)
 # importer -> outcore packages it must never import, whatever their layer
@@ -40,6 +40,7 @@ FORBIDDEN = {
     "partition": ("runtime",),
     "runtime": ("partition", "sim", "cost.regression", "cost.calibrate", "api", "job"),
     "tensor": ("partition", "sim", "cost.regression", "cost.calibrate", "api", "job"),
+    "spatial": ("partition", "sim", "cost.regression", "cost.calibrate", "api", "job"),
 }
 CLI_MAY_IMPORT = ("__init__", "api", "units", "errors", "cli")
 
