@@ -15,7 +15,7 @@ import numpy as np
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
-from outcore.partition import baselines, pardnn, pipeline, subgraph
+from outcore.partition import baselines, contiguous, pardnn, pipeline, subgraph
 from outcore.partition.emulate import Emulation, emulate
 from outcore.partition.feasibility import infeasible
 from outcore.partition.context import Context, make_context
@@ -30,6 +30,9 @@ STRATEGIES: dict[str, str] = {
                 "the memory limit (1F1B memory); may use fewer stages",
     "subgraph": "SUPER (Jain et al. 2021) sub-graph parallelism: the branches of each fork-join "
                 "region on different devices, trunk and device count chosen by emulation",
+    "contiguous": "the simple plans: one topological order (as given, depth-first or "
+                  "breadth-first) cut into consecutive parts of equal memory or equal time; the "
+                  "fastest that fits",
     "round-robin": "baseline: node i of the topological order on device i mod K",
     "chunks": "baseline: K contiguous chunks of equal node count over the topological order",
     "metis": "baseline: METIS k-way min-cut balanced on compute (needs pymetis)",
@@ -68,6 +71,11 @@ def partition(g: Graph, devices: int, *, memory_bytes: float | None = None,
         if best is None:
             raise _no_fit(ctx, strategy, cands)
         return _result(ctx, strategy, best, notes)
+    if strategy == "contiguous":
+        best, notes, cands = contiguous.plan(ctx)
+        if best is None:
+            raise _no_fit(ctx, strategy, cands)
+        return _result(ctx, strategy, best, notes)
     if strategy == "subgraph":
         best, notes, cands = subgraph.plan(ctx)
         if best is None:
@@ -83,6 +91,20 @@ def partition(g: Graph, devices: int, *, memory_bytes: float | None = None,
     if not cand.fits:
         raise infeasible(ctx, strategy, float(cand.peak_bytes.max()), own_placement=False)
     return _result(ctx, strategy, cand, [note] if note else [])
+
+
+def contiguous_results(g: Graph, devices: int, *, memory_bytes: float | None = None,
+                       cluster: Cluster | None = None, optimizer: str = "adam",
+                       microbatches: int = 1, top: int = 4) -> list[PartitionResult]:
+    """The ``top`` fastest contiguous splits that fit (by the emulator), fastest first, for a
+    caller that judges them with the simulator. Raises :class:`InfeasibleError` when none fits."""
+    ctx = make_context(g, devices, cluster=cluster, optimizer=optimizer,
+                       microbatches=microbatches, memory_bytes=memory_bytes)
+    best, notes, cands = contiguous.plan(ctx)
+    if best is None:
+        raise _no_fit(ctx, "contiguous", cands)
+    fitting = sorted((c for c in cands if c.fits), key=lambda c: c.makespan_s)[:top]
+    return [_result(ctx, "contiguous", c, notes[:1] + [f"chose {c.label}"]) for c in fitting]
 
 
 def _baseline(ctx: Context, strategy: str, seed: int) -> tuple[np.ndarray, str]:

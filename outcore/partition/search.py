@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["AUTO_CANDIDATES", "fits", "search"]
 
-AUTO_CANDIDATES = ("pardnn", "pipeline", "subgraph")
+AUTO_CANDIDATES = ("pardnn", "pipeline", "subgraph", "contiguous")
 
 
 def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Plan:
@@ -234,6 +234,8 @@ def _candidate(g: Graph, req: PlanRequest, budget: float | None, name: str, *,
                check_fit: bool) -> Plan:
     """One planner's plan, simulated; memory policies make it fit when it does not."""
     try:
+        if name == "contiguous":
+            return _fastest_contiguous(g, req, budget, check_fit)
         return _simulated(g, req, _partition(g, req, budget, name), check_fit)
     except InfeasibleError as e:
         if req.memory_policy == "none" or not check_fit or budget is None:
@@ -250,6 +252,17 @@ def _candidate(g: Graph, req: PlanRequest, budget: float | None, name: str, *,
     raise InfeasibleError(f"{error}; memory policies ({req.memory_policy}) cannot close the gap "
                           "either", min_devices=error.min_devices,
                           min_memory_bytes=error.min_memory_bytes)
+
+
+def _fastest_contiguous(g: Graph, req: PlanRequest, budget: float | None,
+                        check_fit: bool) -> Plan:
+    """The contiguous splits the emulator ranks best, judged by the simulator."""
+    from outcore.partition import contiguous_results
+    results = contiguous_results(g, req.model_parallel_devices, memory_bytes=budget,
+                                 cluster=req.cluster, optimizer=req.optimizer,
+                                 microbatches=req.microbatches)
+    plans = [_simulated(g, req, r, check_fit) for r in results]
+    return min(plans, key=lambda p: (not fits(p), p.predicted["iteration_s"]))
 
 
 def _partition(g: Graph, req: PlanRequest, budget: float | None, name: str):

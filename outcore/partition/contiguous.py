@@ -1,0 +1,114 @@
+"""Contiguous splits: the simple plans every search must beat (no torch).
+
+A contiguous split cuts one topological order of the graph into K consecutive parts. It is what a
+user would do by hand, and on chains and long-skip graphs (U-Nets) it is hard to beat; a planner
+that returns something slower, or says nothing fits when such a split does, is wrong. This module
+makes those splits for several orders and balance criteria, so the search always has them:
+
+* orders: the graph's own topological order; **depth-first** (Kahn's algorithm taking the most
+  recently readied node first: a branch is finished before the next starts, so RNN grids are cut
+  by layer); **breadth-first** (by level: longest path from a source, so RNN grids are cut by time
+  step);
+* balance: equal **memory** (training state of the parameters plus the micro-batches' saved
+  activations, the memory model of :mod:`outcore.partition.context`) or equal **time** (forward +
+  backward);
+* device counts: K and the counts ParDNN tries below it (:func:`pardnn.device_counts`).
+
+Each split is emulated and checked against the memory limit (:func:`result.evaluate`); the
+fastest that fits is the strategy's plan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from outcore.graph.algorithms import depth_levels
+from outcore.partition.context import Context
+from outcore.partition.result import Candidate, best_of, evaluate
+
+__all__ = ["breadth_first_order", "depth_first_order", "plan", "split"]
+
+# above this many nodes only the graph's own order is tried (each split is one emulation)
+LARGE_GRAPH_NODES = 250_000
+
+
+def depth_first_order(ctx: Context) -> np.ndarray:
+    """A topological order that finishes the newest ready branch first (LIFO Kahn; ties:
+    lowest index)."""
+    g = ctx.g
+    indeg = g.in_degree.astype(np.int64).copy()
+    ptr, idx = g.succ_ptr, g.succ_idx
+    stack = sorted((int(v) for v in np.flatnonzero(indeg == 0)), reverse=True)
+    out = np.empty(g.num_nodes, dtype=np.int64)
+    k = 0
+    while stack:
+        v = stack.pop()
+        out[k] = v
+        k += 1
+        ready = []
+        for w in idx[ptr[v]:ptr[v + 1]].tolist():
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                ready.append(w)
+        stack.extend(sorted(ready, reverse=True))
+    return out[:k]
+
+
+def breadth_first_order(ctx: Context) -> np.ndarray:
+    """Nodes by level (longest path from a source, in edges), then by topological rank."""
+    level = depth_levels(ctx.g, ctx.order)
+    return np.lexsort((ctx.rank, level)).astype(np.int64)
+
+
+def split(order: np.ndarray, weight: np.ndarray, parts: int) -> np.ndarray:
+    """Device of every node: ``order`` cut into ``parts`` consecutive runs of near-equal total
+    ``weight`` (each node goes to the part holding the middle of its weight)."""
+    n = order.size
+    a = np.empty(n, np.int64)
+    w = np.asarray(weight, dtype=np.float64)[order]
+    total = float(w.sum())
+    if total <= 0 or parts <= 1:
+        a[order] = np.minimum((np.arange(n) * parts) // max(n, 1), parts - 1)
+        return a
+    mid = np.cumsum(w) - 0.5 * w
+    a[order] = np.minimum((mid / total * parts).astype(np.int64), parts - 1)
+    return a
+
+
+def _weights(ctx: Context) -> dict[str, np.ndarray]:
+    g = ctx.g
+    memory = (g.param_bytes.astype(np.float64) * float(ctx.factor)
+              + float(ctx.microbatches) * g.saved_bytes.astype(np.float64))
+    return {"memory": memory, "time": ctx.work_s}
+
+
+def _orders(ctx: Context) -> dict[str, np.ndarray]:
+    orders = {"topological": ctx.order}
+    if ctx.g.num_nodes <= LARGE_GRAPH_NODES:
+        orders["depth-first"] = depth_first_order(ctx)
+        orders["breadth-first"] = breadth_first_order(ctx)
+    return orders
+
+
+def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
+    """The fastest contiguous split that fits, the notes, and every split tried."""
+    from outcore.partition.pardnn import device_counts
+
+    cands: list[Candidate] = []
+    seen: set[bytes] = set()
+    for oname, order in _orders(ctx).items():
+        for wname, weight in _weights(ctx).items():
+            for k in device_counts(ctx.devices):
+                a = split(order, weight, k)
+                key = a.tobytes()
+                if key in seen:
+                    continue
+                seen.add(key)
+                cands.append(evaluate(ctx.with_devices(k) if k < ctx.devices else ctx, a,
+                                      f"{oname} order, equal {wname}, {k} devices"))
+    best = best_of(cands)
+    fitting = sum(c.fits for c in cands)
+    notes = [f"{len(cands)} contiguous splits, {fitting} fit"]
+    if best is not None:
+        notes.append(f"chose {best.label}")
+    return best, notes, cands
