@@ -88,6 +88,8 @@ def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError, *,
     """``error`` with its suggestions replaced by checked ones: the fewest devices (from the
     planners' estimate upward) and the least memory per device (from the estimate upward, then
     narrowed by bisection) with which :func:`search` finds a plan that fits."""
+    if error.min_devices is None and error.min_memory_bytes is None:
+        return error  # it suggests no number: its own advice stands
     deadline = time.monotonic() + budget_s
     first = str(error).split("; ")[0]
     k = _fewest_devices(g, req, error.min_devices, deadline)
