@@ -1,0 +1,98 @@
+"""Where the runtime's time goes per piece and per message (issue: fine-grained placements).
+
+A chain of tiny Linear+Tanh layers placed round-robin over 2 workers (every layer its own piece,
+every edge a message), one micro-batch, against the same model on 1 worker. Each worker runs
+``--steps`` steps with tracing on and the script reports, per action kind, the median time per
+action (forward, backward, send, receive, optimizer) and the median step, plus the per-piece
+and per-message costs the simulator charges, so the two can be compared.
+
+    .venv/bin/python benchmarks/piece_overhead.py --layers 64 --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def worker(ctx, cfg, graph_doc, plan_doc, steps):
+    import torch
+
+    from outcore.runtime.worker import build_trainer
+    trainer, data = build_trainer(cfg, graph_doc, plan_doc, torch.device("cpu"))
+    per_kind: dict[str, list[float]] = {}
+    step_s = []
+    for step in range(steps):
+        inputs, targets = data.batch(step)
+        if ctx.world_size > 1:
+            torch.distributed.barrier()
+        t0 = time.perf_counter()
+        report = trainer.step(inputs, targets, trace=True, track_memory=False)
+        step_s.append(time.perf_counter() - t0)
+        if step >= steps // 4:  # after warm-up
+            for e in report.events:
+                per_kind.setdefault(e.kind, []).append(e.end_s - e.start_s)
+    return {"rank": ctx.rank, "step_s": step_s[steps // 4:],
+            "kinds": {k: (len(v), statistics.median(v), sum(v)) for k, v in per_kind.items()}}
+
+
+def measure(layers: int, devices: int, steps: int) -> dict:
+    import outcore
+    from outcore.graph.io import to_dict as graph_doc
+    from outcore.plan.plan import to_dict as plan_doc
+    from outcore.runtime.config import TrainConfig
+    from outcore.runtime.launch import run_local
+
+    model = f"outcore:mlp:layers={layers},width=16"
+    cfg = TrainConfig(model=model, batch_size=8, microbatches=1, steps=steps, optimizer="sgd")
+    g = outcore.model_graph(model, batch_size=8, costs="estimate:cpu")
+    p = outcore.plan(g, devices, strategy="round-robin" if devices > 1 else "auto",
+                     optimizer="sgd", device="cpu")
+    results = run_local(worker, p.devices, (cfg, graph_doc(g), plan_doc(p), steps),
+                        timeout_s=300, threads=1)
+    sim = outcore.simulate(p, g)
+    return {"devices": p.devices, "pieces": sim.to_dict()["pieces"],
+            "transfers": sim.to_dict()["transfers"],
+            "median_step_s": statistics.median(results[0]["step_s"]),
+            "predicted_step_s": sim.iteration_s,
+            "kinds": {r["rank"]: r["kinds"] for r in results}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=60)
+    args = ap.parse_args()
+    rows = [measure(args.layers, d, args.steps) for d in (1, 2)]
+    one, two = rows
+    print(f"chain of {args.layers} layers, 1 micro-batch, median step: 1 worker "
+          f"{one['median_step_s'] * 1e3:.2f} ms, 2 workers {two['median_step_s'] * 1e3:.2f} ms "
+          f"({two['median_step_s'] / one['median_step_s']:.1f}x); predicted "
+          f"{one['predicted_step_s'] * 1e3:.2f} / {two['predicted_step_s'] * 1e3:.2f} ms")
+    for row in rows:
+        print(f"{row['devices']} worker(s), {row['pieces']} pieces, {row['transfers']} "
+              "transfers; per action kind on rank 0: count per step, median us, share of step")
+        kinds = row["kinds"][0]
+        total = sum(v[2] for v in kinds.values())
+        for kind, (count, med, tot) in sorted(kinds.items(), key=lambda kv: -kv[1][2]):
+            steps = max(len(range(args.steps // 4, args.steps)), 1)
+            print(f"  {kind:10s} {count / steps:7.1f} {med * 1e6:9.1f} {tot / total:7.1%}")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "piece_overhead.json"
+    out.write_text(json.dumps({"layers": args.layers, "steps": args.steps, "rows": rows},
+                              indent=1, default=lambda x: x.tolist() if isinstance(x, np.ndarray)
+                              else str(x)))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
