@@ -137,26 +137,31 @@ def _cp_candidates(ctx: Context, a: np.ndarray, em: Emulation
     Returns ``(sizes, members, targets, gains)``: move ``i`` moves the next ``sizes[i]`` nodes of
     ``members`` to ``targets[i]``.
     """
-    g = ctx.g
-    cp = em.critical_path
     z = np.zeros(0, np.int64)
-    if cp.shape[0] < 1 or ctx.devices < 2:
+    if em.critical_path.shape[0] < 1 or ctx.devices < 2:
         return z, z, z, np.zeros(0)
-    sizes: list[np.ndarray] = []
-    sets: list[np.ndarray] = []
-    targets: list[np.ndarray] = []
-    gains: list[np.ndarray] = []
-    mbs = ctx.microbatches
+    moves = _node_switches(ctx, a, em) + _run_moves(ctx, a, em)
+    if not moves:
+        return z, z, z, np.zeros(0)
+    sizes, sets, targets, gains = zip(*moves)
+    return (np.concatenate(sizes), np.concatenate(sets).astype(np.int64),
+            np.concatenate(targets).astype(np.int64), np.concatenate(gains))
+
+
+Move = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # sizes, members, targets, gains
+
+
+def _node_switches(ctx: Context, a: np.ndarray, em: Emulation) -> list[Move]:
+    """Gap-aware moves of single critical nodes (gains of a node in both phases add)."""
+    g, cp, mbs = ctx.g, em.critical_path, ctx.microbatches
     dev_task = np.tile(a, mbs)
-    fs, fe = em.fwd_start_s.ravel(), em.fwd_end_s.ravel()
-    bs, be = em.bwd_start_s.ravel(), em.bwd_end_s.ravel()
-    fptr, fst, fen = _intervals(dev_task, fs, fe, ctx.devices)
-    bptr, bst, ben = _intervals(dev_task, bs, be, ctx.devices)
+    fptr, fst, fen = _intervals(dev_task, em.fwd_start_s.ravel(), em.fwd_end_s.ravel(),
+                                ctx.devices)
+    bptr, bst, ben = _intervals(dev_task, em.bwd_start_s.ravel(), em.bwd_end_s.ravel(),
+                                ctx.devices)
     fdur = np.ascontiguousarray(g.fwd_s, np.float64)
     bdur = np.ascontiguousarray(g.bwd_s, np.float64)
-    found_node: list[np.ndarray] = []
-    found_target: list[np.ndarray] = []
-    found_gain: list[np.ndarray] = []
+    found_node, found_target, found_gain = [], [], []
     for mb in np.unique(cp[:, 1]).tolist():
         rows = cp[cp[:, 1] == mb]
         node, target, gain = cp_switch_gains(
@@ -169,15 +174,18 @@ def _cp_candidates(ctx: Context, a: np.ndarray, em: Emulation
         found_node.append(node[ok])
         found_target.append(target[ok])
         found_gain.append(gain[ok])
-    del fptr, fst, fen, bptr, bst, ben
-    if found_node:
-        key = np.concatenate(found_node) * ctx.devices + np.concatenate(found_target)
-        uniq, inv = np.unique(key, return_inverse=True)  # a node in both phases: gains add
-        total = np.bincount(inv, weights=np.concatenate(found_gain), minlength=uniq.size)
-        sizes.append(np.ones(uniq.size, np.int64))
-        sets.append(uniq // ctx.devices)
-        targets.append(uniq % ctx.devices)
-        gains.append(total)
+    if not found_node:
+        return []
+    key = np.concatenate(found_node) * ctx.devices + np.concatenate(found_target)
+    uniq, inv = np.unique(key, return_inverse=True)
+    total = np.bincount(inv, weights=np.concatenate(found_gain), minlength=uniq.size)
+    return [(np.ones(uniq.size, np.int64), uniq // ctx.devices, uniq % ctx.devices, total)]
+
+
+def _run_moves(ctx: Context, a: np.ndarray, em: Emulation) -> list[Move]:
+    """Moves of the critical runs on either side of each device change that save
+    communication (a run: consecutive critical tasks of one phase on one device)."""
+    g, cp, mbs = ctx.g, em.critical_path, ctx.microbatches
     nodes = cp[:, 2].astype(np.int64)
     dev = a[nodes]
     phase = cp[:, 0]
@@ -188,6 +196,7 @@ def _cp_candidates(ctx: Context, a: np.ndarray, em: Emulation
     cap = max(1, g.num_nodes // (2 * ctx.devices))
     mark = np.zeros(g.num_nodes, np.bool_)
     seen: set[tuple[int, int, int]] = set()
+    out: list[Move] = []
 
     def consider(members: np.ndarray, target: int) -> None:
         if mbs > 1:  # a node appears once per micro-batch
@@ -200,20 +209,15 @@ def _cp_candidates(ctx: Context, a: np.ndarray, em: Emulation
                                g.pred_ptr, g.pred_idx, g.pred_edge, ctx.edge_bytes, ctx.lat_s,
                                ctx.inv_bw)
         if delta < -1e-15:
-            sizes.append(np.array([members.size], np.int64))
-            sets.append(members)
-            targets.append(np.array([target], np.int64))
-            gains.append(np.array([-delta]))
+            out.append((np.array([members.size], np.int64), members,
+                        np.array([target], np.int64), np.array([-delta])))
 
     for i in change.tolist()[:MAX_RUN_MOVES]:
         du, dv = int(dev[i]), int(dev[i + 1])
         ru, rv = run_id[i], run_id[i + 1]
         consider(nodes[run_start[ru]:run_end[ru]], dv)
         consider(nodes[run_start[rv]:run_end[rv]], du)
-    if not sizes:
-        return z, z, z, np.zeros(0)
-    return (np.concatenate(sizes), np.concatenate(sets).astype(np.int64),
-            np.concatenate(targets).astype(np.int64), np.concatenate(gains))
+    return out
 
 
 def _intervals(dev_task: np.ndarray, start: np.ndarray, end: np.ndarray, k: int

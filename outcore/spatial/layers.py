@@ -23,7 +23,7 @@ from outcore.cost.spatial_geometry import (bilinear_need, conv_need, conv_out_si
                                            conv_transpose_need, conv_transpose_out_size,
                                            intervals, pool_divisors, upsample_need)
 from outcore.errors import UsageError
-from outcore.spatial.comm import SpatialGroup, fetch_region, group_sum, lean_region
+from outcore.spatial.comm import SpatialGroup, fetch_region, lean_region
 
 __all__ = ["make_spatial", "geometry_of", "SPATIAL_TYPES", "POINTWISE_TYPES", "global_pool_sum"]
 
