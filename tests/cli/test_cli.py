@@ -119,3 +119,19 @@ def test_train_out_of_core_on_one_device(tmp_path):
             "--batch-size", "16", "--steps", "1", "--memory-policy", "none",
             "--costs", "estimate:cpu", cwd=tmp_path)
     assert r.returncode == 2 and "devices" in r.stderr
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_train_starts_only_the_workers_the_plan_uses(tmp_path):
+    """--devices 4 on a model too small to split: the plan uses fewer devices, the run says
+    so and starts only those workers (the report and the plan agree)."""
+    r = run("train", "outcore:mlp", "--devices", "4", "--steps", "1", "--costs", "estimate",
+            "--run-dir", "run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert report["devices"] == plan["devices"] < 4
+    assert len(report["busy_s"]) == plan["devices"]
+    assert f"the plan uses {plan['devices']} of 4 devices" in r.stdout
+    assert any("starting" in n for n in plan["notes"])
