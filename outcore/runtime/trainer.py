@@ -29,7 +29,7 @@ from outcore.runtime.memtrack import MemoryTracker
 from outcore.runtime.modules import build_piece_modules, prune_unowned
 from outcore.runtime.offload import running_stats
 from outcore.runtime.values import value_metas
-from outcore.graph.capture import trace
+from outcore.graph.capture import retrace
 from outcore.schedule.make import make_schedule
 from outcore.sim.simulate import cluster_from_plan
 
@@ -133,7 +133,7 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.microbatches = microbatches
         self.track_memory = track_memory
-        traced = trace(model, leaves=tuple(graph.meta.get("forced_leaves", ())))
+        traced = retrace(model, tuple(micro_inputs), graph.meta)
         gm = traced.gm
         names = [n.name for n in gm.graph.nodes]
         if names != [graph.name_of(i) for i in range(graph.num_nodes)]:

@@ -18,7 +18,7 @@ from outcore.plan.plan import align, from_dict as plan_from_dict
 from outcore.plan.replicas import replication_of
 from outcore.runtime import checkpoint
 from outcore.runtime.config import TrainConfig
-from outcore.runtime.data import ImageFolderData, SyntheticData, split
+from outcore.runtime.data import ImageFolderData, SyntheticData, TextData, split
 from outcore.runtime.trainer import Trainer
 from outcore.sim.timeline import Timeline, save_events
 
@@ -70,12 +70,17 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
     output_meta = trainer.executor.metas[output_name]
     if cfg.data == "synthetic":
         data = SyntheticData(spec.example_inputs, spec.int_high, output_meta, cfg.batch_size,
-                             cfg.seed)
+                             cfg.seed, spec.task, spec.task_options)
     elif cfg.data.startswith("imagefolder:"):
         data = ImageFolderData(cfg.data.split(":", 1)[1], spec.example_inputs[0],
                                cfg.batch_size, cfg.seed)
+    elif cfg.data.startswith("text:"):
+        data = TextData(cfg.data.split(":", 1)[1], spec.example_inputs[0], cfg.batch_size,
+                        cfg.seed, spec.task, spec.task_options,
+                        vocab=spec.int_high[0] if spec.int_high else None)
     else:
-        raise UsageError(f"unknown data {cfg.data!r}: use synthetic or imagefolder:PATH")
+        raise UsageError(f"unknown data {cfg.data!r}: use synthetic, imagefolder:PATH or "
+                         "text:FILE")
     return trainer, data
 
 

@@ -1,6 +1,7 @@
 """Turn a model name into a model builder and an example input.
 
-Three forms (DESIGN.md): ``torchvision:<builder>``, ``outcore:<zoo model>``, and
+Five forms (DESIGN.md): ``torchvision:<builder>``, ``outcore:<zoo model>``, ``hf:<model type>``
+and ``timm:<name>`` (:mod:`outcore.zoo.ecosystem`, optional extras), and
 ``path/to/file.py:function`` (the function returns a module, or a ``(module, example_input)``
 pair). Builder options follow a second colon: ``outcore:resnet_k:depth=110,width=16``,
 ``torchvision:resnet50:num_classes=10``. No weights are ever downloaded.
@@ -84,12 +85,17 @@ class ModelSpec:
         build: builds a fresh model (call after seeding for reproducible weights).
         example_inputs: example inputs at ``batch_size`` (batch is dimension 0 of each).
         int_high: per input, the exclusive upper bound of integer inputs (token ids), or None.
+        task: what the targets are (``causal_lm``, ``masked_lm``, ``seq2seq_lm``,
+            ``classification``, ``regression``), or None: inferred from the output's shape.
+        task_options: what the task needs (``mask_token_id`` of a masked LM).
     """
 
     name: str
     build: Callable[[], nn.Module]
     example_inputs: Inputs
     int_high: tuple[int | None, ...] = field(default=())
+    task: str | None = None
+    task_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -155,19 +161,29 @@ def resolve_model(spec: str, *, input_shape: tuple[int, ...] | None = None,
         batch_size: batch of the example input (overrides the first dimension).
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ModelError("no model given: name it torchvision:<builder>, outcore:<zoo model> "
-                         "or path/to/file.py:function")
+        raise ModelError("no model given: name it torchvision:<builder>, outcore:<zoo model>, "
+                         "hf:<model type>, timm:<name> or path/to/file.py:function")
     spec = spec.strip()
     kind, _, rest = spec.partition(":")
     if kind == "torchvision":
         return _torchvision(spec, rest, input_shape, batch_size)
     if kind == "outcore":
         return _zoo(spec, rest, input_shape, batch_size)
+    if kind == "hf":
+        from outcore.zoo.ecosystem import hf_model
+        seq = input_shape[1] if input_shape is not None and len(input_shape) > 1 else None
+        return ModelSpec(spec, **hf_model(spec, rest, _parse_options,
+                                          batch_size or (input_shape[0] if input_shape else None),
+                                          seq))
+    if kind == "timm":
+        from outcore.zoo.ecosystem import timm_model
+        return ModelSpec(spec, **timm_model(spec, rest, _parse_options, batch_size, input_shape))
     if ".py" in spec:
         return _from_file(spec, input_shape, batch_size)
     raise ModelError(f"unknown model {spec!r}: name it torchvision:<builder> (e.g. "
                      "torchvision:resnet50), outcore:<zoo model> (one of "
-                     f"{', '.join(zoo_names())}) or path/to/file.py:function")
+                     f"{', '.join(zoo_names())}), hf:<model type> (e.g. hf:gpt2), "
+                     "timm:<name> (e.g. timm:resnet18) or path/to/file.py:function")
 
 
 def _zoo(spec: str, rest: str, input_shape: tuple[int, ...] | None,
