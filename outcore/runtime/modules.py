@@ -131,6 +131,20 @@ def _identity(x):
 torch.fx.wrap("_identity")
 
 
+def param_aliases(gm: fx.GraphModule) -> dict[str, str]:
+    """Every parameter name -> the first name of the same tensor (tied weights: an embedding
+    and an output layer sharing one weight have two names, one tensor).
+
+    Call before :func:`prune_unowned`. Ranks holding different users of a tied weight know it
+    by different names; the first name is the one all of them agree on (gradient buckets,
+    checkpoints, returned state)."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in gm.named_parameters(remove_duplicate=False):
+        out[name] = first.setdefault(id(p), name)
+    return out
+
+
 def prune_unowned(gm: fx.GraphModule, pieces_here: list[PieceModule]) -> list[str]:
     """Drop parameters and buffers no piece of this rank uses; return the kept parameter names.
 

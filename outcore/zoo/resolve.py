@@ -298,29 +298,43 @@ def _from_file(spec: str, input_shape: tuple[int, ...] | None,
         return result, example
 
     _, example = call()
+    high: tuple[int | None, ...] = ()
     if example is not None:
         example_inputs = example if isinstance(example, tuple) else (example,)
         if not all(isinstance(x, torch.Tensor) for x in example_inputs):
             raise ModelError(f"{spec}: the example input must be a tensor or a tuple of tensors")
+        # the token range comes from the user's example, before any resizing
+        high = tuple(None if x.is_floating_point() else _token_bound(x) for x in example_inputs)
         if input_shape is not None or batch_size is not None:
             if input_shape is not None and len(example_inputs) != 1:
                 raise UsageError(f"{spec} takes {len(example_inputs)} inputs; --input-shape "
                                  "describes one")
             b = batch_size or (input_shape[0] if input_shape else example_inputs[0].shape[0])
-            example_inputs = tuple(_resize(x, b, input_shape) for x in example_inputs)
+            example_inputs = tuple(_resize(x, b, input_shape, h)
+                                   for x, h in zip(example_inputs, high))
     elif input_shape is not None:
         b = batch_size or input_shape[0]
-        example_inputs = (torch.randn((b, *input_shape[1:])),)
+        example_inputs = (torch.randn((b, *input_shape[1:]), generator=_seeded()),)
+        high = (None,)
     else:
         raise UsageError(f"{spec} returns no example input: give --input-shape "
                          "(e.g. 8x3x224x224) or return (model, example_input)")
-    high = tuple(None if x.is_floating_point() else int(x.max().item()) + 1
-                 for x in example_inputs)
     return ModelSpec(spec, lambda: call()[0], tuple(example_inputs), high)
 
 
-def _resize(x: torch.Tensor, batch: int, shape: tuple[int, ...] | None) -> torch.Tensor:
+def _seeded() -> torch.Generator:
+    """Example inputs are drawn from a fixed seed: the same command gives the same run."""
+    return torch.Generator().manual_seed(0)
+
+
+def _token_bound(x: torch.Tensor) -> int:
+    """Exclusive upper bound of an integer example input's values (its token range)."""
+    return int(x.max().item()) + 1 if x.numel() else 1
+
+
+def _resize(x: torch.Tensor, batch: int, shape: tuple[int, ...] | None,
+            high: int | None) -> torch.Tensor:
     new = (batch, *(shape[1:] if shape else x.shape[1:]))
     if x.is_floating_point():
-        return torch.randn(new, dtype=x.dtype)
-    return torch.randint(0, int(x.max().item()) + 1, new, dtype=x.dtype)
+        return torch.randn(new, dtype=x.dtype, generator=_seeded())
+    return torch.randint(0, high or _token_bound(x), new, dtype=x.dtype, generator=_seeded())
