@@ -59,6 +59,7 @@ def trace(model: nn.Module, leaves: Iterable[str] = (), n_inputs: int | None = N
     names = {id(m): q for q, m in model.named_modules()}
     for _ in range(len(names) + 1):
         tracer = _Tracer(leaf_set)
+        _forget_constants(model)  # left by a failed attempt
         try:
             graph = tracer.trace(model, concrete_args=concrete or None)
             _drop_concrete_placeholders(graph, concrete)
@@ -75,6 +76,7 @@ def trace(model: nn.Module, leaves: Iterable[str] = (), n_inputs: int | None = N
             forced.append(culprit)
             continue
         gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+        _forget_constants(model)
         return Traced(gm, tuple(forced))
     raise CaptureError(f"torch.fx cannot trace {type(model).__name__}")
 
@@ -117,10 +119,11 @@ def trace_model(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, leaves: I
         try:
             gm, key = export_trace(model, inputs, output)
             traced = Traced(gm, ())
-        except CaptureError:
+        except CaptureError as export_error:
             if traced is None:
-                if fx_error is not None:
-                    log.warning("torch.fx failed too: %s", fx_error)
+                if fx_error is not None:  # both failed: say both
+                    raise CaptureError(f"{fx_error}. Tried torch.export too: "
+                                       f"{export_error}") from export_error
                 raise
             chosen = "fx"  # keep the fx trace with its forced leaves
     assert traced is not None
@@ -149,6 +152,16 @@ def _mostly_forced(model: nn.Module, forced: tuple[str, ...]) -> bool:
     total = sum(p.numel() for p in model.parameters())
     held = sum(p.numel() for q in forced for p in model.get_submodule(q).parameters())
     return total > 0 and held > total / 2
+
+
+def _forget_constants(model: nn.Module) -> None:
+    """Remove the ``_tensor_constant<k>`` attributes fx tracing sets on the traced model (the
+    graph module holds its own references): otherwise the next trace of the same model names
+    its constants ``_tensor_constant2``..., and its node names no longer match the graph."""
+    for name in [k for k in vars(model) if k.startswith("_tensor_constant")]:
+        delattr(model, name)
+    for name in [k for k in model._buffers if k.startswith("_tensor_constant")]:
+        del model._buffers[name]
 
 
 def _defaults_after(model: nn.Module, n_inputs: int | None) -> dict[str, Any]:

@@ -120,7 +120,7 @@ def _parse_options(text: str, where: str) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if not text:
         return opts
-    for item in text.split(","):
+    for item in _top_level_items(text):
         if "=" not in item:
             raise UsageError(f"model option {item!r} in {where!r} must be key=value, "
                              "e.g. outcore:resnet_k:depth=110")
@@ -131,6 +131,19 @@ def _parse_options(text: str, where: str) -> dict[str, Any]:
             low = value.strip().lower()
             opts[key.strip()] = {"true": True, "false": False}.get(low, value.strip())
     return opts
+
+
+def _top_level_items(text: str) -> list[str]:
+    """``text`` split at commas outside brackets: ``depths=(1,1),heads=2`` has two items."""
+    items, depth, start = [], 0, 0
+    for k, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            items.append(text[start:k])
+            start = k + 1
+    items.append(text[start:])
+    return items
 
 
 def _check_options(fn: Callable[..., Any], opts: dict[str, Any], label: str,
