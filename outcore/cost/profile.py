@@ -68,7 +68,9 @@ class _EnvRecorder(fx.Interpreter):
                 v = self.env[a]
                 if a.op == "get_attr" and isinstance(v, torch.Tensor):
                     return _Fixed(v)
-                return v.detach() if isinstance(v, torch.Tensor) else v
+                # a copy: a later in-place op of the forward must not change what this node
+                # is timed on (T5's bucket indices grow past the embedding otherwise)
+                return v.detach().clone() if isinstance(v, torch.Tensor) else v
             self.inputs[n.name] = (fx.map_arg(n.args, value), fx.map_arg(n.kwargs, value))
         return super().run_node(n)
 
@@ -92,6 +94,8 @@ def _fresh_inputs(saved: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, l
             leaf = v.detach().clone().requires_grad_(True)
             leaves.append(leaf)
             return leaf.clone()
+        if isinstance(v, torch.Tensor):  # timed in-place ops must not drift integer inputs
+            return v.clone()
         return v
 
     return tree_map(make, saved), leaves
