@@ -128,6 +128,8 @@ def trace_model(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, leaves: I
             chosen = "fx"  # keep the fx trace with its forced leaves
     assert traced is not None
     meta = {"path": chosen, "leaves": list(leaves), "n_inputs": len(inputs)}
+    if chosen == "export" and inputs and inputs[0].dim():
+        meta["batch"] = int(inputs[0].shape[0])
     if key is not None:
         meta["output"] = key
     return traced, meta
@@ -142,8 +144,21 @@ def retrace(model: nn.Module, inputs: tuple[torch.Tensor, ...], meta: dict[str, 
         return trace_model(model, inputs, leaves=leaves, output=how.get("output"))[0]
     if how.get("path") == "export":
         from outcore.graph.export_trace import export_trace
+        batch = how.get("batch")
+        if batch and inputs and inputs[0].dim() and inputs[0].shape[0] != batch:
+            # the graph was exported at this batch: the same batch gives the same graph (a
+            # batch of 1 would be specialised); the graph itself runs any batch size
+            inputs = tuple(_to_batch(x, int(batch)) for x in inputs)
         return Traced(export_trace(model, inputs, how.get("output"))[0], ())
     return trace(model, leaves, n_inputs=how.get("n_inputs", len(inputs)) if how else None)
+
+
+def _to_batch(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """``x`` with its rows repeated (or cut) to ``batch`` rows."""
+    if not x.dim():
+        return x
+    reps = -(-batch // x.shape[0])
+    return x.repeat(reps, *([1] * (x.dim() - 1)))[:batch]
 
 
 def _mostly_forced(model: nn.Module, forced: tuple[str, ...]) -> bool:
@@ -363,7 +378,8 @@ def _module_path(n: fx.Node) -> str:
 
 def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
             depth: int | None = None, leaves: Iterable[str] = (), fake: bool = True,
-            path: str = "auto", output: str | None = None) -> Graph:
+            path: str = "auto", output: str | None = None,
+            leaf_modules: Iterable[str] = ()) -> Graph:
     """Capture ``model`` as a :class:`Graph` at layer level (or collapsed to ``depth``).
 
     Args:
@@ -371,7 +387,8 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
         example_inputs: a tensor or tuple of tensors; its first dimension is the batch.
         name: graph name (default: the model's class name).
         depth: collapse blocks deeper than this module depth (None: keep every layer).
-        leaves: module paths to keep as single layers (the ``leaf_modules`` of torch.fx).
+        leaves, leaf_modules: module paths to keep as single layers (torch.fx leaf modules;
+            giving any makes ``auto`` use torch.fx).
         fake: record shapes under FakeTensorMode (no memory, no compute); False runs for real.
         path: ``auto``, ``fx`` or ``export`` (see :func:`trace_model`).
         output: key of a dict / ``ModelOutput`` result to train on (default loss, else logits).
@@ -381,7 +398,8 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
     ``meta['capture']`` records how the model was traced; the runtime traces it the same way.
     """
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    traced, how = trace_model(model, inputs, leaves=leaves, path=path, output=output)
+    traced, how = trace_model(model, inputs, leaves=tuple(leaves) + tuple(leaf_modules),
+                              path=path, output=output)
     rec = record(traced.gm, inputs, fake=fake)
     g = graph_from_fx(traced.gm, rec, name or type(model).__name__,
                       batch_size=int(inputs[0].shape[0]) if inputs and inputs[0].dim() else None)
@@ -397,12 +415,21 @@ def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool =
     try:
         return _run_recorder(gm, inputs, fake)
     except Exception as fake_error:
+        if not fake and _is_batch_of_one(fake_error):
+            raise ModelError(f"batch norm cannot train on a micro-batch of {inputs[0].shape[0]} "
+                             f"(input {shapes}): it needs more than one value per channel; use "
+                             "a larger batch or fewer micro-batches") from fake_error
         if not fake:
             raise ModelError(f"the model fails on an input of shape {shapes}: "
                              f"{type(fake_error).__name__}: {_first_line(fake_error)}; check "
                              "--input-shape") from fake_error
         log.debug("fake-tensor run failed (%s); running for real", fake_error)
         return record(gm, inputs, fake=False)
+
+
+def _is_batch_of_one(e: BaseException) -> bool:
+    """Batch norm's refusal of one value per channel (a micro-batch of 1 after pooling)."""
+    return "more than 1 value per channel" in str(e)
 
 
 def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,

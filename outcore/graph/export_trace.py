@@ -17,8 +17,9 @@ The exported program is turned back into a plain ``fx.GraphModule`` that the res
   else ``logits``, else its first tensor; the key is returned so it can be recorded;
 - export's own guard and metadata-assertion nodes are dropped.
 
-The graph is specialised to the input shapes it was exported with (views carry the batch size),
-so the runtime re-exports at its micro-batch shape: node names do not depend on the shapes.
+The batch dimension is exported as a symbol (``Dim.AUTO``), so one graph runs every micro-batch
+size; the runtime re-exports at the captured batch size (inputs repeated to it), so node names
+match the graph whatever its micro-batch.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     try:
         if cache:  # a cache object in the output is not a pytree; training never uses it
             config.use_cache = False
-        ep = torch.export.export(model, tuple(inputs), strict=False)
+        ep = torch.export.export(model, tuple(inputs), strict=False,
+                                 dynamic_shapes=_batch_dynamic(inputs))
     except Exception as e:  # export failures come in many types: one message for all
         text = str(e).strip().splitlines()
         raise CaptureError(
@@ -84,6 +86,13 @@ def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     _register_buffers(gm, model, graph)
     gm.recompile()
     return gm, key
+
+
+def _batch_dynamic(inputs: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+    """The batch dimension of every input is symbolic (``Dim.AUTO``: export specialises it
+    instead of failing when the model fixes it), so one graph serves every micro-batch size."""
+    return tuple({0: torch.export.Dim.AUTO} if isinstance(x, torch.Tensor) and x.dim() else None
+                 for x in inputs)
 
 
 def _is_impure(n: fx.Node) -> bool:

@@ -74,7 +74,8 @@ def _worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tupl
         out = fn(ctx, *args)
         results.put((rank, "ok", _pack(out)))
     except BaseException as e:  # report everything to the launcher, then exit non-zero
-        msg = str(e) if isinstance(e, OutcoreError) else \
+        # first line: the error; then the worker's traceback (shown by ``--debug``)
+        msg = f"{e}\n{traceback.format_exc()}" if isinstance(e, OutcoreError) else \
             f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         try:
             results.put((rank, "error", msg))
@@ -162,7 +163,7 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
             others = [f"rank {r}: {_short(m)}" for r, m in ordered[1:3] if r != rank]
             if others:
                 text += " (then " + "; ".join(others) + ")"
-            raise RuntimeFailure(text)
+            raise RuntimeFailure(text) from WorkerTraceback(f"rank {rank}: {msg}")
         return [outputs[r] for r in range(world_size)]
     except KeyboardInterrupt:
         raise LaunchError("interrupted; all workers stopped") from None
@@ -195,10 +196,15 @@ def _worker_environment():
                 os.environ[k] = v
 
 
+class WorkerTraceback(Exception):
+    """The traceback of the worker whose failure ended a local run, as text: the cause of the
+    :class:`RuntimeFailure` the launcher raises, so ``outcore --debug`` prints it."""
+
+
 def _root_cause_rank(msg: str, rank: int) -> tuple[int, int]:
     """Order errors: a worker's own failure first, then a worker that died silently, then the
     communication errors and timeouts those caused in the other ranks."""
-    low = msg.lower()
+    low = _short(msg).lower()
     if "exited with code" in low:
         return (1, rank)
     if any(w in low for w in _COMM_WORDS):

@@ -148,6 +148,10 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
         raise type(e)(f"{e} (step {step})") from e
     except Exception as e:  # name the rank and the step of any failure inside a step
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "more than 1 value per channel" in text:
+            text = (f"batch norm cannot train on a micro-batch of "
+                    f"{cfg.batch_size // max(cfg.microbatches, 1)} (it needs more than one "
+                    "value per channel): use a larger --batch-size or fewer --microbatches")
         raise RuntimeFailure(f"rank {rank} step {step}: {type(e).__name__}: {text}") from e
     finally:
         if metrics_file is not None:
