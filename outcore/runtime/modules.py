@@ -17,6 +17,7 @@ from torch import nn
 
 from outcore.plan.pieces import Pieces
 from outcore.plan.replicas import fx_name
+from outcore.runtime.randomness import seed_random_nodes
 
 
 @dataclass
@@ -105,6 +106,7 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
         outputs = list(out_values)
         graph.output(tuple(out_values[k] for k in outputs))
         module = fx.GraphModule(gm, graph, f"piece{piece.id}")
+        seed_random_nodes(module)  # dropout masks independent of placement
         clone = frozenset(prefix + name for name in inputs
                           if any(_is_inplace(u, gm) for u in env[name].users))
         result.append(PieceModule(piece.id, module, [prefix + k for k in inputs],
