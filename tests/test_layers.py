@@ -25,7 +25,7 @@ LAYERS = {
 TORCH_FREE = ("errors", "units", "graph", "hardware.spec", "hardware.presets", "cost.memory",
               "cost.analytical", "cost.regression", "plan", "schedule", "sim", "partition",
               "viz")
-TORCH_ALLOWED = ("graph.capture",)
+TORCH_ALLOWED = ("graph.capture", "graph.export_trace")  # capture by torch.fx, torch.export
 
 
 def module_name(path: Path) -> str:
