@@ -82,8 +82,5 @@ def assert_close(results, ref_losses, ref_state, rtol: float):
             assert err <= rtol * scale, f"rank {r['rank']} {k}: error {err:.3g} > {rtol:g} x " \
                                         f"{scale:.3g}"
             seen.add(k)
-    ids = {}
-    for k, v in ref_state.items():
-        ids.setdefault(id(v), []).append(k)
     missing = [k for k in ref_state if k not in seen]
     assert not missing, f"parameters no rank holds: {missing[:5]}"
