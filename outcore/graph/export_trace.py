@@ -81,6 +81,7 @@ def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     key = _select_output(graph, unlifted, output_key)
     graph._codegen = fx.graph.CodeGen()  # plain positional inputs, plain outputs
     _move_attrs_to_first_use(graph)
+    _first_names(model, graph)
     graph.eliminate_dead_code(is_impure_node=_is_impure)
     gm = fx.GraphModule(_attr_root(model, unlifted, graph), graph, type(model).__name__)
     _register_buffers(gm, model, graph)
@@ -143,6 +144,21 @@ def _move_attrs_to_first_use(graph: fx.Graph) -> None:
         if n.op == "get_attr" and n.users:
             first = min(n.users, key=lambda u: position[u])
             first.prepend(n)
+
+
+def _first_names(model: nn.Module, graph: fx.Graph) -> None:
+    """A tied tensor is read under the model's first name for it (export may pick another:
+    GPT-2's ``lm_head.weight`` for ``transformer.wte.weight``), as ``model.named_parameters()``
+    and checkpoints name it."""
+    first: dict[int, str] = {}
+    for name, t in list(model.named_parameters(remove_duplicate=False)) + \
+            list(model.named_buffers(remove_duplicate=False)):
+        first.setdefault(id(t), name)
+    state = dict(model.named_parameters(remove_duplicate=False))
+    state.update(model.named_buffers(remove_duplicate=False))
+    for n in graph.nodes:
+        if n.op == "get_attr" and str(n.target) in state:
+            n.target = first[id(state[str(n.target)])]
 
 
 def _attr_root(model: nn.Module, unlifted: nn.Module, graph: fx.Graph) -> dict[str, Any]:
