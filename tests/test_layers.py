@@ -30,7 +30,7 @@ TORCH_FREE = ("errors", "units", "jsonfile", "graph", "hardware.spec", "hardware
               "hardware.cluster", "cost.memory", "cost.analytical", "cost.regression",
               "cost.tensor", "cost.spatial", "cost.spatial_geometry", "graph.tensor_pairs", "plan",
               "schedule", "trace", "sim", "partition", "viz")
-TORCH_ALLOWED = ("graph.capture",)
+TORCH_ALLOWED = ("graph.capture", "graph.export_trace")
 # importer -> outcore packages it must never import, whatever their layer
 FORBIDDEN = {
     "plan": ("runtime", "sim", "partition"),

@@ -60,7 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr-schedule", choices=["none", "cosine", "step"], default="none")
     p.add_argument("--seed", type=int, default=0, help="seeds weights and data (default 0)")
     p.add_argument("--data", default="synthetic",
-                   help="synthetic (seeded random batches) or imagefolder:PATH")
+                   help="synthetic (seeded random batches), imagefolder:PATH or text:FILE "
+                        "(byte-level tokens)")
     p.add_argument("--costs", default="profile",
                    help="profile (time each layer here) or estimate[:DEVICE]")
     p.add_argument("--run-dir", help="where artifacts go (default outcore-runs/<time>-<model>)")

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from outcore.errors import GraphError, ModelError
-from outcore.graph.capture import trace
+from outcore.graph.capture import retrace
 from outcore.graph.ir import Graph
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,15 @@ def _timeit(fn: Callable[[], Any], warmup: int, repeat: int, device: torch.devic
     return statistics.median(times)
 
 
+class _Fixed:
+    """A recorded input that is model state (a parameter or buffer read by ``get_attr``): the
+    timed op gets the tensor itself, not a fresh copy requiring grad, so that batch norm's
+    running statistics stay non-differentiable buffers and parameters get their gradients."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
 class _EnvRecorder(fx.Interpreter):
     """Runs the graph and keeps every node's real inputs (detached) for isolated timing."""
 
@@ -55,9 +64,14 @@ class _EnvRecorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op in ("call_module", "call_function", "call_method"):
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            self.inputs[n.name] = tree_map(
-                lambda v: v.detach() if isinstance(v, torch.Tensor) else v, (args, kwargs))
+            def value(a: fx.Node) -> Any:
+                v = self.env[a]
+                if a.op == "get_attr" and isinstance(v, torch.Tensor):
+                    return _Fixed(v)
+                # a copy: a later in-place op of the forward must not change what this node
+                # is timed on (T5's bucket indices grow past the embedding otherwise)
+                return v.detach().clone() if isinstance(v, torch.Tensor) else v
+            self.inputs[n.name] = (fx.map_arg(n.args, value), fx.map_arg(n.kwargs, value))
         return super().run_node(n)
 
 
@@ -74,10 +88,14 @@ def _fresh_inputs(saved: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, l
     leaves: list[torch.Tensor] = []
 
     def make(v: Any) -> Any:
+        if isinstance(v, _Fixed):
+            return v.value
         if isinstance(v, torch.Tensor) and v.is_floating_point():
             leaf = v.detach().clone().requires_grad_(True)
             leaves.append(leaf)
             return leaf.clone()
+        if isinstance(v, torch.Tensor):  # timed in-place ops must not drift integer inputs
+            return v.clone()
         return v
 
     return tree_map(make, saved), leaves
@@ -172,7 +190,10 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
         raise GraphError("profile a layer-level graph (captured without --depth), then collapse")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    traced = trace(model, leaves=tuple(g.meta.get("forced_leaves", ())) + tuple(leaves))
+    meta = dict(g.meta)
+    if leaves:
+        meta["forced_leaves"] = list(meta.get("forced_leaves", ())) + list(leaves)
+    traced = retrace(model, inputs, meta)
     gm = traced.gm
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     missing = [g.name_of(i) for i in range(g.num_nodes) if g.name_of(i) not in fx_nodes]

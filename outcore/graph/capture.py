@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map_only
 from torch.utils.flop_counter import FlopCounterMode
 
 from outcore.errors import CaptureError, ModelError
@@ -46,18 +46,23 @@ class _Tracer(fx.Tracer):
         return qualname in self.leaves or super().is_leaf_module(m, qualname)
 
 
-def trace(model: nn.Module, leaves: Iterable[str] = ()) -> Traced:
+def trace(model: nn.Module, leaves: Iterable[str] = (), n_inputs: int | None = None) -> Traced:
     """Symbolically trace ``model``; modules that break tracing become leaves (with a warning).
 
+    ``n_inputs``: how many positional inputs the model is given; optional ``forward`` arguments
+    after them keep their defaults (they do not become graph inputs nobody feeds).
     Raises :class:`CaptureError` when the root module itself cannot be traced.
     """
+    concrete = _defaults_after(model, n_inputs)
     forced: list[str] = []
     leaf_set = set(leaves)
     names = {id(m): q for q, m in model.named_modules()}
     for _ in range(len(names) + 1):
         tracer = _Tracer(leaf_set)
+        _forget_constants(model)  # left by a failed attempt
         try:
-            graph = tracer.trace(model)
+            graph = tracer.trace(model, concrete_args=concrete or None)
+            _drop_concrete_placeholders(graph, concrete)
         except Exception as e:  # any tracing failure: find the module it happened in
             culprit = _innermost_module(e, names)
             if culprit is None or culprit == "" or culprit in leaf_set:
@@ -71,8 +76,150 @@ def trace(model: nn.Module, leaves: Iterable[str] = ()) -> Traced:
             forced.append(culprit)
             continue
         gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+        _forget_constants(model)
         return Traced(gm, tuple(forced))
     raise CaptureError(f"torch.fx cannot trace {type(model).__name__}")
+
+
+CAPTURE_PATHS = ("auto", "fx", "export")
+
+
+def trace_model(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, leaves: Iterable[str] = (),
+                path: str = "auto", output: str | None = None) -> tuple[Traced, dict[str, Any]]:
+    """Trace ``model`` by torch.fx or torch.export, chosen per model; returns the trace and
+    how it was made (``graph.meta['capture']``, which :func:`retrace` follows).
+
+    ``path="auto"``: Hugging Face models are exported; other models are traced by fx, and
+    exported instead when fx fails at the root or had to make leaves of modules holding more
+    than half of the parameters (e.g. a whole transformer). ``output`` picks the key of a
+    dict / ``ModelOutput`` result (default ``loss``, else ``logits``).
+    """
+    from outcore.graph.export_trace import export_trace, is_hf_model
+
+    if path not in CAPTURE_PATHS:
+        raise CaptureError(f"unknown capture path {path!r}: choose {', '.join(CAPTURE_PATHS)}")
+    leaves = tuple(leaves)
+    chosen = path
+    fx_error: CaptureError | None = None
+    traced = None
+    if path == "auto":
+        chosen = "export" if is_hf_model(model) and not leaves else "fx"
+    if chosen == "fx":
+        try:
+            traced = trace(model, leaves, n_inputs=len(inputs))
+        except CaptureError as e:
+            if path == "fx":
+                raise
+            fx_error, chosen = e, "export"
+        if traced is not None and path == "auto" and _mostly_forced(model, traced.forced_leaves):
+            log.info("torch.fx made leaves of %s; trying torch.export", traced.forced_leaves)
+            chosen = "export"
+    key = None
+    if chosen == "export":
+        try:
+            gm, key = export_trace(model, inputs, output)
+            traced = Traced(gm, ())
+        except CaptureError as export_error:
+            if traced is None:
+                if fx_error is not None:  # both failed: say both
+                    raise CaptureError(f"{fx_error}. Tried torch.export too: "
+                                       f"{export_error}") from export_error
+                raise
+            chosen = "fx"  # keep the fx trace with its forced leaves
+    assert traced is not None
+    meta = {"path": chosen, "leaves": list(leaves), "n_inputs": len(inputs)}
+    if chosen == "export" and inputs and inputs[0].dim():
+        meta["batch"] = int(inputs[0].shape[0])
+    if key is not None:
+        meta["output"] = key
+    return traced, meta
+
+
+def retrace(model: nn.Module, inputs: tuple[torch.Tensor, ...], meta: dict[str, Any]) -> Traced:
+    """Trace ``model`` the way its graph was captured (``graph.meta``), so node names match:
+    the runtime and the profiler build their modules from this."""
+    how = meta.get("capture") or {}
+    leaves = tuple(how.get("leaves", ())) + tuple(meta.get("forced_leaves", ()))
+    if how.get("path") == "auto":
+        return trace_model(model, inputs, leaves=leaves, output=how.get("output"))[0]
+    if how.get("path") == "export":
+        from outcore.graph.export_trace import export_trace
+        batch = how.get("batch")
+        if batch and inputs and inputs[0].dim() and inputs[0].shape[0] != batch:
+            # the graph was exported at this batch: the same batch gives the same graph (a
+            # batch of 1 would be specialised); the graph itself runs any batch size
+            inputs = tuple(_to_batch(x, int(batch)) for x in inputs)
+        return Traced(export_trace(model, inputs, how.get("output"))[0], ())
+    return trace(model, leaves, n_inputs=how.get("n_inputs", len(inputs)) if how else None)
+
+
+def _to_batch(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """``x`` with its rows repeated (or cut) to ``batch`` rows."""
+    if not x.dim():
+        return x
+    reps = -(-batch // x.shape[0])
+    return x.repeat(reps, *([1] * (x.dim() - 1)))[:batch]
+
+
+def _mostly_forced(model: nn.Module, forced: tuple[str, ...]) -> bool:
+    if not forced:
+        return False
+    total = sum(p.numel() for p in model.parameters())
+    held = sum(p.numel() for q in forced for p in model.get_submodule(q).parameters())
+    return total > 0 and held > total / 2
+
+
+def _forget_constants(model: nn.Module) -> None:
+    """Remove the ``_tensor_constant<k>`` attributes fx tracing sets on the traced model (the
+    graph module holds its own references): otherwise the next trace of the same model names
+    its constants ``_tensor_constant2``..., and its node names no longer match the graph."""
+    for name in [k for k in vars(model) if k.startswith("_tensor_constant")]:
+        delattr(model, name)
+    for name in [k for k in model._buffers if k.startswith("_tensor_constant")]:
+        del model._buffers[name]
+
+
+def _defaults_after(model: nn.Module, n_inputs: int | None) -> dict[str, Any]:
+    """Default values of the ``forward`` parameters after the first ``n_inputs``."""
+    if n_inputs is None:
+        return {}
+    import inspect
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    out = {}
+    for p in params[n_inputs:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.default is p.empty:
+            return {}  # a required argument was not given: let tracing report it
+        out[p.name] = p.default
+    return out
+
+
+def _drop_concrete_placeholders(graph: fx.Graph, concrete: dict[str, Any]) -> None:
+    """Replace the placeholders fx keeps for concrete (defaulted) arguments by their values,
+    and drop the checks fx adds on them (``_assert_is_none``, ``_assert(eq(...))``)."""
+    if not concrete:
+        return
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    extra = placeholders[len(placeholders) - len(concrete):]
+    for n, value in zip(extra, concrete.values()):
+        for u in list(n.users):
+            u.args = tree_map_only(fx.Node, lambda a: value if a is n else a, u.args)
+            u.kwargs = tree_map_only(fx.Node, lambda a: value if a is n else a, u.kwargs)
+        graph.erase_node(n)
+    changed = True
+    while changed:
+        changed = False
+        for n in list(graph.nodes):
+            if n.op == "call_function" and not n.users and not n.all_input_nodes and \
+                    (n.target in (torch._assert, operator.eq, operator.ne, operator.is_,
+                                  operator.is_not, operator.not_) or
+                     "assert" in getattr(n.target, "__name__", "")):
+                graph.erase_node(n)
+                changed = True
 
 
 def _innermost_module(e: BaseException, names: dict[int, str]) -> str | None:
@@ -188,6 +335,8 @@ def _op_name(n: fx.Node, gm: fx.GraphModule) -> str:
     target = n.target
     if target is operator.getitem:
         return "getitem"
+    if isinstance(target, torch._ops.OpOverload):  # exported ATen op: aten.linear.default
+        return target.overloadpacket.__name__
     return getattr(target, "__name__", str(target)).replace("<built-in function ", "").rstrip(">")
 
 
@@ -228,7 +377,9 @@ def _module_path(n: fx.Node) -> str:
 
 
 def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
-            depth: int | None = None, leaves: Iterable[str] = (), fake: bool = True) -> Graph:
+            depth: int | None = None, leaves: Iterable[str] = (), fake: bool = True,
+            path: str = "auto", output: str | None = None,
+            leaf_modules: Iterable[str] = ()) -> Graph:
     """Capture ``model`` as a :class:`Graph` at layer level (or collapsed to ``depth``).
 
     Args:
@@ -236,20 +387,26 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
         example_inputs: a tensor or tuple of tensors; its first dimension is the batch.
         name: graph name (default: the model's class name).
         depth: collapse blocks deeper than this module depth (None: keep every layer).
-        leaves: module paths to keep as single layers.
+        leaves, leaf_modules: module paths to keep as single layers (torch.fx leaf modules;
+            giving any makes ``auto`` use torch.fx).
         fake: record shapes under FakeTensorMode (no memory, no compute); False runs for real.
+        path: ``auto``, ``fx`` or ``export`` (see :func:`trace_model`).
+        output: key of a dict / ``ModelOutput`` result to train on (default loss, else logits).
 
     Costs are not measured here: ``fwd_s``/``bwd_s`` are 0 until :func:`outcore.profile` or
     :func:`outcore.estimate` fills them. Bytes (params, outputs, saved activations) are exact.
+    ``meta['capture']`` records how the model was traced; the runtime traces it the same way.
     """
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    traced = trace(model, leaves)
+    traced, how = trace_model(model, inputs, leaves=tuple(leaves) + tuple(leaf_modules),
+                              path=path, output=output)
     rec = record(traced.gm, inputs, fake=fake)
     g = graph_from_fx(traced.gm, rec, name or type(model).__name__,
                       batch_size=int(inputs[0].shape[0]) if inputs and inputs[0].dim() else None)
+    meta = {**g.meta, "capture": how}
     if traced.forced_leaves:
-        g = g.replace(meta={**g.meta, "forced_leaves": list(traced.forced_leaves)})
-    return collapse(g, depth)
+        meta["forced_leaves"] = list(traced.forced_leaves)
+    return collapse(g.replace(meta=meta), depth)
 
 
 def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool = True) -> _Recorder:
@@ -258,12 +415,21 @@ def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool =
     try:
         return _run_recorder(gm, inputs, fake)
     except Exception as fake_error:
+        if not fake and _is_batch_of_one(fake_error):
+            raise ModelError(f"batch norm cannot train on a micro-batch of {inputs[0].shape[0]} "
+                             f"(input {shapes}): it needs more than one value per channel; use "
+                             "a larger batch or fewer micro-batches") from fake_error
         if not fake:
             raise ModelError(f"the model fails on an input of shape {shapes}: "
                              f"{type(fake_error).__name__}: {_first_line(fake_error)}; check "
                              "--input-shape") from fake_error
         log.debug("fake-tensor run failed (%s); running for real", fake_error)
         return record(gm, inputs, fake=False)
+
+
+def _is_batch_of_one(e: BaseException) -> bool:
+    """Batch norm's refusal of one value per channel (a micro-batch of 1 after pooling)."""
+    return "more than 1 value per channel" in str(e)
 
 
 def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,
@@ -279,7 +445,7 @@ def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,
     for n in nodes:
         for path, typ in (n.meta.get("nn_module_stack") or {}).values():
             module_types.setdefault(re.sub(r"@\d+$", "", str(path)),
-                                    getattr(typ, "__name__", str(typ)))
+                                    getattr(typ, "__name__", str(typ).rpartition(".")[2]))
         extra: dict[str, Any] = {"shape": rec.shapes.get(n.name)}
         if n.name in rec.dtypes:
             extra["dtype"] = rec.dtypes[n.name]

@@ -26,6 +26,7 @@ from outcore.runtime.comm import Messenger
 from outcore.runtime.offload import ActivationOffloader, ParamOffloader, frozen_running_stats
 from outcore.runtime.modules import PieceModule
 from outcore.plan.replicas import copy_of, fx_name
+from outcore.runtime.randomness import set_context as set_random_context
 from outcore.runtime.values import ValueMeta, tensors_of
 from outcore.schedule.ir import Action, Schedule
 from outcore.trace import Event
@@ -66,6 +67,7 @@ class RankExecutor:
                  policies: dict[int, str] | None = None,
                  piece_params: dict[int, list[torch.nn.Parameter]] | None = None):
         self.rank, self.s, self.modules = rank, schedule, modules
+        self.random_seed = torch.initial_seed()  # the run's seed: random nodes derive theirs
         self.names, self.metas, self.msg = names, metas, messenger
         self.loss_fn, self.optimizer = loss_fn, optimizer
         self.bucket_groups = bucket_groups
@@ -214,8 +216,15 @@ class RankExecutor:
         value = self.local[(name, mb)]
         return _detach_tree(value, self.metas[layer]), True
 
+    def _random_context(self, p: int, mb: int) -> None:
+        """Random nodes of piece ``p`` draw for this step and micro-batch chunk."""
+        pm = self.modules[p]
+        chunk = (copy_of(pm.outputs[0]) if pm.outputs else 0) * self.s.microbatches + mb
+        set_random_context(self.random_seed, self.msg.step_of(), chunk)
+
     def forward(self, p: int, mb: int) -> None:
         pm = self.modules[p]
+        self._random_context(p, mb)
         values, leaves, copies = [], {}, []
         for name in pm.inputs:
             v, is_leaf = self._input_value(name, p, mb)
@@ -256,6 +265,7 @@ class RankExecutor:
 
     def backward(self, p: int, mb: int) -> None:
         pm = self.modules[p]
+        self._random_context(p, mb)  # a checkpointed piece recomputes the same masks
         produced = self.fwd_outputs.pop((p, mb))
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor | None] = []

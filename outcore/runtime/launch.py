@@ -104,7 +104,8 @@ def _worker(rank: int, world: int, store: str, parent_pid: int, fn: Callable[...
         out = fn(ctx, *args)
         results.put((rank, "ok", _pack(out)))
     except BaseException as e:  # report everything to the launcher, then exit non-zero
-        msg = str(e) if isinstance(e, OutcoreError) else \
+        # first line: the error; then the worker's traceback (shown by ``--debug``)
+        msg = f"{e}\n{traceback.format_exc()}" if isinstance(e, OutcoreError) else \
             f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         try:
             results.put((rank, "error", (msg, type(e).__name__)))
@@ -171,7 +172,8 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
                     _drain(results, outputs, errors)
                     time.sleep(0.1)
                 _drain(results, outputs, errors)
-                raise _failure(procs, outputs, errors)
+                error, cause = _failure(procs, outputs, errors)
+                raise error from cause
         return [outputs[r] for r in range(world_size)]
     except KeyboardInterrupt as e:
         signum = lifetime.signal_number(e)
@@ -212,9 +214,10 @@ def _wait(procs: list[Any], results: Any, outputs: dict[int, Any],
 
 
 def _failure(procs: list[Any], outputs: dict[int, Any],
-             errors: list[tuple[int, Any]]) -> RuntimeFailure:
+             errors: list[tuple[int, Any]]) -> tuple[RuntimeFailure, "WorkerTraceback"]:
     """One error for the run: the root cause first, then up to two errors it caused. Its class
-    is the worker's own when that is a :class:`RuntimeFailure` (e.g. ``NonFiniteError``)."""
+    is the worker's own when that is a :class:`RuntimeFailure` (e.g. ``NonFiniteError``); its
+    cause is the failing worker's traceback (shown by ``outcore --debug``)."""
     kinds: dict[int, str] = {}
     flat: list[tuple[int, str]] = []
     for r, value in errors:
@@ -236,7 +239,7 @@ def _failure(procs: list[Any], outputs: dict[int, Any],
     cls = getattr(errors_mod, kinds.get(rank, ""), None)
     if not (isinstance(cls, type) and issubclass(cls, RuntimeFailure)):
         cls = RuntimeFailure
-    return cls(text)
+    return cls(text), WorkerTraceback(f"rank {rank}: {msg}")
 
 
 _COMM_WORDS = ("timed out", "timeout", "connection", "read error", "gloo", "nccl",
@@ -264,10 +267,15 @@ def _worker_environment():
                 os.environ[k] = v
 
 
+class WorkerTraceback(Exception):
+    """The traceback of the worker whose failure ended a local run, as text: the cause of the
+    :class:`RuntimeFailure` the launcher raises, so ``outcore --debug`` prints it."""
+
+
 def _root_cause_rank(msg: str, rank: int) -> tuple[int, int]:
     """Order errors: a worker's own failure first, then a worker that died silently, then the
     communication errors and timeouts those caused in the other ranks."""
-    low = msg.lower()
+    low = _short(msg).lower()
     if "exited with code" in low:
         return (1, rank)
     if any(w in low for w in _COMM_WORDS):

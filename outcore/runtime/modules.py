@@ -17,6 +17,7 @@ from torch import nn
 
 from outcore.plan.pieces import Pieces
 from outcore.plan.replicas import fx_name
+from outcore.runtime.randomness import seed_random_nodes
 
 
 @dataclass
@@ -105,6 +106,7 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
         outputs = list(out_values)
         graph.output(tuple(out_values[k] for k in outputs))
         module = fx.GraphModule(gm, graph, f"piece{piece.id}")
+        seed_random_nodes(module)  # dropout masks independent of placement
         clone = frozenset(prefix + name for name in inputs
                           if any(_is_inplace(u, gm) for u in env[name].users))
         result.append(PieceModule(piece.id, module, [prefix + k for k in inputs],
@@ -129,6 +131,20 @@ def _identity(x):
 
 
 torch.fx.wrap("_identity")
+
+
+def param_aliases(gm: fx.GraphModule) -> dict[str, str]:
+    """Every parameter name -> the first name of the same tensor (tied weights: an embedding
+    and an output layer sharing one weight have two names, one tensor).
+
+    Call before :func:`prune_unowned`. Ranks holding different users of a tied weight know it
+    by different names; the first name is the one all of them agree on (gradient buckets,
+    checkpoints, returned state)."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in gm.named_parameters(remove_duplicate=False):
+        out[name] = first.setdefault(id(p), name)
+    return out
 
 
 def prune_unowned(gm: fx.GraphModule, pieces_here: list[PieceModule]) -> list[str]:

@@ -25,10 +25,10 @@ from outcore.runtime.comm import Messenger
 from outcore.runtime.data import default_loss, split
 from outcore.runtime.executor import RankExecutor, StepResult
 from outcore.runtime.memtrack import MemoryTracker
-from outcore.runtime.modules import build_piece_modules, prune_unowned
+from outcore.runtime.modules import build_piece_modules, param_aliases, prune_unowned
 from outcore.runtime.offload import running_stats
 from outcore.runtime.values import value_metas
-from outcore.graph.capture import trace
+from outcore.graph.capture import retrace
 from outcore.schedule.io import adopt
 from outcore.schedule.lower import Lowered, lower
 
@@ -132,7 +132,7 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.microbatches = microbatches
         self.track_memory = track_memory
-        traced = trace(model, leaves=tuple(graph.meta.get("forced_leaves", ())))
+        traced = retrace(model, tuple(micro_inputs), graph.meta)
         gm = traced.gm
         names = [n.name for n in gm.graph.nodes]
         if names != [graph.name_of(i) for i in range(graph.num_nodes)]:
@@ -148,13 +148,14 @@ class Trainer:
         metas = value_metas(gm, micro_inputs)
         big_names = [big.name_of(i) for i in range(big.num_nodes)]
         modules = build_piece_modules(gm, big_names, pieces, self.rank)
+        aliases = param_aliases(gm)  # tied weights: one tensor, one name on every rank
         kept = prune_unowned(gm, modules)
         # move what this rank keeps; dropped tensors stay on the meta device
         gm._apply(lambda t: t if t.device.type == "meta" else t.to(self.device))
         self.gm = gm
         params = dict(gm.named_parameters(remove_duplicate=False))
-        self.params = [params[k] for k in kept if params[k].requires_grad]
-        self.named_params = {k: params[k] for k in kept}
+        self.named_params = {aliases.get(k, k): params[k] for k in kept}
+        self.params = [p for p in self.named_params.values() if p.requires_grad]
         make_opt = optimizer or (lambda ps: torch.optim.Adam(ps, lr=1e-3))
         self.optimizer = make_opt(self.params) if self.params else None
         self.lr_scheduler = lr_scheduler(self.optimizer) if (lr_scheduler and self.optimizer) \
@@ -164,8 +165,8 @@ class Trainer:
             pg = dist.new_group(list(group)) if dist.is_initialized() else None
             if self.rank in group:
                 bucket_names = self.schedule.meta["bucket_params"][b]
-                buckets[b] = (pg, [self.named_params[n] for n in bucket_names
-                                   if n in self.named_params])
+                buckets[b] = (pg, [self.named_params[aliases.get(n, n)] for n in bucket_names
+                                   if aliases.get(n, n) in self.named_params])
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         self.needs_inputs = any(assignment[i] == self.rank for i in range(big.num_nodes)
                                 if big.op_of(i) == "input")

@@ -16,7 +16,7 @@ from outcore.graph.io import from_dict as graph_from_dict
 from outcore.plan.plan import align, from_dict as plan_from_dict
 from outcore.runtime import checkpoint, resume
 from outcore.runtime.config import TrainConfig
-from outcore.runtime.data import ImageFolderData, SyntheticData, split
+from outcore.runtime.data import ImageFolderData, SyntheticData, TextData, split
 from outcore.runtime.trainer import Trainer
 from outcore.schedule import io as schedule_io
 from outcore.trace import Timeline, save_events
@@ -68,12 +68,17 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
     output_meta = trainer.executor.metas[output_name]
     if cfg.data == "synthetic":
         data = SyntheticData(spec.example_inputs, spec.int_high, output_meta, cfg.batch_size,
-                             cfg.seed)
+                             cfg.seed, spec.task, spec.task_options)
     elif cfg.data.startswith("imagefolder:"):
         data = ImageFolderData(cfg.data.split(":", 1)[1], spec.example_inputs[0],
                                cfg.batch_size, cfg.seed)
+    elif cfg.data.startswith("text:"):
+        data = TextData(cfg.data.split(":", 1)[1], spec.example_inputs[0], cfg.batch_size,
+                        cfg.seed, spec.task, spec.task_options,
+                        vocab=spec.int_high[0] if spec.int_high else None)
     else:
-        raise UsageError(f"unknown data {cfg.data!r}: use synthetic or imagefolder:PATH")
+        raise UsageError(f"unknown data {cfg.data!r}: use synthetic, imagefolder:PATH or "
+                         "text:FILE")
     return trainer, data
 
 
@@ -153,6 +158,10 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
         raise type(e)(f"{e} (step {step})") from e
     except Exception as e:  # name the rank and the step of any failure inside a step
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "more than 1 value per channel" in text:
+            text = (f"batch norm cannot train on a micro-batch of "
+                    f"{cfg.batch_size // max(cfg.microbatches, 1)} (it needs more than one "
+                    "value per channel): use a larger --batch-size or fewer --microbatches")
         raise RuntimeFailure(f"rank {rank} step {step}: {type(e).__name__}: {text}") from e
     finally:
         if metrics_file is not None:

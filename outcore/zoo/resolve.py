@@ -1,6 +1,7 @@
 """Turn a model name into a model builder and an example input.
 
-Three forms (DESIGN.md): ``torchvision:<builder>``, ``outcore:<zoo model>``, and
+Five forms (DESIGN.md): ``torchvision:<builder>``, ``outcore:<zoo model>``, ``hf:<model type>``
+and ``timm:<name>`` (:mod:`outcore.zoo.ecosystem`, optional extras), and
 ``path/to/file.py:function`` (the function returns a module, or a ``(module, example_input)``
 pair). Builder options follow a second colon: ``outcore:resnet_k:depth=110,width=16``,
 ``torchvision:resnet50:num_classes=10``. No weights are ever downloaded.
@@ -84,12 +85,17 @@ class ModelSpec:
         build: builds a fresh model (call after seeding for reproducible weights).
         example_inputs: example inputs at ``batch_size`` (batch is dimension 0 of each).
         int_high: per input, the exclusive upper bound of integer inputs (token ids), or None.
+        task: what the targets are (``causal_lm``, ``masked_lm``, ``seq2seq_lm``,
+            ``classification``, ``regression``), or None: inferred from the output's shape.
+        task_options: what the task needs (``mask_token_id`` of a masked LM).
     """
 
     name: str
     build: Callable[[], nn.Module]
     example_inputs: Inputs
     int_high: tuple[int | None, ...] = field(default=())
+    task: str | None = None
+    task_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -114,7 +120,7 @@ def _parse_options(text: str, where: str) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if not text:
         return opts
-    for item in text.split(","):
+    for item in _top_level_items(text):
         if "=" not in item:
             raise UsageError(f"model option {item!r} in {where!r} must be key=value, "
                              "e.g. outcore:resnet_k:depth=110")
@@ -125,6 +131,19 @@ def _parse_options(text: str, where: str) -> dict[str, Any]:
             low = value.strip().lower()
             opts[key.strip()] = {"true": True, "false": False}.get(low, value.strip())
     return opts
+
+
+def _top_level_items(text: str) -> list[str]:
+    """``text`` split at commas outside brackets: ``depths=(1,1),heads=2`` has two items."""
+    items, depth, start = [], 0, 0
+    for k, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            items.append(text[start:k])
+            start = k + 1
+    items.append(text[start:])
+    return items
 
 
 def _check_options(fn: Callable[..., Any], opts: dict[str, Any], label: str,
@@ -155,19 +174,29 @@ def resolve_model(spec: str, *, input_shape: tuple[int, ...] | None = None,
         batch_size: batch of the example input (overrides the first dimension).
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ModelError("no model given: name it torchvision:<builder>, outcore:<zoo model> "
-                         "or path/to/file.py:function")
+        raise ModelError("no model given: name it torchvision:<builder>, outcore:<zoo model>, "
+                         "hf:<model type>, timm:<name> or path/to/file.py:function")
     spec = spec.strip()
     kind, _, rest = spec.partition(":")
     if kind == "torchvision":
         return _torchvision(spec, rest, input_shape, batch_size)
     if kind == "outcore":
         return _zoo(spec, rest, input_shape, batch_size)
+    if kind == "hf":
+        from outcore.zoo.ecosystem import hf_model
+        seq = input_shape[1] if input_shape is not None and len(input_shape) > 1 else None
+        return ModelSpec(spec, **hf_model(spec, rest, _parse_options,
+                                          batch_size or (input_shape[0] if input_shape else None),
+                                          seq))
+    if kind == "timm":
+        from outcore.zoo.ecosystem import timm_model
+        return ModelSpec(spec, **timm_model(spec, rest, _parse_options, batch_size, input_shape))
     if ".py" in spec:
         return _from_file(spec, input_shape, batch_size)
     raise ModelError(f"unknown model {spec!r}: name it torchvision:<builder> (e.g. "
                      "torchvision:resnet50), outcore:<zoo model> (one of "
-                     f"{', '.join(zoo_names())}) or path/to/file.py:function")
+                     f"{', '.join(zoo_names())}), hf:<model type> (e.g. hf:gpt2), "
+                     "timm:<name> (e.g. timm:resnet18) or path/to/file.py:function")
 
 
 def _zoo(spec: str, rest: str, input_shape: tuple[int, ...] | None,
@@ -282,29 +311,43 @@ def _from_file(spec: str, input_shape: tuple[int, ...] | None,
         return result, example
 
     _, example = call()
+    high: tuple[int | None, ...] = ()
     if example is not None:
         example_inputs = example if isinstance(example, tuple) else (example,)
         if not all(isinstance(x, torch.Tensor) for x in example_inputs):
             raise ModelError(f"{spec}: the example input must be a tensor or a tuple of tensors")
+        # the token range comes from the user's example, before any resizing
+        high = tuple(None if x.is_floating_point() else _token_bound(x) for x in example_inputs)
         if input_shape is not None or batch_size is not None:
             if input_shape is not None and len(example_inputs) != 1:
                 raise UsageError(f"{spec} takes {len(example_inputs)} inputs; --input-shape "
                                  "describes one")
             b = batch_size or (input_shape[0] if input_shape else example_inputs[0].shape[0])
-            example_inputs = tuple(_resize(x, b, input_shape) for x in example_inputs)
+            example_inputs = tuple(_resize(x, b, input_shape, h)
+                                   for x, h in zip(example_inputs, high))
     elif input_shape is not None:
         b = batch_size or input_shape[0]
-        example_inputs = (torch.randn((b, *input_shape[1:])),)
+        example_inputs = (torch.randn((b, *input_shape[1:]), generator=_seeded()),)
+        high = (None,)
     else:
         raise UsageError(f"{spec} returns no example input: give --input-shape "
                          "(e.g. 8x3x224x224) or return (model, example_input)")
-    high = tuple(None if x.is_floating_point() else int(x.max().item()) + 1
-                 for x in example_inputs)
     return ModelSpec(spec, lambda: call()[0], tuple(example_inputs), high)
 
 
-def _resize(x: torch.Tensor, batch: int, shape: tuple[int, ...] | None) -> torch.Tensor:
+def _seeded() -> torch.Generator:
+    """Example inputs are drawn from a fixed seed: the same command gives the same run."""
+    return torch.Generator().manual_seed(0)
+
+
+def _token_bound(x: torch.Tensor) -> int:
+    """Exclusive upper bound of an integer example input's values (its token range)."""
+    return int(x.max().item()) + 1 if x.numel() else 1
+
+
+def _resize(x: torch.Tensor, batch: int, shape: tuple[int, ...] | None,
+            high: int | None) -> torch.Tensor:
     new = (batch, *(shape[1:] if shape else x.shape[1:]))
     if x.is_floating_point():
-        return torch.randn(new, dtype=x.dtype)
-    return torch.randint(0, int(x.max().item()) + 1, new, dtype=x.dtype)
+        return torch.randn(new, dtype=x.dtype, generator=_seeded())
+    return torch.randint(0, high or _token_bound(x), new, dtype=x.dtype, generator=_seeded())

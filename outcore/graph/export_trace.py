@@ -1,0 +1,196 @@
+"""Capture through ``torch.export`` (non-strict), beside torch.fx symbolic tracing.
+
+Models that ``torch.fx.symbolic_trace`` cannot trace (Hugging Face ``transformers`` models:
+``co_varnames is too small``, control flow on shapes, ``ModelOutput`` results) are exported with
+``torch.export.export(..., strict=False)``. The exported graph is an ATen-level fx graph whose
+nodes keep ``nn_module_stack``, so every op knows the module it ran in and the graph collapses by
+module depth into attention / MLP / norm blocks, never one leaf for the whole transformer.
+
+The exported program is turned back into a plain ``fx.GraphModule`` that the rest of outcore
+(recording, profiling, the runtime's piece builder) handles like a traced one:
+
+- parameters and buffers are ``get_attr`` nodes resolving to the *model's own* tensors (so a
+  seed gives the same weights, and tied weights stay one ``Parameter``), moved next to their
+  first use;
+- inputs are the positional tensors given (optional ``forward`` arguments keep their defaults);
+- a dict / ``ModelOutput`` result is reduced to one tensor: ``loss`` when the model computes it,
+  else ``logits``, else its first tensor; the key is returned so it can be recorded;
+- export's own guard and metadata-assertion nodes are dropped.
+
+The batch dimension is exported as a symbol (``Dim.AUTO``), so one graph runs every micro-batch
+size; the runtime re-exports at the captured batch size (inputs repeated to it), so node names
+match the graph whatever its micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils._pytree import tree_unflatten
+
+from outcore.errors import CaptureError
+
+log = logging.getLogger(__name__)
+
+OUTPUT_KEYS = ("loss", "logits", "last_hidden_state", "prediction_logits")
+_DROPPED_TARGETS = ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size",
+                    "_assert_async")
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a Hugging Face ``PreTrainedModel`` (without importing transformers)."""
+    return any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
+
+
+def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
+                 output_key: str | None = None) -> tuple[fx.GraphModule, str | None]:
+    """Export ``model`` on ``inputs`` and return ``(graph module, output key or None)``.
+
+    Args:
+        model: any module (not modified; its training/eval mode is kept).
+        inputs: positional example tensors (batch first).
+        output_key: the key to train on when the result is a dict / ``ModelOutput`` (default:
+            ``loss`` if present, else ``logits``, else the first tensor-valued key).
+
+    Raises :class:`CaptureError` naming the export failure.
+    """
+    config = getattr(model, "config", None)
+    cache = getattr(config, "use_cache", None)
+    try:
+        if cache:  # a cache object in the output is not a pytree; training never uses it
+            config.use_cache = False
+        ep = torch.export.export(model, tuple(inputs), strict=False,
+                                 dynamic_shapes=_batch_dynamic(inputs))
+    except Exception as e:  # export failures come in many types: one message for all
+        text = str(e).strip().splitlines()
+        raise CaptureError(
+            f"torch.export cannot capture {type(model).__name__}: {type(e).__name__}: "
+            f"{text[0][:300] if text else ''}; pass leaf modules, or capture a wrapper whose "
+            "forward takes and returns tensors") from e
+    finally:
+        if cache:
+            config.use_cache = cache
+    unlifted = ep.module()
+    graph = unlifted.graph
+    _drop_checks(graph)
+    key = _select_output(graph, unlifted, output_key)
+    graph._codegen = fx.graph.CodeGen()  # plain positional inputs, plain outputs
+    _move_attrs_to_first_use(graph)
+    _first_names(model, graph)
+    graph.eliminate_dead_code(is_impure_node=_is_impure)
+    gm = fx.GraphModule(_attr_root(model, unlifted, graph), graph, type(model).__name__)
+    _register_buffers(gm, model, graph)
+    gm.recompile()
+    return gm, key
+
+
+def _batch_dynamic(inputs: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+    """The batch dimension of every input is symbolic (``Dim.AUTO``: export specialises it
+    instead of failing when the model fixes it), so one graph serves every micro-batch size."""
+    return tuple({0: torch.export.Dim.AUTO} if isinstance(x, torch.Tensor) and x.dim() else None
+                 for x in inputs)
+
+
+def _is_impure(n: fx.Node) -> bool:
+    """In-place ops (running-statistics updates) stay even when nothing reads them."""
+    if n.is_impure():
+        return True
+    name = getattr(n.target, "__name__", "")
+    return n.op == "call_function" and name.split(".")[0].endswith("_")
+
+
+def _drop_checks(graph: fx.Graph) -> None:
+    for n in list(graph.nodes):
+        if n.op == "call_module" and str(n.target) == "_guards_fn":
+            graph.erase_node(n)
+        elif n.op == "call_function" and not n.users and \
+                any(t in str(n.target) for t in _DROPPED_TARGETS):
+            graph.erase_node(n)
+
+
+def _select_output(graph: fx.Graph, unlifted: fx.GraphModule, output_key: str | None) -> str | None:
+    out = next(n for n in graph.nodes if n.op == "output")
+    flat = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    spec = getattr(unlifted, "_out_spec", None)
+    if spec is None:
+        return None
+    value = tree_unflatten(list(range(len(flat))), spec)
+    if isinstance(value, Mapping):
+        keys = [k for k, v in value.items() if isinstance(v, int)]
+        if output_key is not None and output_key not in keys:
+            raise CaptureError(f"the model's output has no {output_key!r}; it has: "
+                               f"{', '.join(map(str, keys))}")
+        key = output_key or next((k for k in OUTPUT_KEYS if k in keys), keys[0] if keys else None)
+        if key is None:
+            raise CaptureError("the model's output holds no tensor to train on")
+        out.args = (flat[value[key]],)
+        return str(key)
+    if isinstance(value, int):
+        out.args = (flat[value],)
+    else:
+        out.args = (tuple(flat),) if len(flat) > 1 else (flat[0],)
+    return None
+
+
+def _move_attrs_to_first_use(graph: fx.Graph) -> None:
+    """Parameters sit next to the op that first uses them, not all at the top of the graph."""
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    for n in list(graph.nodes):
+        if n.op == "get_attr" and n.users:
+            first = min(n.users, key=lambda u: position[u])
+            first.prepend(n)
+
+
+def _first_names(model: nn.Module, graph: fx.Graph) -> None:
+    """A tied tensor is read under the model's first name for it (export may pick another:
+    GPT-2's ``lm_head.weight`` for ``transformer.wte.weight``), as ``model.named_parameters()``
+    and checkpoints name it."""
+    first: dict[int, str] = {}
+    for name, t in list(model.named_parameters(remove_duplicate=False)) + \
+            list(model.named_buffers(remove_duplicate=False)):
+        first.setdefault(id(t), name)
+    state = dict(model.named_parameters(remove_duplicate=False))
+    state.update(model.named_buffers(remove_duplicate=False))
+    for n in graph.nodes:
+        if n.op == "get_attr" and str(n.target) in state:
+            n.target = first[id(state[str(n.target)])]
+
+
+def _attr_root(model: nn.Module, unlifted: nn.Module, graph: fx.Graph) -> dict[str, Any]:
+    """Every ``get_attr`` target, resolved to the model's own tensor when it has one."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    buffers = dict(model.named_buffers(remove_duplicate=False))
+    root: dict[str, Any] = {}
+    for n in graph.nodes:
+        if n.op != "get_attr":
+            continue
+        target = str(n.target)
+        if target in params:
+            root[target] = params[target]
+        elif target in buffers:
+            root[target] = buffers[target]
+        else:  # lifted constants exist only on the exported module
+            obj: Any = unlifted
+            for part in target.split("."):
+                obj = getattr(obj, part)
+            root[target] = obj
+    return root
+
+
+def _register_buffers(gm: fx.GraphModule, model: nn.Module, graph: fx.Graph) -> None:
+    """Make the model's buffers buffers of ``gm`` again (fx assigns them as plain attributes)."""
+    buffers = dict(model.named_buffers(remove_duplicate=False))
+    for n in graph.nodes:
+        target = str(n.target)
+        if n.op == "get_attr" and target in buffers:
+            owner, _, attr = target.rpartition(".")
+            mod = gm.get_submodule(owner) if owner else gm
+            if attr not in mod._buffers:
+                value = getattr(mod, attr)
+                delattr(mod, attr)
+                mod.register_buffer(attr, value)

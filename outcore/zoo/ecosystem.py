@@ -1,0 +1,184 @@
+"""Models from the ecosystem, unmodified: ``hf:<model type>[:opts]`` and ``timm:<name>[:opts]``.
+
+``hf:gpt2:hidden_size=64,num_hidden_layers=2`` builds a randomly initialised ``transformers``
+model from ``AutoConfig.for_model`` (offline: no download), ``timm:resnet18:image_size=64``
+calls ``timm.create_model(..., pretrained=False)``. Both libraries are optional extras
+(``pip install outcore[models]``).
+
+Example inputs are drawn from a seeded generator; token ids lie below the model's vocabulary
+(``config.vocab_size``). The *task* (what the targets are) is inferred from the model, or chosen
+with ``task=``: ``causal_lm`` (targets: the input shifted by one), ``masked_lm`` (15 % of the
+tokens masked, targets only there), ``classification`` (one class per example) or
+``regression``; see :mod:`outcore.runtime.data`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from outcore.errors import ModelError, UsageError
+
+log = logging.getLogger(__name__)
+
+TASKS = ("causal_lm", "masked_lm", "seq2seq_lm", "classification", "regression")
+
+# Tiny defaults: the ecosystem's sizes are for GPUs; these train in seconds on one core.
+_HF_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 128}
+_HF_TYPE_TINY: dict[str, dict[str, Any]] = {
+    "t5": {"d_ff": 128, "d_kv": 32, "num_decoder_layers": 2},
+    "llama": {"num_key_value_heads": 2}, "mistral": {"num_key_value_heads": 2},
+    "qwen2": {"num_key_value_heads": 2}, "gpt2": {"n_inner": 128},
+}
+_OWN_OPTIONS = ("task", "seq", "dropout", "image_size", "output")
+_INPUT_SEED = 0
+
+
+def _generator() -> torch.Generator:
+    return torch.Generator().manual_seed(_INPUT_SEED)
+
+
+def _split(rest: str) -> tuple[str, str]:
+    name, _, opt_text = rest.partition(":")
+    return name, opt_text
+
+
+def _no_dropout(config: Any, p: float) -> None:
+    for key in list(vars(config)):
+        if ("dropout" in key or "pdrop" in key) and isinstance(getattr(config, key), float):
+            setattr(config, key, p)
+
+
+def hf_config(model_type: str, opts: dict[str, Any]) -> Any:
+    """A small random-init ``transformers`` config (offline)."""
+    try:
+        from transformers import AutoConfig
+    except ImportError as e:
+        raise ModelError("hf: models need transformers: pip install 'outcore[models]'") from e
+    kwargs = {**_HF_TINY, **_HF_TYPE_TINY.get(model_type, {})}
+    kwargs.update({k: v for k, v in opts.items() if k not in _OWN_OPTIONS})
+    try:
+        config = AutoConfig.for_model(model_type, **kwargs)
+    except ValueError as e:
+        raise ModelError(f"transformers has no model type {model_type!r}: {e}") from None
+    config.use_cache = False  # a cache in the output is not a pytree and training needs none
+    _no_dropout(config, float(opts.get("dropout", 0.0)))
+    return config
+
+
+def hf_task(model_type: str, task: str | None) -> str:
+    """The task of an ``hf:`` model: asked for, else causal LM, seq2seq LM or masked LM."""
+    from transformers.models.auto import modeling_auto as ma
+
+    if task is not None:
+        if task not in TASKS:
+            raise UsageError(f"unknown task {task!r}: choose {', '.join(TASKS)}")
+        return task
+    if model_type in ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        return "seq2seq_lm"
+    if model_type in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES:  # BERT-style encoders
+        return "masked_lm"
+    if model_type in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "causal_lm"
+    return "classification"
+
+
+def _hf_builder(task: str) -> Callable[[Any], nn.Module]:
+    import transformers as tf
+
+    auto = {"causal_lm": tf.AutoModelForCausalLM, "masked_lm": tf.AutoModelForMaskedLM,
+            "seq2seq_lm": tf.AutoModelForSeq2SeqLM,
+            "classification": tf.AutoModelForSequenceClassification,
+            "regression": tf.AutoModelForSequenceClassification}[task]
+    return auto.from_config
+
+
+def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
+             batch_size: int | None, seq_from_shape: int | None) -> dict[str, Any]:
+    """Resolve ``hf:<model type>[:opts]`` into the fields of a ``ModelSpec``."""
+    model_type, opt_text = _split(rest)
+    opts = parse(opt_text, spec)
+    if opts.get("task") == "regression":
+        opts.setdefault("num_labels", 1)
+    config = hf_config(model_type, opts)
+    task = hf_task(model_type, opts.get("task"))
+    make = _hf_builder(task)
+    if task == "regression":
+        config.problem_type = "regression"
+
+    def build() -> nn.Module:
+        try:
+            return make(config)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ModelError(f"cannot build {spec} for {task}: {e}") from e
+
+    build()
+    batch = batch_size or 2
+    seq = int(opts.get("seq", seq_from_shape or 16))
+    vocab = int(config.vocab_size)
+    gen = _generator()
+    ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+    inputs: tuple[torch.Tensor, ...] = (ids,)
+    high: tuple[int | None, ...] = (vocab,)
+    if task == "seq2seq_lm":  # forward(input_ids, attention_mask, decoder_input_ids)
+        inputs = (ids, torch.ones_like(ids), torch.randint(0, vocab, (batch, seq), generator=gen))
+        high = (vocab, 1, vocab)
+    mask_id = getattr(config, "mask_token_id", None)
+    if mask_id is None or not 0 <= int(mask_id) < vocab:
+        mask_id = vocab - 1
+    return {"build": build, "example_inputs": inputs, "int_high": high, "task": task,
+            "task_options": {"mask_token_id": int(mask_id)}}
+
+
+def timm_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
+               batch_size: int | None, input_shape: tuple[int, ...] | None) -> dict[str, Any]:
+    """Resolve ``timm:<name>[:opts]`` into the fields of a ``ModelSpec``."""
+    try:
+        import timm
+    except ImportError as e:
+        raise ModelError("timm: models need timm: pip install 'outcore[models]'") from e
+    name, opt_text = _split(rest)
+    if name not in timm.list_models():
+        close = difflib.get_close_matches(name, timm.list_models(), n=3)
+        hint = f"; did you mean {', '.join('timm:' + c for c in close)}?" if close else ""
+        raise ModelError(f"timm has no model {name!r}{hint}")
+    opts = parse(opt_text, spec)
+    task = opts.pop("task", "classification")
+    if task not in ("classification", "regression"):
+        raise UsageError(f"timm:{name} is an image model: task is classification or regression")
+    size = opts.pop("image_size", None)
+    opts.setdefault("num_classes", 1 if task == "regression" else 10)
+    kwargs = {k: v for k, v in opts.items() if k not in _OWN_OPTIONS}
+    if size is not None and "img_size" not in kwargs:
+        kwargs["img_size"] = int(size)
+
+    def create(kw: dict[str, Any]) -> nn.Module:
+        return timm.create_model(name, pretrained=False, **kw)
+
+    try:
+        create(kwargs)
+    except TypeError:
+        if "img_size" not in opts and "img_size" in kwargs:
+            kwargs.pop("img_size")  # a convolutional model: any input size
+            create(kwargs)
+        else:
+            raise
+    except Exception as e:  # timm raises many types for bad options
+        raise ModelError(f"cannot build {spec}: {type(e).__name__}: {e}") from e
+
+    def build() -> nn.Module:
+        return create(kwargs)
+
+    cfg = timm.models.get_pretrained_cfg(name)
+    default = tuple(getattr(cfg, "input_size", (3, 224, 224)) if cfg else (3, 224, 224))
+    chw = tuple(input_shape[1:]) if input_shape else \
+        ((default[0], int(size), int(size)) if size is not None else default)
+    batch = batch_size or (input_shape[0] if input_shape else 2)
+    x = torch.randn((batch, *chw), generator=_generator())
+    return {"build": build, "example_inputs": (x,), "int_high": (None,), "task": task,
+            "task_options": {}}

@@ -1,0 +1,125 @@
+"""Capture paths (torch.fx and torch.export, chosen per model) and the models users bring."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from outcore.cost.profile import profile
+from outcore.errors import ModelError
+from outcore.graph.capture import capture, retrace
+from outcore.graph.coarsen import collapse
+
+
+class Optional(nn.Module):
+    """forward with an optional argument (timm ViT's ``attn_mask=None``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, mask=None, scale: bool = False):
+        y = self.lin(x)
+        if mask is not None:
+            y = y + mask
+        return y * 2 if scale else y
+
+
+def test_optional_forward_arguments_keep_their_defaults():
+    g = capture(Optional(), torch.randn(2, 4))
+    assert [g.name_of(i) for i in range(g.num_nodes) if g.op_of(i) == "input"] == ["x"]
+    assert g.meta["capture"]["path"] == "fx"
+
+
+class Constant(nn.Module):
+    """Creates a tensor constant in forward (as timm's Swin does): fx stores it on the model."""
+
+    def forward(self, x):
+        return x + torch.tensor([1.0, 2.0])
+
+
+def test_tracing_twice_gives_the_same_node_names():
+    m = Constant()
+    x = torch.randn(3, 2)
+    g = capture(m, x)
+    again = retrace(m, (x,), g.meta).gm
+    assert [n.name for n in again.graph.nodes] == [g.name_of(i) for i in range(g.num_nodes)]
+    assert not [k for k in vars(m) if k.startswith("_tensor_constant")]
+
+
+class BNAct(nn.Module):
+    """Batch norm through F.batch_norm on its own buffers (timm's BatchNormAct2d): the fx graph
+    reads the running statistics with get_attr nodes."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.conv = nn.Conv2d(3, c, 3, padding=1)
+        self.weight = nn.Parameter(torch.ones(c))
+        self.bias = nn.Parameter(torch.zeros(c))
+        self.register_buffer("running_mean", torch.zeros(c))
+        self.register_buffer("running_var", torch.ones(c))
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = F.batch_norm(y, self.running_mean, self.running_var, self.weight, self.bias,
+                         training=True)
+        return F.relu(y).mean((2, 3))
+
+
+def test_profiles_batch_norm_buffers_in_training_mode():
+    m = BNAct()
+    x = torch.randn(4, 3, 8, 8)
+    g = profile(capture(m, x), m, x, device="cpu", warmup=0, repeat=1)
+    bn = [i for i in range(g.num_nodes) if g.op_of(i) == "batch_norm"]
+    assert bn and g.bwd_s[bn[0]] > 0
+
+
+def test_batch_norm_on_a_micro_batch_of_one_says_so():
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                      nn.BatchNorm1d(4))
+    with pytest.raises(ModelError, match="micro-batch of 1"):
+        capture(m, torch.randn(1, 3, 8, 8))
+
+
+def test_export_path_keeps_the_module_hierarchy():
+    """A Hugging Face model is exported: its nodes carry module paths, so collapsing by depth
+    gives attention / MLP / norm blocks, never one leaf for the whole transformer."""
+    pytest.importorskip("transformers")
+    from outcore.zoo import resolve_model
+
+    spec = resolve_model("hf:gpt2:hidden_size=32,num_hidden_layers=2", batch_size=2)
+    torch.manual_seed(0)
+    model = spec.build()
+    g = capture(model, spec.example_inputs)
+    assert g.meta["capture"] == {"path": "export", "leaves": [], "n_inputs": 1,
+                                 "output": "logits", "batch": 2}
+    blocks = collapse(g, 4)
+    names = {blocks.name_of(i) for i in range(blocks.num_nodes)}
+    assert {"transformer.h.0.attn", "transformer.h.0.mlp", "transformer.h.1.ln_2"} <= names
+    # the tied embedding / output weight is counted once
+    total = sum(p.numel() * 4 for p in model.parameters())
+    assert int(g.param_bytes.sum()) == total
+    # the runtime re-exports for a micro-batch of 1: the same node names, and the graph runs it
+    x1 = spec.example_inputs[0][:1]
+    again = retrace(model, (x1,), g.meta).gm
+    assert [n.name for n in again.graph.nodes] == [g.name_of(i) for i in range(g.num_nodes)]
+    torch.testing.assert_close(again(x1), model(x1).logits)
+
+
+def test_fx_failure_falls_back_to_export():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            if x.shape[0] > 1:  # fx cannot trace control flow on shapes; export specialises
+                return {"logits": self.lin(x), "extra": x}
+            return {"logits": x, "extra": x}
+
+    g = capture(Branchy(), torch.randn(2, 4))
+    assert g.meta["capture"]["path"] == "export"
+    assert g.meta["capture"]["output"] == "logits"
+    assert "linear" in [g.op_of(i) for i in range(g.num_nodes)]

@@ -1,0 +1,86 @@
+"""Helpers for ecosystem-model tests: a graph and plan for a model name, and plain PyTorch
+training of the unmodified model on the same batches (none of outcore's execution code)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from outcore.graph.capture import capture
+from outcore.graph.io import to_dict as graph_doc
+from outcore.plan.plan import make_plan, to_dict as plan_doc
+from outcore.runtime.config import TrainConfig
+from outcore.runtime.data import SyntheticData, default_loss, split
+from outcore.runtime.values import value_metas
+from outcore.graph.capture import retrace
+from outcore.zoo import resolve_model
+
+
+def docs(cfg: TrainConfig, assign, devices: int, costs: str = "flat"):
+    """(graph doc, plan doc, graph) of ``cfg.model`` captured at the micro-batch shape."""
+    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
+    torch.manual_seed(cfg.seed)
+    model = spec.build()
+    micro = split(spec.example_inputs, cfg.microbatches)[0]
+    g = capture(model, micro, name=cfg.model)
+    if costs == "flat":
+        g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
+    a = np.asarray(assign(g), dtype=np.int64)
+    plan = make_plan(g, a, strategy="manual", devices=devices, memory_bytes=None,
+                     microbatches=cfg.microbatches, schedule=cfg.schedule)
+    return graph_doc(g), plan_doc(plan), g
+
+
+def output_of(out, key: str | None):
+    """The tensor outcore trains on, from the model's own result."""
+    if key is not None and not isinstance(out, torch.Tensor):
+        return out[key]
+    return out
+
+
+def reference(cfg: TrainConfig, output_key: str | None):
+    """Plain PyTorch: same seed and batches, gradient accumulation over the micro-batches.
+    Returns (losses, parameters by name (a tied tensor under its first name))."""
+    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
+    torch.manual_seed(cfg.seed)
+    model = copy.deepcopy(spec.build())
+    micro = split(spec.example_inputs, cfg.microbatches)[0]
+    gm = retrace(copy.deepcopy(model), micro, {"capture": {"path": "auto"}}).gm
+    out_name = next(n.name for n in gm.graph.nodes if n.op == "output")
+    meta = value_metas(gm, micro)[out_name]
+    data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.batch_size, cfg.seed,
+                         spec.task, spec.task_options)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    losses = []
+    for step in range(cfg.steps):
+        inputs, targets = data.batch(step)
+        total = 0.0
+        for x, y in zip(split(inputs, cfg.microbatches), split(targets, cfg.microbatches)):
+            loss = default_loss(output_of(model(*x), output_key), y) / cfg.microbatches
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    # a tied tensor under the model's first name for it, as outcore names it on every rank
+    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def assert_close(results, ref_losses, ref_state, rtol: float):
+    """Losses within ``rtol``; every parameter a rank holds within ``rtol`` of its largest entry;
+    every parameter held by some rank."""
+    for r in results:
+        np.testing.assert_allclose(r["losses"], ref_losses, rtol=rtol, atol=0)
+    seen = set()
+    for r in results:
+        for k, v in r["state"].items():
+            ref = ref_state[k]
+            scale = max(ref.abs().max().item(), 1e-2)
+            err = (v - ref).abs().max().item()
+            assert err <= rtol * scale, f"rank {r['rank']} {k}: error {err:.3g} > {rtol:g} x " \
+                                        f"{scale:.3g}"
+            seen.add(k)
+    missing = [k for k in ref_state if k not in seen]
+    assert not missing, f"parameters no rank holds: {missing[:5]}"

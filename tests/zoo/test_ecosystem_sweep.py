@@ -1,0 +1,137 @@
+"""The models users bring, unmodified: timm and Hugging Face models captured, costed and
+trained on 1 and 2 ranks with equal losses (issue 12's sweep).
+
+Each model is tiny (small images, hidden sizes 32-64, 2 layers) and random-init (no download).
+Per model: capture (torch.fx or torch.export, chosen per model), profile every node
+(training mode: batch norm's running statistics included; one timed run per node), a two-stage
+1F1B plan, then 2 steps on one rank (in this process) and on two ranks (one pair of worker
+processes trains every model in turn, so the libraries are imported once). Losses must agree
+to 1e-4 relative. Marked slow: it takes minutes (see BENCHMARKS / the report for the time).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("timm")
+pytest.importorskip("transformers")
+
+from outcore.cost.profile import profile  # noqa: E402
+from outcore.graph.capture import capture  # noqa: E402
+from outcore.graph.io import to_dict as graph_doc  # noqa: E402
+from outcore.plan.plan import make_plan, to_dict as plan_doc  # noqa: E402
+from outcore.runtime.config import TrainConfig  # noqa: E402
+from outcore.runtime.launch import run_local  # noqa: E402
+from outcore.runtime.worker import build_trainer  # noqa: E402
+from outcore.runtime.data import split  # noqa: E402
+from outcore.zoo import resolve_model  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.dist, pytest.mark.timeout(3600)]
+
+_VIT = "image_size=32,patch_size=8,embed_dim=32,depth=2,num_heads=2"
+TIMM = [
+    "resnet18:image_size=32", "resnet26d:image_size=32", "efficientnet_b0:image_size=32",
+    "mobilenetv3_small_050:image_size=32", "mobilenetv2_050:image_size=32",
+    "regnetx_002:image_size=32", "densenet121:image_size=32", "inception_v3:image_size=75",
+    "convnext_atto:image_size=32", f"vit_tiny_patch16_224:{_VIT}",
+    f"deit_tiny_patch16_224:{_VIT}", f"cait_xxs24_224:{_VIT}",
+    "swin_tiny_patch4_window7_224:image_size=32,embed_dim=16,depths=(1,1),num_heads=(1,2),"
+    "window_size=4",
+    "mixer_s32_224:image_size=64", "levit_128s:image_size=64",
+    "coatnet_nano_rw_224:image_size=64", "ghostnet_050:image_size=32",
+    "mnasnet_small:image_size=32", "efficientvit_b0:image_size=64",
+    "poolformer_s12:image_size=32", "dla34:image_size=32", "dpn48b:image_size=32",
+    "repvgg_a0:image_size=32", "resnext26ts:image_size=32", "tinynet_e:image_size=32",
+    "lcnet_050:image_size=32", "edgenext_xx_small:image_size=64",
+    "mobilevit_xxs:image_size=64", "rexnet_100:image_size=32", "hardcorenas_a:image_size=32",
+]
+HF = ["gpt2", "bert", "llama", "t5"]
+MODELS = [f"timm:{m}" for m in TIMM] + [f"hf:{m}:hidden_size=32,intermediate_size=64"
+                                        for m in HF]
+if os.environ.get("OUTCORE_SWEEP"):  # e.g. OUTCORE_SWEEP=resnet18,gpt2: a subset
+    MODELS = [m for m in MODELS if any(k in m for k in os.environ["OUTCORE_SWEEP"].split(","))]
+BATCH, MICRO, STEPS = 4, 2, 2
+# Known wrong on 2 ranks (issue 12, open): the forward and step-0 loss are equal, but rank 0's
+# gradients differ from one rank's (densenet121 conv0 by 0.07 after one SGD step of lr 1):
+# something in the gradients sent back across the cut of these concat-heavy graphs.
+KNOWN = {"timm:densenet121:image_size=32", "timm:inception_v3:image_size=75"}
+
+
+def _cfg(model: str) -> TrainConfig:
+    return TrainConfig(model=model, batch_size=BATCH, microbatches=MICRO, steps=STEPS,
+                       track_memory=False, timeout_s=60)
+
+
+def _docs(model: str) -> tuple[dict, dict, dict, float]:
+    """(graph, 1-rank plan, 2-rank plan) documents of a captured, profiled model."""
+    spec = resolve_model(model, batch_size=BATCH)
+    torch.manual_seed(0)
+    net = spec.build()
+    micro = split(spec.example_inputs, MICRO)[0]
+    t0 = time.perf_counter()
+    g = capture(net, micro, name=model)
+    g = profile(g, net, micro, device="cpu", warmup=0, repeat=1)
+    took = time.perf_counter() - t0
+    assert g.meta["costs"] == "profiled" and float(g.fwd_s.sum()) > 0
+    plans = []
+    for k in (1, 2):
+        a = np.minimum(np.arange(g.num_nodes) * k // g.num_nodes, k - 1)
+        plans.append(plan_doc(make_plan(g, a, strategy="manual", devices=k, memory_bytes=None,
+                                        microbatches=MICRO, schedule="1f1b")))
+    return graph_doc(g), plans[0], plans[1], took
+
+
+def _train(cfg: TrainConfig, gdoc: dict, pdoc: dict) -> list[float]:
+    trainer, data = build_trainer(cfg, gdoc, pdoc, torch.device("cpu"))
+    losses = []
+    for step in range(cfg.steps):
+        need = trainer.needs_inputs or trainer.needs_targets
+        inputs, targets = data.batch(step) if need else (None, None)
+        losses.append(trainer.step(inputs, targets).loss)
+    return losses
+
+
+def train_all(ctx, jobs: list[tuple[str, dict, dict]]) -> dict[str, object]:
+    """Worker: train every model in turn on this rank; a model's failure is returned as text."""
+    out: dict[str, object] = {}
+    for model, gdoc, pdoc in jobs:
+        try:
+            out[model] = _train(_cfg(model), gdoc, pdoc)
+        except Exception as e:  # report per model, keep going
+            out[model] = f"{type(e).__name__}: {str(e)[:300]}"
+    return out
+
+
+def test_ecosystem_models_train_equally_on_one_and_two_ranks():
+    t_start = time.perf_counter()
+    torch.set_num_threads(1)
+    jobs, one_rank, failures, capture_s = [], {}, {}, {}
+    for model in MODELS:
+        try:
+            gdoc, plan1, plan2, capture_s[model] = _docs(model)
+            one_rank[model] = _train(_cfg(model), gdoc, plan1)
+            jobs.append((model, gdoc, plan2))
+        except Exception as e:
+            failures[model] = f"1 rank: {type(e).__name__}: {str(e)[:300]}"
+    results = run_local(train_all, 2, (jobs,), timeout_s=3000)
+    for model, _, _ in jobs:
+        for r in results:
+            got = r[model]
+            if isinstance(got, str):
+                failures[model] = f"2 ranks: {got}"
+            elif not np.allclose(got, one_rank[model], rtol=1e-4, atol=0) or \
+                    not np.all(np.isfinite(got)):
+                failures[model] = f"losses differ: 2 ranks {got}, 1 rank {one_rank[model]}"
+    elapsed = time.perf_counter() - t_start
+    print(f"\nsweep: {len(MODELS)} models, {len(MODELS) - len(failures)} equal on 1 and 2 ranks, "
+          f"{elapsed:.0f} s in total")
+    for model in MODELS:
+        print(f"  {model}: {failures.get(model, 'ok')} (capture+profile "
+              f"{capture_s.get(model, float('nan')):.1f} s)")
+    unexpected = {m: why for m, why in failures.items() if m not in KNOWN}
+    assert not unexpected, "\n".join(f"{m}: {why}" for m, why in unexpected.items())
