@@ -68,6 +68,21 @@ def lower_for_training(graph: Graph, plan: Plan, *, microbatches: int, schedule:
     return adopt(low, schedule_doc) if schedule_doc is not None else low
 
 
+def _leaf_metas(pieces: Any, metas: dict[str, Any], big_names: list[str]
+                ) -> Callable[[int, str], list[Any]]:
+    """Per transfer and direction, the tensor metas of its message (backward: only the
+    differentiable ones carry gradients)."""
+    transfers = pieces.transfers
+
+    def leaf_metas(t: int, direction: str) -> list[Any]:
+        out = []
+        for i in transfers[t].tensors:
+            leaves = metas[fx_name(big_names[i])].tensor_leaves()
+            out += leaves if direction == "F" else [m for m in leaves if m.differentiable]
+        return out
+    return leaf_metas
+
+
 def _module_params(gm: torch.fx.GraphModule) -> list[nn.Parameter]:
     """Parameters a piece module uses (through its call_module and get_attr nodes)."""
     out: dict[int, nn.Parameter] = {}
@@ -132,73 +147,71 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.microbatches = microbatches
         self.track_memory = track_memory
-        traced = retrace(model, tuple(micro_inputs), graph.meta)
-        gm = traced.gm
-        names = [n.name for n in gm.graph.nodes]
-        if names != [graph.name_of(i) for i in range(graph.num_nodes)]:
+        gm = retrace(model, tuple(micro_inputs), graph.meta).gm
+        if [n.name for n in gm.graph.nodes] != [graph.name_of(i) for i in range(graph.num_nodes)]:
             raise PlanError("the graph does not match the model's trace: capture the graph "
                             "from this model (same options) and plan again")
         low = lower_for_training(graph, plan, microbatches=microbatches, schedule=schedule,
                                  mb_samples=micro_inputs[0].shape[0],
                                  schedule_doc=schedule_doc)
         self.lowered = low
-        big, assignment, self.copies = low.graph, low.assignment, low.copies
-        self.assignment = assignment
-        self.schedule, self.costs, pieces = low.schedule, low.costs, low.pieces
+        self.assignment, self.copies = low.assignment, low.copies
+        self.schedule, self.costs, self.pieces = low.schedule, low.costs, low.pieces
         metas = value_metas(gm, micro_inputs)
-        big_names = [big.name_of(i) for i in range(big.num_nodes)]
-        modules = build_piece_modules(gm, big_names, pieces, self.rank)
-        aliases = param_aliases(gm)  # tied weights: one tensor, one name on every rank
+        big_names = [low.graph.name_of(i) for i in range(low.graph.num_nodes)]
+        modules = build_piece_modules(gm, big_names, low.pieces, self.rank)
+        self._keep_parameters(gm, modules, optimizer, lr_scheduler)
+        self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        ops = [low.graph.op_of(i) for i in range(low.graph.num_nodes)]
+        mine = [int(d) == self.rank for d in low.assignment]
+        self.needs_inputs = any(m and op == "input" for m, op in zip(mine, ops))
+        self.needs_targets = any(m and op == "output" for m, op in zip(mine, ops))
+        self.step_index = 0
+        self.messenger = Messenger(self.rank, self.schedule,
+                                   _leaf_metas(low.pieces, metas, big_names), self.device,
+                                   timeout_s, use_tags=dist.get_backend() != "nccl"
+                                   if dist.is_initialized() else True,
+                                   step_of=lambda: self.step_index)
+        self.policies = {p.id: self.costs.policies[p.id] for p in low.pieces.pieces
+                         if p.device == self.rank and self.costs.policies
+                         and self.costs.policies[p.id] != "none"}
+        piece_params = {pm.id: _module_params(pm.module) for pm in modules
+                        if pm.id in self.policies}
+        self.executor = RankExecutor(
+            self.rank, self.schedule, {pm.id: pm for pm in modules}, big_names, metas,
+            self.messenger, loss_fn or default_loss, self.optimizer, self._buckets(),
+            self.placeholders, self.device, on_step=self._after_optimizer, copies=self.copies,
+            policies=self.policies, piece_params=piece_params)
+        self.buffer_groups = self._replicated_running_stats()
+
+    def _keep_parameters(self, gm: torch.fx.GraphModule, modules: list, optimizer: Any,
+                         lr_scheduler: Any) -> None:
+        """Drop the parameters no piece of this rank uses, move the rest to the device, and
+        make the optimizer (and learning-rate scheduler) over them."""
+        self.aliases = param_aliases(gm)  # tied weights: one tensor, one name on every rank
         kept = prune_unowned(gm, modules)
         # move what this rank keeps; dropped tensors stay on the meta device
         gm._apply(lambda t: t if t.device.type == "meta" else t.to(self.device))
         self.gm = gm
         params = dict(gm.named_parameters(remove_duplicate=False))
-        self.named_params = {aliases.get(k, k): params[k] for k in kept}
+        self.named_params = {self.aliases.get(k, k): params[k] for k in kept}
         self.params = [p for p in self.named_params.values() if p.requires_grad]
         make_opt = optimizer or (lambda ps: torch.optim.Adam(ps, lr=1e-3))
         self.optimizer = make_opt(self.params) if self.params else None
         self.lr_scheduler = lr_scheduler(self.optimizer) if (lr_scheduler and self.optimizer) \
             else None
+
+    def _buckets(self) -> dict[int, tuple[Any, list[nn.Parameter]]]:
+        """This rank's all-reduce buckets: process group and parameters (every rank creates
+        every group, in one order)."""
         buckets = {}
         for b, group in enumerate(self.schedule.buckets):
             pg = dist.new_group(list(group)) if dist.is_initialized() else None
             if self.rank in group:
-                bucket_names = self.schedule.meta["bucket_params"][b]
-                buckets[b] = (pg, [self.named_params[aliases.get(n, n)] for n in bucket_names
-                                   if aliases.get(n, n) in self.named_params])
-        self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-        self.needs_inputs = any(assignment[i] == self.rank for i in range(big.num_nodes)
-                                if big.op_of(i) == "input")
-        self.needs_targets = any(assignment[i] == self.rank for i in range(big.num_nodes)
-                                 if big.op_of(i) == "output")
-        transfers = pieces.transfers
-
-        def leaf_metas(t: int, direction: str):
-            out = []
-            for i in transfers[t].tensors:
-                leaves = metas[fx_name(big_names[i])].tensor_leaves()
-                out += leaves if direction == "F" else [m for m in leaves if m.differentiable]
-            return out
-
-        self.step_index = 0
-        self.messenger = Messenger(self.rank, self.schedule, leaf_metas, self.device, timeout_s,
-                                   use_tags=dist.get_backend() != "nccl"
-                                   if dist.is_initialized() else True,
-                                   step_of=lambda: self.step_index)
-        piece_policies = {p.id: self.costs.policies[p.id] for p in pieces.pieces
-                          if p.device == self.rank and self.costs.policies
-                          and self.costs.policies[p.id] != "none"}
-        self.policies = piece_policies
-        piece_params = {pm.id: _module_params(pm.module) for pm in modules
-                        if pm.id in piece_policies}
-        self.executor = RankExecutor(
-            self.rank, self.schedule, {pm.id: pm for pm in modules}, big_names, metas,
-            self.messenger, loss_fn or default_loss, self.optimizer, buckets, self.placeholders,
-            self.device, on_step=self._after_optimizer, copies=self.copies,
-            policies=piece_policies, piece_params=piece_params)
-        self.pieces = pieces
-        self.buffer_groups = self._replicated_running_stats()
+                names = [self.aliases.get(n, n) for n in self.schedule.meta["bucket_params"][b]]
+                buckets[b] = (pg, [self.named_params[n] for n in names
+                                   if n in self.named_params])
+        return buckets
 
     def _replicated_running_stats(self) -> list[tuple[Any, int, list[torch.Tensor]]]:
         """Batch-norm running statistics held by several ranks (model replicas: GEMS MAST and

@@ -124,12 +124,7 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
             report = trainer.step(inputs, targets, trace=last and cfg.trace_dir is not None,
                                   track_memory=measure)
             step_s = time.perf_counter() - t0
-            stats = torch.tensor([float(report.peak_bytes), report.busy_s], dtype=torch.float64)
-            gathered = [torch.zeros_like(stats) for _ in range(world)]
-            if world > 1:
-                dist.all_gather(gathered, stats)
-            else:
-                gathered = [stats]
+            gathered = _gather_stats(report, world)
             if measure:  # steps without measurement repeat the latest measured peaks
                 peaks = [int(g[0].item()) for g in gathered]
                 measured_at = step
@@ -171,10 +166,25 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
         tl = Timeline(world, tuple(last_events), max((e.end_s for e in last_events), default=0),
                       source="measured", meta={"rank": rank})
         save_events(Path(cfg.trace_dir) / f"rank{rank}.json", tl)
-    out: dict[str, Any] = {"rank": rank, "losses": losses, "step_s": step_times,
-                           "peak_bytes": peaks, "peak_measured_at": measured_at,
-                           "busy_s": busy,
-                           "pieces": [p.id for p in trainer.pieces.pieces if p.device == rank]}
+    return _summary(cfg, trainer, {"rank": rank, "losses": losses, "step_s": step_times,
+                                   "peak_bytes": peaks, "peak_measured_at": measured_at,
+                                   "busy_s": busy})
+
+
+def _gather_stats(report: Any, world: int) -> list[torch.Tensor]:
+    """Every rank's (peak bytes, busy seconds) of this step."""
+    stats = torch.tensor([float(report.peak_bytes), report.busy_s], dtype=torch.float64)
+    if world == 1:
+        return [stats]
+    gathered = [torch.zeros_like(stats) for _ in range(world)]
+    dist.all_gather(gathered, stats)
+    return gathered
+
+
+def _summary(cfg: TrainConfig, trainer: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """What the worker returns: its figures, its pieces, and (tests) its final state."""
+    rank = out["rank"]
+    out["pieces"] = [p.id for p in trainer.pieces.pieces if p.device == rank]
     if cfg.return_state:
         out["state"] = {k: v.detach().cpu().clone() for k, v in trainer.named_params.items()}
         out["buffers"] = {k: b.detach().cpu().clone() for k, b in trainer.gm.named_buffers()
