@@ -88,7 +88,7 @@ def layout_of(model: nn.Module, tp: int, example_inputs: Any = None, *,
     else:
         inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         try:
-            g = capture(model, inputs)
+            g = capture(model, inputs, path="fx")
         except CaptureError:
             g = None
         if g is None or g.meta.get("forced_leaves"):
