@@ -341,7 +341,19 @@ def run_in_job(fn: Callable[..., Any], args: tuple = (), *, timeout_s: float = 6
     ctx = init_distributed(env, timeout_s, threads)
     import torch.distributed as dist
     try:
-        return fn(ctx, *args)
+        out = fn(ctx, *args)
+        _barrier_before_teardown(dist)
+        return out
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _barrier_before_teardown(dist: Any) -> None:
+    """Every rank reaches the end before any tears its process group down (a rank that destroys
+    its group while a peer is still inside a collective with it can abort at exit)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        try:
+            dist.barrier()
+        except RuntimeError as e:  # the work is done; say why the ending was not clean
+            log.warning("ranks did not meet before ending: %s", str(e).splitlines()[0])
