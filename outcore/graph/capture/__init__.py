@@ -94,7 +94,7 @@ def trace_model(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, leaves: I
     than half of the parameters (e.g. a whole transformer). ``output`` picks the key of a
     dict / ``ModelOutput`` result (default ``loss``, else ``logits``).
     """
-    from outcore.graph.export_trace import export_trace, is_hf_model
+    from outcore.graph.capture.export import export_trace, is_hf_model
 
     if path not in CAPTURE_PATHS:
         raise CaptureError(f"unknown capture path {path!r}: choose {', '.join(CAPTURE_PATHS)}")
@@ -143,7 +143,7 @@ def retrace(model: nn.Module, inputs: tuple[torch.Tensor, ...], meta: dict[str, 
     if how.get("path") == "auto":
         return trace_model(model, inputs, leaves=leaves, output=how.get("output"))[0]
     if how.get("path") == "export":
-        from outcore.graph.export_trace import export_trace
+        from outcore.graph.capture.export import export_trace
         batch = how.get("batch")
         if batch and inputs and inputs[0].dim() and inputs[0].shape[0] != batch:
             # the graph was exported at this batch: the same batch gives the same graph (a
