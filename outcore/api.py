@@ -235,8 +235,9 @@ def parallelize(model: Any, example_inputs: Any, *, plan: Plan, graph: Graph | N
 
 def check_fits(p: Plan) -> None:
     """Raise :class:`InfeasibleError` when the plan's predicted peaks exceed its memory limit."""
-    peaks = p.predicted.get("peak_bytes")
-    if p.memory_bytes and peaks and max(peaks) > p.memory_bytes * (1 + 1e-9):
+    from outcore.partition.search import fits
+    if not fits(p):
+        peaks = p.predicted["peak_bytes"]
         worst = int(np.argmax(peaks))
         from outcore.units import format_bytes
         raise InfeasibleError(f"device {worst} needs {format_bytes(max(peaks))}, limit "

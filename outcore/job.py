@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from outcore.errors import PlanError, UsageError
 from outcore.graph.io import save as save_graph, to_dict as graph_to_dict
 from outcore.graph.ir import Graph
@@ -81,6 +79,8 @@ class Job:
         plan_path: a saved plan to use instead of planning.
         costs: ``profile`` or ``estimate[:DEVICE]``.
         strategy, parallel, replicas, dp, memory_policy: the planning request's options.
+        copies: model copies (GEMS replicas x dp) that split each global batch: the saved
+            plan's, or the request's (:func:`replicas_asked` x ``dp``).
         run_dir: where every artifact goes.
     """
 
@@ -94,23 +94,17 @@ class Job:
     replicas: int | None = None
     dp: int = 1
     memory_policy: str = "auto"
+    copies: int = 1
     run_dir: str = "."
 
-    @property
-    def replicas_asked(self) -> int:
-        """GEMS replicas a train run asks for (the capture's micro-batch depends on it)."""
-        if self.parallel == "mp":
-            return 1
-        if self.parallel == "mast":
-            return 2
-        return self.replicas or (4 if self.devices // max(self.dp, 1) >= 4 else 2)
 
-    @property
-    def copies(self) -> int:
-        """Model copies (replicas x dp) that split each global batch."""
-        if self.plan_path:
-            return load_plan(self.plan_path).layout.copies
-        return self.replicas_asked * self.dp
+def replicas_asked(parallel: str, replicas: int | None, devices: int, dp: int) -> int:
+    """GEMS replicas a train run asks for (the capture's micro-batch depends on them)."""
+    if parallel == "mp":
+        return 1
+    if parallel == "mast":
+        return 2
+    return replicas or (4 if devices // max(dp, 1) >= 4 else 2)
 
 
 def prepare(job: Job, *, local: bool = True,
@@ -135,7 +129,8 @@ def prepare(job: Job, *, local: bool = True,
     req = PlanRequest.make(job.devices, job.memory, cluster=local_cluster(job.devices, local),
                            strategy="single" if job.devices == 1 and job.copies == 1
                            else job.strategy, parallel=job.parallel,
-                           replicas=job.replicas_asked if job.parallel == "master" else None,
+                           replicas=replicas_asked(job.parallel, job.replicas, job.devices,
+                                                   job.dp) if job.parallel == "master" else None,
                            dp=job.dp, microbatches=cfg.microbatches, schedule=cfg.schedule,
                            optimizer=cfg.optimizer, seed=cfg.seed,
                            memory_policy=job.memory_policy)
@@ -216,9 +211,8 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
     if cfg_fields["steps"] < 1:
         raise UsageError(f"--steps must be at least 1, got {cfg_fields['steps']}")
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
-    draft = Job(cfg=TrainConfig(model=model), devices=devices, plan_path=plan,
-                parallel=parallel, replicas=replicas, dp=dp)
-    copies = draft.copies
+    copies = load_plan(plan).layout.copies if plan else \
+        replicas_asked(parallel, replicas, devices, dp) * dp
     M = microbatches or _default_microbatches(batch_size // copies, devices // dp)
     if batch_size % (M * copies):
         raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
@@ -230,7 +224,7 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
                       trace_dir=str(root / "trace") if trace else None, **cfg_fields)
     return Job(cfg=cfg, devices=devices, memory=memory, plan_path=plan, costs=costs,
                strategy=strategy, parallel=parallel, replicas=replicas, dp=dp,
-               memory_policy=memory_policy, run_dir=str(root))
+               memory_policy=memory_policy, copies=copies, run_dir=str(root))
 
 
 def _run_dir(run_dir: str | None, model: str) -> Path:
@@ -283,8 +277,8 @@ def _only_used_devices(g: Graph, p: Plan,
     log.info(why)
     if progress:
         progress(why, 0, 1)
-    _, compact = np.unique(p.assignment, return_inverse=True)
-    small = p.replace(devices=used, assignment=compact.astype(np.int64)).with_notes(why)
+    from outcore.partition.result import compact
+    small = p.replace(devices=used, assignment=compact(p.assignment)[0]).with_notes(why)
     return small.replace(predicted={**p.predicted, **simulate(small, g).to_dict()})
 
 
@@ -418,13 +412,7 @@ def _job_main(ctx: Any, job: Job) -> TrainReport | None:
     dist.all_gather_object(gathered, result)
     if ctx.rank != 0:
         return None
-    from outcore.graph.io import from_dict as gfd
-    from outcore.plan.plan import from_dict as pfd
-    g = gfd(docs[0])
-    p = pfd(docs[1])
-    if p.graph.get("depth") is None:
-        p = align(p, g)
-    return _report(job.cfg, g, p, Path(job.run_dir), gathered)
+    return _report(job.cfg, g, p, Path(job.run_dir), gathered)  # rank 0's own graph and plan
 
 
 def _with_schedule_file(cfg: TrainConfig, g: Graph, p: Plan) -> Plan:

@@ -298,9 +298,7 @@ def _replicate(g: Graph, base: Plan, req: PlanRequest, replicas: int) -> Plan:
     """``base`` (a K-device split) replicated GEMS-style and ``req.dp`` times; simulated."""
     from outcore.sim.simulate import simulate
 
-    mode = req.parallel
-    mode = "mp" if replicas == 1 else ("mast" if (mode == "mast" or replicas == 2) and
-                                        mode != "master" else "master")
+    mode = "mp" if replicas == 1 else req.parallel  # one replica x dp: plain data parallelism
     layout = Layout.replicate(mode, base.devices, replicas, req.dp)
     p = base.replace(devices=layout.ranks(base.devices), memory_bytes=req.memory_bytes,
                      layout=layout)

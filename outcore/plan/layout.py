@@ -24,7 +24,7 @@ from typing import Any
 
 from outcore.errors import FormatError, UsageError
 
-__all__ = ["Layout", "MODES", "PLAIN", "gems_maps"]
+__all__ = ["Layout", "MODES", "PLAIN", "check_positive", "gems_maps"]
 
 MODES = {"mp": "MP-Basic: one replica split over the devices",
          "mast": "MAST: a second replica in reverse stage order on the same devices",
@@ -54,6 +54,12 @@ def gems_maps(stages: int, replicas: int) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
+def check_positive(what: str, value: Any) -> None:
+    """Raise :class:`UsageError` unless ``value`` is an integer of at least 1."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"{what} must be a positive integer, got {value!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """The process mesh of a plan (see the module docstring).
@@ -79,9 +85,7 @@ class Layout:
         if self.mode not in MODES:
             raise UsageError(f"unknown parallel mode {self.mode!r}: use {', '.join(MODES)}")
         for name in ("replicas", "dp", "tp", "sp"):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or value < 1:
-                raise UsageError(f"layout {name} must be a positive integer, got {value!r}")
+            check_positive(f"layout {name}", getattr(self, name))
         if self.maps and len(self.maps) != self.replicas:
             raise UsageError(f"the layout has {len(self.maps)} replica maps for "
                              f"{self.replicas} replicas")
@@ -138,10 +142,6 @@ class Layout:
     @staticmethod
     def replicate(mode: str, stages: int, replicas: int = 1, dp: int = 1) -> "Layout":
         """The layout of ``replicas`` GEMS replicas of a ``stages``-device split, ``dp`` times."""
-        if mode not in MODES:
-            raise UsageError(f"unknown parallel mode {mode!r}: use {', '.join(MODES)}")
-        if dp < 1:
-            raise UsageError(f"--dp must be at least 1, got {dp}")
         if replicas > stages and replicas > 1:
             raise UsageError(f"{replicas} replicas on {stages} devices: at most one replica per "
                              "device and direction; use data parallelism (--dp) for more")

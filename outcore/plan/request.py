@@ -8,14 +8,13 @@ passed down through several functions (torchtitan's ``JobConfig`` habit).
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, replace
 from typing import Any
 
 from outcore.errors import UsageError
 from outcore.hardware.cluster import make_cluster
 from outcore.hardware.spec import Cluster, DeviceSpec
-from outcore.plan.layout import MODES
+from outcore.plan.layout import MODES, check_positive
 from outcore.plan.plan import SCHEDULES
 from outcore.plan.policies import CHOICES
 from outcore.units import parse_bytes
@@ -59,9 +58,9 @@ class PlanRequest:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _positive("devices", self.devices)
-        _positive("micro-batches", self.microbatches)
-        _positive("--dp", self.dp)
+        check_positive("devices", self.devices)
+        check_positive("micro-batches", self.microbatches)
+        check_positive("--dp", self.dp)
         if self.parallel not in MODES:
             raise UsageError(f"unknown parallel mode {self.parallel!r}: use {', '.join(MODES)}")
         if self.devices % self.dp:
@@ -107,7 +106,7 @@ class PlanRequest:
              cluster: Cluster | None = None, **fields: Any) -> "PlanRequest":
         """A request from user-facing units (``memory="16GiB"``, ``bandwidth="16GB/s"``);
         ``cluster`` (if given) replaces the flat cluster built from the link and device."""
-        _positive("devices", devices)
+        check_positive("devices", devices)
         devices = int(devices)
         mem = None if memory is None else float(parse_bytes(memory))
         if mem is not None and mem <= 0:
@@ -117,8 +116,3 @@ class PlanRequest:
         else:
             cluster = cluster.with_memory(mem if mem is not None else math.inf)
         return PlanRequest(devices=devices, memory_bytes=mem, cluster=cluster, **fields)
-
-
-def _positive(what: str, value: Any) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise UsageError(f"{what} must be a positive integer, got {value!r}")
