@@ -103,9 +103,8 @@ class RankExecutor:
         every rank calls it once per step). Max-norms, so large finite values never overflow."""
         loss_bad = any(not torch.isfinite(v).all() for v in self.losses.values())
         grads = [p.grad for p in self._grad_params() if p.grad is not None]
-        grad_bad = bool(grads) and not bool(torch.isfinite(torch.stack(
-            [torch.linalg.vector_norm(g.detach(), float("inf")).float().cpu()
-             for g in grads])).all())
+        grad_bad = bool(grads) and not bool(torch.isfinite(torch.nn.utils.get_total_norm(
+            [g.detach() for g in grads], float("inf"))))
         flags = torch.tensor([float(loss_bad), float(grad_bad)], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
             t0 = time.perf_counter()
