@@ -18,7 +18,7 @@ simulator:
   nodes joined by InfiniBand EDR (12.5 GB/s per direction, 1.5 us; ``--rails`` ports per node);
 * GEMS-HY: the group is copied D = 1, 2, 4, ..., 128 times (fixed work per GPU: weak scaling);
   copies are not simulated one by one: each rank's gradients are all-reduced over the D copies
-  by the collective cost model of ``outcore.sim.collectives`` (two-level, ring or recursive
+  by the collective cost model of ``outcore.hardware.collectives`` (two-level, ring or recursive
   halving-doubling across nodes, a node's all-reduces sharing its network port), either
   overlapped piece by piece (outcore) or fused after the whole backward (torchgems).
 
@@ -47,7 +47,7 @@ from outcore.hardware.presets import device_preset, link_preset
 from outcore.hardware.spec import Cluster, LinkSpec, flat_cluster
 from outcore.plan.plan import Plan
 from outcore.plan import Layout
-from outcore.sim.collectives import dp_allreduce
+from outcore.hardware.collectives import dp_allreduce
 from outcore.sim.simulate import SimResult, simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -5,7 +5,7 @@ For each model and each configuration the group (K GPUs: one replica split into 
 contiguous stages balanced on time, replicated GEMS-style when asked) is planned once; each
 cluster size N then runs D = N / K data-parallel copies of it. Copies are not simulated one by
 one: every rank's gradients are all-reduced over the D copies with the collective cost model of
-``outcore.sim.collectives`` (two-level, the faster of ring and recursive halving-doubling
+``outcore.hardware.collectives`` (two-level, the faster of ring and recursive halving-doubling
 across nodes, a node's all-reduces sharing its network port), in DDP-style 25 MiB buckets that
 overlap the backward. So the simulator's cost does not grow with D, which the table's wall
 times show.

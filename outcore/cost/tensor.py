@@ -5,7 +5,7 @@ gradients and optimizer state (Megatron-LM, Shoeybi et al. 2019, section 3); sha
 over a depth group of ``depth`` ranks divides the resident state again (ZeRO-3, Rajbhandari et
 al., SC 2020, section 5; AxoNN's depth dimension, Singh et al., SC 2024) at the price of
 gathering each weight before it is used. The collectives each split style adds, per forward and
-per backward, with the bytes of the *whole* tensor they act on (times: :mod:`outcore.sim.tensor`):
+per backward, with the bytes of the *whole* tensor they act on (times: :func:`collective_s`):
 
 =================  ==============================  ==============================
 style              forward                         backward
@@ -23,19 +23,37 @@ depth (sharded)    all-gather of the weights       all-gather of the weights (re
 Megatron's attention block has one backward all-reduce for q, k and v together; DTensor's
 ``ColwiseParallel`` reduces each column's input gradient separately, and this table charges
 what runs (one per column Linear).
+
+Collective times: all-reduce by :func:`outcore.hardware.collectives.allreduce_s` (ring or
+recursive halving-doubling, Thakur et al. 2005); all-gather and reduce-scatter by the ring's
+``p - 1`` steps of ``n / p`` bytes. :func:`tensor_graph` folds all of it into a graph whose node
+costs are one tensor-parallel rank's, so every planner, the lowering and the simulator cost a
+``tp``-way plan without knowing about tensor parallelism.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Iterable
+
 import numpy as np
 
 from outcore.errors import UsageError
+from outcore.graph.ir import Graph
+from outcore.graph.tensor_pairs import TensorLayout, find_layout
+from outcore.hardware.collectives import allreduce_s, ring_reduce_scatter_s
+from outcore.hardware.spec import LinkSpec
 
 __all__ = ["Collective", "STYLES", "split_compute_s", "split_state_bytes", "depth_peak_bytes",
            "style_collectives", "depth_collectives", "layout_collectives", "NodeCosts",
-           "layout_node_costs"]
+           "layout_node_costs", "collective_s", "phase_s", "tensor_graph",
+           "PLAN_MIN_SPLIT_BYTES"]
+
+# A plan's tensor-parallel layout splits every Linear / Embedding that divides (the user asked for
+# tp ranks, mostly to fit; a pair costs one all-reduce each way). ``tensor_graph`` and the runtime
+# use this one threshold so that what is costed is what runs.
+PLAN_MIN_SPLIT_BYTES = 0
 
 STYLES = ("whole", "colwise", "rowwise", "colwise_gather", "rowwise_alone", "vocab", "embed_dim")
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -169,6 +187,56 @@ def layout_node_costs(g, layout, depth: int = 1) -> NodeCosts:
     params /= depth
     return NodeCosts(fwd_s=fwd, bwd_s=bwd, param_bytes=np.ceil(params).astype(np.int64),
                      collectives=layout_collectives(layout, depth))
+
+
+def collective_s(c: Collective, link: LinkSpec, algorithm: str = "auto") -> float:
+    """Seconds ``c`` takes over ``link``."""
+    if c.kind == "all_reduce":
+        return allreduce_s(c.nbytes, c.ranks, link, algorithm)
+    return ring_reduce_scatter_s(c.nbytes, c.ranks, link)
+
+
+def phase_s(collectives: Iterable[Collective], phase: str, link: LinkSpec,
+            algorithm: str = "auto") -> float:
+    """Total seconds of the ``phase`` (``fwd``/``bwd``) collectives, run one after another."""
+    return sum(collective_s(c, link, algorithm) for c in collectives if c.phase == phase)
+
+
+def tensor_graph(g: Graph, tp: int, link: LinkSpec, *,
+                 min_split_bytes: int = PLAN_MIN_SPLIT_BYTES,
+                 layout: TensorLayout | None = None) -> tuple[Graph, TensorLayout]:
+    """``g`` as one rank of a ``tp``-way tensor-parallel group sees it, and the layout.
+
+    Same nodes, names and edges (so a plan made on it is a plan of ``g``); per node: compute
+    from :func:`layout_node_costs` plus the node's collectives over ``link`` (they are
+    synchronous, on the node's critical path); parameters ``1/tp`` for split modules; the
+    outputs of column-split Linears and of the nodes inside Megatron pairs (they hold shards)
+    ``1/tp``, and so the bytes of their out-edges. ``meta["tp"]`` records ``tp`` (the lowering
+    does not divide twice). ``tp = 1`` returns ``g`` itself.
+    """
+    _check_degree(tp, "tp")
+    if tp == 1 or g.meta.get("tp") == tp:
+        return g, layout or TensorLayout(tp=tp, pairs=(), splits=())
+    if g.meta.get("tp"):
+        raise UsageError(f"the graph is already costed for tp = {g.meta['tp']}, not {tp}")
+    layout = layout or find_layout(g, tp, min_split_bytes=min_split_bytes)
+    nc = layout_node_costs(g, layout)
+    fwd, bwd = nc.fwd_s.copy(), nc.bwd_s.copy()
+    for i, cs in nc.collectives.items():
+        fwd[i] += phase_s(cs, "fwd", link)
+        bwd[i] += phase_s(cs, "bwd", link)
+    sharded = np.zeros(g.num_nodes, dtype=bool)
+    sharded[[i for p in layout.pairs for i in p.region]] = True
+    sharded[[s.node for s in layout.splits if s.style == "colwise"]] = True
+    shrink = np.where(sharded, 1.0 / tp, 1.0)
+    out = g.replace(fwd_s=fwd, bwd_s=bwd, param_bytes=nc.param_bytes.astype(g.param_bytes.dtype),
+                    out_bytes=np.ceil(g.out_bytes * shrink).astype(g.out_bytes.dtype),
+                    saved_bytes=np.ceil(g.saved_bytes * shrink).astype(g.saved_bytes.dtype),
+                    edge_bytes=np.ceil(g.edge_bytes * shrink[g.src]).astype(g.edge_bytes.dtype),
+                    meta={**g.meta, "tp": tp,
+                          "tp_split_modules": len(layout.split_modules),
+                          "tp_pairs": len(layout.pairs)})
+    return out, layout
 
 
 def _check_degree(value: int, name: str) -> None:

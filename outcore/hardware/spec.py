@@ -98,6 +98,22 @@ class Cluster:
     def with_memory(self, memory_bytes: float) -> "Cluster":
         return replace(self, device=replace(self.device, memory_bytes=memory_bytes))
 
+    def slots(self, width: int) -> "Cluster":
+        """The cluster as a plan's device slots see it when every slot is ``width``
+        consecutive ranks (a tensor-parallel group): slot ``s`` sits where rank
+        ``s * width`` does, and ``width`` ranks share the host's cores."""
+        if width == 1:
+            return self
+        per_node = self.devices_per_node // width
+        if per_node >= 1:  # groups inside nodes
+            return replace(self, devices_per_node=per_node, host_cores=self._cores(width))
+        # a group spans nodes: every slot is its own node, reached over the inter-node link
+        return replace(self, nodes=max(self.size // width, 1), devices_per_node=1,
+                       host_cores=self._cores(width))
+
+    def _cores(self, width: int) -> int | None:
+        return None if self.host_cores is None else max(self.host_cores // width, 1)
+
 
 def flat_cluster(devices: int, *, memory_bytes: float, bandwidth: float = 16e9,
                  latency_s: float = 25e-6, device: DeviceSpec | None = None,

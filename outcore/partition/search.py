@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from outcore.cost.tensor import tensor_graph
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
@@ -40,6 +41,7 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
     nothing fits; the device count and memory it suggests instead are ones this search has
     planned and found to fit (``check_suggestions``), never unchecked estimates.
     """
+    g = tensor_costed(g, req)
     try:
         return _search(g, req)
     except InfeasibleError as e:
@@ -54,7 +56,7 @@ def _search(g: Graph, req: PlanRequest) -> Plan:
     if req.strategy not in ("auto", "single") and req.strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {req.strategy!r}: use auto or one of "
                          f"{', '.join(STRATEGIES)}")
-    if req.devices == 1 and req.strategy in ("auto", "single"):
+    if req.devices == req.tp and req.strategy in ("auto", "single"):
         return single(g, req)
     best: Plan | None = None
     notes: list[str] = []
@@ -118,7 +120,7 @@ def _fewest_devices(g: Graph, req: PlanRequest, estimate: int | None,
     for k in range(max(estimate, req.model_parallel_devices + 1), 2 * estimate + 3):
         if time.monotonic() > deadline:
             return None
-        devices = k * req.dp
+        devices = k * req.dp * req.tp
         if _fits_request(g, req.replace(devices=devices,
                                         cluster=_grown(req.cluster, devices))):
             return devices
@@ -169,9 +171,10 @@ def single(g: Graph, req: PlanRequest) -> Plan:
     from outcore.partition.memory_policy import choose
     from outcore.sim.simulate import simulate
 
-    p = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single", devices=1,
-                  memory_bytes=req.memory_bytes, microbatches=req.microbatches,
-                  schedule=req.schedule, optimizer=req.optimizer, cluster=req.cluster)
+    p = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single",
+                  devices=req.tp, layout=Layout(tp=req.tp), memory_bytes=req.memory_bytes,
+                  microbatches=req.microbatches, schedule=req.schedule,
+                  optimizer=req.optimizer, cluster=req.cluster)
     try:
         p = choose(g, p, mode=req.memory_policy, cluster=req.cluster)
     except InfeasibleError as e:
@@ -179,6 +182,19 @@ def single(g: Graph, req: PlanRequest) -> Plan:
                               min_devices=e.min_devices,
                               min_memory_bytes=e.min_memory_bytes) from None
     return p.replace(predicted=simulate(p, g).to_dict())
+
+
+def tensor_costed(g: Graph, req: PlanRequest) -> Graph:
+    """``g`` costed as one rank of the request's tensor-parallel group sees it (``g`` itself
+    for ``tp = 1``): every planner then places device slots of ``tp`` ranks."""
+    if req.tp == 1:
+        return g
+    tg, layout = tensor_graph(g, req.tp, req.cluster.link(0, 1))
+    if not layout.split_modules:
+        raise InfeasibleError(f"--tp {req.tp}: no layer of {g.name!r} can be split {req.tp} "
+                              f"ways (no Linear / Embedding with a width divisible by "
+                              f"{req.tp}, called once); use --tp 1")
+    return tg
 
 
 def fits(p: Plan) -> bool:
@@ -261,7 +277,7 @@ def _fastest_contiguous(g: Graph, req: PlanRequest, budget: float | None,
     """The contiguous splits the emulator ranks best, judged by the simulator."""
     from outcore.partition import contiguous_results
     results = contiguous_results(g, req.model_parallel_devices, memory_bytes=budget,
-                                 cluster=req.cluster, optimizer=req.optimizer,
+                                 cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
                                  microbatches=req.microbatches)
     plans = [_simulated(g, req, r, check_fit) for r in results]
     return min(plans, key=lambda p: (not fits(p), p.predicted["iteration_s"]))
@@ -269,7 +285,8 @@ def _fastest_contiguous(g: Graph, req: PlanRequest, budget: float | None,
 
 def _partition(g: Graph, req: PlanRequest, budget: float | None, name: str):
     from outcore.partition import partition
-    return partition(g, req.model_parallel_devices, memory_bytes=budget, cluster=req.cluster,
+    return partition(g, req.model_parallel_devices, memory_bytes=budget,
+                     cluster=req.cluster.slots(req.tp),
                      strategy=name, optimizer=req.optimizer, microbatches=req.microbatches,
                      seed=req.seed)
 
@@ -280,8 +297,8 @@ def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool) -> Plan:
     from outcore.sim.simulate import simulate
 
     K = req.model_parallel_devices
-    p = make_plan(g, result.assignment, strategy=result.strategy, devices=K,
-                  memory_bytes=req.memory_bytes, schedule=req.schedule,
+    p = make_plan(g, result.assignment, strategy=result.strategy, devices=K * req.tp,
+                  layout=Layout(tp=req.tp), memory_bytes=req.memory_bytes, schedule=req.schedule,
                   microbatches=req.microbatches, optimizer=req.optimizer,
                   cluster=req.cluster, notes=tuple(result.notes),
                   devices_used=result.devices_used)
@@ -299,8 +316,8 @@ def _replicate(g: Graph, base: Plan, req: PlanRequest, replicas: int) -> Plan:
     from outcore.sim.simulate import simulate
 
     mode = "mp" if replicas == 1 else req.parallel  # one replica x dp: plain data parallelism
-    layout = Layout.replicate(mode, base.devices, replicas, req.dp)
-    p = base.replace(devices=layout.ranks(base.devices), memory_bytes=req.memory_bytes,
+    layout = Layout.replicate(mode, base.stages, replicas, req.dp, tp=req.tp)
+    p = base.replace(devices=layout.ranks(base.stages), memory_bytes=req.memory_bytes,
                      layout=layout)
     sim = simulate(p, g)
     return p.replace(predicted={**base.predicted, **sim.to_dict()})

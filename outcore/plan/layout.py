@@ -8,9 +8,9 @@ A plan's ranks form the mesh ``dp x stages x tp x sp``:
   reverse stage order; ``master``: 2, 4, ... replicas, shifted and reversed), with ``maps[k][s]``
   the device holding stage ``s`` of replica ``k`` (Jain et al., SC 2020, section 4);
 * ``dp`` — data-parallel copies of the whole model-parallel group;
-* ``tp``, ``sp`` — tensor (intra-layer) and spatial (tile) degree inside every device of a stage
-  (1 until the runtime supports them; the mesh carries them so plans, the simulator and the search
-  speak of one layout).
+* ``tp`` — tensor (intra-layer) degree: every device slot of a stage is ``tp`` consecutive ranks
+  (rank ``slot * tp + t``) holding shard ``t`` of the slot's split layers (Megatron-LM);
+* ``sp`` — spatial (tile) degree (1 until the runtime supports it).
 
 Adding a dimension means adding a field here, its lowering (which ranks run which actions, in
 ``outcore.schedule.lower``), its cost in the simulator and its choices in the search.
@@ -140,12 +140,15 @@ class Layout:
             raise FormatError(f"{source}: unreadable layout ({e})") from None
 
     @staticmethod
-    def replicate(mode: str, stages: int, replicas: int = 1, dp: int = 1) -> "Layout":
-        """The layout of ``replicas`` GEMS replicas of a ``stages``-device split, ``dp`` times."""
+    def replicate(mode: str, stages: int, replicas: int = 1, dp: int = 1,
+                  tp: int = 1) -> "Layout":
+        """The layout of ``replicas`` GEMS replicas of a ``stages``-slot split, ``dp`` times,
+        every slot ``tp`` ranks."""
         if replicas > stages and replicas > 1:
             raise UsageError(f"{replicas} replicas on {stages} devices: at most one replica per "
                              "device and direction; use data parallelism (--dp) for more")
-        return Layout(mode=mode, replicas=replicas, dp=dp, maps=gems_maps(stages, replicas))
+        return Layout(mode=mode, replicas=replicas, dp=dp, maps=gems_maps(stages, replicas),
+                      tp=tp)
 
 
 PLAIN = Layout()

@@ -34,7 +34,10 @@ class PlanRequest:
         parallel: GEMS mode ``mp``, ``mast`` or ``master``.
         replicas: for ``master``, the replica count (None: the fastest that fits).
         dp: data-parallel copies of the model-parallel group (must divide ``devices``).
-        tp, sp: tensor and spatial degree (1: not used).
+        tp: tensor-parallel ranks inside every model-parallel device slot (Megatron layout of
+            the graph's Linears / Embeddings, :mod:`outcore.graph.tensor_pairs`); ``dp x tp``
+            must divide ``devices``.
+        sp: spatial degree (1: not used).
         microbatches: micro-batches per iteration and model copy.
         schedule: ``gpipe`` or ``1f1b``.
         optimizer: the optimizer the memory model assumes (``adam``: 4 x params).
@@ -61,18 +64,20 @@ class PlanRequest:
         check_positive("devices", self.devices)
         check_positive("micro-batches", self.microbatches)
         check_positive("--dp", self.dp)
+        check_positive("--tp", self.tp)
         if self.parallel not in MODES:
             raise UsageError(f"unknown parallel mode {self.parallel!r}: use {', '.join(MODES)}")
-        if self.devices % self.dp:
-            raise UsageError(f"--dp {self.dp} must divide --devices {self.devices}")
+        if self.devices % (self.dp * self.tp):
+            raise UsageError(f"--dp {self.dp} x --tp {self.tp} must divide --devices "
+                             f"{self.devices}")
         if self.parallel != "mp" and self.model_parallel_devices < 2:
             raise UsageError(f"{self.parallel} needs at least 2 model-parallel devices; got "
                              f"{self.model_parallel_devices}")
         if self.replicas is not None and (self.parallel != "master" or self.replicas < 2
                                           or self.replicas % 2):
             raise UsageError("--replicas is for --parallel master: an even count (2, 4, ...)")
-        if self.tp != 1 or self.sp != 1:
-            raise UsageError("tensor and spatial parallelism are not planned yet: use tp = sp = 1")
+        if self.sp != 1:
+            raise UsageError("spatial parallelism is not planned yet: use sp = 1")
         if self.schedule not in SCHEDULES:
             raise UsageError(f"unknown schedule {self.schedule!r}: use {' or '.join(SCHEDULES)}")
         if self.memory_policy not in CHOICES:
@@ -84,8 +89,9 @@ class PlanRequest:
 
     @property
     def model_parallel_devices(self) -> int:
-        """Devices one model-parallel group spans (``devices / dp``)."""
-        return self.devices // self.dp
+        """Device slots one model-parallel group spans (``devices / (dp x tp)``; each slot is
+        ``tp`` ranks)."""
+        return self.devices // (self.dp * self.tp)
 
     def replica_options(self) -> list[int]:
         """Replica counts the search tries for the request's GEMS mode."""

@@ -39,12 +39,16 @@ class Messenger:
         device: where buffers live.
         timeout_s: longest wait for any message.
         use_tags: give each message its own tag (gloo); NCCL ignores tags.
+        process_of: the process of a schedule rank (tensor parallelism: shard ``t`` of slot
+            ``s`` talks to shard ``t`` of its peer slots); default: the same number.
     """
 
     def __init__(self, rank: int, schedule: Schedule,
                  leaf_metas: Callable[[int, str], list[LeafMeta]], device: torch.device,
-                 timeout_s: float, use_tags: bool = True, step_of: Callable[[], int] = lambda: 0):
+                 timeout_s: float, use_tags: bool = True, step_of: Callable[[], int] = lambda: 0,
+                 process_of: Callable[[int], int] = lambda r: r):
         self.rank = rank
+        self.process_of = process_of
         self.s = schedule
         self.leaf_metas = leaf_metas
         self.device = device
@@ -89,7 +93,7 @@ class Messenger:
             if t.dtype == torch.bool:
                 t = t.to(torch.uint8)
             t = t.contiguous()
-            work = dist.isend(t, dst, tag=self._tag(key, k))
+            work = dist.isend(t, self.process_of(dst), tag=self._tag(key, k))
             self.pending_sends.append((work, key, dst))
             # keep the tensor alive until the send completes
             self.pending_sends.append((t, key, dst))
@@ -104,7 +108,7 @@ class Messenger:
             for j, meta in enumerate(metas):
                 dtype = torch.uint8 if meta.dtype == torch.bool else meta.dtype
                 buf = torch.empty(meta.shape, dtype=dtype, device=self.device)
-                works.append(dist.irecv(buf, peer, tag=self._tag(k, j)))
+                works.append(dist.irecv(buf, self.process_of(peer), tag=self._tag(k, j)))
                 bufs.append(buf)
             self.posted[k] = (works, bufs)
             self.next_post[peer] += 1

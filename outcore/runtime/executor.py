@@ -104,7 +104,7 @@ class RankExecutor:
         loss_bad = any(not torch.isfinite(v).all() for v in self.losses.values())
         grads = [p.grad for p in self._grad_params() if p.grad is not None]
         grad_bad = bool(grads) and not bool(torch.isfinite(torch.nn.utils.get_total_norm(
-            [g.detach() for g in grads], float("inf"))))
+            [local(g.detach()) for g in grads], float("inf"))))
         flags = torch.tensor([float(loss_bad), float(grad_bad)], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
             t0 = time.perf_counter()
@@ -361,7 +361,8 @@ class RankExecutor:
         group, params = self.bucket_groups[bucket]
         if not params:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p))
+                 for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         work = dist.all_reduce(flat, group=group, async_op=True)
         self.pending_ar.append((work, flat, params, bucket))
@@ -372,10 +373,25 @@ class RankExecutor:
             self.msg._wait(work, f"all-reducing the gradients of bucket {bucket}")
             offset = 0
             for p in params:
-                n = p.numel()
-                p.grad = flat[offset:offset + n].view_as(p).clone()
+                shard = local(p)
+                n = shard.numel()
+                p.grad = like(p, flat[offset:offset + n].view_as(shard).clone())
                 offset += n
         self.pending_ar.clear()
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a tensor-parallel parameter or gradient (a DTensor), else
+    ``t``."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def like(p: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+    """``shard`` as a gradient of ``p``: a DTensor on ``p``'s mesh when ``p`` is one."""
+    if not hasattr(p, "to_local"):
+        return shard
+    from torch.distributed.tensor import DTensor
+    return DTensor.from_local(shard, p.device_mesh, p.placements, run_check=False)
 
 
 def _copy_tree(value: Any) -> Any:

@@ -147,6 +147,13 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.microbatches = microbatches
         self.track_memory = track_memory
+        # tensor parallelism: process ``slot * tp + t`` runs slot ``slot``'s actions on shard t
+        self.tp = plan.layout.tp
+        self.slot, self.shard = divmod(self.rank, self.tp)
+        self.tensor_layout = None
+        if self.tp > 1:
+            from outcore.tensor.parallel import split_for_plan
+            self.tensor_layout = split_for_plan(model, graph, self.tp)
         gm = retrace(model, tuple(micro_inputs), graph.meta).gm
         if [n.name for n in gm.graph.nodes] != [graph.name_of(i) for i in range(graph.num_nodes)]:
             raise PlanError("the graph does not match the model's trace: capture the graph "
@@ -159,26 +166,27 @@ class Trainer:
         self.schedule, self.costs, self.pieces = low.schedule, low.costs, low.pieces
         metas = value_metas(gm, micro_inputs)
         big_names = [low.graph.name_of(i) for i in range(low.graph.num_nodes)]
-        modules = build_piece_modules(gm, big_names, low.pieces, self.rank)
+        modules = build_piece_modules(gm, big_names, low.pieces, self.slot)
         self._keep_parameters(gm, modules, optimizer, lr_scheduler)
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         ops = [low.graph.op_of(i) for i in range(low.graph.num_nodes)]
-        mine = [int(d) == self.rank for d in low.assignment]
+        mine = [int(d) == self.slot for d in low.assignment]
         self.needs_inputs = any(m and op == "input" for m, op in zip(mine, ops))
         self.needs_targets = any(m and op == "output" for m, op in zip(mine, ops))
         self.step_index = 0
-        self.messenger = Messenger(self.rank, self.schedule,
+        self.messenger = Messenger(self.slot, self.schedule,
                                    _leaf_metas(low.pieces, metas, big_names), self.device,
                                    timeout_s, use_tags=dist.get_backend() != "nccl"
                                    if dist.is_initialized() else True,
-                                   step_of=lambda: self.step_index)
+                                   step_of=lambda: self.step_index,
+                                   process_of=lambda slot: slot * self.tp + self.shard)
         self.policies = {p.id: self.costs.policies[p.id] for p in low.pieces.pieces
-                         if p.device == self.rank and self.costs.policies
+                         if p.device == self.slot and self.costs.policies
                          and self.costs.policies[p.id] != "none"}
         piece_params = {pm.id: _module_params(pm.module) for pm in modules
                         if pm.id in self.policies}
         self.executor = RankExecutor(
-            self.rank, self.schedule, {pm.id: pm for pm in modules}, big_names, metas,
+            self.slot, self.schedule, {pm.id: pm for pm in modules}, big_names, metas,
             self.messenger, loss_fn or default_loss, self.optimizer, self._buckets(),
             self.placeholders, self.device, on_step=self._after_optimizer, copies=self.copies,
             policies=self.policies, piece_params=piece_params)
@@ -203,11 +211,14 @@ class Trainer:
 
     def _buckets(self) -> dict[int, tuple[Any, list[nn.Parameter]]]:
         """This rank's all-reduce buckets: process group and parameters (every rank creates
-        every group, in one order)."""
+        every group, in one order). A bucket's group is of slots; with tensor parallelism
+        shard ``t`` of every slot in it all-reduces its own shard's gradients."""
         buckets = {}
         for b, group in enumerate(self.schedule.buckets):
-            pg = dist.new_group(list(group)) if dist.is_initialized() else None
-            if self.rank in group:
+            pgs = [dist.new_group([s * self.tp + t for s in group]) if dist.is_initialized()
+                   else None for t in range(self.tp)]
+            pg = pgs[self.shard]
+            if self.slot in group:
                 names = [self.aliases.get(n, n) for n in self.schedule.meta["bucket_params"][b]]
                 buckets[b] = (pg, [self.named_params[n] for n in names
                                    if n in self.named_params])
@@ -280,8 +291,9 @@ class Trainer:
         else:
             result = self.executor.run_step(micro_in, micro_tg)
             peak = 0
-        loss = torch.tensor([result.loss if result.loss is not None else 0.0],
-                            dtype=torch.float64)
+        # every shard of a tensor-parallel slot computes the same loss: count it once
+        mine = result.loss if result.loss is not None and self.shard == 0 else 0.0
+        loss = torch.tensor([mine], dtype=torch.float64)
         if dist.is_initialized() and self.world > 1:
             dist.all_reduce(loss)
         self.step_index += 1

@@ -184,12 +184,19 @@ def _gather_stats(report: Any, world: int) -> list[torch.Tensor]:
 def _summary(cfg: TrainConfig, trainer: Any, out: dict[str, Any]) -> dict[str, Any]:
     """What the worker returns: its figures, its pieces, and (tests) its final state."""
     rank = out["rank"]
-    out["pieces"] = [p.id for p in trainer.pieces.pieces if p.device == rank]
-    if cfg.return_state:
-        out["state"] = {k: v.detach().cpu().clone() for k, v in trainer.named_params.items()}
+    out["pieces"] = [p.id for p in trainer.pieces.pieces if p.device == trainer.slot]
+    if trainer.tensor_layout is not None:
+        out["tensor_split"] = list(trainer.tensor_layout.split_modules)
+    if cfg.return_state:  # whole tensors (a tensor-parallel shard is gathered from its group)
+        out["state"] = {k: _whole(v).detach().cpu().clone()
+                        for k, v in trainer.named_params.items()}
         out["buffers"] = {k: b.detach().cpu().clone() for k, b in trainer.gm.named_buffers()
                           if b.device.type != "meta"}
     return out
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _on_nonfinite(cfg: TrainConfig, step: int, loss: float, bad: tuple[bool, bool],

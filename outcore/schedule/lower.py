@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from outcore.cost.tensor import tensor_graph
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
@@ -48,8 +49,12 @@ class Lowered:
         pieces: the cut of ``graph`` (what each rank runs as one forward/backward).
         costs: per-piece costs for one micro-batch.
         schedule: the checked per-rank action lists.
-        cluster: the devices and links it was lowered for.
+        cluster: the devices and links it was lowered for, as the schedule's ranks see them
+            (with ``tp > 1`` each schedule rank is a slot of ``tp`` processes:
+            :meth:`~outcore.hardware.spec.Cluster.slots`).
         batch: samples per iteration (None when the graph records no batch size).
+        tp: processes per schedule rank (the tensor-parallel degree): process
+            ``slot * tp + t`` runs slot ``slot``'s actions on its tensor shard ``t``.
     """
 
     graph: Graph
@@ -60,6 +65,7 @@ class Lowered:
     schedule: Schedule
     cluster: Cluster
     batch: int | None
+    tp: int = 1
 
 
 def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
@@ -75,6 +81,10 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
             ``global_batch / (microbatches * copies)`` samples (costs scaled linearly from the
             graph's batch). Default: every micro-batch is the graph's batch.
         mb_samples: samples per micro-batch (instead of ``global_batch``).
+
+    With ``plan.layout.tp > 1`` the graph is first costed as one rank of a tensor-parallel
+    group sees it (:func:`outcore.cost.tensor.tensor_graph`) and the schedule's ranks are the
+    plan's device slots.
     """
     plan.check(g)
     M = int(microbatches or plan.microbatches or 1)
@@ -82,16 +92,20 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
         raise UsageError(f"micro-batches must be at least 1, got {M}")
     kind = schedule or plan.schedule or "1f1b"
     cl = cluster or plan.cluster_or_default()
+    tp = plan.layout.tp
+    if tp > 1:
+        g = tensor_graph(g, tp, cl.link(0, 1))[0]
+        cl = cl.slots(tp)
     big, assignment, copies = expand(g, plan)
     if mb_samples is not None:
         global_batch = int(round(mb_samples * M * copies))
     batch = global_batch or (g.batch_size * M * copies if g.batch_size else None)
     scale = mb_scale(g, batch / (M * copies) if batch else None)
-    sched, costs, pieces = make_schedule(big, assignment, plan.devices, microbatches=M,
+    sched, costs, pieces = make_schedule(big, assignment, plan.devices // tp, microbatches=M,
                                          kind=kind, cluster=cl, scale=scale,
                                          optimizer=plan.optimizer,
                                          policies=expand_policies(plan, copies))
-    return Lowered(big, assignment, copies, pieces, costs, sched, cl, batch)
+    return Lowered(big, assignment, copies, pieces, costs, sched, cl, batch, tp)
 
 
 def _node_params(g: Graph, i: int) -> list[str]:

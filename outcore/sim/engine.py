@@ -7,7 +7,7 @@ later; a receive blocks the rank until its message has arrived. ``AR`` is a coll
 when every member has reached it. Data-parallel replicas (``dp > 1``) are not simulated one by
 one: each piece's gradients are all-reduced on a separate stream as soon as its last backward
 ends (overlapped, as DDP's buckets are), and the optimizer step waits for them. On a cluster
-that holds every copy, the cost follows where the peers sit (``outcore.sim.collectives``:
+that holds every copy, the cost follows where the peers sit (``outcore.hardware.collectives``:
 two-level by default) and the inter-node phases of a node's ranks take turns on its network
 port (pipeline sends are not slowed by them); otherwise it is a flat ring over one link.
 
@@ -27,7 +27,7 @@ from outcore.errors import ScheduleError
 from outcore.hardware.spec import Cluster, LinkSpec
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import Action, Schedule
-from outcore.sim.collectives import dp_allreduce as dp_phases, ring_allreduce_s  # noqa: F401
+from outcore.hardware.collectives import dp_allreduce as dp_phases, ring_allreduce_s  # noqa: F401
 from outcore.trace import Event, Timeline
 
 
@@ -43,7 +43,7 @@ class SimOptions:
             (Adam reads weight, gradient, two moments and writes three: about 7).
         bucket_bytes: all-reduce bucket bytes for ``AR`` actions, per bucket.
         dp_collective: data-parallel all-reduce model on a cluster holding every copy
-            (``outcore.sim.collectives.COLLECTIVES``: ``auto``, ``hierarchical``,
+            (``outcore.hardware.collectives.COLLECTIVES``: ``auto``, ``hierarchical``,
             ``hierarchical-rhd``, ``ring``).
         dp_bucket_bytes: 0: a piece's gradients are all-reduced after its last backward ends.
             Else DDP-style buckets of this size: gradients become ready evenly during that

@@ -86,7 +86,7 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
             ``[d * plan.devices, (d+1) * plan.devices)``): their all-reduce then follows the
             cluster's nodes and links; otherwise it is a flat ring over one link.
         collective: the data-parallel all-reduce model on such a cluster
-            (``outcore.sim.collectives.COLLECTIVES``).
+            (``outcore.hardware.collectives.COLLECTIVES``).
         dp_bucket_bytes: 0 (default): each piece's gradients are all-reduced once its last
             backward ends; else DDP-style buckets of this many bytes (25 MiB in DDP) that
             overlap that backward (``SimOptions.dp_bucket_bytes``).

@@ -26,7 +26,8 @@ from outcore.graph.tensor_pairs import TensorLayout, find_layout
 
 log = logging.getLogger(__name__)
 
-__all__ = ["tensor_parallel", "layout_of", "tensor_mesh", "grid_mesh", "depth_units", "MODES"]
+__all__ = ["tensor_parallel", "layout_of", "tensor_mesh", "grid_mesh", "depth_units", "MODES",
+           "split_for_plan"]
 
 MODES = ("1d", "depth")
 HEAD_ATTRS = ("heads", "num_heads", "n_head", "n_heads", "num_attention_heads", "num_key_value_heads",
@@ -158,6 +159,29 @@ def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any =
     log.info("tensor parallel (%s, tp=%d): %d pairs, %d modules split", mode, tp,
              len(layout.pairs), len(layout.split_modules))
     return model
+
+
+def split_for_plan(model: nn.Module, graph: Any, tp: int) -> TensorLayout:
+    """Split ``model`` in place the way a plan with ``layout.tp = tp`` costs it: the Megatron
+    layout of its layer graph ``graph`` (:func:`outcore.cost.tensor.tensor_graph`'s threshold),
+    every rank ``slot * tp + t`` of the job holding shard ``t`` (a ``(slots, tp)`` mesh). Call
+    it on every rank, before tracing the model (attention modules' head counts change)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from outcore.cost.tensor import PLAN_MIN_SPLIT_BYTES
+
+    _require_dist()
+    world = dist.get_world_size()
+    if world % tp:
+        raise UsageError(f"tp={tp} does not divide the job's {world} ranks")
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device, (world // tp, tp), mesh_dim_names=("slot", "tp"))["tp"]
+    layout = _untie_conflicts(model, find_layout(graph, tp, min_split_bytes=PLAN_MIN_SPLIT_BYTES))
+    _split_1d(model, layout, mesh)
+    model.outcore_tensor_layout = layout
+    log.info("tensor parallel inside the plan's slots (tp=%d): %d pairs, %d modules split", tp,
+             len(layout.pairs), len(layout.split_modules))
+    return layout
 
 
 # ------------------------------------------------------------------------------ 1-D

@@ -8,7 +8,7 @@ from outcore.cost.tensor import (Collective, depth_collectives, depth_peak_bytes
                                  split_compute_s, split_state_bytes, style_collectives)
 from outcore.errors import UsageError
 from outcore.hardware.spec import LinkSpec
-from outcore.sim.tensor import collective_s, phase_s
+from outcore.cost.tensor import collective_s, phase_s
 
 MiB = 1 << 20
 LINK = LinkSpec(bandwidth=1e9, latency_s=0.0)  # 1 GB/s, no latency: times are bytes / 1e9

@@ -12,7 +12,7 @@ from outcore.hardware.cluster import from_dict as _cluster_from_dict
 from outcore.hardware.spec import Cluster, DeviceSpec, LinkSpec
 from outcore.plan import make_plan
 from outcore.sim import simulate
-from outcore.sim.collectives import (Phases, allreduce_s, dp_allreduce, flat_ring_allreduce,
+from outcore.hardware.collectives import (Phases, allreduce_s, dp_allreduce, flat_ring_allreduce,
                                      hierarchical_allreduce, peer_layout, rhd_allreduce_s,
                                      ring_allreduce_s, ring_reduce_scatter_s)
 
