@@ -183,7 +183,6 @@ def _gather_stats(report: Any, world: int) -> list[torch.Tensor]:
 
 def _summary(cfg: TrainConfig, trainer: Any, out: dict[str, Any]) -> dict[str, Any]:
     """What the worker returns: its figures, its pieces, and (tests) its final state."""
-    rank = out["rank"]
     out["pieces"] = [p.id for p in trainer.pieces.pieces if p.device == trainer.slot]
     if trainer.tensor_layout is not None:
         out["tensor_split"] = list(trainer.tensor_layout.split_modules)
