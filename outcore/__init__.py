@@ -8,7 +8,7 @@ from outcore.api import (PlanRequest, capture, check_fits, cluster_of, collapse,
                          draw_graph, draw_timeline, estimate, launcher, load_graph, load_plan,
                          lower, make_cluster, model_graph, parallelize, plan, plan_request,
                          profile, save_chrome_trace, save_graph, save_plan, save_schedule,
-                         simulate, strategies)
+                         simulate, strategies, with_tensor_parallel)
 from outcore.errors import OutcoreError
 
 __version__ = "0.1.0"
@@ -18,7 +18,7 @@ __all__ = ["OutcoreError", "PlanRequest", "capture", "check_fits", "cluster_of",
            "load_plan", "lower", "make_cluster", "model_graph", "parallelize", "plan",
            "plan_request", "profile", "save_chrome_trace", "save_graph", "save_plan",
            "save_schedule", "simulate", "strategies", "tensor_parallel", "auto_parallelize",
-           "train"]
+           "train", "with_tensor_parallel"]
 
 
 def train(*args, **kwargs):

@@ -204,12 +204,27 @@ def save_plan(p: Plan, path: str | os.PathLike) -> Any:
 
 
 def device_loads(p: Plan, g: Graph) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per rank of the plan: nodes and forward + backward seconds; and the model copies."""
+    """Per device slot of the plan (a rank, or ``tp`` ranks with tensor parallelism): nodes and
+    forward + backward seconds (of one tensor-parallel shard); and the model copies."""
+    from outcore.cost.tensor import tensor_graph
     from outcore.plan.replicas import expand
+    tp = p.layout.tp
+    if tp > 1:
+        g = tensor_graph(g, tp, p.cluster_or_default().link(0, 1))[0]
     big, assignment, copies = expand(g, p)
-    nodes = np.bincount(assignment, minlength=p.devices)
-    compute = np.bincount(assignment, weights=big.fwd_s + big.bwd_s, minlength=p.devices)
+    slots = p.devices // tp
+    nodes = np.bincount(assignment, minlength=slots)
+    compute = np.bincount(assignment, weights=big.fwd_s + big.bwd_s, minlength=slots)
     return nodes, compute, copies
+
+
+def with_tensor_parallel(p: Plan, tp: int) -> Plan:
+    """``p`` with every device slot ``tp`` tensor-parallel ranks (the same placement)."""
+    from dataclasses import replace
+    from outcore.plan.layout import check_positive
+    check_positive("tp", tp)
+    return p.replace(layout=replace(p.layout, tp=tp), devices=p.devices // p.layout.tp * tp,
+                     predicted={})
 
 
 def parallelize(model: Any, example_inputs: Any, *, plan: Plan, graph: Graph | None = None,

@@ -78,7 +78,7 @@ class Job:
         memory: per-device memory limit (``16GiB``; None: unlimited).
         plan_path: a saved plan to use instead of planning.
         costs: ``profile`` or ``estimate[:DEVICE]``.
-        strategy, parallel, replicas, dp, memory_policy: the planning request's options.
+        strategy, parallel, replicas, dp, tp, memory_policy: the planning request's options.
         copies: model copies (GEMS replicas x dp) that split each global batch: the saved
             plan's, or the request's (:func:`replicas_asked` x ``dp``).
         run_dir: where every artifact goes.
@@ -93,6 +93,7 @@ class Job:
     parallel: str = "mp"
     replicas: int | None = None
     dp: int = 1
+    tp: int = 1
     memory_policy: str = "auto"
     copies: int = 1
     run_dir: str = "."
@@ -127,11 +128,11 @@ def prepare(job: Job, *, local: bool = True,
     if progress:
         progress("planning", 0, 1)
     req = PlanRequest.make(job.devices, job.memory, cluster=local_cluster(job.devices, local),
-                           strategy="single" if job.devices == 1 and job.copies == 1
+                           strategy="single" if job.devices == job.tp and job.copies == 1
                            else job.strategy, parallel=job.parallel,
                            replicas=replicas_asked(job.parallel, job.replicas, job.devices,
                                                    job.dp) if job.parallel == "master" else None,
-                           dp=job.dp, microbatches=cfg.microbatches, schedule=cfg.schedule,
+                           dp=job.dp, tp=job.tp, microbatches=cfg.microbatches, schedule=cfg.schedule,
                            optimizer=cfg.optimizer, seed=cfg.seed,
                            memory_policy=job.memory_policy)
     return g, search(g, req)
@@ -157,7 +158,7 @@ def local_cluster(devices: int, local: bool) -> Cluster:
 
 def train(model: str, devices: int = 1, *, memory: str | float | None = None,
           strategy: str = "auto", plan: str | None = None, parallel: str = "mp",
-          replicas: int | None = None, dp: int = 1, memory_policy: str = "auto",
+          replicas: int | None = None, dp: int = 1, tp: int = 1, memory_policy: str = "auto",
           input_shape: str | tuple[int, ...] | None = None, batch_size: int = 8,
           microbatches: int | None = None, steps: int = 10, schedule: str = "1f1b",
           optimizer: str = "adam", lr: float = 1e-3, lr_schedule: str = "none", seed: int = 0,
@@ -175,6 +176,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
         devices: workers (one per device); 1 = plain single-process training.
         memory: per-device memory limit the plan must respect (``16GiB``).
         strategy: planner (``pardnn``, ``pipeline``, ...); ignored with ``plan``.
+        parallel, replicas, dp: GEMS mode and replicas, data-parallel copies.
+        tp: tensor-parallel ranks per device slot (``dp x tp`` divides ``devices``).
         plan: a saved plan file to use instead of planning.
         schedule_file: a saved ``outcore-schedule/1`` file (``outcore plan --schedule-out``)
             whose action lists the workers run.
@@ -189,8 +192,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
         on_metrics: called with each step's metrics as rank 0 writes them.
     """
     job = make_job(model, devices, memory=memory, strategy=strategy, plan=plan,
-                   parallel=parallel, replicas=replicas, dp=dp, memory_policy=memory_policy,
-                   input_shape=input_shape, batch_size=batch_size, microbatches=microbatches,
+                   parallel=parallel, replicas=replicas, dp=dp, tp=tp,
+                   memory_policy=memory_policy, input_shape=input_shape, batch_size=batch_size, microbatches=microbatches,
                    steps=steps, schedule=schedule, optimizer=optimizer, lr=lr,
                    lr_schedule=lr_schedule, seed=seed, data=data, costs=costs,
                    run_dir=run_dir, metrics_out=metrics_out, trace=trace,
@@ -202,6 +205,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
 
 def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str | None,
              parallel: str, replicas: int | None, dp: int, memory_policy: str, costs: str,
+             tp: int = 1,
              run_dir: str | None, batch_size: int, microbatches: int | None,
              input_shape: Any, metrics_out: str | None, trace: bool,
              **cfg_fields: Any) -> Job:
@@ -213,7 +217,9 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
     copies = load_plan(plan).layout.copies if plan else \
         replicas_asked(parallel, replicas, devices, dp) * dp
-    M = microbatches or _default_microbatches(batch_size // copies, devices // dp)
+    if devices % (dp * tp):
+        raise UsageError(f"--dp {dp} x --tp {tp} must divide --devices {devices}")
+    M = microbatches or _default_microbatches(batch_size // copies, devices // (dp * tp))
     if batch_size % (M * copies):
         raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
                          f"{copies} model copies: make --batch-size a multiple of "
@@ -223,7 +229,7 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
                       metrics_out=metrics_out or str(root / "metrics.jsonl"),
                       trace_dir=str(root / "trace") if trace else None, **cfg_fields)
     return Job(cfg=cfg, devices=devices, memory=memory, plan_path=plan, costs=costs,
-               strategy=strategy, parallel=parallel, replicas=replicas, dp=dp,
+               strategy=strategy, parallel=parallel, replicas=replicas, dp=dp, tp=tp,
                memory_policy=memory_policy, copies=copies, run_dir=str(root))
 
 
@@ -269,7 +275,7 @@ def _only_used_devices(g: Graph, p: Plan,
     """A plain plan that leaves devices idle runs on the devices it uses: local workers are
     started only for them, and the plan says why."""
     used = p.used_devices
-    if p.layout.replicated or used >= p.devices:
+    if p.layout.replicated or p.layout.tp > 1 or used >= p.devices:
         return p
     from outcore.api import simulate
     why = (f"the plan uses {used} of {p.devices} devices ({p.strategy} found no faster plan "
@@ -371,7 +377,7 @@ def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path) -> dict[str
     events = []
     for part in parts:
         events += list(load_events(part).events)
-    measured = Timeline(p.devices, tuple(sorted(events, key=lambda e: e.start_s)),
+    measured = Timeline(p.devices // p.layout.tp, tuple(sorted(events, key=lambda e: e.start_s)),
                         max((e.end_s for e in events), default=0.0), source="measured")
     predicted = simulate(p, g, schedule_file=cfg.schedule_file).timeline
     out = {"trace": str(save_chrome_trace(root / "trace.json", [predicted, measured],

@@ -58,6 +58,11 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
     return t
 
 
+def slot_label(slot: int, tp: int) -> str:
+    """A plan's device slot as a table shows it: the device, or its tensor-parallel ranks."""
+    return str(slot) if tp == 1 else f"{slot * tp}-{slot * tp + tp - 1}"
+
+
 def check_output_suffix(path: str, allowed: tuple[str, ...]) -> Path:
     p = Path(path)
     if p.suffix.lower() not in allowed:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from outcore.cli.common import (MODEL_HELP, check_output_suffix, console, is_graph_file,
-                                nonneg_int, note, positive_int, table)
+                                nonneg_int, note, positive_int, slot_label, table)
 from outcore.units import format_bytes, format_seconds, parse_shape
 
 DESCRIPTION = """Partition a graph over K devices so that every device's training memory fits
@@ -41,6 +41,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel copies of the model-parallel group (must divide "
                         "--devices; default 1)")
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel ranks per device slot: the Megatron layout of the "
+                        "model's Linear and Embedding layers (column/row pairs found in the "
+                        "graph) split over tp consecutive ranks, inside every stage; "
+                        "--dp x --tp divides --devices (default 1)")
     p.add_argument("--microbatches", type=positive_int, default=1,
                    help="micro-batches per iteration and copy (default 1)")
     p.add_argument("--memory-policy", choices=["auto", "none", "checkpoint", "offload"],
@@ -95,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if args.depth is not None:
         g = outcore.collapse(g, args.depth)
     p = outcore.plan(g, args.devices, args.memory, strategy=args.strategy,
-                     parallel=args.parallel, replicas=args.replicas, dp=args.dp,
+                     parallel=args.parallel, replicas=args.replicas, dp=args.dp, tp=args.tp,
                      bandwidth=args.bandwidth, latency=args.latency,
                      microbatches=args.microbatches, schedule=args.schedule,
                      optimizer=args.optimizer, memory_policy=args.memory_policy,
@@ -125,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 def print_plan(g, p) -> None:
     import outcore
     pred = p.predicted
-    K = p.devices
+    K = p.devices // p.layout.tp  # device slots (tp ranks each)
     nodes, compute, copies = outcore.device_loads(p, g)
     peaks = pred.get("peak_bytes", [0] * K)
     sent = pred.get("comm_bytes", [0] * K)
@@ -133,10 +138,10 @@ def print_plan(g, p) -> None:
     rows = []
     for d in range(K):
         use = f"{format_bytes(peaks[d])}" + (f" / {format_bytes(limit)}" if limit else "")
-        rows.append([d, int(nodes[d]), format_seconds(float(compute[d])), use,
+        rows.append([slot_label(d, p.layout.tp), int(nodes[d]), format_seconds(float(compute[d])), use,
                      format_bytes(sent[d])])
     how = ", ".join([p.strategy] + ([p.layout.describe()] if p.layout.describe() else []))
-    console.print(table(f"plan: {how} on {K} devices ({g.name})",
+    console.print(table(f"plan: {how} on {p.devices} devices ({g.name})",
                         ["device", "nodes", "compute", "peak memory", "sent"], rows))
     lb = pred.get("lower_bound_s")
     it = pred.get("iteration_s")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from outcore.cli.common import check_output_suffix, console, note, positive_int, table
+from outcore.cli.common import (check_output_suffix, console, note, positive_int, slot_label,
+                                table)
 from outcore.units import format_bytes, format_seconds
 
 DESCRIPTION = """Simulate one training iteration of a plan event by event: each device runs
@@ -28,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="data-parallel replicas of the whole plan (collective cost model)")
     p.add_argument("--batch-size", type=positive_int,
                    help="samples per iteration (default: the graph's batch)")
+    p.add_argument("--tp", type=positive_int,
+                   help="what if every device slot of the plan were this many tensor-parallel "
+                        "ranks (default: the plan's own tp)")
     c = p.add_argument_group("cluster (default: the flat network the plan was made for)")
     c.add_argument("--nodes", type=positive_int, help="machines; with --gpus-per-node, the "
                    "plan's devices and its --dp copies are laid out node by node")
@@ -60,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
 
     g = outcore.load_graph(args.graph)
     p = outcore.load_plan(args.plan, g)
+    if args.tp and args.tp != p.layout.tp:
+        p = outcore.with_tensor_parallel(p, args.tp)
+        note(f"every device slot widened to {args.tp} tensor-parallel ranks: {p.devices} ranks")
     if args.nodes or args.gpus_per_node:
         cl = outcore.cluster_of(p.devices * args.dp, nodes=args.nodes,
                                 per_node=args.gpus_per_node, device=args.device or "v100",
@@ -86,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(r.to_dict(), indent=1))
         return 0
     rows = []
-    for d in range(p.devices):
-        rows.append([d, format_seconds(r.busy_s[d]), format_seconds(r.bubble_s[d]),
+    for d in range(len(r.busy_s)):
+        rows.append([slot_label(d, p.layout.tp), format_seconds(r.busy_s[d]), format_seconds(r.bubble_s[d]),
                      format_bytes(r.comm_bytes[d]),
                      format_bytes(r.peak_bytes[d]) + (f" / {format_bytes(p.memory_bytes)}"
                                                       if p.memory_bytes else "")])

@@ -43,6 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="master: replicas (default 4, or 2 with fewer than 4 devices)")
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel copies of the model-parallel group (divides --devices)")
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel ranks per device slot: the Megatron layout of the "
+                        "model's Linear and Embedding layers (column/row pairs found in the "
+                        "graph) split over tp consecutive ranks, inside every stage; "
+                        "--dp x --tp divides --devices (default 1); see docs/tensor.md")
     p.add_argument("--memory-policy", choices=["auto", "none", "checkpoint", "offload"],
                    default="auto", help="how to fit --memory when the placement alone does not "
                    "(see outcore plan --help); on a CPU only checkpointing saves memory")
@@ -131,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         mbs = args.microbatches or (DEFAULT_MICROBATCHES if default_job else None)
         report = outcore.train(
             model, devices, memory=memory, strategy=args.strategy, plan=args.plan,
-            parallel=args.parallel, replicas=args.replicas, dp=args.dp,
+            parallel=args.parallel, replicas=args.replicas, dp=args.dp, tp=args.tp,
             memory_policy=args.memory_policy,
             input_shape=args.input_shape, batch_size=batch, microbatches=mbs,
             steps=steps, schedule=args.schedule, optimizer=args.optimizer, lr=args.lr,
@@ -154,7 +159,7 @@ def _run_quiet(args: argparse.Namespace) -> int:
         args.model or DEFAULT_MODEL, args.devices or (DEFAULT_DEVICES if default_job else 1),
         memory=args.memory or (DEFAULT_MEMORY if default_job else None),
         strategy=args.strategy, plan=args.plan, parallel=args.parallel,
-        replicas=args.replicas, dp=args.dp, memory_policy=args.memory_policy,
+        replicas=args.replicas, dp=args.dp, tp=args.tp, memory_policy=args.memory_policy,
         input_shape=args.input_shape,
         batch_size=args.batch_size or (DEFAULT_BATCH if default_job else 8),
         microbatches=args.microbatches or (DEFAULT_MICROBATCHES if default_job else None),
@@ -194,15 +199,17 @@ def _copy_trace(report, directory: str) -> None:
 def print_report(report) -> None:
     pred = report.predicted
     K = report.plan.devices
+    tp = report.plan.layout.tp  # the prediction is per device slot of tp ranks
     p_peak = pred.get("peak_bytes", [None] * K)
     p_busy = pred.get("busy_s", [None] * K)
     limit = report.plan.memory_bytes
     rows = []
     for r in range(K):
+        s = r // tp
         rows.append([r, format_seconds(report.busy_s[r]),
-                     format_seconds(p_busy[r]) if p_busy[r] is not None else "-",
+                     format_seconds(p_busy[s]) if p_busy[s] is not None else "-",
                      format_bytes(report.peak_bytes[r]) if report.peak_bytes[r] else "-",
-                     format_bytes(p_peak[r]) if p_peak[r] is not None else "-",
+                     format_bytes(p_peak[s]) if p_peak[s] is not None else "-",
                      format_bytes(limit) if limit else "-"])
     console.print(table(f"{report.config.model}: {K} device(s), {report.plan.strategy} plan, "
                         f"{report.config.schedule}, {report.config.microbatches} micro-batches",

@@ -23,7 +23,7 @@ from outcore.plan.policies import MemoryPolicies
 from outcore.plan.replicas import fx_name
 from outcore.runtime.comm import Messenger
 from outcore.runtime.data import default_loss, split
-from outcore.runtime.executor import RankExecutor, StepResult
+from outcore.runtime.executor import RankExecutor, StepResult, local
 from outcore.runtime.memtrack import MemoryTracker
 from outcore.runtime.modules import build_piece_modules, param_aliases, prune_unowned
 from outcore.runtime.offload import running_stats
@@ -270,7 +270,7 @@ class Trainer:
         if self.optimizer is not None:
             for st in self.optimizer.state.values():
                 out += [v for v in st.values() if isinstance(v, torch.Tensor)]
-        return out
+        return [local(t) for t in out]  # a tensor-parallel shard's own storage
 
     def step(self, inputs: tuple[torch.Tensor, ...] | None, targets: Any, *,
              trace: bool = False, track_memory: bool | None = None) -> StepReport:

@@ -162,7 +162,7 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
         if metrics_file is not None:
             metrics_file.close()
     trainer.sync_running_stats()  # the trained model: replicas agree on their statistics
-    if cfg.trace_dir and last_events:
+    if cfg.trace_dir and last_events and trainer.shard == 0:  # one timeline per device slot
         tl = Timeline(world, tuple(last_events), max((e.end_s for e in last_events), default=0),
                       source="measured", meta={"rank": rank})
         save_events(Path(cfg.trace_dir) / f"rank{rank}.json", tl)
