@@ -93,7 +93,7 @@ class Job:
     parallel: str = "mp"
     replicas: int | None = None
     dp: int = 1
-    tp: int = 1
+    tp: int | None = 1  # None: the planner chooses
     memory_policy: str = "auto"
     copies: int = 1
     run_dir: str = "."
@@ -128,7 +128,7 @@ def prepare(job: Job, *, local: bool = True,
     if progress:
         progress("planning", 0, 1)
     req = PlanRequest.make(job.devices, job.memory, cluster=local_cluster(job.devices, local),
-                           strategy="single" if job.devices == job.tp and job.copies == 1
+                           strategy="single" if job.devices == (job.tp or 1) and job.copies == 1
                            else job.strategy, parallel=job.parallel,
                            replicas=replicas_asked(job.parallel, job.replicas, job.devices,
                                                    job.dp) if job.parallel == "master" else None,
@@ -217,9 +217,9 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
     copies = load_plan(plan).layout.copies if plan else \
         replicas_asked(parallel, replicas, devices, dp) * dp
-    if devices % (dp * tp):
+    if devices % (dp * (tp or 1)):
         raise UsageError(f"--dp {dp} x --tp {tp} must divide --devices {devices}")
-    M = microbatches or _default_microbatches(batch_size // copies, devices // (dp * tp))
+    M = microbatches or _default_microbatches(batch_size // copies, devices // (dp * (tp or 1)))
     if batch_size % (M * copies):
         raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
                          f"{copies} model copies: make --batch-size a multiple of "

@@ -39,6 +39,11 @@ def positive_int(text: str) -> int:
     return v
 
 
+def tp_arg(text: str) -> int | None:
+    """``--tp``: a positive integer, or ``auto`` (None: the planner chooses)."""
+    return None if text == "auto" else positive_int(text)
+
+
 def nonneg_int(text: str) -> int:
     try:
         v = int(text)

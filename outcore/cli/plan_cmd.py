@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from outcore.cli.common import (MODEL_HELP, check_output_suffix, console, is_graph_file,
-                                nonneg_int, note, positive_int, slot_label, table)
+                                nonneg_int, note, positive_int, slot_label, table,
+                                tp_arg)
 from outcore.units import format_bytes, format_seconds, parse_shape
 
 DESCRIPTION = """Partition a graph over K devices so that every device's training memory fits
@@ -41,10 +42,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel copies of the model-parallel group (must divide "
                         "--devices; default 1)")
-    p.add_argument("--tp", type=positive_int, default=1,
+    p.add_argument("--tp", type=tp_arg, default=1, metavar="N|auto",
                    help="tensor-parallel ranks per device slot: the Megatron layout of the "
                         "model's Linear and Embedding layers (column/row pairs found in the "
-                        "graph) split over tp consecutive ranks, inside every stage; "
+                        "graph) split over tp consecutive ranks, inside every stage; auto: "
+                        "the fastest of 1, 2, 4, 8 that fits (the plan's notes say why); "
                         "--dp x --tp divides --devices (default 1)")
     p.add_argument("--microbatches", type=positive_int, default=1,
                    help="micro-batches per iteration and copy (default 1)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from outcore.cli.common import MODEL_HELP, console, note, positive_int, table
+from outcore.cli.common import MODEL_HELP, console, note, positive_int, table, tp_arg
 from outcore.units import format_bytes, format_seconds
 
 # The embedded default job: a model whose training step does not fit one device of DEFAULT_MEMORY,
@@ -43,10 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="master: replicas (default 4, or 2 with fewer than 4 devices)")
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel copies of the model-parallel group (divides --devices)")
-    p.add_argument("--tp", type=positive_int, default=1,
+    p.add_argument("--tp", type=tp_arg, default=1, metavar="N|auto",
                    help="tensor-parallel ranks per device slot: the Megatron layout of the "
                         "model's Linear and Embedding layers (column/row pairs found in the "
-                        "graph) split over tp consecutive ranks, inside every stage; "
+                        "graph) split over tp consecutive ranks, inside every stage; auto: "
+                        "the fastest of 1, 2, 4, 8 that fits (the plan's notes say why); "
                         "--dp x --tp divides --devices (default 1); see docs/tensor.md")
     p.add_argument("--memory-policy", choices=["auto", "none", "checkpoint", "offload"],
                    default="auto", help="how to fit --memory when the placement alone does not "

@@ -41,6 +41,8 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
     nothing fits; the device count and memory it suggests instead are ones this search has
     planned and found to fit (``check_suggestions``), never unchecked estimates.
     """
+    if req.tp is None:
+        return _search_tp(g, req, check_suggestions)
     g = tensor_costed(g, req)
     try:
         return _search(g, req)
@@ -48,6 +50,31 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
         if not check_suggestions:
             raise
         raise checked_refusal(g, req, e) from None
+
+
+def _search_tp(g: Graph, req: PlanRequest, check_suggestions: bool) -> Plan:
+    """``--tp auto``: the fastest plan that fits over :meth:`PlanRequest.tp_options`; the
+    plan's notes give every degree's outcome."""
+    best: Plan | None = None
+    notes: list[str] = []
+    for t in req.tp_options():
+        try:
+            p = search(g, req.replace(tp=t), check_suggestions=False)
+        except InfeasibleError as e:
+            notes.append(f"tp {t}: {str(e).split('; ')[0]}")
+            continue
+        ok = fits(p)
+        notes.append(f"tp {t}: {p.predicted['iteration_s'] * 1e3:.2f} ms per iteration, peak "
+                     f"{max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
+                     + ("" if ok else " (does not fit)"))
+        if ok and (best is None or p.predicted["iteration_s"] < best.predicted["iteration_s"]):
+            best = p
+    if best is None:  # the refusal (and its checked suggestions) of the plain request
+        search(g, req.replace(tp=1), check_suggestions=check_suggestions)
+        raise InfeasibleError(f"no tensor-parallel degree fits ({'; '.join(notes)})")
+    t = best.layout.tp
+    why = "the fastest that fits" if len(notes) > 1 else "the only degree tried"
+    return best.with_notes(*notes, f"--tp auto: chose tp {t} ({why})")
 
 
 def _search(g: Graph, req: PlanRequest) -> Plan:

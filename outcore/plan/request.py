@@ -36,7 +36,7 @@ class PlanRequest:
         dp: data-parallel copies of the model-parallel group (must divide ``devices``).
         tp: tensor-parallel ranks inside every model-parallel device slot (Megatron layout of
             the graph's Linears / Embeddings, :mod:`outcore.graph.tensor_pairs`); ``dp x tp``
-            must divide ``devices``.
+            must divide ``devices``. ``None``: the search chooses (:meth:`tp_options`).
         sp: spatial degree (1: not used).
         microbatches: micro-batches per iteration and model copy.
         schedule: ``gpipe`` or ``1f1b``.
@@ -52,7 +52,7 @@ class PlanRequest:
     parallel: str = "mp"
     replicas: int | None = None
     dp: int = 1
-    tp: int = 1
+    tp: int | None = 1
     sp: int = 1
     microbatches: int = 1
     schedule: str = "1f1b"
@@ -64,10 +64,11 @@ class PlanRequest:
         check_positive("devices", self.devices)
         check_positive("micro-batches", self.microbatches)
         check_positive("--dp", self.dp)
-        check_positive("--tp", self.tp)
+        if self.tp is not None:
+            check_positive("--tp", self.tp)
         if self.parallel not in MODES:
             raise UsageError(f"unknown parallel mode {self.parallel!r}: use {', '.join(MODES)}")
-        if self.devices % (self.dp * self.tp):
+        if self.devices % (self.dp * (self.tp or 1)):
             raise UsageError(f"--dp {self.dp} x --tp {self.tp} must divide --devices "
                              f"{self.devices}")
         if self.parallel != "mp" and self.model_parallel_devices < 2:
@@ -91,7 +92,15 @@ class PlanRequest:
     def model_parallel_devices(self) -> int:
         """Device slots one model-parallel group spans (``devices / (dp x tp)``; each slot is
         ``tp`` ranks)."""
-        return self.devices // (self.dp * self.tp)
+        return self.devices // (self.dp * (self.tp or 1))
+
+    def tp_options(self) -> list[int]:
+        """Tensor-parallel degrees the search tries: the request's, or (``tp=None``) 1, 2, 4
+        and 8 where they divide the devices of one data-parallel copy."""
+        if self.tp is not None:
+            return [self.tp]
+        per_copy = self.devices // self.dp
+        return [t for t in (1, 2, 4, 8) if per_copy % t == 0]
 
     def replica_options(self) -> list[int]:
         """Replica counts the search tries for the request's GEMS mode."""

@@ -1,0 +1,48 @@
+"""The search with tensor parallelism: --tp N plans device slots of N ranks, --tp auto picks the
+degree, and a layer too big for one device is planned with tp instead of being refused."""
+
+from __future__ import annotations
+
+import pytest
+
+import outcore
+from outcore.errors import InfeasibleError, UsageError
+from outcore.plan.request import PlanRequest
+
+# an LM whose embedding (8192 x 128 fp32 = 4 MiB; 16 MiB with Adam's state) alone exceeds the
+# 14 MiB per-device limit: no split between layers can fit it
+BIG_VOCAB = "outcore:transformer:vocab=8192,d_model=128,layers=1,heads=4,seq=16"
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return outcore.model_graph(BIG_VOCAB, batch_size=4, costs="estimate")
+
+
+def test_a_layer_too_big_for_a_device_is_refused_without_tp(lm):
+    with pytest.raises(InfeasibleError, match="alone needs"):
+        outcore.plan(lm, 4, "14MiB", tp=1)
+
+
+def test_tp_auto_splits_the_big_layer_and_fits(lm):
+    p = outcore.plan(lm, 4, "14MiB", tp=None)
+    assert p.layout.tp in (2, 4) and p.devices == 4
+    assert max(p.predicted["peak_bytes"]) <= 14 * 2**20
+    assert any(n.startswith("--tp auto: chose tp") for n in p.notes)
+    assert any(n.startswith("tp 1:") and "alone needs" in n for n in p.notes)
+
+
+def test_tp_plan_has_slots_of_tp_ranks(lm):
+    p = outcore.plan(lm, 4, "14MiB", tp=2)
+    assert p.layout.tp == 2 and p.devices == 4
+    assert p.stages == 2 and int(p.assignment.max()) <= 1
+    # one prediction per slot, and the simulator's what-if agrees with the plan's own
+    assert len(p.predicted["peak_bytes"]) == 2
+    again = outcore.simulate(outcore.with_tensor_parallel(p, 2), lm)
+    assert again.iteration_s == pytest.approx(p.predicted["iteration_s"])
+
+
+def test_tp_must_divide_the_devices():
+    with pytest.raises(UsageError, match="--tp 3 must divide"):
+        PlanRequest.make(4, tp=3)
+    assert PlanRequest.make(8, dp=2, tp=None).tp_options() == [1, 2, 4]
