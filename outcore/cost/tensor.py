@@ -48,12 +48,15 @@ from outcore.hardware.spec import LinkSpec
 __all__ = ["Collective", "STYLES", "split_compute_s", "split_state_bytes", "depth_peak_bytes",
            "style_collectives", "depth_collectives", "layout_collectives", "NodeCosts",
            "layout_node_costs", "collective_s", "phase_s", "tensor_graph",
-           "PLAN_MIN_SPLIT_BYTES"]
+           "PLAN_MIN_SPLIT_BYTES", "PLAN_MIN_PAIR_BYTES", "plan_layout"]
 
-# A plan's tensor-parallel layout splits every Linear / Embedding that divides (the user asked for
-# tp ranks, mostly to fit; a pair costs one all-reduce each way). ``tensor_graph`` and the runtime
-# use this one threshold so that what is costed is what runs.
-PLAN_MIN_SPLIT_BYTES = 0
+# A plan's tensor-parallel layout splits every Megatron pair whatever its size (the user asked for
+# tp ranks; a pair costs one all-reduce each way), and a Linear / Embedding that does not pair
+# only from 1 MiB of parameters up (alone, it costs a gather or an all-reduce per call, which a
+# small layer does not earn back). ``tensor_graph`` and the runtime use these thresholds, so
+# what is costed is what runs.
+PLAN_MIN_SPLIT_BYTES = 1 << 20
+PLAN_MIN_PAIR_BYTES = 0
 
 STYLES = ("whole", "colwise", "rowwise", "colwise_gather", "rowwise_alone", "vocab", "embed_dim")
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -202,8 +205,13 @@ def phase_s(collectives: Iterable[Collective], phase: str, link: LinkSpec,
     return sum(collective_s(c, link, algorithm) for c in collectives if c.phase == phase)
 
 
+def plan_layout(g: Graph, tp: int) -> TensorLayout:
+    """The tensor-parallel layout a plan with ``layout.tp = tp`` uses on graph ``g``."""
+    return find_layout(g, tp, min_split_bytes=PLAN_MIN_SPLIT_BYTES,
+                       min_pair_bytes=PLAN_MIN_PAIR_BYTES)
+
+
 def tensor_graph(g: Graph, tp: int, link: LinkSpec, *,
-                 min_split_bytes: int = PLAN_MIN_SPLIT_BYTES,
                  layout: TensorLayout | None = None) -> tuple[Graph, TensorLayout]:
     """``g`` as one rank of a ``tp``-way tensor-parallel group sees it, and the layout.
 
@@ -219,7 +227,7 @@ def tensor_graph(g: Graph, tp: int, link: LinkSpec, *,
         return g, layout or TensorLayout(tp=tp, pairs=(), splits=())
     if g.meta.get("tp"):
         raise UsageError(f"the graph is already costed for tp = {g.meta['tp']}, not {tp}")
-    layout = layout or find_layout(g, tp, min_split_bytes=min_split_bytes)
+    layout = layout or plan_layout(g, tp)
     nc = layout_node_costs(g, layout)
     fwd, bwd = nc.fwd_s.copy(), nc.bwd_s.copy()
     for i, cs in nc.collectives.items():

@@ -268,12 +268,15 @@ def _pair_ok(g: Graph, w: _Walk, tp: int) -> str:
 # ------------------------------------------------------------------------------ layout
 
 
-def find_layout(g: Graph, tp: int, *, min_split_bytes: int = 1 << 20) -> TensorLayout:
+def find_layout(g: Graph, tp: int, *, min_split_bytes: int = 1 << 20,
+                min_pair_bytes: int | None = None) -> TensorLayout:
     """The tensor-parallel layout of ``g`` over ``tp`` ranks.
 
     Args:
         g: a captured graph (``outcore.capture``; shapes make attention pairs findable).
         tp: tensor-parallel degree (>= 1).
+        min_pair_bytes: pairs whose Linears together hold fewer parameter bytes stay whole
+            (default: ``min_split_bytes``).
         min_split_bytes: Linears (pairs: all their Linears together) and Embeddings with
             fewer parameter bytes stay whole: their collectives would cost more than they save.
     """
@@ -293,7 +296,7 @@ def find_layout(g: Graph, tp: int, *, min_split_bytes: int = 1 << 20) -> TensorL
         if not w.ok or _pair_ok(g, w, tp):
             continue
         pb = int(sum(g.param_bytes[j] for j in w.columns | w.rows))
-        if pb < min_split_bytes:
+        if pb < (min_split_bytes if min_pair_bytes is None else min_pair_bytes):
             continue
         k = len(pairs)
         pairs.append(Pair(columns=tuple(g.module_of(c) for c in sorted(w.columns)),

@@ -168,7 +168,7 @@ def split_for_plan(model: nn.Module, graph: Any, tp: int) -> TensorLayout:
     it on every rank, before tracing the model (attention modules' head counts change)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from outcore.cost.tensor import PLAN_MIN_SPLIT_BYTES
+    from outcore.cost.tensor import plan_layout
 
     _require_dist()
     world = dist.get_world_size()
@@ -176,7 +176,7 @@ def split_for_plan(model: nn.Module, graph: Any, tp: int) -> TensorLayout:
         raise UsageError(f"tp={tp} does not divide the job's {world} ranks")
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device, (world // tp, tp), mesh_dim_names=("slot", "tp"))["tp"]
-    layout = _untie_conflicts(model, find_layout(graph, tp, min_split_bytes=PLAN_MIN_SPLIT_BYTES))
+    layout = _untie_conflicts(model, plan_layout(graph, tp))
     _split_1d(model, layout, mesh)
     model.outcore_tensor_layout = layout
     log.info("tensor parallel inside the plan's slots (tp=%d): %d pairs, %d modules split", tp,
