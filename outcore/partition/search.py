@@ -60,7 +60,7 @@ def _search_tp(g: Graph, req: PlanRequest, check_suggestions: bool) -> Plan:
     for t in req.tp_options():
         try:
             p = search(g, req.replace(tp=t), check_suggestions=False)
-        except InfeasibleError as e:
+        except (InfeasibleError, UsageError) as e:
             notes.append(f"tp {t}: {str(e).split('; ')[0]}")
             continue
         ok = fits(p)
@@ -216,6 +216,11 @@ def tensor_costed(g: Graph, req: PlanRequest) -> Graph:
     for ``tp = 1``): every planner then places device slots of ``tp`` ranks."""
     if req.tp == 1:
         return g
+    if (g.meta.get("capture") or {}).get("path") == "export":
+        raise UsageError(f"--tp {req.tp}: {g.name!r} was captured through torch.export, whose "
+                         "graph calls its layers' weights as ATen ops, so a plan cannot split "
+                         "them; split it yourself with outcore.tensor_parallel(model, tp) inside "
+                         "your job (docs/tensor.md), or use --tp 1")
     tg, layout = tensor_graph(g, req.tp, req.cluster.link(0, 1))
     if not layout.split_modules:
         raise InfeasibleError(f"--tp {req.tp}: no layer of {g.name!r} can be split {req.tp} "

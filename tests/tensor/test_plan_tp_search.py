@@ -46,3 +46,12 @@ def test_tp_must_divide_the_devices():
     with pytest.raises(UsageError, match="--tp 3 must divide"):
         PlanRequest.make(4, tp=3)
     assert PlanRequest.make(8, dp=2, tp=None).tp_options() == [1, 2, 4]
+
+
+def test_tp_refuses_models_captured_through_torch_export():
+    pytest.importorskip("transformers")
+    g = outcore.model_graph("hf:llama", costs="estimate")
+    with pytest.raises(UsageError, match="captured through torch.export"):
+        outcore.plan(g, 2, tp=2)
+    p = outcore.plan(g, 2, tp=None)  # auto: says why tp 2 is out, plans tp 1
+    assert p.layout.tp == 1 and any("torch.export" in n for n in p.notes)
