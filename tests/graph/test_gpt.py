@@ -6,7 +6,7 @@ import pytest
 
 from outcore.cost.analytical import estimate
 from outcore.errors import UsageError
-from outcore.graph.gpt import GPTShape, PARAM_BYTES_PER_PARAM, make_gpt
+from outcore.graph.gpt import PARAM_BYTES_PER_PARAM, GPTShape, make_gpt
 from outcore.graph.tensor_pairs import find_layout
 
 SMALL = GPTShape(layers=3, hidden=256, heads=8, vocab=1024, seq=128)
