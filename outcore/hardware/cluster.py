@@ -60,7 +60,7 @@ def to_dict(c: Cluster) -> dict[str, Any]:
             "devices_per_node": c.devices_per_node,
             "intra": {"bandwidth": c.intra.bandwidth, "latency_s": c.intra.latency_s},
             "inter": {"bandwidth": c.inter.bandwidth, "latency_s": c.inter.latency_s},
-            "host_cores": c.host_cores}
+            "host_cores": c.host_cores, "nics_per_node": c.nics_per_node}
 
 
 def _link(doc: Any, where: str) -> LinkSpec:
@@ -90,7 +90,8 @@ def from_dict(doc: Any, *, devices: int, memory_bytes: float | None,
                        devices_per_node=int(doc.get("devices_per_node", max(devices, 1))),
                        intra=_link(doc.get("intra", {}), source + ".intra"),
                        inter=_link(doc.get("inter", {}), source + ".inter"),
-                       host_cores=int(cores) if cores else None)
+                       host_cores=int(cores) if cores else None,
+                       nics_per_node=int(doc.get("nics_per_node", 1)))
     return _from_flat(doc, devices, mem)
 
 

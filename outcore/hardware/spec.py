@@ -71,6 +71,8 @@ class Cluster:
     ``host_cores``: when the "devices" are worker processes on one machine's CPU cores (local
     CPU training), the number of cores they share; more computing ranks than cores slow each
     other down (processor sharing). None: every device computes on its own.
+    ``nics_per_node``: network ports per machine, each at ``inter``'s bandwidth, shared by
+    consecutive devices (a DGX/HGX A100 has one per GPU: 8; default 1, one shared NIC).
     """
 
     device: DeviceSpec
@@ -79,10 +81,21 @@ class Cluster:
     intra: LinkSpec = LinkSpec(16e9, 25e-6)
     inter: LinkSpec = LinkSpec(12.5e9, 5e-6)
     host_cores: int | None = None  # all ranks share this many cores (local CPU workers)
+    nics_per_node: int = 1
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.devices_per_node < 1:
             raise UsageError("a cluster needs at least one node with at least one device")
+        if self.nics_per_node < 1:
+            raise UsageError(f"a node needs at least one network port, got "
+                             f"nics_per_node={self.nics_per_node}")
+
+    def port_of(self, device: int) -> tuple[int, int]:
+        """``(node, port)``: the network port ``device`` sends through (ports are shared by
+        consecutive devices of a node)."""
+        nics = min(self.nics_per_node, self.devices_per_node)
+        return self.node_of(device), (device % self.devices_per_node) * nics // \
+            self.devices_per_node
 
     @property
     def size(self) -> int:
@@ -105,11 +118,12 @@ class Cluster:
         if width == 1:
             return self
         per_node = self.devices_per_node // width
-        if per_node >= 1:  # groups inside nodes
-            return replace(self, devices_per_node=per_node, host_cores=self._cores(width))
+        if per_node >= 1:  # groups inside nodes (a slot's ports: its ranks' own, side by side)
+            return replace(self, devices_per_node=per_node, host_cores=self._cores(width),
+                           nics_per_node=max(self.nics_per_node // width, 1))
         # a group spans nodes: every slot is its own node, reached over the inter-node link
         return replace(self, nodes=max(self.size // width, 1), devices_per_node=1,
-                       host_cores=self._cores(width))
+                       host_cores=self._cores(width), nics_per_node=1)
 
     def _cores(self, width: int) -> int | None:
         return None if self.host_cores is None else max(self.host_cores // width, 1)

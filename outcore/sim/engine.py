@@ -89,7 +89,8 @@ class _Engine:
         self.ar_waiters: dict[int, list[int]] = {}
         self.held: dict[tuple[int, int], float] = {}  # (piece, mb) -> received bytes to free
         self.dp_free = [0.0] * R
-        self.dp_port: dict[int, float] = {}  # node -> when its data-parallel traffic ends
+        # (node, port) -> when the data-parallel traffic through that network port ends
+        self.dp_port: dict[tuple[int, int], float] = {}
         self.last_b = {}
         for r, acts in enumerate(s.actions):
             for a in acts:
@@ -331,9 +332,10 @@ class _Engine:
             ready = t - (1 - bucket / share) * (t - b_start)
         start = max(ready, self.dp_free[r], self.ar_free[r])
         end = start + ph.intra_s
-        if ph.node is not None:  # the node's all-reduces take turns on its network port
-            end = max(end, self.dp_port.get(ph.node, 0.0))
-            self.dp_port[ph.node] = end + ph.inter_s
+        if ph.node is not None:  # all-reduces through one network port take turns on it
+            port = self.cluster.port_of(r)
+            end = max(end, self.dp_port.get(port, 0.0))
+            self.dp_port[port] = end + ph.inter_s
         end += ph.inter_s + ph.after_s
         if 0 < bucket < share:  # the last bucket leaves after the backward
             end = max(end, t + dp_phases(self.cluster, self.s.num_ranks, self.opt.dp, r,
