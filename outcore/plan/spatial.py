@@ -79,6 +79,15 @@ class SpatialPlan:
             raise FormatError(f"{source}: unreadable 'spatial' record ({e}): it needs grid, "
                               "join and tiled") from None
 
+    def on_fine(self, fine: Graph, group: np.ndarray, coarse: Graph) -> "SpatialPlan":
+        """This record on the layer-level graph ``fine`` of a plan made on ``coarse`` (its
+        collapse; ``group[i]`` = coarse index of fine node ``i``)."""
+        mine = set(self.indices(coarse).tolist())
+        tiled = [i for i in range(fine.num_nodes) if int(group[i]) in mine]
+        return SpatialPlan(grid=self.grid, join=fine.name_of(tiled[-1]),
+                           tiled=tuple(int(fine.ids[i]) for i in tiled), stage=self.stage,
+                           reason=self.reason)
+
     def indices(self, g: Graph) -> np.ndarray:
         """Indices in ``g`` of the tiled nodes."""
         index = g.index_of_id

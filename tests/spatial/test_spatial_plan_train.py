@@ -1,0 +1,54 @@
+"""A spatial plan trains exactly like one process (MPI4DL's SP + LP on outcore's runtime).
+
+The layers before the join run on 2 tiles of unequal height (19 rows: 10 + 9; a stride-2
+convolution and a 3x3 stride-2 max pool cross the tile border); at the join the tiles are
+gathered onto the spatial stage's rank, which continues with 1 stage (2 ranks) or a 2-stage
+pipeline (3 ranks: the extra tile rank is rank 2). Losses and every parameter of every rank
+after 3 optimizer steps are compared with plain single-process training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from outcore.graph.io import to_dict as graph_doc
+from outcore.plan.layout import Layout
+from outcore.plan.plan import make_plan, to_dict as plan_doc
+from outcore.plan.spatial import SpatialPlan
+from outcore.runtime.config import TrainConfig
+from outcore.runtime.launch import run_local
+from outcore.runtime.worker import train_worker
+from tests.runtime.helpers import assert_matches, graph_for, reference
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
+
+MODEL = f"{Path(__file__).parent / 'sp_models.py'}:small_resnet"
+
+
+def spatial_docs(cfg: TrainConfig, join: str, stages: int, boundary: str | None):
+    g = graph_for(cfg)
+    names = [g.name_of(i) for i in range(g.num_nodes)]
+    j = names.index(join)
+    a = np.zeros(g.num_nodes, dtype=np.int64)
+    if boundary is not None:
+        a[names.index(boundary):] = stages - 1
+    sp = SpatialPlan(grid="2x1", join=join, tiled=tuple(int(i) for i in g.ids[:j + 1]))
+    plan = make_plan(g, a, strategy="manual", devices=stages + 1, memory_bytes=None,
+                     microbatches=cfg.microbatches, schedule=cfg.schedule,
+                     layout=Layout(sp=2), spatial=sp)
+    return graph_doc(g), plan_doc(plan)
+
+
+@pytest.mark.parametrize("stages,join,boundary,schedule", [
+    (1, "relu_3", None, "1f1b"),               # join after the second block: 2 ranks
+    (2, "relu_1", "_5_conv1", "gpipe"),      # join after the first block, pipeline of 2
+])
+def test_spatial_plan_equals_single_process(stages, join, boundary, schedule):
+    cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=2, steps=3, schedule=schedule,
+                      optimizer="adam", lr=1e-2, return_state=True, track_memory=False)
+    gdoc, pdoc = spatial_docs(cfg, join, stages, boundary)
+    results = run_local(train_worker, stages + 1, (cfg, gdoc, pdoc), timeout_s=90)
+    assert_matches(results, *reference(cfg))
