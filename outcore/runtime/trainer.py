@@ -8,6 +8,7 @@ the parameters they use, and runs the schedule the simulator predicts.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -298,9 +299,12 @@ class Trainer:
 
     def _run_step(self, micro_in: Any, micro_tg: Any) -> StepResult:
         extra = self.spatial is not None and self.spatial.is_extra
+        t0 = time.perf_counter()
         if extra:  # an extra tile rank: its tiles, then the step its schedule has no OPT for
             self.spatial.run_tiles(micro_in)
+        tiles_s = time.perf_counter() - t0
         result = self.executor.run_step(micro_in, micro_tg)
+        result.busy_s += tiles_s
         if extra and self.optimizer is not None:
             if not any(self.executor.nonfinite or ()):
                 self.optimizer.step()
