@@ -111,7 +111,8 @@ def tiled_graph(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int) -> Gra
         frac[i] = tile_fraction(g, i, grid)
     cf, cb, _ = comm_times(g, sp, cluster, stages)
     out_bytes = g.out_bytes * frac
-    out_bytes[idx[-1]] = g.out_bytes[idx[-1]]           # gathered whole on tile 0
+    # gathered on tile 0: the whole tensor and the received tiles (padded to the largest)
+    out_bytes[idx[-1]] = g.out_bytes[idx[-1]] * (1 + grid.tiles * frac[idx[-1]])
     inside = np.isin(g.src, idx) & np.isin(g.dst, idx)
     return g.replace(fwd_s=g.fwd_s * frac + cf, bwd_s=g.bwd_s * frac + cb,
                      saved_bytes=g.saved_bytes * frac, out_bytes=out_bytes,
@@ -123,7 +124,9 @@ class TileCosts:
     """What one extra tile rank computes and holds per micro-batch (of the graph's batch).
 
     fwd_s, bwd_s: compute and communication of the tiled nodes; saved_bytes: activations kept
-    until the backward; transient_bytes: the largest tile output; static_bytes: parameters x
+    until the backward; transient_bytes: the backward's working set at the largest tiled layer
+    (its output's gradient, its input region rebuilt from the kept strips, its input's
+    gradient: three of the largest tile outputs); static_bytes: parameters x
     optimizer state of the tiled layers; comm_bytes: halo and gather bytes sent."""
 
     fwd_s: float
@@ -143,7 +146,7 @@ def tile_rank_costs(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int,
     out = gt.out_bytes[idx].copy()
     out[-1] = g.out_bytes[idx[-1]] * tile_fraction(g, int(idx[-1]), TileGrid.parse(sp.grid))
     return TileCosts(float(gt.fwd_s[idx].sum()), float(gt.bwd_s[idx].sum()),
-                     float(gt.saved_bytes[idx].sum()), float(out.max()),
+                     float(gt.saved_bytes[idx].sum()), 3.0 * float(out.max()),
                      float(g.param_bytes[idx].sum() * state_factor(optimizer)),
                      float(nbytes[idx].sum()))
 
