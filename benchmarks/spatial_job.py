@@ -1,8 +1,8 @@
 """A real huge-image job: a conv net on 2048 x 2048 images whose plain training step does not fit
 a per-device memory limit, trained with spatial parallelism on 4 ranks (``outcore train --sp
 4``: the planner picks the join from its memory model), beside what a user would do on one
-device of that size: activation checkpointing: outcore's ``--memory-policy checkpoint`` (per piece), and plain
-PyTorch's ``checkpoint_sequential``, if they fit.
+device of that size: activation checkpointing, by outcore's ``--memory-policy checkpoint`` (per
+piece) and by plain PyTorch's ``checkpoint_sequential``, if they fit.
 
 Every run goes through ``outcore.train`` (the CLI's road): capture, analytical costs, plan,
 local gloo workers (one thread each), measured peak tensor memory per rank (the CPU tracker:

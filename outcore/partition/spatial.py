@@ -9,10 +9,10 @@ Steps:
 2. *Memory model*: for each candidate, a tile's memory (parameters x optimizer state of the
    tiled layers + its share of their saved activations) and the spatial stage's (its tile plus
    an even share of the rest of the graph over the ``stages`` ordinary devices, the gathered
-   activation included). With a limit, the candidates where that fits are tried earliest first
-   (the earliest join keeps the most layers replicated-free and the gather smallest in
-   compute... and leaves the most of the graph to the ordinary plan); without one, the
-   candidate with the smallest estimated peak first. ``--sp-join`` names it instead.
+   activation included). With a limit, the candidates where both fit are tried earliest first
+   (the earliest point after which the rest is held under the limit: the fewest layers pay
+   halo exchanges); then the others, least memory first. Without a limit, the candidate with
+   the smallest estimated peak first. ``--sp-join`` names it instead.
 3. *Placement*: the rest of the graph is planned with the ordinary search on ``stages = devices
    - sp + 1`` devices, on the graph costed per tile (:func:`outcore.schedule.spatial.
    tiled_graph`); the tiled nodes go to the stage holding the inputs, without memory policies.

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from outcore.graph.ir import Graph
 from outcore.plan.plan import Plan
 from outcore.plan.spatial import tile_ranks

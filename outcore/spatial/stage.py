@@ -84,7 +84,7 @@ def _convert(gm: fx.GraphModule, graph: Graph, names: list[str], sg: SpatialGrou
     """Make the tiled nodes' layers spatial in place; return the layers holding parameters."""
     nodes = {n.name: n for n in gm.graph.nodes}
     sizes: dict[str, set] = {}
-    for i, name in enumerate(names):
+    for name in names:
         n = nodes[name]
         if n.op != "call_module":
             continue
