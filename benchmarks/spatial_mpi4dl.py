@@ -7,7 +7,7 @@ The graph is captured once at 256^2 and scaled to each image size: every image t
 height and width (recorded shapes) by ``size / 256``, its bytes and its node's analytical time
 by the area ratio (convolutions, batch norm and pooling are linear in the pixel count; the
 classifier after the global pool is unchanged). For each GPU count and size, the planner is
-asked for LP alone (a pipeline on all GPUs) and for SP + LP with 2, 4 and 8 tiles (the join from
+asked for LP alone (a pipeline on all GPUs) and for SP + LP with 2 to 16 tiles (the join from
 the memory model, the rest a pipeline on ``gpus - sp + 1`` stages); 4 micro-batches of 1 image.
 Nothing here runs a GPU: these are the simulator's predictions.
 
@@ -73,12 +73,12 @@ def scale(g, size: int):
 
 
 def best(g, gpus: int, cluster) -> dict:
-    """The fastest fitting plan among LP alone and SP + LP with 2, 4, 8 tiles."""
+    """The fastest fitting plan among LP alone and SP + LP with 2, 4, 8, 16 tiles."""
     from outcore.errors import OutcoreError
     from outcore.partition.search import search
     from outcore.plan.request import PlanRequest
     found = []
-    for sp in (1, 2, 4, 8):
+    for sp in (1, 2, 4, 8, 16):
         if sp > gpus:
             continue
         try:
@@ -122,8 +122,9 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     (out / "spatial_mpi4dl.json").write_text(json.dumps(rows, indent=1))
     lines = [f"# MPI4DL setting, simulated: ResNet-50, {DEVICE}, 4 micro-batches of 1 image",
-             "", "| GPUs | image | best | images/s | peak GiB | LP alone | sp 2 | sp 4 | sp 8 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "", "| GPUs | image | best | images/s | peak GiB | LP alone | sp 2 | sp 4 | sp 8 "
+             "| sp 16 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         b = r["best"]
         cells = {c["sp"]: (f"{c['images_per_s']:.2f}" if c["fits"] else "no fit")
@@ -131,7 +132,7 @@ def main() -> None:
         lines.append(f"| {r['gpus']} | {r['size']}^2 | "
                      + (f"sp {b['sp']} + {b['stages']} stages | {b['images_per_s']:.2f} | "
                         f"{b['peak_gib']:.1f}" if b else "nothing fits | - | -")
-                     + " | " + " | ".join(cells.get(s, "-") for s in (1, 2, 4, 8)) + " |")
+                     + " | " + " | ".join(cells.get(s, "-") for s in (1, 2, 4, 8, 16)) + " |")
     largest = {}
     for r in rows:
         if r["best"]:

@@ -39,7 +39,7 @@ from outcore.units import format_bytes
 
 __all__ = ["plan_spatial", "rank_joins"]
 
-TRIES = 6
+TRIES = 12
 
 
 def _estimates(g: Graph, grid: TileGrid, stages: int, optimizer: str, j: int
