@@ -52,3 +52,53 @@ def test_spatial_plan_equals_single_process(stages, join, boundary, schedule):
     gdoc, pdoc = spatial_docs(cfg, join, stages, boundary)
     results = run_local(train_worker, stages + 1, (cfg, gdoc, pdoc), timeout_s=90)
     assert_matches(results, *reference(cfg))
+
+
+def _tiles_reference(cfg: TrainConfig, root: str):
+    """Plain PyTorch on the whole images of ``root`` (same seed, batches, micro-batches)."""
+    import copy
+
+    import torch
+
+    from outcore.runtime.data import default_loss, split
+    from outcore.spatial.data import TileFolderData
+    from outcore.zoo import build_model
+    _, built = build_model(cfg.model, batch_size=cfg.batch_size, seed=cfg.seed)
+    model = copy.deepcopy(built)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    data = TileFolderData(root, cfg.batch_size, cfg.seed)
+    losses = []
+    for step in range(cfg.steps):
+        (x,), y = data.batch(step)
+        total = 0.0
+        for xm, ym in zip(split(x, cfg.microbatches), split(y, cfg.microbatches)):
+            loss = default_loss(model(xm), ym) / cfg.microbatches
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_tile_ranks_read_only_their_tile(tmp_path):
+    """``--data tiles:FOLDER``: each tile rank reads its tile of the PNG images; training equals
+    plain PyTorch on the whole images."""
+    import json
+
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 256, (19, 21, 3), dtype=np.uint8)).save(
+            tmp_path / f"img{i}.png")
+    (tmp_path / "labels.json").write_text(json.dumps({f"img{i}.png": i % 3 for i in range(4)}))
+    cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=2, steps=2, schedule="1f1b",
+                      optimizer="adam", lr=1e-2, return_state=True, track_memory=False,
+                      data=f"tiles:{tmp_path}")
+    from outcore.cost.spatial_geometry import TileGrid
+    from outcore.spatial.data import TileFolderData
+    (x,), _ = TileFolderData(str(tmp_path), 4, 0, grid=TileGrid(rows=2, cols=1), tile=1).batch(0)
+    assert tuple(x.shape) == (4, 3, 9, 21)      # tile 1: rows 10..18 only
+    gdoc, pdoc = spatial_docs(cfg, "relu_3", 1, None)
+    results = run_local(train_worker, 2, (cfg, gdoc, pdoc), timeout_s=90)
+    assert_matches(results, *_tiles_reference(cfg, str(tmp_path)))
