@@ -145,6 +145,7 @@ def tile_rank_costs(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int,
     _, _, nbytes = comm_times(g, sp, cluster, stages)
     out = gt.out_bytes[idx].copy()
     out[-1] = g.out_bytes[idx[-1]] * tile_fraction(g, int(idx[-1]), TileGrid.parse(sp.grid))
+    out[[g.op_of(int(i)) == "input" for i in idx]] = 0.0   # the image gets no gradient
     return TileCosts(float(gt.fwd_s[idx].sum()), float(gt.bwd_s[idx].sum()),
                      float(gt.saved_bytes[idx].sum()), 3.0 * float(out.max()),
                      float(g.param_bytes[idx].sum() * state_factor(optimizer)),
