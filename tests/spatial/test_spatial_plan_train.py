@@ -3,8 +3,9 @@
 The layers before the join run on 2 tiles of unequal height (19 rows: 10 + 9; a stride-2
 convolution and a 3x3 stride-2 max pool cross the tile border); at the join the tiles are
 gathered onto the spatial stage's rank, which continues with 1 stage (2 ranks) or a 2-stage
-pipeline (3 ranks: the extra tile rank is rank 2). Losses and every parameter of every rank
-after 3 optimizer steps are compared with plain single-process training.
+pipeline (3 ranks: the extra tile rank is rank 2), and on a 2x2 grid (4 ranks). Losses and
+every parameter of every rank after 2-3 optimizer steps are compared with plain single-process
+training.
 """
 
 from __future__ import annotations
@@ -28,17 +29,18 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 MODEL = f"{Path(__file__).parent / 'sp_models.py'}:small_resnet"
 
 
-def spatial_docs(cfg: TrainConfig, join: str, stages: int, boundary: str | None):
+def spatial_docs(cfg: TrainConfig, join: str, stages: int, boundary: str | None,
+                 grid: str = "2x1"):
     g = graph_for(cfg)
     names = [g.name_of(i) for i in range(g.num_nodes)]
     j = names.index(join)
     a = np.zeros(g.num_nodes, dtype=np.int64)
     if boundary is not None:
         a[names.index(boundary):] = stages - 1
-    sp = SpatialPlan(grid="2x1", join=join, tiled=tuple(int(i) for i in g.ids[:j + 1]))
-    plan = make_plan(g, a, strategy="manual", devices=stages + 1, memory_bytes=None,
+    sp = SpatialPlan(grid=grid, join=join, tiled=tuple(int(i) for i in g.ids[:j + 1]))
+    plan = make_plan(g, a, strategy="manual", devices=stages + sp.tiles - 1, memory_bytes=None,
                      microbatches=cfg.microbatches, schedule=cfg.schedule,
-                     layout=Layout(sp=2), spatial=sp)
+                     layout=Layout(sp=sp.tiles), spatial=sp)
     return graph_doc(g), plan_doc(plan)
 
 
@@ -102,3 +104,13 @@ def test_tile_ranks_read_only_their_tile(tmp_path):
     gdoc, pdoc = spatial_docs(cfg, "relu_3", 1, None)
     results = run_local(train_worker, 2, (cfg, gdoc, pdoc), timeout_s=90)
     assert_matches(results, *_tiles_reference(cfg, str(tmp_path)))
+
+
+def test_four_tiles_on_a_2x2_grid():
+    """``--sp 4 --sp-grid 2x2``: tiles of 10/9 rows and 11/10 columns, corner halos in the
+    second exchange step; 1 stage, 4 ranks."""
+    cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=2, steps=2, schedule="1f1b",
+                      optimizer="adam", lr=1e-2, return_state=True, track_memory=False)
+    gdoc, pdoc = spatial_docs(cfg, "relu_1", 1, None, grid="2x2")
+    results = run_local(train_worker, 4, (cfg, gdoc, pdoc), timeout_s=120)
+    assert_matches(results, *reference(cfg))
