@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -78,7 +78,8 @@ class Job:
         memory: per-device memory limit (``16GiB``; None: unlimited).
         plan_path: a saved plan to use instead of planning.
         costs: ``profile`` or ``estimate[:DEVICE]``.
-        strategy, parallel, replicas, dp, tp, memory_policy: the planning request's options.
+        strategy, parallel, replicas, dp, tp, memory_policy, sp, sp_join, sp_grid: the
+            planning request's options.
         copies: model copies (GEMS replicas x dp) that split each global batch: the saved
             plan's, or the request's (:func:`replicas_asked` x ``dp``).
         run_dir: where every artifact goes.
@@ -97,6 +98,9 @@ class Job:
     memory_policy: str = "auto"
     copies: int = 1
     run_dir: str = "."
+    sp: int = 1
+    sp_join: str | None = None
+    sp_grid: str | None = None
 
 
 def replicas_asked(parallel: str, replicas: int | None, devices: int, dp: int) -> int:
@@ -134,7 +138,8 @@ def prepare(job: Job, *, local: bool = True,
                                                    job.dp) if job.parallel == "master" else None,
                            dp=job.dp, tp=job.tp, microbatches=cfg.microbatches, schedule=cfg.schedule,
                            optimizer=cfg.optimizer, seed=cfg.seed,
-                           memory_policy=job.memory_policy)
+                           memory_policy=job.memory_policy, sp=job.sp, sp_join=job.sp_join,
+                           sp_grid=job.sp_grid)
     return g, search(g, req)
 
 
@@ -166,7 +171,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
           metrics_out: str | None = None, trace: bool = True,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
           on_nonfinite: str = "stop", timeout_s: float = 60.0, threads: int | None = 1,
-          schedule_file: str | None = None,
+          schedule_file: str | None = None, sp: int = 1, sp_join: str | None = None,
+          sp_grid: str | None = None,
           progress: Callable[[str, int, int], None] | None = None,
           on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
     """Train ``model`` on ``devices`` devices (see the module docstring).
@@ -190,6 +196,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
         on_nonfinite: ``stop`` at the first NaN/inf loss or gradient, or ``skip`` its update.
         progress: ``progress(phase, done, total)`` for the preparation phases.
         on_metrics: called with each step's metrics as rank 0 writes them.
+        sp, sp_join, sp_grid: spatial parallelism (see ``outcore plan --help``).
     """
     job = make_job(model, devices, memory=memory, strategy=strategy, plan=plan,
                    parallel=parallel, replicas=replicas, dp=dp, tp=tp,
@@ -200,6 +207,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
                    checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                    resume=resume, on_nonfinite=on_nonfinite, timeout_s=timeout_s,
                    threads=threads, schedule_file=schedule_file)
+    job = replace(job, sp=sp, sp_join=sp_join, sp_grid=sp_grid)
     return run(job, progress=progress, on_metrics=on_metrics)
 
 
@@ -275,16 +283,21 @@ def _only_used_devices(g: Graph, p: Plan,
     """A plain plan that leaves devices idle runs on the devices it uses: local workers are
     started only for them, and the plan says why."""
     used = p.used_devices
-    if p.layout.replicated or p.layout.tp > 1 or used >= p.devices:
+    extra = p.layout.sp - 1   # spatial plans: the extra tile ranks come after the stages
+    if p.layout.replicated or p.layout.tp > 1 or used >= p.devices - extra:
         return p
     from outcore.api import simulate
-    why = (f"the plan uses {used} of {p.devices} devices ({p.strategy} found no faster plan "
-           f"on more); starting {used} worker(s)")
+    why = (f"the plan uses {used + extra} of {p.devices} devices ({p.strategy} found no faster "
+           f"plan on more); starting {used + extra} worker(s)")
     log.info(why)
     if progress:
         progress(why, 0, 1)
     from outcore.partition.result import compact
-    small = p.replace(devices=used, assignment=compact(p.assignment)[0]).with_notes(why)
+    assignment = compact(p.assignment)[0]
+    small = p.replace(devices=used + extra, assignment=assignment).with_notes(why)
+    if p.spatial is not None:
+        small = small.replace(spatial=replace(p.spatial, stage=int(
+            assignment[p.spatial.indices(g)[0]])))
     return small.replace(predicted={**p.predicted, **simulate(small, g).to_dict()})
 
 

@@ -48,6 +48,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "graph) split over tp consecutive ranks, inside every stage; auto: "
                         "the fastest of 1, 2, 4, 8 that fits (the plan's notes say why); "
                         "--dp x --tp divides --devices (default 1)")
+    p.add_argument("--sp", type=positive_int, default=1,
+                   help="spatial parallelism (MPI4DL SP + LP): the layers before the join run "
+                        "on --sp image tiles, one rank each, with halo exchange; --devices "
+                        "counts them (stages + sp - 1 ranks; default 1)")
+    p.add_argument("--sp-join", metavar="NODE",
+                   help="the last node run on tiles (its output is gathered); default: the "
+                        "planner's choice from the memory model")
+    p.add_argument("--sp-grid", metavar="ROWSxCOLS",
+                   help="tile grid, e.g. 2x2 (default: --sp tiles over the height)")
     p.add_argument("--microbatches", type=positive_int, default=1,
                    help="micro-batches per iteration and copy (default 1)")
     p.add_argument("--memory-policy", choices=["auto", "none", "checkpoint", "offload"],
@@ -103,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         g = outcore.collapse(g, args.depth)
     p = outcore.plan(g, args.devices, args.memory, strategy=args.strategy,
                      parallel=args.parallel, replicas=args.replicas, dp=args.dp, tp=args.tp,
+                     sp=args.sp, sp_join=args.sp_join, sp_grid=args.sp_grid,
                      bandwidth=args.bandwidth, latency=args.latency,
                      microbatches=args.microbatches, schedule=args.schedule,
                      optimizer=args.optimizer, memory_policy=args.memory_policy,
@@ -154,6 +164,10 @@ def print_plan(g, p) -> None:
                   + ("es" if p.microbatches > 1 else "")
                   + (f" x {copies} copies" if copies > 1 else "")
                   + f"   {pred.get('samples_per_s', 0):.1f} samples/s")
+    if p.spatial is not None:
+        console.print(f"spatial: {p.spatial.grid} tiles on ranks {p.spatial.stage} and "
+                      f"{p.stages}..{p.devices - 1}, join after {p.spatial.join} "
+                      f"({len(p.spatial.tiled)} nodes on tiles): {p.spatial.reason}")
     for line in policy_lines(p):
         console.print(line)
     for line in p.notes:

@@ -49,6 +49,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "graph) split over tp consecutive ranks, inside every stage; auto: "
                         "the fastest of 1, 2, 4, 8 that fits (the plan's notes say why); "
                         "--dp x --tp divides --devices (default 1); see docs/tensor.md")
+    p.add_argument("--sp", type=positive_int, default=1,
+                   help="spatial parallelism (MPI4DL SP + LP): the layers before the join run "
+                        "on --sp image tiles, one rank each, with halo exchange; --devices "
+                        "counts them (stages + sp - 1 ranks; default 1)")
+    p.add_argument("--sp-join", metavar="NODE",
+                   help="the last node run on tiles (its output is gathered); default: the "
+                        "planner's choice from the memory model")
+    p.add_argument("--sp-grid", metavar="ROWSxCOLS",
+                   help="tile grid, e.g. 2x2 (default: --sp tiles over the height)")
     p.add_argument("--memory-policy", choices=["auto", "none", "checkpoint", "offload"],
                    default="auto", help="how to fit --memory when the placement alone does not "
                    "(see outcore plan --help); on a CPU only checkpointing saves memory")
@@ -138,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
         report = outcore.train(
             model, devices, memory=memory, strategy=args.strategy, plan=args.plan,
             parallel=args.parallel, replicas=args.replicas, dp=args.dp, tp=args.tp,
-            memory_policy=args.memory_policy,
-            input_shape=args.input_shape, batch_size=batch, microbatches=mbs,
+            memory_policy=args.memory_policy, sp=args.sp, sp_join=args.sp_join,
+            sp_grid=args.sp_grid, input_shape=args.input_shape, batch_size=batch,
+            microbatches=mbs,
             steps=steps, schedule=args.schedule, optimizer=args.optimizer, lr=args.lr,
             lr_schedule=args.lr_schedule, seed=args.seed, data=args.data, costs=args.costs,
             run_dir=args.run_dir, metrics_out=args.metrics_out,
@@ -161,7 +171,7 @@ def _run_quiet(args: argparse.Namespace) -> int:
         memory=args.memory or (DEFAULT_MEMORY if default_job else None),
         strategy=args.strategy, plan=args.plan, parallel=args.parallel,
         replicas=args.replicas, dp=args.dp, tp=args.tp, memory_policy=args.memory_policy,
-        input_shape=args.input_shape,
+        sp=args.sp, sp_join=args.sp_join, sp_grid=args.sp_grid, input_shape=args.input_shape,
         batch_size=args.batch_size or (DEFAULT_BATCH if default_job else 8),
         microbatches=args.microbatches or (DEFAULT_MICROBATCHES if default_job else None),
         steps=args.steps, schedule=args.schedule,

@@ -41,6 +41,9 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
     nothing fits; the device count and memory it suggests instead are ones this search has
     planned and found to fit (``check_suggestions``), never unchecked estimates.
     """
+    if req.sp > 1:  # MPI4DL SP + LP: tiled prefix, then the ordinary search on the rest
+        from outcore.partition.spatial import plan_spatial
+        return plan_spatial(g, req, lambda graph, r: search(graph, r, check_suggestions=False))
     if req.tp is None:
         return _search_tp(g, req, check_suggestions)
     g = tensor_costed(g, req)

@@ -25,6 +25,7 @@ from outcore.hardware.spec import Cluster, flat_cluster
 from outcore.jsonfile import read_json, write_json
 from outcore.plan.layout import PLAIN, Layout
 from outcore.plan.policies import POLICIES, MemoryPolicies
+from outcore.plan.spatial import SpatialPlan
 
 FORMAT = "outcore-plan/2"
 READS = ("outcore-plan/1", FORMAT)
@@ -76,6 +77,8 @@ class Plan:
         predicted: ``iteration_s``, ``peak_bytes`` (per device), ... from the simulator.
         notes: what the planner tried and why it chose this plan, one line each.
         devices_used: model-parallel devices the placement uses (a planner may use fewer).
+        spatial: with ``layout.sp > 1``, the tiled layers and the join
+            (:class:`~outcore.plan.spatial.SpatialPlan`).
         extra: free-form notes a tool records; nothing outcore reads.
     """
 
@@ -94,6 +97,7 @@ class Plan:
     predicted: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     devices_used: int | None = None
+    spatial: SpatialPlan | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> "Plan":
@@ -107,7 +111,7 @@ class Plan:
     def stages(self) -> int:
         """Model-parallel devices of one copy (the range of ``assignment``)."""
         return self.layout.stages if self.layout.replicated else self.devices // \
-            self.layout.width
+            self.layout.tp - (self.layout.sp - 1)
 
     def with_notes(self, *lines: str) -> "Plan":
         return self.replace(notes=self.notes + tuple(lines))
@@ -149,9 +153,12 @@ class Plan:
         if self.layout.replicated and self.layout.ranks(stages) != self.devices:
             raise PlanError(f"{source}'s layout needs {self.layout.ranks(stages)} ranks but it "
                             f"says {self.devices} devices")
-        if self.devices < 1 or self.devices % self.layout.width:
+        if self.devices < 1 or self.devices % self.layout.tp or stages < 1:
             raise PlanError(f"{source} has {self.devices} devices, not a multiple of "
-                            f"tp x sp = {self.layout.width}")
+                            f"tp = {self.layout.tp} or fewer than sp = {self.layout.sp}")
+        if (self.layout.sp > 1) != (self.spatial is not None):
+            raise PlanError(f"{source} has sp {self.layout.sp} but "
+                            f"{'no' if self.spatial is None else 'a'} spatial join: re-plan")
         if self.schedule not in SCHEDULES:
             raise PlanError(f"{source} asks for schedule {self.schedule!r}: use "
                             f"{' or '.join(SCHEDULES)}")
@@ -188,12 +195,14 @@ def to_dict(p: Plan) -> dict[str, Any]:
     }
     if p.policies is not None:
         doc["memory_policy"] = p.policies.to_dict(p.node_ids, p.assignment)
+    if p.spatial is not None:
+        doc["spatial"] = p.spatial.to_dict()
     return doc
 
 
 _V1_KNOWN = ("format", "strategy", "devices", "memory_bytes", "assignment", "predicted",
              "schedule", "microbatches", "optimizer", "graph", "cluster", "parallel",
-             "memory_policy", "notes", "devices_used")
+             "memory_policy", "notes", "devices_used", "spatial")
 
 
 def from_dict(doc: Any, source: str = "plan") -> Plan:
@@ -223,6 +232,8 @@ def from_dict(doc: Any, source: str = "plan") -> Plan:
             optimizer=str(doc.get("optimizer", "adam")), predicted=doc.get("predicted") or {},
             notes=tuple(str(x) for x in doc.get("notes") or ()),
             devices_used=int(doc["devices_used"]) if doc.get("devices_used") else None,
+            spatial=SpatialPlan.from_dict(doc["spatial"], source) if doc.get("spatial")
+            else None,
             extra={k: v for k, v in doc.items() if k not in _V1_KNOWN} if v1
             else dict(doc.get("extra") or {}))
     except (TypeError, ValueError) as e:

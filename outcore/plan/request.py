@@ -16,6 +16,7 @@ from outcore.hardware.cluster import make_cluster
 from outcore.hardware.spec import Cluster, DeviceSpec
 from outcore.plan.layout import MODES, check_positive
 from outcore.plan.plan import SCHEDULES
+from outcore.plan.spatial import check_spatial_request
 from outcore.plan.policies import CHOICES
 from outcore.units import parse_bytes
 
@@ -37,7 +38,10 @@ class PlanRequest:
         tp: tensor-parallel ranks inside every model-parallel device slot (Megatron layout of
             the graph's Linears / Embeddings, :mod:`outcore.graph.tensor_pairs`); ``dp x tp``
             must divide ``devices``. ``None``: the search chooses (:meth:`tp_options`).
-        sp: spatial degree (1: not used).
+        sp: spatial degree (1: not used); ``sp`` tiles the layers before the join over
+            ``sp`` ranks, which ``devices`` includes (``outcore.plan.spatial``).
+        sp_join: the join node's name (None: the planner chooses it from the memory model).
+        sp_grid: the tile grid, ``ROWSxCOLS`` (None: ``sp`` tiles over the height).
         microbatches: micro-batches per iteration and model copy.
         schedule: ``gpipe`` or ``1f1b``.
         optimizer: the optimizer the memory model assumes (``adam``: 4 x params).
@@ -54,6 +58,8 @@ class PlanRequest:
     dp: int = 1
     tp: int | None = 1
     sp: int = 1
+    sp_join: str | None = None
+    sp_grid: str | None = None
     microbatches: int = 1
     schedule: str = "1f1b"
     optimizer: str = "adam"
@@ -77,8 +83,9 @@ class PlanRequest:
         if self.replicas is not None and (self.parallel != "master" or self.replicas < 2
                                           or self.replicas % 2):
             raise UsageError("--replicas is for --parallel master: an even count (2, 4, ...)")
-        if self.sp != 1:
-            raise UsageError("spatial parallelism is not planned yet: use sp = 1")
+        check_positive("--sp", self.sp)
+        if self.sp > 1:
+            check_spatial_request(self)
         if self.schedule not in SCHEDULES:
             raise UsageError(f"unknown schedule {self.schedule!r}: use {' or '.join(SCHEDULES)}")
         if self.memory_policy not in CHOICES:

@@ -8,6 +8,7 @@ the parameters they use, and runs the schedule the simulator predicts.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -51,8 +52,9 @@ def layer_plan(fine: Graph, plan: Plan) -> Plan:
         raise PlanError(f"the plan places {plan.assignment.shape[0]} nodes, the model has "
                         f"{coarse.num_nodes} at depth {depth}: re-plan this model")
     pol = plan.policies
+    sp = plan.spatial.on_fine(fine, group, coarse) if plan.spatial is not None else None
     return plan.replace(assignment=plan.assignment[group], node_ids=fine.ids.copy(),
-                        graph=graph_ref(fine),
+                        graph=graph_ref(fine), spatial=sp,
                         policies=None if pol is None else MemoryPolicies(pol.group_of[group],
                                                                          pol.policies))
 
@@ -167,11 +169,19 @@ class Trainer:
         metas = value_metas(gm, micro_inputs)
         big_names = [low.graph.name_of(i) for i in range(low.graph.num_nodes)]
         modules = build_piece_modules(gm, big_names, low.pieces, self.slot)
-        self._keep_parameters(gm, modules, optimizer, lr_scheduler)
+        self.spatial = None  # spatial parallelism: the tiled layers (outcore.spatial.stage)
+        if plan.spatial is not None:
+            from outcore.spatial.stage import attach
+            self.spatial = attach(self.rank, gm, graph, layer_plan(graph, plan), low, modules)
+        tiles = [self.spatial.tiles_module] if self.spatial and self.spatial.is_extra else []
+        self._keep_parameters(gm, modules + tiles, optimizer, lr_scheduler)
+        if self.spatial is not None and self.optimizer is not None:
+            self.optimizer.register_step_pre_hook(lambda *_: self.spatial.reduce_gradients())
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         ops = [low.graph.op_of(i) for i in range(low.graph.num_nodes)]
         mine = [int(d) == self.slot for d in low.assignment]
-        self.needs_inputs = any(m and op == "input" for m, op in zip(mine, ops))
+        self.needs_inputs = any(m and op == "input" for m, op in zip(mine, ops)) or \
+            bool(self.spatial and self.spatial.is_extra)
         self.needs_targets = any(m and op == "output" for m, op in zip(mine, ops))
         self.step_index = 0
         self.messenger = Messenger(self.slot, self.schedule,
@@ -286,10 +296,10 @@ class Trainer:
         self.executor.trace = trace
         if self.track_memory if track_memory is None else track_memory:
             with MemoryTracker(self.device, self.baseline_tensors()) as mt:
-                result: StepResult = self.executor.run_step(micro_in, micro_tg)
+                result: StepResult = self._run_step(micro_in, micro_tg)
             peak = mt.peak_bytes
         else:
-            result = self.executor.run_step(micro_in, micro_tg)
+            result = self._run_step(micro_in, micro_tg)
             peak = 0
         # every shard of a tensor-parallel slot computes the same loss: count it once
         mine = result.loss if result.loss is not None and self.shard == 0 else 0.0
@@ -298,6 +308,21 @@ class Trainer:
             dist.all_reduce(loss)
         self.step_index += 1
         return StepReport(float(loss.item()), peak, result.busy_s, result.events)
+
+    def _run_step(self, micro_in: Any, micro_tg: Any) -> StepResult:
+        extra = self.spatial is not None and self.spatial.is_extra
+        t0 = time.perf_counter()
+        if extra:  # an extra tile rank: its tiles, then the step its schedule has no OPT for
+            self.spatial.run_tiles(micro_in)
+        tiles_s = time.perf_counter() - t0
+        result = self.executor.run_step(micro_in, micro_tg)
+        result.busy_s += tiles_s
+        if extra and self.optimizer is not None:
+            if not any(self.executor.nonfinite or ()):
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self._after_optimizer()
+        return result
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's parameters, buffers, optimizer and scheduler state (by parameter name)."""

@@ -76,9 +76,13 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
         data = TextData(cfg.data.split(":", 1)[1], spec.example_inputs[0], cfg.batch_size,
                         cfg.seed, spec.task, spec.task_options,
                         vocab=spec.int_high[0] if spec.int_high else None)
+    elif cfg.data.startswith("tiles:"):  # huge images: each tile rank reads only its tile
+        from outcore.spatial.data import TileFolderData
+        data = TileFolderData.for_trainer(cfg.data.split(":", 1)[1], trainer, cfg.batch_size,
+                                          cfg.seed)
     else:
-        raise UsageError(f"unknown data {cfg.data!r}: use synthetic, imagefolder:PATH or "
-                         "text:FILE")
+        raise UsageError(f"unknown data {cfg.data!r}: use synthetic, imagefolder:PATH, "
+                         "tiles:PATH or text:FILE")
     return trainer, data
 
 

@@ -110,7 +110,11 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
                       optimizer_per_tensor_s=optimizer_per_tensor_s(
                           plan.optimizer, cl.device.host_is_device))
     tl = simulate_schedule(sched, costs, cl, opts)
-    return summarize(tl, sched, costs, low.batch, dp, plan.memory_bytes)
+    result = summarize(tl, sched, costs, low.batch, dp, plan.memory_bytes)
+    if plan.spatial is not None:  # the extra tile ranks of spatial parallelism
+        from outcore.sim.spatial import with_tile_ranks
+        result = with_tile_ranks(result, plan, g, low)
+    return result
 
 
 # Memory traffic of one optimizer step, in bytes moved per parameter byte (and, for Adam, a

@@ -1,0 +1,165 @@
+"""Costs of a plan's tiled layers for its lowering (pure; MPI4DL's SP, see docs/spatial.md).
+
+A plan with ``layout.sp > 1`` is lowered on a copy of its graph whose tiled nodes carry the
+costs of the largest tile, as the spatial stage's rank (tile 0) runs them:
+
+* time and saved activations of each tiled node: its share of the serial cost (the largest
+  tile's share of the node's output area);
+* the halo exchange of every windowed layer (convolution, pooling) is added to its forward and,
+  sent back as gradients, to its backward: bytes from :func:`outcore.cost.spatial.halo_bytes`
+  (rows, then columns; the largest tile), time from the cluster's link between two tile ranks;
+* batch norm's statistics (two all-reduces of ``2C`` floats forward, one backward);
+* the gather at the join (:func:`outcore.cost.spatial.gather_bytes` into tile 0) is added to the
+  join node's forward, the scatter of its gradient to its backward.
+
+The extra tile ranks run the same tiled nodes in the same order (they hold no piece of the
+schedule); :func:`tile_rank_costs` gives what they compute and hold, for the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from outcore.cost.memory import state_factor
+from outcore.cost.spatial import LayerGeometry, gather_bytes, halo_bytes
+from outcore.cost.spatial_geometry import TileGrid
+from outcore.graph.ir import Graph
+from outcore.hardware.spec import Cluster
+from outcore.plan.spatial import SpatialPlan, tile_fraction, tile_ranks
+
+__all__ = ["TileCosts", "comm_times", "geometry_of_node", "inflight", "tiled_graph",
+           "tile_rank_costs"]
+
+
+def _pair(v) -> tuple[int, int]:
+    if isinstance(v, list):
+        return (int(v[0]), int(v[-1]))
+    return (int(v), int(v)) if isinstance(v, int) else (1, 1)
+
+
+def geometry_of_node(g: Graph, i: int) -> LayerGeometry | None:
+    """The :class:`LayerGeometry` of a windowed node from its recorded config; None for the
+    others (element-wise, batch norm: no halo)."""
+    op, cfg = g.op_of(i), g.attr(i, "config") or {}
+    if op in ("conv2d", "maxpool2d", "avgpool2d"):
+        k = _pair(cfg.get("kernel_size", 1))
+        stride = cfg.get("stride") or (1 if op == "conv2d" else k)
+        return LayerGeometry(kind="pool" if op == "avgpool2d" else "conv", kernel=k,
+                             stride=_pair(stride) if not isinstance(stride, tuple) else stride,
+                             padding=_pair(cfg.get("padding", 0)),
+                             dilation=_pair(cfg.get("dilation", 1)))
+    return None
+
+
+def _link_s(cluster: Cluster, a: int, b: int, nbytes: float) -> float:
+    if nbytes <= 0:
+        return 0.0
+    if max(a, b) >= cluster.size:
+        a, b = 0, min(1, cluster.size - 1)
+    return cluster.link(a, b).time(nbytes) if a != b else 0.0
+
+
+def _in_shape(g: Graph, i: int) -> list | None:
+    shapes = g.attr(i, "in_shapes")
+    if shapes and isinstance(shapes[0], list) and len(shapes[0]) == 4:
+        return shapes[0]
+    preds = g.predecessors(i)
+    return g.attr(int(preds[0]), "shape") if len(preds) else None
+
+
+def comm_times(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per node: forward and backward communication seconds of the tiled layers (halo, batch
+    norm statistics, gather/scatter at the join) and halo + gather bytes received (tile 0)."""
+    grid = TileGrid.parse(sp.grid)
+    peer = tile_ranks(stages, grid.tiles)[0]
+    fwd, bwd, nbytes = (np.zeros(g.num_nodes) for _ in range(3))
+    idx = sp.indices(g)
+    join = int(idx[-1])
+    lat = _link_s(cluster, sp.stage, peer, 1.0)
+    for i in idx.tolist():
+        geo, shape = geometry_of_node(g, i), _in_shape(g, i)
+        if geo is not None and shape:
+            hb = max(halo_bytes(geo, shape[0], shape[1], (shape[2], shape[3]), grid))
+            two_steps = 2 if grid.rows > 1 and grid.cols > 1 else 1
+            t = _link_s(cluster, sp.stage, peer, hb) + (two_steps - 1) * lat
+            fwd[i] += t
+            bwd[i] += t
+            nbytes[i] += hb
+        elif g.op_of(i) == "batchnorm2d" and shape:
+            ring = 2 * (grid.tiles - 1)
+            step = _link_s(cluster, sp.stage, peer, 2 * shape[1] * 4 / grid.tiles)
+            fwd[i] += 2 * ring * step
+            bwd[i] += ring * step
+    shape = g.attr(join, "shape")
+    if isinstance(shape, list) and len(shape) == 4:
+        gb = gather_bytes(shape[0], shape[1], (shape[2], shape[3]), grid)
+        fwd[join] += _link_s(cluster, sp.stage, peer, gb)
+        bwd[join] += _link_s(cluster, sp.stage, peer, gb)
+        nbytes[join] += gb
+    return fwd, bwd, nbytes
+
+
+def tiled_graph(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int) -> Graph:
+    """``g`` with its tiled nodes costed for the largest tile (see the module docstring)."""
+    grid = TileGrid.parse(sp.grid)
+    idx = sp.indices(g)
+    frac = np.ones(g.num_nodes)
+    for i in idx.tolist():
+        frac[i] = tile_fraction(g, i, grid)
+    cf, cb, _ = comm_times(g, sp, cluster, stages)
+    out_bytes = g.out_bytes * frac
+    # gathered on tile 0: the whole tensor and the received tiles (padded to the largest)
+    out_bytes[idx[-1]] = g.out_bytes[idx[-1]] * (1 + grid.tiles * frac[idx[-1]])
+    inside = np.isin(g.src, idx) & np.isin(g.dst, idx)
+    return g.replace(fwd_s=g.fwd_s * frac + cf, bwd_s=g.bwd_s * frac + cb,
+                     saved_bytes=g.saved_bytes * frac, out_bytes=out_bytes,
+                     edge_bytes=np.where(inside, g.edge_bytes * frac[g.src], g.edge_bytes))
+
+
+@dataclass(frozen=True)
+class TileCosts:
+    """What one extra tile rank computes and holds per micro-batch (of the graph's batch).
+
+    fwd_s, bwd_s: compute and communication of the tiled nodes; saved_bytes: activations kept
+    until the backward; transient_bytes: the backward's working set at the largest tiled layer
+    (its output's gradient, its input region rebuilt from the kept strips, its input's
+    gradient: three of the largest tile outputs); static_bytes: parameters x
+    optimizer state of the tiled layers; comm_bytes: halo and gather bytes sent."""
+
+    fwd_s: float
+    bwd_s: float
+    saved_bytes: float
+    transient_bytes: float
+    static_bytes: float
+    comm_bytes: float
+
+
+def tile_rank_costs(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int,
+                    optimizer: str = "adam") -> TileCosts:
+    """Costs of an extra tile rank (the tiled nodes of :func:`tiled_graph`)."""
+    gt = tiled_graph(g, sp, cluster, stages)
+    idx = sp.indices(g)
+    _, _, nbytes = comm_times(g, sp, cluster, stages)
+    out = gt.out_bytes[idx].copy()
+    out[-1] = g.out_bytes[idx[-1]] * tile_fraction(g, int(idx[-1]), TileGrid.parse(sp.grid))
+    out[[g.op_of(int(i)) == "input" for i in idx]] = 0.0   # the image gets no gradient
+    return TileCosts(float(gt.fwd_s[idx].sum()), float(gt.bwd_s[idx].sum()),
+                     float(gt.saved_bytes[idx].sum()), 3.0 * float(out.max()),
+                     float(g.param_bytes[idx].sum() * state_factor(optimizer)),
+                     float(nbytes[idx].sum()))
+
+
+def inflight(actions, piece: int) -> int:
+    """Most micro-batches between their forward and backward of ``piece`` in one rank's list."""
+    live = most = 0
+    for a in actions:
+        if a.piece == piece and a.op == "F":
+            live += 1
+            most = max(most, live)
+        elif a.piece == piece and a.op == "B":
+            live -= 1
+    return max(most, 1)
+

@@ -1,0 +1,63 @@
+"""``--data tiles:FOLDER``: training batches of huge images where each rank reads only its tile.
+
+A folder of same-size TIFF or PNG images (``outcore.spatial.images``; labels from an optional
+``labels.json``, file name -> class index, default 0), shuffled with a seeded permutation per
+epoch like ``imagefolder:``. Under a spatial plan every rank of the tile group reads only its
+tile's region of each image (tiled TIFF: only the overlapping tiles are decoded); a rank that
+needs only the targets reads no pixels; without spatial parallelism the rank holding the
+model's input reads whole images. Pixels are scaled to [0, 1], not resized.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from outcore.cost.spatial_geometry import TileGrid
+from outcore.errors import UsageError
+from outcore.spatial.images import TileImageFolder
+
+__all__ = ["TileFolderData"]
+
+
+class TileFolderData:
+    """Batches ``((images or tiles,), labels)`` of a folder (see the module docstring).
+
+    Args:
+        root: the folder.
+        batch_size: images per step.
+        seed: shuffling seed.
+        grid, tile: this rank's tile (None: whole images).
+        read_pixels: False for a rank that needs only the labels.
+    """
+
+    def __init__(self, root: str, batch_size: int, seed: int, *, grid: TileGrid | None = None,
+                 tile: int = 0, read_pixels: bool = True):
+        labels_file = Path(root) / "labels.json"
+        labels = json.loads(labels_file.read_text()) if labels_file.exists() else {}
+        self.ds = TileImageFolder(root, grid or TileGrid(rows=1, cols=1), tile, labels=labels)
+        if len(self.ds) < batch_size:
+            raise UsageError(f"image folder {root!r} has {len(self.ds)} images, fewer than the "
+                             f"batch size {batch_size}")
+        self.batch_size, self.seed, self.read_pixels = batch_size, seed, read_pixels
+        self.per_epoch = len(self.ds) // batch_size
+
+    @staticmethod
+    def for_trainer(root: str, trainer: Any, batch_size: int, seed: int) -> "TileFolderData":
+        """This rank's reader: its tile under a spatial plan, else whole images."""
+        sp = getattr(trainer, "spatial", None)
+        return TileFolderData(root, batch_size, seed, grid=sp.sg.grid if sp else None,
+                              tile=sp.sg.tile if sp else 0, read_pixels=trainer.needs_inputs)
+
+    def batch(self, step: int):
+        epoch, k = divmod(step, self.per_epoch)
+        perm = torch.randperm(len(self.ds), generator=torch.Generator().manual_seed(
+            self.seed * 7919 + epoch))
+        idx = perm[k * self.batch_size:(k + 1) * self.batch_size].tolist()
+        labels = torch.tensor([self.ds.labels.get(self.ds.files[i].name, 0) for i in idx])
+        if not self.read_pixels:
+            return (torch.empty(len(idx), 0),), labels
+        return (torch.stack([self.ds[i][0] for i in idx]),), labels

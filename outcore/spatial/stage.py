@@ -1,0 +1,226 @@
+"""The spatial stage at run time: a plan's tiled layers on their tile ranks (MPI4DL's SP + LP).
+
+A plan with ``layout.sp > 1`` (``outcore.plan.spatial``) runs the nodes up to its join on the
+tile group: the spatial stage's ordinary rank (tile 0) and the ``sp - 1`` extra tile ranks
+numbered after the ordinary slots. Every rank of the group converts the layers of those nodes
+in place to their spatial versions (:func:`outcore.spatial.layers.make_spatial`, halo exchange
+inside); then
+
+* on **tile 0**, the piece holding the tiled nodes is edited: the model's input is cut to the
+  rank's tile (a tile given as input is kept), and the join node's output is gathered onto
+  this rank (``gather_tiles(dst=0)``); the rest of the piece, and of the plan, runs as usual;
+* on an **extra tile rank**, the tiled nodes form one module ending in the same gather (which
+  returns an empty tensor there); :meth:`SpatialStage.run_tiles` runs it for each micro-batch
+  in the order tile 0 runs its piece's forwards and backwards (the schedule's action list), the
+  backward receiving its slice of the gathered activation's gradient (the gather's scatter).
+
+The tiled layers' gradients are per-tile partial sums: every rank of the group sums them over
+the group (one flat all-reduce) right before its optimizer step, so the replicated parameters
+stay identical (``SpatialModel.reduce_gradients``' scheme).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch import nn
+
+from outcore.cost.spatial_geometry import TileGrid
+from outcore.errors import PlanError, UsageError
+from outcore.graph.ir import Graph
+from outcore.plan.plan import Plan
+from outcore.plan.spatial import tile_group
+from outcore.runtime.modules import PieceModule
+from outcore.spatial.comm import SpatialGroup, gather_tiles
+from outcore.spatial.layers import POINTWISE_TYPES, SPATIAL_TYPES, make_spatial
+
+__all__ = ["SpatialStage", "attach"]
+
+log = logging.getLogger(__name__)
+
+
+class TileIn(nn.Module):
+    """The model's input -> this rank's tile (a tile given as input is kept)."""
+
+    def __init__(self, sg: SpatialGroup, hw: tuple[int, int]):
+        super().__init__()
+        self.sg, self.hw = sg, tuple(hw)
+
+    def forward(self, x):
+        r0, r1, c0, c1 = self.sg.grid.region(self.sg.tile, *self.hw)
+        if tuple(x.shape[-2:]) == self.hw:
+            return x[..., r0:r1, c0:c1]
+        if tuple(x.shape[-2:]) == (r1 - r0, c1 - c0):
+            return x
+        raise UsageError(f"spatial stage: input of {tuple(x.shape)} is neither the image "
+                         f"{self.hw} nor tile {self.sg.tile} ({r1 - r0}x{c1 - c0})")
+
+
+class Join(nn.Module):
+    """The join: the tiles gathered onto tile 0 (an empty tensor on the other tiles)."""
+
+    def __init__(self, sg: SpatialGroup, hw: tuple[int, int]):
+        super().__init__()
+        self.sg, self.hw = sg, tuple(hw)
+
+    def forward(self, x):
+        return gather_tiles(x, self.sg, self.hw, dst=0)
+
+
+def _index(graph: Graph, name: str) -> int:
+    return [graph.name_of(i) for i in range(graph.num_nodes)].index(name)
+
+
+def _hw(shape: Any) -> tuple[int, int]:
+    return int(shape[2]), int(shape[3])
+
+
+def _convert(gm: fx.GraphModule, graph: Graph, names: list[str], sg: SpatialGroup
+             ) -> list[nn.Module]:
+    """Make the tiled nodes' layers spatial in place; return the layers holding parameters."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    sizes: dict[str, set] = {}
+    for name in names:
+        n = nodes[name]
+        if n.op != "call_module":
+            continue
+        shapes = graph.attr(_index(graph, name), "in_shapes") or []
+        sizes.setdefault(str(n.target), set()).update(_hw(s) for s in shapes[:1])
+    out = []
+    for target, hws in sizes.items():
+        mod = gm.get_submodule(target)
+        if type(mod) in SPATIAL_TYPES:
+            make_spatial(mod, sg, hws)
+        elif not isinstance(mod, POINTWISE_TYPES) and not hasattr(mod, "_sp"):
+            raise UsageError(f"layer {target} ({type(mod).__name__}) runs before the spatial "
+                             "join but has no spatial version: join before it (--sp-join)")
+        if any(True for _ in mod.parameters(recurse=False)):
+            out.append(mod)
+    return out
+
+
+class SpatialStage:
+    """One rank's part of the tile group (see the module docstring)."""
+
+    def __init__(self, sg: SpatialGroup, layers: list[nn.Module], tiles_module: Any,
+                 order: list[tuple[str, int]]):
+        self.sg = sg
+        self.layers = layers
+        self.tiles_module = tiles_module   # extra tile ranks: the tiled nodes + gather
+        self.order = order                 # ("F"/"B", micro-batch) of tile 0's piece
+
+    @property
+    def is_extra(self) -> bool:
+        return self.tiles_module is not None
+
+    def parameters(self) -> list[nn.Parameter]:
+        seen: dict[int, nn.Parameter] = {}
+        for m in self.layers:
+            for p in m.parameters(recurse=False):
+                seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def reduce_gradients(self) -> None:
+        """Sum the tiled layers' gradients over the tile group (one flat all-reduce)."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.sg.group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def run_tiles(self, inputs: list[tuple[torch.Tensor, ...]]) -> None:
+        """Extra tile rank: forward and backward of every micro-batch, in tile 0's order."""
+        outs: dict[int, torch.Tensor] = {}
+        for op, mb in self.order:
+            if op == "F":
+                outs[mb] = self.tiles_module.module(*inputs[mb])[0]
+            else:
+                out = outs.pop(mb)
+                torch.autograd.backward(out, torch.empty(0, device=out.device))
+
+
+def _tile0_edit(pm: PieceModule, sg: SpatialGroup, graph: Graph, join: str,
+                inputs: list[str]) -> None:
+    """Tile 0's piece: inputs cut to the tile, the join node's output gathered."""
+    g = pm.module.graph
+    for n in list(g.nodes):
+        if n.op == "placeholder" and n.name[3:] in inputs:
+            hw = _hw(graph.attr(_index(graph, n.name[3:]), "shape"))
+            pm.module.add_submodule(f"sp_tile_{n.name}", TileIn(sg, hw))
+            with g.inserting_after(n):
+                cut = g.call_module(f"sp_tile_{n.name}", (n,))
+            n.replace_all_uses_with(cut, delete_user_cb=lambda u: u is not cut)
+    node = next(n for n in g.nodes if n.name == join)
+    pm.module.add_submodule("sp_join", Join(sg, _hw(graph.attr(_index(graph, join),
+                                                                "shape"))))
+    with g.inserting_after(node):
+        joined = g.call_module("sp_join", (node,))
+    node.replace_all_uses_with(joined, delete_user_cb=lambda u: u is not joined)
+    pm.module.recompile()
+
+
+def _tiles_module(gm: fx.GraphModule, names: list[str], sg: SpatialGroup, graph: Graph
+                  ) -> PieceModule:
+    """Extra tile rank: the tiled nodes as one module, inputs cut to the tile, output the
+    (empty) gather of the join node's output."""
+    g = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    root = nn.Module()
+    for name in names:
+        n = next(m for m in gm.graph.nodes if m.name == name)
+        if n.op == "placeholder":
+            hw = _hw(graph.attr(_index(graph, name), "shape"))
+            setattr(root, f"sp_tile_{name}", TileIn(sg, hw))
+            env[name] = g.call_module(f"sp_tile_{name}", (g.placeholder(name),))
+            continue
+        env[name] = g.node_copy(n, lambda a: env[a.name])
+    join = names[-1]
+    setattr(root, "sp_join", Join(sg, _hw(graph.attr(_index(graph, join), "shape"))))
+    g.output((g.call_module("sp_join", (env[join],)),))
+    for n in g.nodes:   # the layers themselves: shared with gm (pruning keeps them)
+        if n.op == "call_module" and not hasattr(root, str(n.target).split(".")[0]):
+            parts = str(n.target).split(".")
+            setattr(root, parts[0], gm.get_submodule(parts[0]))
+    module = fx.GraphModule(root, g, "spatial_tiles")
+    return PieceModule(-1, module, [], [], [])
+
+
+def attach(rank: int, gm: fx.GraphModule, graph: Graph, plan: Plan, low: Any,
+           modules: list[PieceModule]) -> SpatialStage | None:
+    """Every rank calls this (it creates the tile group); returns this rank's
+    :class:`SpatialStage`, or None for a rank outside the tile group."""
+    sp = plan.spatial
+    ranks = tile_group(plan.stages, sp)
+    pg = dist.new_group(ranks)
+    if rank not in ranks:
+        return None
+    sg = SpatialGroup(TileGrid.parse(sp.grid), pg)
+    names = [graph.name_of(i) for i in sp.indices(graph).tolist()]
+    piece_of = low.pieces.piece_of
+    pieces = {int(piece_of[_index(graph, n)]) for n in names}
+    if len(pieces) != 1:
+        raise PlanError(f"the tiled layers of the spatial plan span {len(pieces)} pieces on rank "
+                        f"{sp.stage}; they must form one piece: re-plan without memory policies "
+                        "on them")
+    piece = pieces.pop()
+    if low.costs.policies and low.costs.policies[piece] != "none":
+        raise PlanError("the spatial stage's piece has a memory policy "
+                        f"({low.costs.policies[piece]}): re-plan with --memory-policy none")
+    order = [(a.op, a.mb) for a in low.schedule.actions[sp.stage]
+             if a.op in ("F", "B") and a.piece == piece]
+    layers = _convert(gm, graph, names, sg)
+    inputs = [n for n in names if graph.op_of(_index(graph, n)) == "input"]
+    if rank == sp.stage:
+        pm = next(m for m in modules if m.id == piece)
+        _tile0_edit(pm, sg, graph, names[-1], inputs)
+        return SpatialStage(sg, layers, None, order)
+    log.info("rank %d: tile %d of %s, %d tiled nodes", rank, sg.tile, sp.grid, len(names))
+    return SpatialStage(sg, layers, _tiles_module(gm, names, sg, graph), order)
