@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -81,6 +81,8 @@ class Job:
         strategy, parallel, replicas, dp, memory_policy: the planning request's options.
         copies: model copies (GEMS replicas x dp) that split each global batch: the saved
             plan's, or the request's (:func:`replicas_asked` x ``dp``).
+        microbatches_auto: the user gave no micro-batch count: the plan chooses it.
+        search_layout: the user gave no layout: the plan chooses dp and the GEMS mode.
         run_dir: where every artifact goes.
     """
 
@@ -96,6 +98,8 @@ class Job:
     memory_policy: str = "auto"
     copies: int = 1
     run_dir: str = "."
+    microbatches_auto: bool = False
+    search_layout: bool = False
 
 
 def replicas_asked(parallel: str, replicas: int | None, devices: int, dp: int) -> int:
@@ -113,8 +117,10 @@ def prepare(job: Job, *, local: bool = True,
     from outcore.api import model_graph, plan as search
 
     cfg = job.cfg
+    whole = (job.microbatches_auto or job.search_layout) and not job.plan_path
     g = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
-                    seed=cfg.seed, costs=job.costs, split=cfg.microbatches * job.copies,
+                    seed=cfg.seed, costs=job.costs,
+                    split=1 if whole else cfg.microbatches * job.copies,
                     threads=cfg.threads, progress=progress)
     if job.plan_path:
         p = load_plan(job.plan_path)
@@ -131,10 +137,25 @@ def prepare(job: Job, *, local: bool = True,
                            else job.strategy, parallel=job.parallel,
                            replicas=replicas_asked(job.parallel, job.replicas, job.devices,
                                                    job.dp) if job.parallel == "master" else None,
-                           dp=job.dp, microbatches=cfg.microbatches, schedule=cfg.schedule,
+                           dp=job.dp, schedule=cfg.schedule,
+                           microbatches="auto" if job.microbatches_auto else cfg.microbatches,
                            optimizer=cfg.optimizer, seed=cfg.seed,
-                           memory_policy=job.memory_policy)
-    return g, search(g, req)
+                           memory_policy=job.memory_policy, search_layout=job.search_layout)
+    p = search(g, req)
+    if whole:  # the plan chose the split: capture again at its micro-batch
+        g = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
+                        seed=cfg.seed, costs=job.costs, split=p.microbatches * p.layout.copies,
+                        threads=cfg.threads, progress=progress)
+    return g, p
+
+
+def settle(job: Job, p: Plan) -> Job:
+    """``job`` with the micro-batch count and model copies of its plan (which may have
+    chosen them: the user gave none)."""
+    if job.cfg.microbatches == p.microbatches and job.copies == p.layout.copies:
+        return job
+    return replace(job, cfg=replace(job.cfg, microbatches=p.microbatches),
+                   copies=p.layout.copies)
 
 
 def local_cluster(devices: int, local: bool) -> Cluster:
@@ -165,7 +186,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
           metrics_out: str | None = None, trace: bool = True,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
           on_nonfinite: str = "stop", timeout_s: float = 60.0, threads: int | None = 1,
-          schedule_file: str | None = None,
+          schedule_file: str | None = None, search_layout: bool = False,
           progress: Callable[[str, int, int], None] | None = None,
           on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
     """Train ``model`` on ``devices`` devices (see the module docstring).
@@ -180,7 +201,9 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
             whose action lists the workers run.
         input_shape: example input shape (``8x3x224x224``); the batch is ``batch_size``.
         batch_size: global batch per step.
-        microbatches: micro-batches per step (default: ``2 x devices`` when the batch allows).
+        microbatches: micro-batches per step (default: the plan chooses them).
+        search_layout: the plan also chooses ``dp`` and the GEMS mode (the layout options
+            given are ignored).
         steps: training steps.
         costs: ``profile`` (measure each layer here) or ``estimate[:DEVICE]`` (analytical).
         run_dir: where artifacts go (default: a new ``outcore-runs/<time>-<model>[-N]``).
@@ -196,7 +219,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
                    run_dir=run_dir, metrics_out=metrics_out, trace=trace,
                    checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                    resume=resume, on_nonfinite=on_nonfinite, timeout_s=timeout_s,
-                   threads=threads, schedule_file=schedule_file)
+                   threads=threads, schedule_file=schedule_file, search_layout=search_layout)
     return run(job, progress=progress, on_metrics=on_metrics)
 
 
@@ -204,16 +227,19 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
              parallel: str, replicas: int | None, dp: int, memory_policy: str, costs: str,
              run_dir: str | None, batch_size: int, microbatches: int | None,
              input_shape: Any, metrics_out: str | None, trace: bool,
-             **cfg_fields: Any) -> Job:
+             search_layout: bool = False, **cfg_fields: Any) -> Job:
     """The validated :class:`Job` of :func:`train`'s arguments (creates the run directory)."""
     if devices < 1:
         raise UsageError(f"--devices must be at least 1, got {devices}")
     if cfg_fields["steps"] < 1:
         raise UsageError(f"--steps must be at least 1, got {cfg_fields['steps']}")
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
+    search_layout = search_layout and not plan and devices > 1
     copies = load_plan(plan).layout.copies if plan else \
-        replicas_asked(parallel, replicas, devices, dp) * dp
-    M = microbatches or _default_microbatches(batch_size // copies, devices // dp)
+        1 if search_layout else replicas_asked(parallel, replicas, devices, dp) * dp
+    auto = microbatches is None and not plan
+    M = microbatches or (1 if auto else _default_microbatches(batch_size // copies,
+                                                              devices // dp))
     if batch_size % (M * copies):
         raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
                          f"{copies} model copies: make --batch-size a multiple of "
@@ -224,7 +250,8 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
                       trace_dir=str(root / "trace") if trace else None, **cfg_fields)
     return Job(cfg=cfg, devices=devices, memory=memory, plan_path=plan, costs=costs,
                strategy=strategy, parallel=parallel, replicas=replicas, dp=dp,
-               memory_policy=memory_policy, copies=copies, run_dir=str(root))
+               memory_policy=memory_policy, copies=copies, run_dir=str(root),
+               microbatches_auto=auto, search_layout=search_layout)
 
 
 def _run_dir(run_dir: str | None, model: str) -> Path:
@@ -247,6 +274,7 @@ def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
     if detect().launcher != "none":
         return _train_in_job(job)
     g, p = prepare(job, progress=progress)
+    job = settle(job, p)
     p = _only_used_devices(g, p, progress)
     p = _with_schedule_file(job.cfg, g, p)
     root = Path(job.run_dir)
@@ -402,6 +430,7 @@ def _job_main(ctx: Any, job: Job) -> TrainReport | None:
     docs: list[Any] = [None, None, None]
     if ctx.rank == 0:
         g, p = prepare(job, local=False)
+        job = settle(job, p)
         p = _with_schedule_file(job.cfg, g, p)
         _save_artifacts(job, g, p)
         docs = [graph_to_dict(g), plan_to_dict(p), job]

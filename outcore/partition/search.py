@@ -41,11 +41,20 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
     planned and found to fit (``check_suggestions``), never unchecked estimates.
     """
     try:
-        return _search(g, req)
+        return _dispatch(g, req)
     except InfeasibleError as e:
         if not check_suggestions:
             raise
         raise checked_refusal(g, req, e) from None
+
+
+def _dispatch(g: Graph, req: PlanRequest) -> Plan:
+    """The layout search when the request leaves the layout or the micro-batches open
+    (:func:`outcore.partition.layouts.search_layouts`), else the placement search."""
+    if req.whole_batch:
+        from outcore.partition.layouts import search_layouts
+        return search_layouts(g, req)
+    return _search(g, req)
 
 
 def _search(g: Graph, req: PlanRequest) -> Plan:
@@ -105,7 +114,7 @@ def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError, *,
 
 def _fits_request(g: Graph, req: PlanRequest) -> bool:
     try:
-        return fits(_search(g, req))
+        return fits(_dispatch(g, req))
     except InfeasibleError:
         return False
 
@@ -166,19 +175,18 @@ def _grown(cluster: Cluster, devices: int) -> Cluster:
 
 def single(g: Graph, req: PlanRequest) -> Plan:
     """Everything on one device, with the memory policies that make it fit."""
-    from outcore.partition.memory_policy import choose
-    from outcore.sim.simulate import simulate
+    from outcore.partition.memory_policy import choose_simulated
 
     p = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single", devices=1,
                   memory_bytes=req.memory_bytes, microbatches=req.microbatches,
                   schedule=req.schedule, optimizer=req.optimizer, cluster=req.cluster)
     try:
-        p = choose(g, p, mode=req.memory_policy, cluster=req.cluster)
+        p, sim = choose_simulated(g, p, mode=req.memory_policy, cluster=req.cluster)
     except InfeasibleError as e:
         raise InfeasibleError(f"{e}; or train on several devices (--devices)",
                               min_devices=e.min_devices,
                               min_memory_bytes=e.min_memory_bytes) from None
-    return p.replace(predicted=simulate(p, g).to_dict())
+    return p.replace(predicted=sim.to_dict())
 
 
 def fits(p: Plan) -> bool:
@@ -234,6 +242,10 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
         raise InfeasibleError(f"no plan fits when simulated with the {req.schedule} schedule "
                               f"({'; '.join(notes)}): add devices or raise --memory")
     _, _, best = min(tried, key=lambda t: (not fits(t[2]), t[0], t[1]))
+    best = best.replace(extra={**best.extra, "placements": [
+        {"strategy": p.strategy, "iteration_s": float(t),
+         "peak_bytes": float(max(p.predicted["peak_bytes"])), "fits": fits(p)}
+        for t, _, p in sorted(tried, key=lambda t: (t[0], t[1]))]})
     if req.strategy == "auto":
         best = best.with_notes(*notes, f"auto: chose {best.strategy}")
     return best

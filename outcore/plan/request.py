@@ -35,11 +35,15 @@ class PlanRequest:
         replicas: for ``master``, the replica count (None: the fastest that fits).
         dp: data-parallel copies of the model-parallel group (must divide ``devices``).
         tp, sp: tensor and spatial degree (1: not used).
-        microbatches: micro-batches per iteration and model copy.
+        microbatches: micro-batches per iteration and model copy, or ``"auto"``: the search
+            chooses the count (a divisor of the batch); then, and when ``search_layout`` is
+            set, the graph is costed for the whole global batch of one iteration.
         schedule: ``gpipe`` or ``1f1b``.
         optimizer: the optimizer the memory model assumes (``adam``: 4 x params).
         memory_policy: ``auto``, ``none``, ``checkpoint`` or ``offload``.
         seed: for randomised planners (METIS); the others are deterministic.
+        search_layout: the search also chooses ``dp`` and the GEMS mode and replicas
+            (``outcore.partition.layouts.candidate_layouts``) instead of taking them as given.
     """
 
     devices: int
@@ -51,15 +55,17 @@ class PlanRequest:
     dp: int = 1
     tp: int = 1
     sp: int = 1
-    microbatches: int = 1
+    microbatches: int | str = 1
     schedule: str = "1f1b"
     optimizer: str = "adam"
     memory_policy: str = "auto"
     seed: int = 0
+    search_layout: bool = False
 
     def __post_init__(self) -> None:
         check_positive("devices", self.devices)
-        check_positive("micro-batches", self.microbatches)
+        if self.microbatches != "auto":
+            check_positive("micro-batches", self.microbatches)
         check_positive("--dp", self.dp)
         if self.parallel not in MODES:
             raise UsageError(f"unknown parallel mode {self.parallel!r}: use {', '.join(MODES)}")
@@ -86,6 +92,11 @@ class PlanRequest:
     def model_parallel_devices(self) -> int:
         """Devices one model-parallel group spans (``devices / dp``)."""
         return self.devices // self.dp
+
+    @property
+    def whole_batch(self) -> bool:
+        """True when the search chooses the batch split, so the graph holds the global batch."""
+        return self.microbatches == "auto" or self.search_layout
 
     def replica_options(self) -> list[int]:
         """Replica counts the search tries for the request's GEMS mode."""
