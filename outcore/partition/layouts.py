@@ -79,8 +79,8 @@ class LayoutChoice:
     @property
     def label(self) -> str:
         mode = self.parallel if self.parallel != "master" else f"master x{self.replicas}"
-        return (f"dp {self.dp} x {mode} x tp {self.tp} x sp {self.sp}, {self.microbatches} "
-                f"micro-batch(es) of {self.samples}")
+        mesh = "".join(f" x {k} {v}" for k, v in (("tp", self.tp), ("sp", self.sp)) if v > 1)
+        return f"dp {self.dp} x {mode}{mesh}, {self.microbatches} x {self.samples} samples"
 
     def request(self, req: PlanRequest, memory_policy: str) -> PlanRequest:
         """``req`` fixed to this layout (the placement search's request)."""
