@@ -109,7 +109,8 @@ def choose(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Cluster,
 
 
 def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Cluster,
-                     max_rounds: int = 60, margin: float = 0.02):
+                     max_rounds: int = 60, margin: float = 0.005,
+                     give_up_above_s: float | None = None):
     """:func:`choose`, also returning the simulation of the returned plan (so that a caller
     need not simulate it again).
 
@@ -117,6 +118,10 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
     placement, so they are cached across rounds), applies on every overflowing device the
     cheapest ones until the bytes they free exceed its overflow by ``margin`` of the limit,
     and simulates once: a handful of simulations instead of one per device and round.
+
+    With ``give_up_above_s``, a plan whose simulation without policies already takes that
+    long is returned as it is (not fitting): policies only add time (recompute, copies), so it
+    cannot beat a plan of that time (branch and bound for the search).
     """
     from outcore.sim.simulate import simulate
 
@@ -125,6 +130,8 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
     limit = plan.memory_bytes
     sim = simulate(plan, g, cluster=cluster)
     if not limit or sim.fits:
+        return plan, sim
+    if give_up_above_s is not None and sim.iteration_s >= give_up_above_s:
         return plan, sim
     if mode == "none":
         raise _too_big(sim.peak_bytes, limit, "no memory policy was allowed (--memory-policy "

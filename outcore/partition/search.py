@@ -223,19 +223,30 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     placed, notes, first_error = _placements(g, req, budget, names, check_fit)
     chosen = _to_simulate(placed)
     tried: list[tuple[float, int, Plan]] = []
-    for k, (name, result) in enumerate(placed):
+    bound = None  # the fastest simulated plan that fits so far
+    for k in sorted(range(len(placed)), key=lambda k: (k not in chosen, placed[k][0] !=
+                                                        "contiguous", placed[k][1].makespan_s)):
+        name, result = placed[k]
         if k not in chosen:
             notes.append(f"{name}: emulated {result.makespan_s * 1e3:.2f} ms per iteration, not "
                          "simulated (slower than the best by the emulator)")
             continue
         try:
-            p = _simulated(g, req, result, check_fit)
+            p = _simulated(g, req, result, check_fit, bound)
         except InfeasibleError as e:
             first_error = first_error or e
             notes.append(f"{name}: {e}")
             continue
+        if check_fit and not fits(p) and bound is not None and \
+                p.predicted["iteration_s"] >= bound:
+            notes.append(f"{name}: simulated {p.predicted['iteration_s'] * 1e3:.2f} ms without "
+                         "memory policies, already slower than the best plan that fits; not "
+                         "fitted")
+            continue
         notes.append(_candidate_note(name, p))
         tried.append((p.predicted["iteration_s"], k, p))
+        if fits(p):
+            bound = min(bound or math.inf, p.predicted["iteration_s"])
     if not tried:
         if first_error is not None:
             raise first_error
@@ -310,7 +321,8 @@ def _partition(g: Graph, req: PlanRequest, budget: float | None, name: str):
                      seed=req.seed)
 
 
-def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool) -> Plan:
+def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool,
+               bound_s: float | None = None) -> Plan:
     """The plan of a partition result, with memory policies if needed, simulated."""
     from outcore.partition.memory_policy import choose_simulated
     from outcore.sim.simulate import simulate
@@ -322,7 +334,8 @@ def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool) -> Plan:
                   cluster=req.cluster, notes=tuple(result.notes),
                   devices_used=result.devices_used)
     if check_fit and req.memory_bytes:
-        p, sim = choose_simulated(g, p, mode=req.memory_policy, cluster=req.cluster)
+        p, sim = choose_simulated(g, p, mode=req.memory_policy, cluster=req.cluster,
+                                  give_up_above_s=bound_s)
     else:
         sim = simulate(p, g, cluster=req.cluster)
     predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
