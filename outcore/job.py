@@ -45,6 +45,7 @@ class TrainReport:
     busy_s: list[float]
     predicted: dict[str, Any]
     files: dict[str, str] = field(default_factory=dict)
+    comm: list[dict[str, Any]] = field(default_factory=list)  # trace.comm_profile rows
 
     @property
     def median_step_s(self) -> float:
@@ -63,7 +64,7 @@ class TrainReport:
                 "median_step_s": self.median_step_s, "samples_per_s": self.samples_per_s,
                 "peak_bytes": self.peak_bytes, "busy_s": self.busy_s,
                 "memory_bytes": self.plan.memory_bytes, "predicted": self.predicted,
-                "files": self.files}
+                "files": self.files, "comm": self.comm}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,7 +371,7 @@ def _report(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
     files = {"graph": str(root / "graph.json"), "plan": str(root / "plan.json"),
              "metrics": cfg.metrics_out or ""}
     if cfg.trace_dir and Path(cfg.trace_dir).is_dir():
-        files.update(_timeline_files(cfg, g, p, root))
+        files.update(_timeline_files(cfg, g, p, root, report))
     report.files = files
     (root / "report.json").write_text(json.dumps(_strict(report.to_dict()), indent=1,
                                                  allow_nan=False))
@@ -388,10 +389,11 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path) -> dict[str, str]:
+def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
+                    report: TrainReport | None = None) -> dict[str, str]:
     """Merge the ranks' measured timelines; draw them under the simulator's prediction."""
     from outcore.api import simulate
-    from outcore.trace import Timeline, load_events, save_chrome_trace
+    from outcore.trace import Timeline, comm_profile, load_events, save_chrome_trace
 
     parts = sorted(Path(cfg.trace_dir).glob("rank*.json"))
     if not parts:
@@ -402,6 +404,8 @@ def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path) -> dict[str
     measured = Timeline(p.devices, tuple(sorted(events, key=lambda e: e.start_s)),
                         max((e.end_s for e in events), default=0.0), source="measured")
     predicted = simulate(p, g, schedule_file=cfg.schedule_file).timeline
+    if report is not None:
+        report.comm = comm_profile(measured, predicted)
     out = {"trace": str(save_chrome_trace(root / "trace.json", [predicted, measured],
                                           ["predicted", "measured"]))}
     try:

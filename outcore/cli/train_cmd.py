@@ -231,6 +231,19 @@ def print_report(report) -> None:
                   f"{format_seconds(it) if it else '-'} predicted;  "
                   f"{report.samples_per_s:.1f} samples/s;  loss {report.losses[0]:.4f} -> "
                   f"{report.losses[-1]:.4f}")
+    if report.comm:
+        console.print(table("communication (last step): measured beside the link model",
+                            ["kind", "count", "bytes", "measured", "achieved", "predicted",
+                             "model"], [_comm_row(c) for c in report.comm]))
     for key in ("timeline", "trace", "metrics", "plan"):
         if report.files.get(key):
             console.print(f"{key}: {report.files[key]}")
+
+
+def _comm_row(c: dict) -> list[str]:
+    def bw(x):
+        return f"{format_bytes(x)}/s" if x else "-"
+    return [c["kind"], str(c["count"]), format_bytes(c["bytes"]), format_seconds(c["measured_s"]),
+            bw(c["measured_bandwidth"]),
+            format_seconds(c["predicted_s"]) if c["predicted_s"] is not None else "-",
+            bw(c["predicted_bandwidth"])]

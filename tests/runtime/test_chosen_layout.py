@@ -32,7 +32,11 @@ def test_train_uses_the_micro_batches_the_plan_chose(tmp_path):
 
 def test_train_without_layout_options_lets_the_plan_choose(tmp_path):
     report = outcore.train(UNET, 2, costs="estimate:cpu", steps=1, search_layout=True,
-                           run_dir=str(tmp_path / "run"), trace=False)
+                           run_dir=str(tmp_path / "run"))
+    # the run's communication profile lists the kinds it measured beside the link model
+    kinds = {c["kind"]: c for c in report.comm}
+    assert kinds and all(c["count"] > 0 and c["bytes"] >= 0 for c in kinds.values())
+    assert any(c["predicted_s"] is not None for c in kinds.values())
     cands = report.plan.extra["candidates"]
     assert sum(r["outcome"] == "chosen" for r in cands) == 1
     assert {(r["dp"], r["parallel"]) for r in cands} >= {(1, "mp"), (2, "mp"), (1, "mast")}
