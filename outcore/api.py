@@ -299,3 +299,25 @@ def launcher() -> tuple[str, int]:
     from outcore.runtime.env import detect
     job = detect()
     return job.launcher, job.rank
+
+
+def explain(p: Plan, *, per_layout: int = 3) -> list[dict[str, Any]]:
+    """The candidates the search judged for ``p``, best first, with why each lost (see
+    :func:`outcore.plan.explain.rows`)."""
+    from outcore.plan.explain import rows
+    return rows(p, per_layout=per_layout)
+
+
+def draw_candidates(p: Plan, path: str | os.PathLike) -> Any:
+    """Draw the search's candidates for ``p``: time against memory (see :mod:`outcore.viz`)."""
+    from outcore.viz.explain import draw_candidates as _draw
+    return _draw(explain(p), path, memory_bytes=p.memory_bytes,
+                 title=f"candidates for {p.graph.get('name', 'the graph')}")
+
+
+def microbatch_graph(g: Graph, p: Plan) -> Graph:
+    """``g`` at the micro-batch size of plan ``p``: ``g`` itself, or ``g`` rescaled when the
+    search chose how to split its batch (``outcore.graph.batch.at_microbatch``)."""
+    from outcore.graph.batch import at_microbatch
+    size = p.graph.get("batch_size")
+    return g if not size or size == g.batch_size else at_microbatch(g, int(size))

@@ -45,6 +45,7 @@ class TrainReport:
     busy_s: list[float]
     predicted: dict[str, Any]
     files: dict[str, str] = field(default_factory=dict)
+    comm: list[dict[str, Any]] = field(default_factory=list)  # trace.comm_profile rows
 
     @property
     def median_step_s(self) -> float:
@@ -63,7 +64,7 @@ class TrainReport:
                 "median_step_s": self.median_step_s, "samples_per_s": self.samples_per_s,
                 "peak_bytes": self.peak_bytes, "busy_s": self.busy_s,
                 "memory_bytes": self.plan.memory_bytes, "predicted": self.predicted,
-                "files": self.files}
+                "files": self.files, "comm": self.comm}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +83,8 @@ class Job:
             planning request's options.
         copies: model copies (GEMS replicas x dp) that split each global batch: the saved
             plan's, or the request's (:func:`replicas_asked` x ``dp``).
+        microbatches_auto: the user gave no micro-batch count: the plan chooses it.
+        search_layout: the user gave no layout: the plan chooses dp and the GEMS mode.
         run_dir: where every artifact goes.
     """
 
@@ -101,6 +104,8 @@ class Job:
     sp: int = 1
     sp_join: str | None = None
     sp_grid: str | None = None
+    microbatches_auto: bool = False
+    search_layout: bool = False
 
 
 def replicas_asked(parallel: str, replicas: int | None, devices: int, dp: int) -> int:
@@ -118,8 +123,10 @@ def prepare(job: Job, *, local: bool = True,
     from outcore.api import model_graph, plan as search
 
     cfg = job.cfg
+    whole = (job.microbatches_auto or job.search_layout) and not job.plan_path
     g = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
-                    seed=cfg.seed, costs=job.costs, split=cfg.microbatches * job.copies,
+                    seed=cfg.seed, costs=job.costs,
+                    split=1 if whole else cfg.microbatches * job.copies,
                     threads=cfg.threads, progress=progress)
     if job.plan_path:
         p = load_plan(job.plan_path)
@@ -136,11 +143,26 @@ def prepare(job: Job, *, local: bool = True,
                            else job.strategy, parallel=job.parallel,
                            replicas=replicas_asked(job.parallel, job.replicas, job.devices,
                                                    job.dp) if job.parallel == "master" else None,
-                           dp=job.dp, tp=job.tp, microbatches=cfg.microbatches, schedule=cfg.schedule,
+                           dp=job.dp, schedule=cfg.schedule,
+                           microbatches="auto" if job.microbatches_auto else cfg.microbatches,
                            optimizer=cfg.optimizer, seed=cfg.seed,
-                           memory_policy=job.memory_policy, sp=job.sp, sp_join=job.sp_join,
-                           sp_grid=job.sp_grid)
-    return g, search(g, req)
+                           memory_policy=job.memory_policy, search_layout=job.search_layout,
+                           tp=job.tp, sp=job.sp, sp_join=job.sp_join, sp_grid=job.sp_grid)
+    p = search(g, req)
+    if whole:  # the plan chose the split: capture again at its micro-batch
+        g = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
+                        seed=cfg.seed, costs=job.costs, split=p.microbatches * p.layout.copies,
+                        threads=cfg.threads, progress=progress)
+    return g, p
+
+
+def settle(job: Job, p: Plan) -> Job:
+    """``job`` with the micro-batch count and model copies of its plan (which may have
+    chosen them: the user gave none)."""
+    if job.cfg.microbatches == p.microbatches and job.copies == p.layout.copies:
+        return job
+    return replace(job, cfg=replace(job.cfg, microbatches=p.microbatches),
+                   copies=p.layout.copies)
 
 
 def local_cluster(devices: int, local: bool) -> Cluster:
@@ -172,7 +194,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
           on_nonfinite: str = "stop", timeout_s: float = 60.0, threads: int | None = 1,
           schedule_file: str | None = None, sp: int = 1, sp_join: str | None = None,
-          sp_grid: str | None = None,
+          sp_grid: str | None = None, search_layout: bool = False,
           progress: Callable[[str, int, int], None] | None = None,
           on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
     """Train ``model`` on ``devices`` devices (see the module docstring).
@@ -189,7 +211,9 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
             whose action lists the workers run.
         input_shape: example input shape (``8x3x224x224``); the batch is ``batch_size``.
         batch_size: global batch per step.
-        microbatches: micro-batches per step (default: ``2 x devices`` when the batch allows).
+        microbatches: micro-batches per step (default: the plan chooses them).
+        search_layout: the plan also chooses ``dp`` and the GEMS mode (the layout options
+            given are ignored).
         steps: training steps.
         costs: ``profile`` (measure each layer here) or ``estimate[:DEVICE]`` (analytical).
         run_dir: where artifacts go (default: a new ``outcore-runs/<time>-<model>[-N]``).
@@ -198,15 +222,18 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
         on_metrics: called with each step's metrics as rank 0 writes them.
         sp, sp_join, sp_grid: spatial parallelism (see ``outcore plan --help``).
     """
+    if sp > 1 and microbatches is None:
+        microbatches = 1  # a spatial plan splits the image, not the (small) batch
     job = make_job(model, devices, memory=memory, strategy=strategy, plan=plan,
                    parallel=parallel, replicas=replicas, dp=dp, tp=tp,
-                   memory_policy=memory_policy, input_shape=input_shape, batch_size=batch_size, microbatches=microbatches,
+                   memory_policy=memory_policy, input_shape=input_shape,
+                   batch_size=batch_size, microbatches=microbatches,
                    steps=steps, schedule=schedule, optimizer=optimizer, lr=lr,
                    lr_schedule=lr_schedule, seed=seed, data=data, costs=costs,
                    run_dir=run_dir, metrics_out=metrics_out, trace=trace,
                    checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                    resume=resume, on_nonfinite=on_nonfinite, timeout_s=timeout_s,
-                   threads=threads, schedule_file=schedule_file)
+                   threads=threads, schedule_file=schedule_file, search_layout=search_layout)
     job = replace(job, sp=sp, sp_join=sp_join, sp_grid=sp_grid)
     return run(job, progress=progress, on_metrics=on_metrics)
 
@@ -216,18 +243,21 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
              tp: int = 1,
              run_dir: str | None, batch_size: int, microbatches: int | None,
              input_shape: Any, metrics_out: str | None, trace: bool,
-             **cfg_fields: Any) -> Job:
+             search_layout: bool = False, **cfg_fields: Any) -> Job:
     """The validated :class:`Job` of :func:`train`'s arguments (creates the run directory)."""
     if devices < 1:
         raise UsageError(f"--devices must be at least 1, got {devices}")
     if cfg_fields["steps"] < 1:
         raise UsageError(f"--steps must be at least 1, got {cfg_fields['steps']}")
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
+    search_layout = search_layout and not plan and devices > 1
     copies = load_plan(plan).layout.copies if plan else \
-        replicas_asked(parallel, replicas, devices, dp) * dp
+        1 if search_layout else replicas_asked(parallel, replicas, devices, dp) * dp
     if devices % (dp * (tp or 1)):
         raise UsageError(f"--dp {dp} x --tp {tp} must divide --devices {devices}")
-    M = microbatches or _default_microbatches(batch_size // copies, devices // (dp * (tp or 1)))
+    auto = microbatches is None and not plan
+    M = microbatches or (1 if auto else _default_microbatches(batch_size // copies,
+                                                              devices // (dp * (tp or 1))))
     if batch_size % (M * copies):
         raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
                          f"{copies} model copies: make --batch-size a multiple of "
@@ -238,7 +268,8 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
                       trace_dir=str(root / "trace") if trace else None, **cfg_fields)
     return Job(cfg=cfg, devices=devices, memory=memory, plan_path=plan, costs=costs,
                strategy=strategy, parallel=parallel, replicas=replicas, dp=dp, tp=tp,
-               memory_policy=memory_policy, copies=copies, run_dir=str(root))
+               memory_policy=memory_policy, copies=copies, run_dir=str(root),
+               microbatches_auto=auto, search_layout=search_layout)
 
 
 def _run_dir(run_dir: str | None, model: str) -> Path:
@@ -261,6 +292,7 @@ def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
     if detect().launcher != "none":
         return _train_in_job(job)
     g, p = prepare(job, progress=progress)
+    job = settle(job, p)
     p = _only_used_devices(g, p, progress)
     p = _with_schedule_file(job.cfg, g, p)
     root = Path(job.run_dir)
@@ -361,7 +393,7 @@ def _report(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
     files = {"graph": str(root / "graph.json"), "plan": str(root / "plan.json"),
              "metrics": cfg.metrics_out or ""}
     if cfg.trace_dir and Path(cfg.trace_dir).is_dir():
-        files.update(_timeline_files(cfg, g, p, root))
+        files.update(_timeline_files(cfg, g, p, root, report))
     report.files = files
     (root / "report.json").write_text(json.dumps(_strict(report.to_dict()), indent=1,
                                                  allow_nan=False))
@@ -379,10 +411,11 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path) -> dict[str, str]:
+def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
+                    report: TrainReport | None = None) -> dict[str, str]:
     """Merge the ranks' measured timelines; draw them under the simulator's prediction."""
     from outcore.api import simulate
-    from outcore.trace import Timeline, load_events, save_chrome_trace
+    from outcore.trace import Timeline, comm_profile, load_events, save_chrome_trace
 
     parts = sorted(Path(cfg.trace_dir).glob("rank*.json"))
     if not parts:
@@ -393,6 +426,8 @@ def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path) -> dict[str
     measured = Timeline(p.devices // p.layout.tp, tuple(sorted(events, key=lambda e: e.start_s)),
                         max((e.end_s for e in events), default=0.0), source="measured")
     predicted = simulate(p, g, schedule_file=cfg.schedule_file).timeline
+    if report is not None:
+        report.comm = comm_profile(measured, predicted)
     out = {"trace": str(save_chrome_trace(root / "trace.json", [predicted, measured],
                                           ["predicted", "measured"]))}
     try:
@@ -421,6 +456,7 @@ def _job_main(ctx: Any, job: Job) -> TrainReport | None:
     docs: list[Any] = [None, None, None]
     if ctx.rank == 0:
         g, p = prepare(job, local=False)
+        job = settle(job, p)
         p = _with_schedule_file(job.cfg, g, p)
         _save_artifacts(job, g, p)
         docs = [graph_to_dict(g), plan_to_dict(p), job]

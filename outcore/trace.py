@@ -138,3 +138,39 @@ def load_events(path: str | os.PathLike) -> Timeline:
                     memory=tuple((np.asarray(t), np.asarray(b)) for t, b in doc["memory"]),
                     memory_limit_bytes=doc.get("memory_limit_bytes"),
                     source=doc.get("source", "simulated"), meta=doc.get("meta", {}))
+
+
+COMM_KINDS = ("send", "recv", "allreduce", "allgather", "reduce_scatter", "broadcast",
+              "offload", "prefetch")
+
+
+def comm_profile(measured: Timeline, predicted: Timeline | None = None) -> list[dict[str, Any]]:
+    """Per communication kind (send, recv, all-reduce, ...): count, bytes, measured seconds and
+    achieved bandwidth, beside the predicted timeline's seconds and bandwidth for the same kind
+    (the link model's prediction for the same actions). Horovod's timeline habit (hvprof):
+    show which link or collective the model gets wrong. A receive's time includes its wait.
+    A measured event without a byte count takes the bytes of the predicted event of the same
+    rank and label (the runtime runs the actions the simulator predicted)."""
+    known = {(e.rank, e.label): e.bytes for e in predicted.events} if predicted else {}
+
+    def totals(tl: Timeline) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for e in tl.events:
+            if e.kind in COMM_KINDS or (e.stream == "comm" and e.kind not in ("F", "B")):
+                t = out.setdefault(e.kind, [0, 0.0, 0.0])
+                t[0] += 1
+                t[1] += e.bytes or known.get((e.rank, e.label), 0)
+                t[2] += e.duration_s
+        return out
+
+    meas = totals(measured)
+    pred = totals(predicted) if predicted is not None else {}
+    rows = []
+    for kind in sorted(set(meas) | set(pred)):
+        n, nbytes, secs = meas.get(kind, [0, 0.0, 0.0])
+        _, pbytes, psecs = pred.get(kind, [0, 0.0, 0.0])
+        rows.append({"kind": kind, "count": int(n), "bytes": int(nbytes), "measured_s": secs,
+                     "measured_bandwidth": nbytes / secs if secs > 0 else None,
+                     "predicted_s": psecs if kind in pred else None,
+                     "predicted_bandwidth": pbytes / psecs if psecs > 0 else None})
+    return rows

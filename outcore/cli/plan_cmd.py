@@ -57,8 +57,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "planner's choice from the memory model")
     p.add_argument("--sp-grid", metavar="ROWSxCOLS",
                    help="tile grid, e.g. 2x2 (default: --sp tiles over the height)")
-    p.add_argument("--microbatches", type=positive_int, default=1,
-                   help="micro-batches per iteration and copy (default 1)")
+    p.add_argument("--microbatches", type=microbatch_count, default=1,
+                   help="micro-batches per iteration and copy (default 1), or auto: the search "
+                        "splits the graph's batch (fewest micro-batches that fit before "
+                        "checkpointing)")
+    p.add_argument("--layout", choices=["given", "auto"], default="given",
+                   help="auto: the search also chooses --dp and the GEMS mode and replicas "
+                        "(the graph then holds the global batch); default given")
+    p.add_argument("--explain", action="store_true",
+                   help="print the best candidates of every layout (time, peak memory, why "
+                        "each lost) and draw time against memory beside the plan")
     p.add_argument("--memory-policy", choices=["auto", "none", "checkpoint", "offload"],
                    default="auto",
                    help="when a placement does not fit: auto chooses per piece the cheapest of "
@@ -116,10 +124,11 @@ def run(args: argparse.Namespace) -> int:
                      bandwidth=args.bandwidth, latency=args.latency,
                      microbatches=args.microbatches, schedule=args.schedule,
                      optimizer=args.optimizer, memory_policy=args.memory_policy,
-                     device=args.device)
+                     device=args.device, search_layout=args.layout == "auto")
+    whole, g = g, outcore.api.microbatch_graph(g, p)
     outcore.save_plan(p, out)
     note(f"wrote {out}")
-    if captured:
+    if captured or g is not whole:  # a rescaled graph: the plan is for its micro-batch
         gpath = out.with_name(out.stem + ".graph.json")
         outcore.save_graph(g, gpath)
         note(f"wrote {gpath} (the graph the plan is for: outcore simulate {out} --graph {gpath})")
@@ -127,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
         outcore.save_schedule(outcore.lower(p, g), schedule_out)
         note(f"wrote {schedule_out}")
     print_plan(g, p)
+    if args.explain:
+        print_explain(p)
+        pic = outcore.api.draw_candidates(p, out.with_name(out.stem + ".candidates.png"))
+        note(f"wrote {pic}")
     if args.picture:
         check_output_suffix(args.picture, (".png", ".svg"))
         outcore.draw_graph(g, args.picture, assignment=p.assignment,
@@ -186,3 +199,22 @@ def policy_lines(p) -> list[str]:
     return [f"memory policies on device {d}: " + ", ".join(f"{k} on {v} nodes"
                                                          for k, v in sorted(kinds.items()))
             for d, kinds in sorted(per.items())]
+
+
+def microbatch_count(text: str) -> int | str:
+    """``auto`` or a positive integer."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
+def print_explain(p, top: int = 12) -> None:
+    """The search's best candidates as a table (``--explain``)."""
+    from outcore import api
+    rows = []
+    for r in api.explain(p)[:top]:
+        t = format_seconds(r["iteration_s"]) if r["iteration_s"] is not None else "-"
+        m = format_bytes(r["peak_bytes"]) if r["peak_bytes"] is not None else "-"
+        rows.append([r["layout"], r["memory_policy"] or "-", r["strategy"] or "-", t, m,
+                     r["why"]])
+    console.print(table("candidates (best first)", ["layout", "memory policy", "placement",
+                                                     "iteration", "peak memory", "outcome"],
+                        rows))

@@ -36,12 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule-file", metavar="FILE.json",
                    help="run this schedule's action lists (outcore plan --schedule-out; "
                         "checked against the plan) instead of the plan's own lowering")
-    p.add_argument("--parallel", choices=["mp", "mast", "master"], default="mp",
+    p.add_argument("--parallel", choices=["mp", "mast", "master"],
                    help="mp (one replica), mast (GEMS: two replicas in opposite directions), "
-                        "master (GEMS: --replicas replicas); see outcore plan --help")
+                        "master (GEMS: --replicas replicas); see outcore plan --help. Without "
+                        "--parallel, --replicas and --dp the plan chooses the layout")
     p.add_argument("--replicas", type=positive_int,
                    help="master: replicas (default 4, or 2 with fewer than 4 devices)")
-    p.add_argument("--dp", type=positive_int, default=1,
+    p.add_argument("--dp", type=positive_int,
                    help="data-parallel copies of the model-parallel group (divides --devices)")
     p.add_argument("--tp", type=tp_arg, default=1, metavar="N|auto",
                    help="tensor-parallel ranks per device slot: the Megatron layout of the "
@@ -65,7 +66,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, help="global batch per step (default 8; "
                    f"{DEFAULT_BATCH} for the default job)")
     p.add_argument("--microbatches", type=positive_int,
-                   help="micro-batches per step (default 2 x devices when the batch allows)")
+                   help="micro-batches per step (default: the plan chooses the fewest that "
+                        "fit, more when they are faster)")
+    p.add_argument("--explain", action="store_true",
+                   help="also print the plan's candidates (the chosen layout and the runner-up)")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
     p.add_argument("--steps", type=positive_int, default=10, help="training steps (default 10)")
     p.add_argument("--epochs", type=positive_int,
@@ -146,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
         mbs = args.microbatches or (DEFAULT_MICROBATCHES if default_job else None)
         report = outcore.train(
             model, devices, memory=memory, strategy=args.strategy, plan=args.plan,
-            parallel=args.parallel, replicas=args.replicas, dp=args.dp, tp=args.tp,
+            parallel=args.parallel or "mp", replicas=args.replicas, dp=args.dp or 1,
+            tp=args.tp, search_layout=_layout_open(args),
             memory_policy=args.memory_policy, sp=args.sp, sp_join=args.sp_join,
             sp_grid=args.sp_grid, input_shape=args.input_shape, batch_size=batch,
             microbatches=mbs,
@@ -157,6 +162,9 @@ def run(args: argparse.Namespace) -> int:
             resume=args.resume, on_nonfinite=args.on_nonfinite, timeout_s=args.timeout,
             schedule_file=args.schedule_file, progress=on_progress, on_metrics=on_metrics)
     print_report(report)
+    if args.explain:
+        from outcore.cli.plan_cmd import print_explain
+        print_explain(report.plan, top=6)
     if args.trace:
         _copy_trace(report, args.trace)
     return 0
@@ -169,8 +177,9 @@ def _run_quiet(args: argparse.Namespace) -> int:
     outcore.train(
         args.model or DEFAULT_MODEL, args.devices or (DEFAULT_DEVICES if default_job else 1),
         memory=args.memory or (DEFAULT_MEMORY if default_job else None),
-        strategy=args.strategy, plan=args.plan, parallel=args.parallel,
-        replicas=args.replicas, dp=args.dp, tp=args.tp, memory_policy=args.memory_policy,
+        strategy=args.strategy, plan=args.plan, parallel=args.parallel or "mp",
+        replicas=args.replicas, dp=args.dp or 1, tp=args.tp, memory_policy=args.memory_policy,
+        search_layout=_layout_open(args),
         sp=args.sp, sp_join=args.sp_join, sp_grid=args.sp_grid, input_shape=args.input_shape,
         batch_size=args.batch_size or (DEFAULT_BATCH if default_job else 8),
         microbatches=args.microbatches or (DEFAULT_MICROBATCHES if default_job else None),
@@ -181,6 +190,12 @@ def _run_quiet(args: argparse.Namespace) -> int:
         resume=args.resume, on_nonfinite=args.on_nonfinite, timeout_s=args.timeout,
         schedule_file=args.schedule_file)
     return 0
+
+
+def _layout_open(args: argparse.Namespace) -> bool:
+    """No layout option given: the plan chooses dp and the GEMS mode."""
+    return args.parallel is None and args.replicas is None and args.dp is None \
+        and args.plan is None and args.tp == 1 and args.sp == 1
 
 
 def _steps_for_epochs(args: argparse.Namespace, batch: int) -> int:
@@ -234,6 +249,19 @@ def print_report(report) -> None:
                   f"{format_seconds(it) if it else '-'} predicted;  "
                   f"{report.samples_per_s:.1f} samples/s;  loss {report.losses[0]:.4f} -> "
                   f"{report.losses[-1]:.4f}")
+    if report.comm:
+        console.print(table("communication (last step): measured beside the link model",
+                            ["kind", "count", "bytes", "measured", "achieved", "predicted",
+                             "model"], [_comm_row(c) for c in report.comm]))
     for key in ("timeline", "trace", "metrics", "plan"):
         if report.files.get(key):
             console.print(f"{key}: {report.files[key]}")
+
+
+def _comm_row(c: dict) -> list[str]:
+    def bw(x):
+        return f"{format_bytes(x)}/s" if x else "-"
+    return [c["kind"], str(c["count"]), format_bytes(c["bytes"]), format_seconds(c["measured_s"]),
+            bw(c["measured_bandwidth"]),
+            format_seconds(c["predicted_s"]) if c["predicted_s"] is not None else "-",
+            bw(c["predicted_bandwidth"])]

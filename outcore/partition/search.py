@@ -48,7 +48,7 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
         return _search_tp(g, req, check_suggestions)
     g = tensor_costed(g, req)
     try:
-        return _search(g, req)
+        return _dispatch(g, req)
     except InfeasibleError as e:
         if not check_suggestions:
             raise
@@ -78,6 +78,15 @@ def _search_tp(g: Graph, req: PlanRequest, check_suggestions: bool) -> Plan:
     t = best.layout.tp
     why = "the fastest that fits" if len(notes) > 1 else "the only degree tried"
     return best.with_notes(*notes, f"--tp auto: chose tp {t} ({why})")
+
+
+def _dispatch(g: Graph, req: PlanRequest) -> Plan:
+    """The layout search when the request leaves the layout or the micro-batches open
+    (:func:`outcore.partition.layouts.search_layouts`), else the placement search."""
+    if req.whole_batch:
+        from outcore.partition.layouts import search_layouts
+        return search_layouts(g, req)
+    return _search(g, req)
 
 
 def _search(g: Graph, req: PlanRequest) -> Plan:
@@ -137,7 +146,7 @@ def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError, *,
 
 def _fits_request(g: Graph, req: PlanRequest) -> bool:
     try:
-        return fits(_search(g, req))
+        return fits(_dispatch(g, req))
     except InfeasibleError:
         return False
 
@@ -198,20 +207,19 @@ def _grown(cluster: Cluster, devices: int) -> Cluster:
 
 def single(g: Graph, req: PlanRequest) -> Plan:
     """Everything on one device, with the memory policies that make it fit."""
-    from outcore.partition.memory_policy import choose
-    from outcore.sim.simulate import simulate
+    from outcore.partition.memory_policy import choose_simulated
 
     p = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single",
                   devices=req.tp, layout=Layout(tp=req.tp), memory_bytes=req.memory_bytes,
                   microbatches=req.microbatches, schedule=req.schedule,
                   optimizer=req.optimizer, cluster=req.cluster)
     try:
-        p = choose(g, p, mode=req.memory_policy, cluster=req.cluster)
+        p, sim = choose_simulated(g, p, mode=req.memory_policy, cluster=req.cluster)
     except InfeasibleError as e:
         raise InfeasibleError(f"{e}; or train on several devices (--devices)",
                               min_devices=e.min_devices,
                               min_memory_bytes=e.min_memory_bytes) from None
-    return p.replace(predicted=simulate(p, g).to_dict())
+    return p.replace(predicted=sim.to_dict())
 
 
 def tensor_costed(g: Graph, req: PlanRequest) -> Graph:
@@ -248,32 +256,107 @@ def _replicated_plan(g: Graph, req: PlanRequest, replicas: int) -> Plan:
     return _replicate(g, base, req, replicas)
 
 
+# the placements the simulator judges: the best few by the emulator, and every contiguous
+# split kept (the emulator misranks some against them; so the search never loses to one)
+SIMULATED_PER_SEARCH = 2
+
+
 def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
                     check_fit: bool) -> Plan:
     """The fastest single-replica plan on the model-parallel devices, planned under ``budget``
-    per device; with ``check_fit`` only plans whose simulated peak fits the limit count."""
+    per device; with ``check_fit`` only plans whose simulated peak fits the limit count.
+
+    Emulator first, simulator for the best few: every planner places the graph (the node-level
+    emulator times each placement in milliseconds), and only the :data:`SIMULATED_PER_SEARCH`
+    fastest placements, plus the fastest contiguous split, are made to fit with memory policies
+    and simulated (the simulator costs a lowering and an event run each)."""
     names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
+    placed, notes, first_error = _placements(g, req, budget, names, check_fit)
+    chosen = _to_simulate(placed)
     tried: list[tuple[float, int, Plan]] = []
-    notes: list[str] = []
-    first_error: InfeasibleError | None = None
-    for k, name in enumerate(names):
+    bound = None  # the fastest simulated plan that fits so far
+    for k in sorted(range(len(placed)), key=lambda k: (k not in chosen, placed[k][0] !=
+                                                        "contiguous", placed[k][1].makespan_s)):
+        name, result = placed[k]
+        if k not in chosen:
+            notes.append(f"{name}: emulated {result.makespan_s * 1e3:.2f} ms per iteration, not "
+                         "simulated (slower than the best by the emulator)")
+            continue
         try:
-            p = _candidate(g, req, budget, name, check_fit=check_fit)
+            p = _simulated(g, req, result, check_fit, bound)
         except InfeasibleError as e:
             first_error = first_error or e
             notes.append(f"{name}: {e}")
             continue
+        if check_fit and not fits(p) and bound is not None and \
+                p.predicted["iteration_s"] >= bound:
+            notes.append(f"{name}: simulated {p.predicted['iteration_s'] * 1e3:.2f} ms without "
+                         "memory policies, already slower than the best plan that fits; not "
+                         "fitted")
+            continue
         notes.append(_candidate_note(name, p))
         tried.append((p.predicted["iteration_s"], k, p))
+        if fits(p):
+            bound = min(bound or math.inf, p.predicted["iteration_s"])
     if not tried:
         if first_error is not None:
             raise first_error
         raise InfeasibleError(f"no plan fits when simulated with the {req.schedule} schedule "
                               f"({'; '.join(notes)}): add devices or raise --memory")
-    _, _, best = min(tried, key=lambda t: (t[0], t[1]))
+    _, _, best = min(tried, key=lambda t: (not fits(t[2]), t[0], t[1]))
+    best = best.replace(extra={**best.extra, "placements": [
+        {"strategy": p.strategy, "iteration_s": float(t),
+         "peak_bytes": float(max(p.predicted["peak_bytes"])), "fits": fits(p)}
+        for t, _, p in sorted(tried, key=lambda t: (t[0], t[1]))]})
     if req.strategy == "auto":
         best = best.with_notes(*notes, f"auto: chose {best.strategy}")
     return best
+
+
+def _to_simulate(placed: list) -> set[int]:
+    """Indices of the placements to simulate: the contiguous splits and the fastest few of the
+    others by the emulator."""
+    order = sorted(range(len(placed)), key=lambda k: (placed[k][1].makespan_s, k))
+    others = [k for k in order if placed[k][0] != "contiguous"]
+    return set(others[:SIMULATED_PER_SEARCH]) | {k for k in order
+                                                 if placed[k][0] == "contiguous"}
+
+
+def _placements(g: Graph, req: PlanRequest, budget: float | None, names: tuple[str, ...],
+                check_fit: bool):
+    """Every planner's placement(s) as ``(name, PartitionResult)``, emulated, not simulated.
+
+    A planner that finds nothing under ``budget`` places under a relaxed limit (the tightest
+    of 1.5x, 2x, 4x, 8x, unlimited that it can meet) when memory policies may close the gap.
+    """
+    from outcore.partition import contiguous_results
+
+    placed: list[tuple[str, object]] = []
+    notes: list[str] = []
+    first_error: InfeasibleError | None = None
+    relaxable = req.memory_policy != "none" and check_fit and budget is not None
+    for name in names:
+        for relax in (1.0, 1.5, 2.0, 4.0, 8.0, None) if relaxable else (1.0,):
+            limit = None if relax is None or budget is None else budget * relax
+            try:
+                if name == "contiguous":
+                    results = contiguous_results(
+                        g, req.model_parallel_devices, memory_bytes=limit,
+                        cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
+                        microbatches=req.microbatches)
+                else:
+                    results = [_partition(g, req, limit, name)]
+            except InfeasibleError as e:
+                if relax == 1.0:
+                    first_error = first_error or e
+                    error = e
+                continue
+            placed.extend((name, r) for r in results)
+            break
+        else:
+            notes.append(f"{name}: {error}" + ("; memory policies cannot close the gap either"
+                                               if relaxable else ""))
+    return placed, notes, first_error
 
 
 def _candidate_note(name: str, p: Plan) -> str:
@@ -281,41 +364,6 @@ def _candidate_note(name: str, p: Plan) -> str:
     return (f"{name}: simulated {p.predicted['iteration_s'] * 1e3:.2f} ms per iteration, peak "
             f"{max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
             + (f", memory policies on {int((pol.group_of >= 0).sum())} nodes" if pol else ""))
-
-
-def _candidate(g: Graph, req: PlanRequest, budget: float | None, name: str, *,
-               check_fit: bool) -> Plan:
-    """One planner's plan, simulated; memory policies make it fit when it does not."""
-    try:
-        if name == "contiguous":
-            return _fastest_contiguous(g, req, budget, check_fit)
-        return _simulated(g, req, _partition(g, req, budget, name), check_fit)
-    except InfeasibleError as e:
-        if req.memory_policy == "none" or not check_fit or budget is None:
-            raise
-        error = e
-    # nothing fits as it is: place under a relaxed limit (memory-balanced) and make that fit
-    # with memory policies; the tightest relaxation that works wins
-    for relax in (1.5, 2.0, 4.0, 8.0, None):
-        try:
-            result = _partition(g, req, None if relax is None else budget * relax, name)
-            return _simulated(g, req, result, check_fit)
-        except InfeasibleError:
-            continue
-    raise InfeasibleError(f"{error}; memory policies ({req.memory_policy}) cannot close the gap "
-                          "either", min_devices=error.min_devices,
-                          min_memory_bytes=error.min_memory_bytes)
-
-
-def _fastest_contiguous(g: Graph, req: PlanRequest, budget: float | None,
-                        check_fit: bool) -> Plan:
-    """The contiguous splits the emulator ranks best, judged by the simulator."""
-    from outcore.partition import contiguous_results
-    results = contiguous_results(g, req.model_parallel_devices, memory_bytes=budget,
-                                 cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
-                                 microbatches=req.microbatches)
-    plans = [_simulated(g, req, r, check_fit) for r in results]
-    return min(plans, key=lambda p: (not fits(p), p.predicted["iteration_s"]))
 
 
 def _partition(g: Graph, req: PlanRequest, budget: float | None, name: str):
@@ -326,9 +374,10 @@ def _partition(g: Graph, req: PlanRequest, budget: float | None, name: str):
                      seed=req.seed)
 
 
-def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool) -> Plan:
+def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool,
+               bound_s: float | None = None) -> Plan:
     """The plan of a partition result, with memory policies if needed, simulated."""
-    from outcore.partition.memory_policy import choose
+    from outcore.partition.memory_policy import choose_simulated
     from outcore.sim.simulate import simulate
 
     K = req.model_parallel_devices
@@ -338,8 +387,10 @@ def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool) -> Plan:
                   cluster=req.cluster, notes=tuple(result.notes),
                   devices_used=result.devices_used)
     if check_fit and req.memory_bytes:
-        p = choose(g, p, mode=req.memory_policy, cluster=req.cluster)
-    sim = simulate(p, g, cluster=req.cluster)
+        p, sim = choose_simulated(g, p, mode=req.memory_policy, cluster=req.cluster,
+                                  give_up_above_s=bound_s)
+    else:
+        sim = simulate(p, g, cluster=req.cluster)
     predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
                  "planner_makespan_s": result.makespan_s,
                  "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}

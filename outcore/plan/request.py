@@ -42,11 +42,15 @@ class PlanRequest:
             ``sp`` ranks, which ``devices`` includes (``outcore.plan.spatial``).
         sp_join: the join node's name (None: the planner chooses it from the memory model).
         sp_grid: the tile grid, ``ROWSxCOLS`` (None: ``sp`` tiles over the height).
-        microbatches: micro-batches per iteration and model copy.
+        microbatches: micro-batches per iteration and model copy, or ``"auto"``: the search
+            chooses the count (a divisor of the batch); then, and when ``search_layout`` is
+            set, the graph is costed for the whole global batch of one iteration.
         schedule: ``gpipe`` or ``1f1b``.
         optimizer: the optimizer the memory model assumes (``adam``: 4 x params).
         memory_policy: ``auto``, ``none``, ``checkpoint`` or ``offload``.
         seed: for randomised planners (METIS); the others are deterministic.
+        search_layout: the search also chooses ``dp`` and the GEMS mode and replicas
+            (``outcore.partition.layouts.candidate_layouts``) instead of taking them as given.
     """
 
     devices: int
@@ -60,15 +64,17 @@ class PlanRequest:
     sp: int = 1
     sp_join: str | None = None
     sp_grid: str | None = None
-    microbatches: int = 1
+    microbatches: int | str = 1
     schedule: str = "1f1b"
     optimizer: str = "adam"
     memory_policy: str = "auto"
     seed: int = 0
+    search_layout: bool = False
 
     def __post_init__(self) -> None:
         check_positive("devices", self.devices)
-        check_positive("micro-batches", self.microbatches)
+        if self.microbatches != "auto":
+            check_positive("micro-batches", self.microbatches)
         check_positive("--dp", self.dp)
         if self.tp is not None:
             check_positive("--tp", self.tp)
@@ -108,6 +114,11 @@ class PlanRequest:
             return [self.tp]
         per_copy = self.devices // self.dp
         return [t for t in (1, 2, 4, 8) if per_copy % t == 0]
+
+    @property
+    def whole_batch(self) -> bool:
+        """True when the search chooses the batch split, so the graph holds the global batch."""
+        return self.microbatches == "auto" or self.search_layout
 
     def replica_options(self) -> list[int]:
         """Replica counts the search tries for the request's GEMS mode."""

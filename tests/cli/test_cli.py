@@ -105,7 +105,7 @@ def test_train_out_of_core_on_one_device(tmp_path):
     checkpointing; the measured peak stays under the limit."""
     r = run("train", "outcore:resnet_k:depth=29,width=8", "--devices", "1", "--memory", "30MB",
             "--batch-size", "16", "--steps", "2", "--costs", "estimate:cpu",
-            "--run-dir", "run", cwd=tmp_path, timeout=400)
+            "--microbatches", "1", "--run-dir", "run", cwd=tmp_path, timeout=400)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["peak_bytes"][0] <= 30e6
@@ -117,7 +117,7 @@ def test_train_out_of_core_on_one_device(tmp_path):
         assert line in r.stdout, r.stdout
     r = run("train", "outcore:resnet_k:depth=29,width=8", "--devices", "1", "--memory", "30MB",
             "--batch-size", "16", "--steps", "1", "--memory-policy", "none",
-            "--costs", "estimate:cpu", cwd=tmp_path)
+            "--microbatches", "1", "--costs", "estimate:cpu", cwd=tmp_path)
     assert r.returncode == 2 and "devices" in r.stderr
 
 

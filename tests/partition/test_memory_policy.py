@@ -86,3 +86,19 @@ def test_none_and_impossible_limits_fail_clearly():
         choose(g, p, cluster=cl)
     with pytest.raises(UsageError, match="unknown memory policy"):
         choose(g, p, mode="swap", cluster=cl)
+
+
+def test_a_plan_already_slower_than_a_bound_is_not_fitted():
+    """Branch and bound: policies only add time, so a plan whose simulation without them
+    already exceeds the bound comes back as it is (not fitting); below the bound it is fitted
+    and the simulation returned is the fitted plan's."""
+    from outcore.partition.memory_policy import choose_simulated
+    g = chain()
+    p, cl = plan_for(g, 40 * MB)
+    plain = simulate(p, g, cluster=cl)
+    q, sim = choose_simulated(g, p, cluster=cl, give_up_above_s=plain.iteration_s * 0.99)
+    assert q is p and not sim.fits
+    q, sim = choose_simulated(g, p, cluster=cl, give_up_above_s=plain.iteration_s * 10)
+    assert q.policies is not None and sim.fits
+    again = simulate(q, g, cluster=cl)
+    assert again.iteration_s == sim.iteration_s and again.iteration_s > plain.iteration_s

@@ -1,0 +1,108 @@
+"""Fidelity matrix: measured step time and peak memory against the simulator's prediction.
+
+For each zoo model x workers (1, 2, 4) x micro-batches (1, 4, 8): ``outcore.train`` with the
+layout given (``--strategy auto``, MP-Basic, dp 1, profiled costs, one thread per worker) for
+``--steps`` steps; the report holds the median measured step and each rank's measured peak
+beside the plan's prediction. Prints one line per cell and the error distribution (median and
+worst |error| of time and memory, over the cells where workers do not outnumber cores, and over
+all). The issue's aim: time within 15 %, memory within 10 % on every cell where workers <= cores.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/fidelity.py                  # the full matrix (long)
+    PYTHONPATH=. .venv/bin/python benchmarks/fidelity.py --models mlp --workers 1 2 --mbs 1 4
+
+Writes ``benchmarks/results/fidelity.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = {"mlp": "outcore:mlp",
+          "resnet": "outcore:resnet_k:depth=11,width=8",
+          "transformer": "outcore:transformer:layers=2,d_model=32,heads=2,seq=16,vocab=64",
+          "amoebanet": "outcore:amoebanet"}
+
+
+def cell(model: str, workers: int, mbs: int, args) -> dict:
+    import outcore
+    run_dir = tempfile.mkdtemp(prefix="fidelity_")
+    try:
+        r = outcore.train(model, workers, batch_size=args.batch, microbatches=mbs,
+                          steps=args.steps, costs=args.costs, run_dir=run_dir, trace=False,
+                          timeout_s=120.0)
+    except Exception as e:  # a cell that cannot run is reported, not fatal
+        return {"error": str(e).splitlines()[0][:160]}
+    pred = r.predicted
+    peak_pred = max(pred.get("peak_bytes") or [0])
+    peak_meas = max(r.peak_bytes or [0])
+    return {"devices": r.plan.devices, "strategy": r.plan.strategy,
+            "measured_step_s": r.median_step_s, "predicted_step_s": pred.get("iteration_s"),
+            "measured_peak_bytes": peak_meas, "predicted_peak_bytes": peak_pred,
+            "time_error": pred["iteration_s"] / r.median_step_s - 1 if r.median_step_s else None,
+            "memory_error": peak_pred / peak_meas - 1 if peak_meas else None}
+
+
+def summary(rows: list[dict], cores: int) -> list[str]:
+    lines = []
+    for name, sel in (("workers <= cores", [r for r in rows if r["workers"] <= cores]),
+                      ("all cells", rows)):
+        for key in ("time_error", "memory_error"):
+            errs = [abs(r[key]) for r in sel if r.get(key) is not None]
+            if errs:
+                lines.append(f"{name}: |{key}| median {statistics.median(errs):.0%}, worst "
+                             f"{max(errs):.0%} over {len(errs)} cells")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4])
+    ap.add_argument("--mbs", nargs="+", type=int, default=[1, 4, 8])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--costs", default="profile")
+    args = ap.parse_args(argv)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    rows = []
+    for name in args.models:
+        for w in args.workers:
+            for m in args.mbs:
+                res = cell(MODELS[name], w, m, args)
+                res.update(model=name, workers=w, microbatches=m)
+                rows.append(res)
+                if "error" in res:
+                    print(f"{name:12s} {w} workers {m} mbs: ERROR {res['error']}", flush=True)
+                    continue
+                print(f"{name:12s} {w} workers {m} mbs: step {res['measured_step_s'] * 1e3:.1f}"
+                      f" ms measured, {res['predicted_step_s'] * 1e3:.1f} predicted "
+                      f"({res['time_error']:+.0%}); peak {res['measured_peak_bytes'] / 2**20:.2f}"
+                      f" MiB measured, {res['predicted_peak_bytes'] / 2**20:.2f} predicted "
+                      f"({res['memory_error']:+.0%})", flush=True)
+    lines = summary(rows, cores)
+    for line in lines:
+        print(line)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "fidelity.json").write_text(json.dumps({"cores": cores, "rows": rows}, indent=1))
+    md = ["| model | workers | micro-batches | step measured (ms) | predicted (ms) | time error | "
+          "peak measured (MiB) | predicted (MiB) | memory error |", "|---" * 9 + "|"]
+    for r in rows:
+        if "error" in r:
+            md.append(f"| {r['model']} | {r['workers']} | {r['microbatches']} | error | | | | | |")
+            continue
+        md.append(f"| {r['model']} | {r['workers']} | {r['microbatches']} | "
+                  f"{r['measured_step_s'] * 1e3:.1f} | {r['predicted_step_s'] * 1e3:.1f} | "
+                  f"{r['time_error']:+.0%} | {r['measured_peak_bytes'] / 2**20:.2f} | "
+                  f"{r['predicted_peak_bytes'] / 2**20:.2f} | {r['memory_error']:+.0%} |")
+    (RESULTS / "fidelity.md").write_text("\n".join(md + [""] + lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

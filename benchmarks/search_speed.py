@@ -1,0 +1,58 @@
+"""Wall time of the whole ``auto`` search (``outcore.plan``) on a generated graph, after the
+graph is built, with a memory cap: K = 4, 16 GB/s, the cap a multiple of the fair share
+(one device's footprint / 4; 1.25 leaves room, 1.0 needs memory policies).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/search_speed.py transformer 50000 1.25
+    PYTHONPATH=. .venv/bin/python benchmarks/search_speed.py transformer 50000 1.0 --profile
+
+The first run in a fresh checkout compiles the numba kernels (about a minute): run twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import numpy as np
+
+import outcore
+from outcore.graph.generators import make
+from outcore.partition.context import make_context
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("family", help="unet, rnn, resnet, nas, transformer")
+    ap.add_argument("nodes", type=int)
+    ap.add_argument("cap", type=float, help="memory cap as a multiple of the fair share")
+    ap.add_argument("--devices", type=int, default=4)
+    ap.add_argument("--profile", action="store_true", help="print the 30 costliest calls")
+    args = ap.parse_args()
+    g = make(args.family, args.nodes)
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
+    req = outcore.plan_request(args.devices, args.cap * one / args.devices,
+                               bandwidth="16GB/s")
+    g.succ_ptr, g.pred_ptr  # adjacency built as a graph reader would
+    prof = cProfile.Profile() if args.profile else None
+    t = time.perf_counter()
+    if prof:
+        prof.enable()
+    p = outcore.plan(g, req)
+    if prof:
+        prof.disable()
+    wall = time.perf_counter() - t
+    print(f"{args.family} {g.num_nodes} nodes, cap {args.cap} x fair share, K = "
+          f"{args.devices}: planned in {wall:.2f} s; {p.strategy}, "
+          f"{p.predicted['iteration_s'] * 1e3:.2f} ms per iteration")
+    for line in p.notes:
+        print("  ", line[:150])
+    if prof:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""A graph's costs at another micro-batch size (no torch).
+
+Gradient accumulation trades memory for steps: ``M`` micro-batches of ``B / M`` samples each
+keep ``1 / M`` of the saved activations of one batch of ``B`` in flight, for the same parameter
+state. The search (:mod:`outcore.partition.layouts`) weighs micro-batch counts without
+capturing the model again, by rescaling the captured graph: activation bytes (saved, output and
+edge bytes) and compute times scale with the samples per micro-batch; parameters, and the
+outputs of parameter and constant nodes, do not. Times scale linearly (a roofline's view: the
+same work per sample); the job captures the model again at the size the plan chose before it
+trains, so the runtime never uses a rescaled graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from outcore.errors import UsageError
+from outcore.graph.ir import Graph
+
+__all__ = ["CONSTANT_OPS", "at_microbatch", "divisors"]
+
+# nodes whose output does not grow with the batch (parameter reads, constants, shapes)
+CONSTANT_OPS = frozenset({"param", "constant", "get_attr", "scalar_tensor", "full", "ones",
+                          "zeros", "arange", "sym_size", "size"})
+
+
+def at_microbatch(g: Graph, samples: int) -> Graph:
+    """``g`` (costed for ``g.batch_size`` samples) with the costs of ``samples`` samples.
+
+    Raises :class:`UsageError` when the graph does not say its batch size.
+    """
+    if not g.batch_size:
+        raise UsageError(f"graph {g.name!r} does not record its batch size: micro-batch "
+                         "counts cannot be searched; pass --microbatches N")
+    if samples == g.batch_size:
+        return g
+    scale = samples / g.batch_size
+    const = np.zeros(g.num_nodes, dtype=bool)
+    if g.ops is not None:
+        const = np.fromiter((op in CONSTANT_OPS for op in g.ops), bool, g.num_nodes)
+    act = np.where(const, 1.0, scale)
+
+    def scaled(x: np.ndarray, factor: np.ndarray | float) -> np.ndarray:
+        return np.ceil(np.asarray(x, np.float64) * factor).astype(np.asarray(x).dtype)
+
+    return g.replace(batch_size=int(samples),
+                     fwd_s=g.fwd_s * scale, bwd_s=g.bwd_s * scale,
+                     out_bytes=scaled(g.out_bytes, act), saved_bytes=scaled(g.saved_bytes, act),
+                     edge_bytes=scaled(g.edge_bytes, act[g.src]))
+
+
+def divisors(n: int, *, at_most: int | None = None) -> list[int]:
+    """The divisors of ``n`` in ascending order (up to ``at_most``)."""
+    top = n if at_most is None else min(n, at_most)
+    return [d for d in range(1, top + 1) if n % d == 0]

@@ -1,0 +1,277 @@
+"""One enumeration of layouts: data x GEMS replicas x micro-batches (x tensor x spatial), pruned
+by cheap bounds before any placement is simulated (no torch).
+
+Alpa and FlexFlow search the parallel layout instead of asking the user for it; outcore's
+search does the same over its process mesh (:class:`~outcore.plan.layout.Layout`):
+
+1. **Enumerate** (:func:`candidate_layouts`): every ``dp`` dividing the devices, every GEMS mode
+   and replica count that fits the model-parallel devices (MP-Basic, MAST, MASTER with 4 and 8
+   replicas; Jain et al., SC 2020), every micro-batch count dividing one copy's batch, with
+   ``tp`` and ``sp`` taken from the request. A fixed request field (``dp``, ``parallel``,
+   ``replicas``, a number of micro-batches) fixes that dimension.
+2. **Bound** each layout without placing anything: its time cannot beat
+   ``max(total work / devices, critical path of one micro-batch)``, and a device must hold at
+   least ``(state x parameters x replicas + one micro-batch's saved activations) / stages``
+   (parameters only, when memory policies may drop activations).
+3. **Prune and evaluate** (:func:`search_layouts`): gradient accumulation before checkpointing —
+   a first pass allows no memory policy, a second (only when nothing fits) the request's. Layouts
+   whose memory floor exceeds the limit, or whose time bound cannot beat the best simulated plan,
+   are skipped; the others are planned by the placement search (emulator first, simulator for the
+   best few). Every candidate's outcome is kept in ``plan.extra["candidates"]`` (compact: one
+   record each) for ``outcore plan --explain``.
+
+The graph of a request with ``whole_batch`` holds the global batch of one iteration; each layout
+plans on it rescaled to its micro-batch (:func:`outcore.graph.batch.at_microbatch`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from outcore.cost.memory import state_factor
+from outcore.errors import InfeasibleError, UsageError
+from outcore.graph.algorithms import critical_path
+from outcore.graph.batch import at_microbatch, divisors
+from outcore.graph.ir import Graph
+from outcore.plan.plan import Plan
+from outcore.plan.request import PlanRequest
+from outcore.units import format_bytes
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LayoutChoice", "candidate_layouts", "search_layouts"]
+
+# most micro-batches per copy the search tries
+MAX_MICROBATCHES = 64
+# larger micro-batch counts tried after the first that fits, per (dp, mode) (pipelines fill)
+EXTRA_MICROBATCH_STEPS = 2
+# plans within this fraction of the fastest count as ties: the fewest micro-batches, then the
+# least data parallelism, wins (the simulator's per-micro-batch overheads are optimistic)
+TIE = 0.01
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutChoice:
+    """One candidate layout with its cheap bounds.
+
+    Attributes:
+        dp, parallel, replicas, tp, sp: the mesh (``replicas`` 1 for ``mp``).
+        microbatches: micro-batches per iteration and model copy.
+        samples: samples per micro-batch.
+        time_bound_s: no plan of this layout is faster (total work / devices, critical path).
+        params_floor_bytes: per device, parameter state alone (floor with memory policies).
+        memory_floor_bytes: per device, parameter state plus one micro-batch's activations.
+    """
+
+    dp: int
+    parallel: str
+    replicas: int
+    microbatches: int
+    samples: int
+    tp: int = 1
+    sp: int = 1
+    time_bound_s: float = 0.0
+    params_floor_bytes: float = 0.0
+    memory_floor_bytes: float = 0.0
+
+    @property
+    def label(self) -> str:
+        mode = self.parallel if self.parallel != "master" else f"master x{self.replicas}"
+        mesh = "".join(f" x {k} {v}" for k, v in (("tp", self.tp), ("sp", self.sp)) if v > 1)
+        return f"dp {self.dp} x {mode}{mesh}, {self.microbatches} x {self.samples} samples"
+
+    def request(self, req: PlanRequest, memory_policy: str) -> PlanRequest:
+        """``req`` fixed to this layout (the placement search's request)."""
+        return req.replace(dp=self.dp, parallel=self.parallel, microbatches=self.microbatches,
+                           replicas=self.replicas if self.parallel == "master" else None,
+                           tp=self.tp, sp=self.sp, memory_policy=memory_policy,
+                           search_layout=False)
+
+    def floor(self, memory_policy: str) -> float:
+        return self.params_floor_bytes if memory_policy != "none" else self.memory_floor_bytes
+
+
+def _modes(req: PlanRequest, stages: int) -> list[tuple[str, int]]:
+    """(GEMS mode, replicas) pairs for ``stages`` model-parallel devices."""
+    if not req.search_layout:
+        if req.parallel != "mp" and stages < 2:
+            return []
+        return [(req.parallel, r) for r in req.replica_options()]
+    out = [("mp", 1)]
+    if stages >= 2:
+        out.append(("mast", 2))
+    out += [("master", r) for r in (4, 8) if r <= stages]
+    return out
+
+
+def candidate_layouts(g: Graph, req: PlanRequest) -> list[LayoutChoice]:
+    """Every layout the request allows, with bounds, in enumeration order (dp, mode, M).
+
+    This is the one place layouts are enumerated: a new dimension (tensor, spatial degree)
+    adds its values here. ``g`` holds the global batch when ``req.whole_batch``, else one
+    micro-batch (then the request's own layout is the only candidate).
+    """
+    B = int(g.batch_size or 1)
+    work_s = float((g.fwd_s + g.bwd_s).sum())
+    path_s = critical_path(g, g.fwd_s + g.bwd_s)[0] if g.num_nodes else 0.0
+    factor = state_factor(req.optimizer)
+    params = float(g.param_bytes.sum()) * factor
+    saved = float(g.saved_bytes.sum())
+    if not req.whole_batch:
+        M = int(req.microbatches)
+        copies = req.dp * (req.replica_options()[0] if req.parallel != "mp" else 1)
+        return [_choice(req.dp, req.parallel, req.replica_options()[0], M, B, req,
+                        work_s * M * copies, path_s, params, saved, 1.0)]
+    tp_sp = req.tp * req.sp
+    out: list[LayoutChoice] = []
+    for dp in (divisors(req.devices) if req.search_layout else [req.dp]):
+        if req.devices % (dp * tp_sp):
+            continue
+        stages = req.devices // (dp * tp_sp)
+        for mode, R in _modes(req, stages):
+            copies = dp * R
+            if B % copies:
+                continue
+            per_copy = B // copies
+            counts = (divisors(per_copy, at_most=MAX_MICROBATCHES)
+                      if req.microbatches == "auto" else [int(req.microbatches)])
+            for M in counts:
+                if per_copy % M:
+                    continue
+                out.append(_choice(dp, mode, R, M, per_copy // M, req, work_s, path_s, params,
+                                   saved, (per_copy // M) / B))
+    return out
+
+
+def _choice(dp: int, mode: str, R: int, M: int, samples: int, req: PlanRequest,
+            work_s: float, path_s: float, params: float, saved: float,
+            scale: float) -> LayoutChoice:
+    stages = max(req.devices // (dp * req.tp * req.sp), 1)
+    R = R if mode != "mp" else 1
+    own = params * R / (stages * req.tp * req.sp)
+    return LayoutChoice(dp=dp, parallel=mode, replicas=R, microbatches=M, samples=samples,
+                        tp=req.tp, sp=req.sp,
+                        time_bound_s=max(work_s / req.devices, path_s * scale),
+                        params_floor_bytes=own,
+                        memory_floor_bytes=own + saved * scale / (stages * req.tp * req.sp))
+
+
+def search_layouts(g: Graph, req: PlanRequest) -> Plan:
+    """The fastest plan over every layout :func:`candidate_layouts` allows (see the module
+    docstring for the passes and the pruning); ``plan.extra["candidates"]`` records them all."""
+    choices = candidate_layouts(g, req)
+    if not choices:
+        raise UsageError(f"the batch of {g.batch_size} samples does not split over any layout "
+                         f"of {req.devices} devices: make the batch a multiple of the devices, "
+                         "or pass --microbatches and --dp")
+    records: list[dict[str, Any]] = []
+    best: list[Any] = []  # [key, plan, record] of the best plan so far
+    errors: list[InfeasibleError] = []
+    for policy in ["none"] + ([req.memory_policy] if req.memory_policy != "none" else []):
+        for group in _groups(choices):
+            _search_group(g, req, group, policy, records, best, errors)
+        if best:
+            break
+    if not best:
+        if errors:
+            raise errors[0]
+        raise InfeasibleError(f"no layout of {req.devices} devices fits "
+                              f"{format_bytes(req.memory_bytes or 0)} per device, even with "
+                              "more micro-batches: add devices or raise --memory")
+    _, plan, chosen = best
+    for rec in records:
+        if rec is chosen:
+            rec["outcome"] = "chosen"
+        elif rec["outcome"] == "fits":
+            rec["outcome"] = _why_lost(rec, plan)
+    fitting = sum(r["outcome"] == "chosen" or r["outcome"].startswith(("slower", "tie"))
+                  for r in records)
+    note = (f"layout search: {len(records)} layouts considered, {fitting} fit; chose "
+            f"{chosen['layout']} (memory policy {chosen['memory_policy']})")
+    return plan.replace(extra={**plan.extra, "candidates": records}).with_notes(note)
+
+
+def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy: str,
+                  records: list[dict[str, Any]], best: list[Any],
+                  errors: list[InfeasibleError]) -> None:
+    """Plan one mesh's micro-batch counts, fewest first; after the first that fits, at most
+    :data:`EXTRA_MICROBATCH_STEPS` more (none on one stage: nothing to fill)."""
+    from outcore.partition.search import _search, fits
+
+    extra_left: int | None = None
+    for c in group:
+        rec = _record(c, policy)
+        records.append(rec)
+        if req.memory_bytes and c.floor(policy) > req.memory_bytes:
+            rec["outcome"] = (f"pruned: memory floor {format_bytes(c.floor(policy))} per "
+                              "device over the limit")
+            continue
+        if best and c.time_bound_s > best[1].predicted["iteration_s"]:
+            rec["outcome"] = "pruned: its time bound exceeds the best plan's time"
+            continue
+        if extra_left is not None:
+            if extra_left <= 0:
+                rec["outcome"] = "not tried: fewer micro-batches fit already"
+                continue
+            extra_left -= 1
+        try:
+            p = _search(at_microbatch(g, c.samples), c.request(req, policy))
+        except InfeasibleError as e:
+            errors.append(e)
+            rec["outcome"] = f"no plan: {str(e).split(';')[0]}"
+            continue
+        _fill(rec, p)
+        if not fits(p):
+            rec["outcome"] = "does not fit"
+            continue
+        rec["outcome"] = "fits"
+        if extra_left is None:
+            one_stage = req.devices // (c.dp * c.tp * c.sp) == 1
+            extra_left = 0 if one_stage else EXTRA_MICROBATCH_STEPS
+        key = _key(p, c)
+        if not best or _better(key, best[0]):
+            best[:] = [key, p, rec]
+
+
+def _groups(choices: list[LayoutChoice]) -> list[list[LayoutChoice]]:
+    """Choices grouped by mesh (dp, mode, replicas), micro-batch counts ascending."""
+    groups: dict[tuple, list[LayoutChoice]] = {}
+    for c in choices:
+        groups.setdefault((c.dp, c.parallel, c.replicas, c.tp, c.sp), []).append(c)
+    return [sorted(v, key=lambda c: c.microbatches) for v in groups.values()]
+
+
+def _record(c: LayoutChoice, policy: str) -> dict[str, Any]:
+    return {"layout": c.label, "dp": c.dp, "parallel": c.parallel, "replicas": c.replicas,
+            "tp": c.tp, "sp": c.sp, "microbatches": c.microbatches, "samples": c.samples,
+            "memory_policy": policy, "time_bound_s": c.time_bound_s,
+            "memory_floor_bytes": c.floor(policy)}
+
+
+def _fill(rec: dict[str, Any], p: Plan) -> None:
+    rec.update(strategy=p.strategy, iteration_s=float(p.predicted["iteration_s"]),
+               peak_bytes=float(max(p.predicted["peak_bytes"])),
+               placements=p.extra.get("placements", []))
+
+
+def _key(p: Plan, c: LayoutChoice) -> tuple[float, int, int]:
+    return (float(p.predicted["iteration_s"]), c.microbatches, c.dp)
+
+
+def _better(a: tuple[float, int, int], b: tuple[float, int, int]) -> bool:
+    """``a`` beats ``b``: clearly faster, or a tie (within :data:`TIE`) with fewer
+    micro-batches, then less data parallelism."""
+    if a[0] < b[0] * (1 - TIE):
+        return True
+    if b[0] < a[0] * (1 - TIE):
+        return False
+    return a[1:] < b[1:]
+
+
+def _why_lost(rec: dict[str, Any], best: Plan) -> str:
+    t, bt = rec["iteration_s"], float(best.predicted["iteration_s"])
+    if t > bt * (1 + TIE):
+        return f"slower ({t / bt:.2f}x)"
+    return "tie: more micro-batches or data parallelism"
