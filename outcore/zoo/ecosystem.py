@@ -39,6 +39,20 @@ _OWN_OPTIONS = ("task", "seq", "dropout", "image_size", "output")
 _INPUT_SEED = 0
 
 
+def with_task(model: str, task: str) -> str:
+    """``model`` asked to train for ``task``: an ``hf:``/``timm:`` name gets the option
+    ``task=`` (the model is built for it: a regression head, a masked-LM head); other names
+    are returned as they are (their targets follow the run's task, see runtime.data)."""
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}: choose {', '.join(TASKS)}")
+    kind, _, rest = model.partition(":")
+    if kind not in ("hf", "timm") or not rest:
+        return model
+    name, _, opts = rest.partition(":")
+    kept = [o for o in opts.split(",") if o and not o.strip().startswith("task=")]
+    return f"{kind}:{name}:{','.join(kept + [f'task={task}'])}"
+
+
 def _generator() -> torch.Generator:
     return torch.Generator().manual_seed(_INPUT_SEED)
 
