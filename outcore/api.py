@@ -38,10 +38,11 @@ __all__ = ["PlanRequest", "capture", "check_fits", "estimate", "load_graph", "lo
 
 
 def capture(model: Any, example_inputs: Any, *, depth: int | None = None,
-            name: str | None = None) -> Graph:
-    """The layer graph of a PyTorch model (see :func:`outcore.graph.capture.capture`)."""
+            name: str | None = None, leaf_modules: tuple[str, ...] = ()) -> Graph:
+    """The layer graph of a PyTorch model (see :func:`outcore.graph.capture.capture`);
+    ``leaf_modules``: module paths or class names kept as single layers."""
     from outcore.graph.capture import capture as _capture
-    return _capture(model, example_inputs, depth=depth, name=name)
+    return _capture(model, example_inputs, depth=depth, name=name, leaf_modules=leaf_modules)
 
 
 def profile(g: Graph, model: Any, example_inputs: Any, *, device: str | None = None,
@@ -61,8 +62,8 @@ def estimate(g: Graph, device: str | DeviceSpec = "cpu") -> Graph:
 def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
                 batch_size: int | None = None, seed: int = 0, costs: str = "estimate:cpu",
                 split: int = 1, threads: int | None = None, device: str | None = None,
-                repeat: int = 3, warmup: int = 1, progress: Callable[[str, int, int], None] | None = None
-                ) -> Graph:
+                repeat: int = 3, warmup: int = 1, progress: Callable[[str, int, int], None] | None = None,
+                leaves: tuple[str, ...] = ()) -> Graph:
     """A model name's costed layer graph: resolve, build with ``seed``, capture, cost.
 
     Args:
@@ -72,6 +73,7 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
         split: capture at ``1 / split`` of the batch (one micro-batch of a global batch).
         threads: torch threads while profiling (None: leave as is).
         progress: ``progress(phase, done, total)``.
+        leaves: module paths or class names captured as single layers (``--leaf``).
     """
     from outcore.runtime.data import split as split_batch
     from outcore.zoo import build_model
@@ -80,7 +82,7 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
     micro = split_batch(spec.example_inputs, max(split, 1))[0]
     if progress:
         progress("capturing the graph", 0, 1)
-    g = capture(net, micro, name=model)
+    g = capture(net, micro, name=model, leaf_modules=leaves)
     if costs == "profile":
         tick = (lambda d, n: progress("profiling layers", d, n)) if progress else None
         return _with_threads(threads, lambda: profile(g, net, micro, device=device, warmup=warmup,

@@ -127,7 +127,7 @@ def prepare(job: Job, *, local: bool = True,
     g = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
                     seed=cfg.seed, costs=job.costs,
                     split=1 if whole else cfg.microbatches * job.copies,
-                    threads=cfg.threads, progress=progress)
+                    threads=cfg.threads, progress=progress, leaves=tuple(cfg.leaves))
     if job.plan_path:
         p = load_plan(job.plan_path)
         if p.graph.get("depth") is None:
@@ -152,7 +152,7 @@ def prepare(job: Job, *, local: bool = True,
     if whole:  # the plan chose the split: capture again at its micro-batch
         g = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
                         seed=cfg.seed, costs=job.costs, split=p.microbatches * p.layout.copies,
-                        threads=cfg.threads, progress=progress)
+                        threads=cfg.threads, progress=progress, leaves=tuple(cfg.leaves))
     return g, p
 
 
@@ -194,7 +194,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
           on_nonfinite: str = "stop", timeout_s: float = 60.0, threads: int | None = 1,
           schedule_file: str | None = None, sp: int = 1, sp_join: str | None = None,
-          sp_grid: str | None = None, search_layout: bool = False,
+          sp_grid: str | None = None, search_layout: bool = False, task: str | None = None,
+          leaves: tuple[str, ...] = (),
           progress: Callable[[str, int, int], None] | None = None,
           on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
     """Train ``model`` on ``devices`` devices (see the module docstring).
@@ -218,6 +219,9 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
         costs: ``profile`` (measure each layer here) or ``estimate[:DEVICE]`` (analytical).
         run_dir: where artifacts go (default: a new ``outcore-runs/<time>-<model>[-N]``).
         on_nonfinite: ``stop`` at the first NaN/inf loss or gradient, or ``skip`` its update.
+        task: what the targets are (``classification``, ``regression``, ``causal_lm``,
+            ``masked_lm``, ``seq2seq_lm``; default: inferred from the model and its output).
+        leaves: module paths or class names captured as single layers.
         progress: ``progress(phase, done, total)`` for the preparation phases.
         on_metrics: called with each step's metrics as rank 0 writes them.
         sp, sp_join, sp_grid: spatial parallelism (see ``outcore plan --help``).
@@ -233,7 +237,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
                    run_dir=run_dir, metrics_out=metrics_out, trace=trace,
                    checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                    resume=resume, on_nonfinite=on_nonfinite, timeout_s=timeout_s,
-                   threads=threads, schedule_file=schedule_file, search_layout=search_layout)
+                   threads=threads, schedule_file=schedule_file, search_layout=search_layout,
+                   task=task, leaves=tuple(leaves))
     job = replace(job, sp=sp, sp_join=sp_join, sp_grid=sp_grid)
     return run(job, progress=progress, on_metrics=on_metrics)
 
@@ -262,6 +267,9 @@ def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str 
         raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
                          f"{copies} model copies: make --batch-size a multiple of "
                          f"{M * copies}")
+    if cfg_fields.get("task"):
+        from outcore.zoo.ecosystem import with_task
+        model = with_task(model, cfg_fields["task"])
     root = _run_dir(run_dir, model)
     cfg = TrainConfig(model=model, input_shape=shape, batch_size=batch_size, microbatches=M,
                       metrics_out=metrics_out or str(root / "metrics.jsonl"),

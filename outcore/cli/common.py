@@ -87,3 +87,12 @@ def note(msg: str) -> None:
 
 def stdout_is_tty() -> bool:
     return sys.stdout.isatty()
+
+
+LEAF_HELP = ("keep this module as one layer of the graph (not traced inside): a module path "
+             "(layer1.0) or a module class name (BasicBlock: every module of that type); "
+             "repeatable. Use it for modules torch.fx cannot trace, or to plan on coarser layers")
+
+
+def add_leaf_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--leaf", action="append", default=[], metavar="MODULE", help=LEAF_HELP)

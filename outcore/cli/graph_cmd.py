@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from outcore.cli.common import (add_model_args, check_output_suffix, console, is_graph_file,
-                                nonneg_int, note, table)
+from outcore.cli.common import (add_leaf_arg, add_model_args, check_output_suffix, console,
+                                is_graph_file, nonneg_int, note, table)
 from outcore.units import format_bytes, format_seconds, parse_shape
 
 DESCRIPTION = """Capture a model's layer graph with torch.fx and write it as outcore-graph/1
@@ -28,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str = "graph") -> None:
                        help="measure each layer's forward and backward time on this machine")
     costs.add_argument("--estimate", metavar="DEVICE",
                        help="predict layer times analytically for a device preset")
+    add_leaf_arg(p)
     p.add_argument("--device", help="device to profile on (cpu, cuda, cuda:1; default: best)")
     p.add_argument("--repeat", type=nonneg_int, default=5, help="timed runs per layer (median)")
     p.add_argument("--plan", metavar="PLAN.json", help="colour the picture by this plan's devices")
@@ -70,6 +71,7 @@ def _captured(args: argparse.Namespace):
         g = outcore.model_graph(args.model, input_shape=shape, batch_size=args.batch_size,
                                 costs="profile" if args.profile else "none",
                                 device=args.device, repeat=max(args.repeat, 1), warmup=2,
+                                leaves=tuple(args.leaf),
                                 progress=lambda phase, d, n: bar.update(
                                     task, description=phase, completed=d, total=max(n, 1)))
     if args.profile:

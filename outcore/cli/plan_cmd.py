@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from outcore.cli.common import (MODEL_HELP, check_output_suffix, console, is_graph_file,
-                                nonneg_int, note, positive_int, slot_label, table,
+from outcore.cli.common import (MODEL_HELP, add_leaf_arg, check_output_suffix, console,
+                                is_graph_file, nonneg_int, note, positive_int, slot_label, table,
                                 tp_arg)
 from outcore.units import format_bytes, format_seconds, parse_shape
 
@@ -82,6 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input-shape", metavar="SHAPE", help="for a MODEL: example input shape")
     p.add_argument("--batch-size", type=int, help="for a MODEL: batch size")
     p.add_argument("--depth", type=nonneg_int, help="plan on blocks of this module depth")
+    add_leaf_arg(p)
     p.add_argument("--profile", action="store_true",
                    help="for a MODEL: profile layer times here (default: estimate them)")
     p.add_argument("--estimate", metavar="DEVICE", default=None,
@@ -106,7 +107,7 @@ def load_or_capture(source: str, args: argparse.Namespace):
     costs = "profile" if getattr(args, "profile", False) else \
         f"estimate:{args.estimate or 'cpu'}"
     return outcore.model_graph(source, input_shape=shape, batch_size=args.batch_size,
-                               costs=costs), True
+                               costs=costs, leaves=tuple(getattr(args, "leaf", ()))), True
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from outcore.cli.common import MODEL_HELP, console, note, positive_int, table, tp_arg
+from outcore.cli.common import (MODEL_HELP, add_leaf_arg, console, note, positive_int, table,
+                                tp_arg)
 from outcore.units import format_bytes, format_seconds
 
 # The embedded default job: a model whose training step does not fit one device of DEFAULT_MEMORY,
 # trained across DEFAULT_DEVICES local workers.
+TASKS = ("classification", "regression", "causal-lm", "masked-lm", "seq2seq-lm")
 DEFAULT_MODEL = "outcore:transformer:layers=8,d_model=256,heads=4,seq=32,vocab=512"
 DEFAULT_DEVICES = 4
 DEFAULT_MEMORY = "48MiB"
@@ -81,6 +83,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default="synthetic",
                    help="synthetic (seeded random batches), imagefolder:PATH or text:FILE "
                         "(byte-level tokens)")
+    p.add_argument("--task", choices=list(TASKS),
+                   help="what the model learns, i.e. the targets: classification (one class "
+                   "per example), regression (real targets, MSE), causal-lm (each token "
+                   "predicts the next), masked-lm (15%% of tokens masked, predicted), "
+                   "seq2seq-lm (encoder-decoder). Default: inferred from the model and its "
+                   "output. hf:/timm: models are built for it (a regression head, a masked-LM "
+                   "head)")
+    add_leaf_arg(p)
     p.add_argument("--costs", default="profile",
                    help="profile (time each layer here) or estimate[:DEVICE]")
     p.add_argument("--run-dir", help="where artifacts go (default outcore-runs/<time>-<model>)")
@@ -160,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
             run_dir=args.run_dir, metrics_out=args.metrics_out,
             checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
             resume=args.resume, on_nonfinite=args.on_nonfinite, timeout_s=args.timeout,
-            schedule_file=args.schedule_file, progress=on_progress, on_metrics=on_metrics)
+            schedule_file=args.schedule_file, progress=on_progress, on_metrics=on_metrics,
+            **_task_leaves(args))
     print_report(report)
     if args.explain:
         from outcore.cli.plan_cmd import print_explain
@@ -188,7 +199,7 @@ def _run_quiet(args: argparse.Namespace) -> int:
         data=args.data, costs=args.costs, run_dir=args.run_dir, metrics_out=args.metrics_out,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
         resume=args.resume, on_nonfinite=args.on_nonfinite, timeout_s=args.timeout,
-        schedule_file=args.schedule_file)
+        schedule_file=args.schedule_file, **_task_leaves(args))
     return 0
 
 
@@ -196,6 +207,12 @@ def _layout_open(args: argparse.Namespace) -> bool:
     """No layout option given: the plan chooses dp and the GEMS mode."""
     return args.parallel is None and args.replicas is None and args.dp is None \
         and args.plan is None and args.tp == 1 and args.sp == 1
+
+
+def _task_leaves(args: argparse.Namespace) -> dict:
+    """``--task`` (runtime spelling: causal_lm) and ``--leaf`` as train() arguments."""
+    task = args.task.replace("-", "_") if args.task else None
+    return {"task": task, "leaves": tuple(args.leaf)}
 
 
 def _steps_for_epochs(args: argparse.Namespace, batch: int) -> int:

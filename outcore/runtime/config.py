@@ -66,6 +66,8 @@ class TrainConfig:
     fail_at_step: int = -1
     fail_rank: int = -1
     fail_mode: str = "raise"
+    task: str | None = None  # what the targets are (runtime.data); None: from the model
+    leaves: tuple[str, ...] = ()  # module paths or class names captured as single layers
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

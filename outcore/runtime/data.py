@@ -66,7 +66,10 @@ class SyntheticData:
 
     def _target(self, m: LeafMeta, gen: torch.Generator) -> torch.Tensor:
         shape = (self.batch_size, *m.shape[1:])
-        if m.dtype.is_floating_point and len(shape) >= 2 and m.requires_grad:
+        if self.task == "regression":
+            return torch.randn(shape, generator=gen)
+        if self.task == "classification" or m.dtype.is_floating_point and len(shape) >= 2 \
+                and m.requires_grad:
             return torch.randint(0, shape[-1], shape[:-1], generator=gen)
         return torch.randn(shape, generator=gen)
 

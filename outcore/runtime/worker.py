@@ -68,13 +68,13 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
     output_meta = trainer.executor.metas[output_name]
     if cfg.data == "synthetic":
         data = SyntheticData(spec.example_inputs, spec.int_high, output_meta, cfg.batch_size,
-                             cfg.seed, spec.task, spec.task_options)
+                             cfg.seed, cfg.task or spec.task, spec.task_options)
     elif cfg.data.startswith("imagefolder:"):
         data = ImageFolderData(cfg.data.split(":", 1)[1], spec.example_inputs[0],
                                cfg.batch_size, cfg.seed)
     elif cfg.data.startswith("text:"):
         data = TextData(cfg.data.split(":", 1)[1], spec.example_inputs[0], cfg.batch_size,
-                        cfg.seed, spec.task, spec.task_options,
+                        cfg.seed, cfg.task or spec.task, spec.task_options,
                         vocab=spec.int_high[0] if spec.int_high else None)
     elif cfg.data.startswith("tiles:"):  # huge images: each tile rank reads only its tile
         from outcore.spatial.data import TileFolderData

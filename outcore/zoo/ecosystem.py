@@ -35,8 +35,31 @@ _HF_TYPE_TINY: dict[str, dict[str, Any]] = {
     "llama": {"num_key_value_heads": 2}, "mistral": {"num_key_value_heads": 2},
     "qwen2": {"num_key_value_heads": 2}, "gpt2": {"n_inner": 128},
 }
-_OWN_OPTIONS = ("task", "seq", "dropout", "image_size", "output")
+_OWN_OPTIONS = ("task", "seq", "dropout", "image_size", "output", "dtype")
 _INPUT_SEED = 0
+
+
+def _dtype(name: Any) -> torch.dtype:
+    """``dtype=float64`` of a ``timm:`` name: weights and inputs in that precision (float64
+    makes rounding negligible, e.g. to compare placements of an ill-conditioned model)."""
+    choices = {"float32": torch.float32, "float64": torch.float64}
+    if str(name) not in choices:
+        raise UsageError(f"dtype={name} is not supported: choose {', '.join(choices)}")
+    return choices[str(name)]
+
+
+def with_task(model: str, task: str) -> str:
+    """``model`` asked to train for ``task``: an ``hf:``/``timm:`` name gets the option
+    ``task=`` (the model is built for it: a regression head, a masked-LM head); other names
+    are returned as they are (their targets follow the run's task, see runtime.data)."""
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}: choose {', '.join(TASKS)}")
+    kind, _, rest = model.partition(":")
+    if kind not in ("hf", "timm") or not rest:
+        return model
+    name, _, opts = rest.partition(":")
+    kept = [o for o in opts.split(",") if o and not o.strip().startswith("task=")]
+    return f"{kind}:{name}:{','.join(kept + [f'task={task}'])}"
 
 
 def _generator() -> torch.Generator:
@@ -152,13 +175,14 @@ def timm_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]]
     if task not in ("classification", "regression"):
         raise UsageError(f"timm:{name} is an image model: task is classification or regression")
     size = opts.pop("image_size", None)
+    dtype = _dtype(opts.pop("dtype", "float32"))
     opts.setdefault("num_classes", 1 if task == "regression" else 10)
     kwargs = {k: v for k, v in opts.items() if k not in _OWN_OPTIONS}
     if size is not None and "img_size" not in kwargs:
         kwargs["img_size"] = int(size)
 
     def create(kw: dict[str, Any]) -> nn.Module:
-        return timm.create_model(name, pretrained=False, **kw)
+        return timm.create_model(name, pretrained=False, **kw).to(dtype)
 
     try:
         create(kwargs)
@@ -179,6 +203,6 @@ def timm_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]]
     chw = tuple(input_shape[1:]) if input_shape else \
         ((default[0], int(size), int(size)) if size is not None else default)
     batch = batch_size or (input_shape[0] if input_shape else 2)
-    x = torch.randn((batch, *chw), generator=_generator())
+    x = torch.randn((batch, *chw), generator=_generator()).to(dtype)
     return {"build": build, "example_inputs": (x,), "int_high": (None,), "task": task,
             "task_options": {}}

@@ -22,7 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves, tree_map_only
 from torch.utils.flop_counter import FlopCounterMode
 
-from outcore.errors import CaptureError, ModelError
+from outcore.errors import CaptureError, ModelError, UsageError
 from outcore.graph.coarsen import collapse
 from outcore.graph.ir import Graph, build
 
@@ -387,8 +387,10 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
         example_inputs: a tensor or tuple of tensors; its first dimension is the batch.
         name: graph name (default: the model's class name).
         depth: collapse blocks deeper than this module depth (None: keep every layer).
-        leaves, leaf_modules: module paths to keep as single layers (torch.fx leaf modules;
-            giving any makes ``auto`` use torch.fx).
+        leaves: module paths to keep as single layers (torch.fx leaf modules; giving any
+            makes ``auto`` use torch.fx).
+        leaf_modules: module paths or module class names (``DenseLayer``: every module of
+            that type) to keep as single layers; see :func:`leaf_paths`.
         fake: record shapes under FakeTensorMode (no memory, no compute); False runs for real.
         path: ``auto``, ``fx`` or ``export`` (see :func:`trace_model`).
         output: key of a dict / ``ModelOutput`` result to train on (default loss, else logits).
@@ -398,7 +400,8 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
     ``meta['capture']`` records how the model was traced; the runtime traces it the same way.
     """
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    traced, how = trace_model(model, inputs, leaves=tuple(leaves) + tuple(leaf_modules),
+    traced, how = trace_model(model, inputs,
+                              leaves=tuple(leaves) + leaf_paths(model, leaf_modules),
                               path=path, output=output)
     rec = record(traced.gm, inputs, fake=fake)
     g = graph_from_fx(traced.gm, rec, name or type(model).__name__,
@@ -407,6 +410,29 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
     if traced.forced_leaves:
         meta["forced_leaves"] = list(traced.forced_leaves)
     return collapse(g.replace(meta=meta), depth)
+
+
+def leaf_paths(model: nn.Module, names: Iterable[str]) -> tuple[str, ...]:
+    """Module paths of ``names``: each is a module path of ``model`` (``layer1.0``) or a module
+    class name (``BasicBlock``: every module of that type). Raises :class:`UsageError` naming
+    the close class names when one matches nothing."""
+    paths: list[str] = []
+    modules = dict(model.named_modules())
+    types: dict[str, list[str]] = {}
+    for q, m in modules.items():
+        types.setdefault(type(m).__name__, []).append(q)
+    for name in names:
+        if name in modules and name:
+            paths.append(name)
+        elif name in types:
+            paths += [q for q in types[name] if q]
+        else:
+            import difflib
+            close = difflib.get_close_matches(name, list(types) + list(modules), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UsageError(f"leaf module {name!r} is neither a module path nor a module "
+                             f"class of {type(model).__name__}{hint}")
+    return tuple(dict.fromkeys(paths))
 
 
 def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool = True) -> _Recorder:
