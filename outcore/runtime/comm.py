@@ -9,6 +9,11 @@ every wait has a timeout.
 Messages between a pair of ranks are received in the order the sender sends them (the receiver
 posts receives ahead, in the sender's order), which NCCL requires and gloo tolerates; gloo also
 gets a distinct tag per message.
+
+A message of several small tensors travels as one flat byte buffer (``PACK_MAX_BYTES``): each
+point-to-point operation costs a fixed host time (gloo: a lock, a socket write, a thread
+wake-up at the receiver; measured in BENCHMARKS.md, issue 17) that dwarfs copying a few KiB.
+Everything a message needs (metas, tags, pack layout) is computed once per schedule.
 """
 
 from __future__ import annotations
@@ -27,6 +32,54 @@ from outcore.schedule.ir import Schedule
 log = logging.getLogger(__name__)
 
 MsgKey = tuple[int, str, int]  # (transfer, "F" | "B", micro-batch)
+
+# a message of several tensors whose total is at most this travels as one packed buffer
+PACK_MAX_BYTES = 1 << 18
+_ALIGN_BYTES = 16  # packed tensors start at multiples of this (any dtype can view its slice)
+
+
+class _Layout:
+    """How one message travels: its tensor metas, and whether and where they sit packed."""
+
+    __slots__ = ("has_bool", "metas", "offsets", "packed", "total_bytes", "wire_dtypes")
+
+    def __init__(self, metas: list[LeafMeta]):
+        self.metas = metas
+        self.wire_dtypes = [torch.uint8 if m.dtype == torch.bool else m.dtype for m in metas]
+        self.has_bool = any(m.dtype == torch.bool for m in metas)
+        offsets, total = [], 0
+        for m, dt in zip(metas, self.wire_dtypes):
+            total = -(-total // _ALIGN_BYTES) * _ALIGN_BYTES
+            offsets.append(total)
+            n = 1
+            for d in m.shape:
+                n *= d
+            total += n * dt.itemsize
+        self.offsets, self.total_bytes = offsets, total
+        self.packed = len(metas) > 1 and total <= PACK_MAX_BYTES
+
+    def pack(self, tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        buf = torch.empty(self.total_bytes, dtype=torch.uint8, device=device)
+        for t, off, dt in zip(tensors, self.offsets, self.wire_dtypes):
+            n = t.numel() * dt.itemsize
+            if n:
+                buf[off:off + n].view(dt).view(t.shape).copy_(t.detach())
+        return buf
+
+    def unpack(self, buf: torch.Tensor) -> list[torch.Tensor]:
+        out = []
+        for m, off, dt in zip(self.metas, self.offsets, self.wire_dtypes):
+            n = 1
+            for d in m.shape:
+                n *= d
+            out.append(buf[off:off + n * dt.itemsize].view(dt).view(m.shape).detach())
+        return out
+
+    def empty(self, device: torch.device) -> list[torch.Tensor]:
+        if self.packed:
+            return [torch.empty(self.total_bytes, dtype=torch.uint8, device=device)]
+        return [torch.empty(m.shape, dtype=dt, device=device)
+                for m, dt in zip(self.metas, self.wire_dtypes)]
 
 
 class Messenger:
@@ -51,7 +104,7 @@ class Messenger:
         self.timeout = timedelta(seconds=timeout_s)
         self.use_tags = use_tags
         self.step_of = step_of
-        self.pending_sends: list[tuple[Any, MsgKey, int]] = []
+        self.pending_sends: list[tuple[Any, torch.Tensor, MsgKey, int]] = []
         self.posted: dict[MsgKey, tuple[list[Any], list[torch.Tensor]]] = {}
         # per sending peer: the keys it sends to us, in its order, and how many we have posted
         self.order: dict[int, list[MsgKey]] = {}
@@ -65,8 +118,9 @@ class Messenger:
         self.next_post = {peer: 0 for peer in self.order}
         self.index = {key: (peer, i) for peer, keys in self.order.items()
                       for i, key in enumerate(keys)}
-        max_leaves = max((len(leaf_metas(t.id, d)) for t in schedule.pieces.transfers
-                          for d in ("F", "B")), default=1)
+        self.layouts = {(t.id, d): _Layout(list(leaf_metas(t.id, d)))
+                        for t in schedule.pieces.transfers for d in ("F", "B")}
+        max_leaves = max((len(lay.metas) for lay in self.layouts.values()), default=1)
         self.leaf_slots = max(max_leaves, 1)
 
     def start_step(self) -> None:
@@ -84,28 +138,27 @@ class Messenger:
 
     def send(self, key: MsgKey, dst: int, tensors: list[torch.Tensor]) -> None:
         """Start sending ``tensors`` as message ``key`` to ``dst`` (returns at once)."""
-        for k, t in enumerate(tensors):
-            t = t.detach()
-            if t.dtype == torch.bool:
-                t = t.to(torch.uint8)
-            t = t.contiguous()
-            work = dist.isend(t, dst, tag=self._tag(key, k))
-            self.pending_sends.append((work, key, dst))
-            # keep the tensor alive until the send completes
-            self.pending_sends.append((t, key, dst))
+        lay = self.layouts[(key[0], key[1])]
+        if lay.packed:
+            wire = [lay.pack(tensors, self.device)]
+        else:
+            wire = []
+            for t in tensors:
+                t = t.detach()
+                if t.dtype == torch.bool:
+                    t = t.to(torch.uint8)
+                wire.append(t if t.is_contiguous() else t.contiguous())
+        for k, t in enumerate(wire):
+            # the tensor stays referenced until the send completes
+            self.pending_sends.append((dist.isend(t, dst, tag=self._tag(key, k)), t, key, dst))
 
     def _post(self, key: MsgKey) -> None:
         peer, i = self.index[key]
         keys = self.order[peer]
         while self.next_post[peer] <= i:
             k = keys[self.next_post[peer]]
-            metas = self.leaf_metas(k[0], k[1])
-            bufs, works = [], []
-            for j, meta in enumerate(metas):
-                dtype = torch.uint8 if meta.dtype == torch.bool else meta.dtype
-                buf = torch.empty(meta.shape, dtype=dtype, device=self.device)
-                works.append(dist.irecv(buf, peer, tag=self._tag(k, j)))
-                bufs.append(buf)
+            bufs = self.layouts[(k[0], k[1])].empty(self.device)
+            works = [dist.irecv(buf, peer, tag=self._tag(k, j)) for j, buf in enumerate(bufs)]
             self.posted[k] = (works, bufs)
             self.next_post[peer] += 1
 
@@ -124,8 +177,12 @@ class Messenger:
         for w in works:
             self._wait(w, f"receiving {'activations' if key[1] == 'F' else 'gradients'} of "
                           f"transfer {key[0]} micro-batch {key[2]} from rank {src}")
-        metas = self.leaf_metas(key[0], key[1])
-        return [b.to(torch.bool) if m.dtype == torch.bool else b for b, m in zip(bufs, metas)]
+        lay = self.layouts[(key[0], key[1])]
+        if lay.packed:
+            bufs = lay.unpack(bufs[0])
+        if not lay.has_bool:
+            return bufs
+        return [b.to(torch.bool) if m.dtype == torch.bool else b for b, m in zip(bufs, lay.metas)]
 
     def _wait(self, work: Any, what: str) -> None:
         try:
@@ -139,8 +196,6 @@ class Messenger:
 
     def flush(self) -> None:
         """Wait for every send started so far."""
-        for item, key, dst in self.pending_sends:
-            if isinstance(item, torch.Tensor):
-                continue
-            self._wait(item, f"sending message {key} to rank {dst}")
+        for work, _, key, dst in self.pending_sends:
+            self._wait(work, f"sending message {key} to rank {dst}")
         self.pending_sends.clear()
