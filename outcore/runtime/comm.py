@@ -10,10 +10,11 @@ Messages between a pair of ranks are received in the order the sender sends them
 posts receives ahead, in the sender's order), which NCCL requires and gloo tolerates; gloo also
 gets a distinct tag per message.
 
-A message of several small tensors travels as one flat byte buffer (``PACK_MAX_BYTES``): each
-point-to-point operation costs a fixed host time (gloo: a lock, a socket write, a thread
-wake-up at the receiver; measured in BENCHMARKS.md, issue 17) that dwarfs copying a few KiB.
-Everything a message needs (metas, tags, pack layout) is computed once per schedule.
+A message of several small tensors, and a run of consecutive sends of one rank to one peer,
+travel as one flat byte buffer (``PACK_MAX_BYTES``): each point-to-point operation costs a
+fixed host time (gloo: a lock, a socket write, a thread wake-up at the receiver; measured in
+BENCHMARKS.md, issue 17) that dwarfs copying a few KiB. Everything a message needs (metas,
+tags, pack layout, grouping) is computed once per schedule.
 """
 
 from __future__ import annotations
@@ -82,6 +83,35 @@ class _Layout:
                 for m, dt in zip(self.metas, self.wire_dtypes)]
 
 
+def _wire_messages(schedule: Schedule, sender: int, layouts: dict[tuple[int, str], _Layout]
+                   ) -> dict[int, list[tuple[MsgKey, ...]]]:
+    """Per destination, the messages ``sender`` puts on the wire, in its order.
+
+    A run of consecutive send actions of ``sender`` to one peer (no other action between them,
+    so nothing waits for the earlier ones) travels as one packed message when it fits in
+    ``PACK_MAX_BYTES``; otherwise each send is its own message. Sender and receiver derive the
+    same grouping from the schedule, so nothing but tensor data crosses the wire.
+    """
+    out: dict[int, list[tuple[MsgKey, ...]]] = {}
+    runs: list[tuple[int, list[MsgKey]]] = []
+    for a in schedule.actions[sender]:
+        if a.op not in ("SF", "SB"):
+            runs.append((-1, []))
+            continue
+        dst, key = schedule.peer(sender, a), (a.transfer, a.op[1], a.mb)
+        if runs and runs[-1][0] == dst:
+            runs[-1][1].append(key)
+        else:
+            runs.append((dst, [key]))
+    for dst, keys in runs:
+        if not keys:
+            continue
+        metas = [m for k in keys for m in layouts[(k[0], k[1])].metas]
+        together = len(keys) > 1 and _Layout(metas).packed
+        out.setdefault(dst, []).extend([tuple(keys)] if together else [(k,) for k in keys])
+    return out
+
+
 class Messenger:
     """Sends and receives one rank's messages for one schedule.
 
@@ -105,29 +135,45 @@ class Messenger:
         self.use_tags = use_tags
         self.step_of = step_of
         self.pending_sends: list[tuple[Any, torch.Tensor, MsgKey, int]] = []
-        self.posted: dict[MsgKey, tuple[list[Any], list[torch.Tensor]]] = {}
-        # per sending peer: the keys it sends to us, in its order, and how many we have posted
-        self.order: dict[int, list[MsgKey]] = {}
-        for peer, acts in enumerate(schedule.actions):
-            if peer == rank:
-                continue
-            keys = [(a.transfer, a.op[1], a.mb) for a in acts
-                    if a.op in ("SF", "SB") and schedule.peer(peer, a) == rank]
-            if keys:
-                self.order[peer] = keys
-        self.next_post = {peer: 0 for peer in self.order}
-        self.index = {key: (peer, i) for peer, keys in self.order.items()
-                      for i, key in enumerate(keys)}
         self.layouts = {(t.id, d): _Layout(list(leaf_metas(t.id, d)))
                         for t in schedule.pieces.transfers for d in ("F", "B")}
         max_leaves = max((len(lay.metas) for lay in self.layouts.values()), default=1)
         self.leaf_slots = max(max_leaves, 1)
+        self.wire_layout: dict[tuple[MsgKey, ...], _Layout] = {}
+        # sends: the wire message each of this rank's sends belongs to
+        self.wire_of_send: dict[MsgKey, tuple[MsgKey, ...]] = {}
+        for wires in _wire_messages(schedule, rank, self.layouts).values():
+            for w in wires:
+                self._add_wire(w)
+                self.wire_of_send.update((k, w) for k in w)
+        self.stash: list[torch.Tensor] = []  # tensors of a wire message still being gathered
+        # receives: per sending peer, the wire messages it sends us, in its order
+        self.order: dict[int, list[tuple[MsgKey, ...]]] = {}
+        for peer in range(len(schedule.actions)):
+            if peer != rank:
+                wires = _wire_messages(schedule, peer, self.layouts).get(rank)
+                if wires:
+                    self.order[peer] = wires
+                    for w in wires:
+                        self._add_wire(w)
+        self.next_post = {peer: 0 for peer in self.order}
+        self.index = {key: (peer, i) for peer, wires in self.order.items()
+                      for i, w in enumerate(wires) for key in w}
+        self.posted: dict[tuple[MsgKey, ...], tuple[list[Any], list[torch.Tensor]]] = {}
+        self.ready: dict[MsgKey, list[torch.Tensor]] = {}  # arrived with an earlier key
+
+    def _add_wire(self, w: tuple[MsgKey, ...]) -> None:
+        if len(w) == 1:
+            self.wire_layout[w] = self.layouts[(w[0][0], w[0][1])]
+        else:
+            self.wire_layout[w] = _Layout([m for k in w for m in self.layouts[(k[0], k[1])].metas])
 
     def start_step(self) -> None:
         """Reset the per-step receive bookkeeping (every step repeats the same messages)."""
-        if self.posted:
-            raise RuntimeFailure(f"rank {self.rank}: {len(self.posted)} messages of the last "
-                                 "step were never consumed; the schedule is inconsistent")
+        if self.posted or self.ready or self.stash:
+            raise RuntimeFailure(f"rank {self.rank}: {len(self.posted) + len(self.ready)} "
+                                 "messages of the last step were never consumed (or a packed "
+                                 "message never completed); the schedule is inconsistent")
         self.next_post = {peer: 0 for peer in self.order}
 
     def _tag(self, key: MsgKey, leaf: int) -> int:
@@ -137,8 +183,15 @@ class Messenger:
         return ((t * 2 + (d == "B")) * self.s.microbatches + m) * self.leaf_slots + leaf
 
     def send(self, key: MsgKey, dst: int, tensors: list[torch.Tensor]) -> None:
-        """Start sending ``tensors`` as message ``key`` to ``dst`` (returns at once)."""
-        lay = self.layouts[(key[0], key[1])]
+        """Start sending ``tensors`` as message ``key`` to ``dst`` (returns at once; a message
+        that travels packed with the next sends goes when the last of them is given)."""
+        w = self.wire_of_send.get(key, (key,))
+        if len(w) > 1:
+            self.stash.extend(tensors)
+            if key != w[-1]:
+                return
+            tensors, self.stash = self.stash, []
+        lay = self.wire_layout.get(w) or self.layouts[(key[0], key[1])]
         if lay.packed:
             wire = [lay.pack(tensors, self.device)]
         else:
@@ -150,39 +203,52 @@ class Messenger:
                 wire.append(t if t.is_contiguous() else t.contiguous())
         for k, t in enumerate(wire):
             # the tensor stays referenced until the send completes
-            self.pending_sends.append((dist.isend(t, dst, tag=self._tag(key, k)), t, key, dst))
+            self.pending_sends.append((dist.isend(t, dst, tag=self._tag(w[0], k)), t, key, dst))
 
     def _post(self, key: MsgKey) -> None:
         peer, i = self.index[key]
-        keys = self.order[peer]
+        wires = self.order[peer]
         while self.next_post[peer] <= i:
-            k = keys[self.next_post[peer]]
-            bufs = self.layouts[(k[0], k[1])].empty(self.device)
-            works = [dist.irecv(buf, peer, tag=self._tag(k, j)) for j, buf in enumerate(bufs)]
-            self.posted[k] = (works, bufs)
+            w = wires[self.next_post[peer]]
+            bufs = self.wire_layout[w].empty(self.device)
+            works = [dist.irecv(buf, peer, tag=self._tag(w[0], j)) for j, buf in enumerate(bufs)]
+            self.posted[w] = (works, bufs)
             self.next_post[peer] += 1
 
     def prepost(self, key: MsgKey) -> None:
         """Post the receive of ``key`` (and earlier messages from the same peer) now."""
-        if key in self.index and key not in self.posted:
+        where = self.index.get(key)
+        if where is not None and self.next_post[where[0]] <= where[1]:
             self._post(key)
 
     def recv(self, key: MsgKey, src: int) -> list[torch.Tensor]:
         """Wait for message ``key`` from ``src`` and return its tensors."""
+        if key in self.ready:
+            return self.ready.pop(key)
         if key not in self.index:
             raise RuntimeFailure(f"rank {self.rank}: no rank sends message {key} here")
-        if key not in self.posted:
+        peer, i = self.index[key]
+        w = self.order[peer][i]
+        if w not in self.posted:
             self._post(key)
-        works, bufs = self.posted.pop(key)
-        for w in works:
-            self._wait(w, f"receiving {'activations' if key[1] == 'F' else 'gradients'} of "
-                          f"transfer {key[0]} micro-batch {key[2]} from rank {src}")
-        lay = self.layouts[(key[0], key[1])]
+        works, bufs = self.posted.pop(w)
+        for work in works:
+            self._wait(work, f"receiving {'activations' if key[1] == 'F' else 'gradients'} of "
+                             f"transfer {key[0]} micro-batch {key[2]} from rank {src}")
+        lay = self.wire_layout[w]
         if lay.packed:
             bufs = lay.unpack(bufs[0])
-        if not lay.has_bool:
+        if lay.has_bool:
+            bufs = [b.to(torch.bool) if m.dtype == torch.bool else b
+                    for b, m in zip(bufs, lay.metas)]
+        if len(w) == 1:
             return bufs
-        return [b.to(torch.bool) if m.dtype == torch.bool else b for b, m in zip(bufs, lay.metas)]
+        offset = 0
+        for k in w:
+            n = len(self.layouts[(k[0], k[1])].metas)
+            self.ready[k] = bufs[offset:offset + n]
+            offset += n
+        return self.ready.pop(key)
 
     def _wait(self, work: Any, what: str) -> None:
         try:
