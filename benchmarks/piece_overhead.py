@@ -4,7 +4,10 @@ A chain of tiny Linear+Tanh layers placed round-robin over 2 workers (every laye
 every edge a message), one micro-batch, against the same model on 1 worker. Each worker runs
 ``--steps`` steps with tracing on and the script reports, per action kind, the median time per
 action (forward, backward, send, receive, optimizer) and the median step, plus the per-piece
-and per-message costs the simulator charges, so the two can be compared.
+and per-message costs the simulator charges, so the two can be compared. In the same run it
+measures the gloo one-way latency (ping-pong, as ``benchmarks/link_probe.py``) and the
+runtime's per-piece cost (``outcore.runtime.overhead``, where that module exists) and simulates
+the plan again with those measured figures ("calibrated" prediction, issue 17).
 
     .venv/bin/python benchmarks/piece_overhead.py --layers 64 --steps 60
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -58,11 +62,36 @@ def measure(layers: int, devices: int, steps: int) -> dict:
     results = run_local(worker, p.devices, (cfg, graph_doc(g), plan_doc(p), steps),
                         timeout_s=300, threads=1)
     sim = outcore.simulate(p, g)
-    return {"devices": p.devices, "pieces": sim.to_dict()["pieces"],
+    calibrated = _calibrated(p, g) if devices > 1 else sim.iteration_s
+    return {"devices": p.devices, "calibrated_step_s": calibrated, "pieces": sim.to_dict()["pieces"],
             "transfers": sim.to_dict()["transfers"],
             "median_step_s": statistics.median(results[0]["step_s"]),
             "predicted_step_s": sim.iteration_s,
             "kinds": {r["rank"]: r["kinds"] for r in results}}
+
+
+def _calibrated(p, g) -> float:
+    """The plan simulated with this run's measured link latency and per-piece cost."""
+    import os
+    import sys
+
+    import outcore
+    from outcore.hardware.cluster import make_cluster
+    sys.path.insert(0, os.path.dirname(__file__))
+    from link_probe import measure as link_measure
+    lat = link_measure(sizes=(4, 1 << 20), repeat=10)[0]
+    try:
+        from outcore.runtime.overhead import piece_overhead_s
+        over = piece_overhead_s()
+    except ImportError:  # the tree before issue 17
+        over = None
+    cl = p.cluster_or_default()
+    kwargs = {"overhead_s": over} if over else {}
+    cluster = make_cluster(p.devices, None, cl.intra.bandwidth, lat, device="cpu",
+                           host_cores=cl.host_cores, **kwargs)
+    print(f"measured now: gloo one-way {lat * 1e6:.0f} us, per-piece forward/backward "
+          f"{'/'.join(f'{x * 1e6:.0f}' for x in over) if over else 'n/a'} us")
+    return outcore.simulate(p, g, cluster=cluster).iteration_s
 
 
 def main() -> int:
@@ -70,23 +99,27 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=64)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--out", default=None, help="results JSON (default: results/)")
     args = ap.parse_args()
     rows = [measure(args.layers, d, args.steps) for d in (1, 2)]
     one, two = rows
     print(f"chain of {args.layers} layers, 1 micro-batch, median step: 1 worker "
           f"{one['median_step_s'] * 1e3:.2f} ms, 2 workers {two['median_step_s'] * 1e3:.2f} ms "
           f"({two['median_step_s'] / one['median_step_s']:.1f}x); predicted "
-          f"{one['predicted_step_s'] * 1e3:.2f} / {two['predicted_step_s'] * 1e3:.2f} ms")
+          f"{one['predicted_step_s'] * 1e3:.2f} / {two['predicted_step_s'] * 1e3:.2f} ms; "
+          f"with this run's measured latency and per-piece cost "
+          f"{two['calibrated_step_s'] * 1e3:.2f} ms (load {os.getloadavg()[0]:.1f})")
     for row in rows:
         print(f"{row['devices']} worker(s), {row['pieces']} pieces, {row['transfers']} "
-              "transfers; per action kind on rank 0: count per step, median us, share of step")
+              "transfers; per action kind on rank 0: count per step, median us, mean us, share of step")
         kinds = row["kinds"][0]
         total = sum(v[2] for v in kinds.values())
         for kind, (count, med, tot) in sorted(kinds.items(), key=lambda kv: -kv[1][2]):
             steps = max(len(range(args.steps // 4, args.steps)), 1)
-            print(f"  {kind:10s} {count / steps:7.1f} {med * 1e6:9.1f} {tot / total:7.1%}")
+            print(f"  {kind:10s} {count / steps:7.1f} {med * 1e6:9.1f} {tot / count * 1e6:9.1f} "
+                  f"{tot / total:7.1%}")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "piece_overhead.json"
+    out = Path(args.out) if args.out else RESULTS / "piece_overhead.json"
     out.write_text(json.dumps({"layers": args.layers, "steps": args.steps, "rows": rows},
                               indent=1, default=lambda x: x.tolist() if isinstance(x, np.ndarray)
                               else str(x)))

@@ -10,6 +10,7 @@ Every artifact goes to the run directory: ``graph.json``, ``plan.json``, ``confi
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -180,7 +181,17 @@ def local_cluster(devices: int, local: bool) -> Cluster:
         # more workers than cores: a message waits for its receiver to be scheduled (measured
         # on 2 cores with a third busy process: 1.6-2 ms)
         latency = OVERSUBSCRIBED_LATENCY_S
-    return make_cluster(devices, None, link.bandwidth, latency, device="cpu", host_cores=cores)
+    return make_cluster(devices, None, link.bandwidth, latency, device="cpu", host_cores=cores,
+                        overhead_s=_runtime_overhead_s() if devices > 1 else None)
+
+
+@functools.lru_cache(maxsize=1)
+def _runtime_overhead_s() -> tuple[float, float]:
+    """The runtime's per-piece cost on this CPU, probed once per process (about 1 s), to 10 us
+    (so that probe noise rarely changes a plan)."""
+    from outcore.runtime.overhead import piece_overhead_s
+    fwd, bwd = piece_overhead_s()
+    return round(fwd, 5), round(bwd, 5)
 
 
 def train(model: str, devices: int = 1, *, memory: str | float | None = None,

@@ -23,7 +23,8 @@ __all__ = ["from_dict", "make_cluster", "to_dict"]
 def make_cluster(devices: int, memory: str | float | None = None,
                  bandwidth: str | float = "16GB/s", latency: str | float = "25us",
                  device: str | DeviceSpec | None = None,
-                 host_cores: int | None = None) -> Cluster:
+                 host_cores: int | None = None,
+                 overhead_s: tuple[float, float] | None = None) -> Cluster:
     """A flat cluster of ``devices`` devices from user-facing units.
 
     Args:
@@ -32,15 +33,20 @@ def make_cluster(devices: int, memory: str | float | None = None,
         device: a device preset name or spec (default: a generic accelerator).
         host_cores: the devices are worker processes sharing this many CPU cores.
 
-    The device carries outcore's runtime cost per piece (``RUNTIME_OVERHEAD_S``).
+    The device carries outcore's runtime cost per piece: ``overhead_s`` (forward, backward;
+    measured by :func:`outcore.runtime.overhead.piece_overhead_s`), else ``RUNTIME_OVERHEAD_S``;
+    on an accelerator preset it overlaps the device's work (``DeviceSpec.host_overlap``).
     """
     mem = float(parse_bytes(memory)) if memory is not None else math.inf
     if mem <= 0:
         raise UsageError(f"memory must be positive, got {memory!r}")
     spec = device if isinstance(device, DeviceSpec) else \
         device_preset(device) if device is not None else None
+    fwd_o, bwd_o = overhead_s or RUNTIME_OVERHEAD_S
+    # an accelerator preset's host work overlaps its device work (a CPU's is its compute)
+    overlap = spec is not None and not spec.host_is_device
     spec = replace(spec or DeviceSpec("generic", mem, 1e13, 1e12),
-                   fwd_overhead_s=RUNTIME_OVERHEAD_S[0], bwd_overhead_s=RUNTIME_OVERHEAD_S[1])
+                   fwd_overhead_s=fwd_o, bwd_overhead_s=bwd_o, host_overlap=overlap)
     return flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
                         latency_s=parse_seconds(latency), device=spec, host_cores=host_cores)
 
@@ -51,7 +57,8 @@ def _device_dict(d: DeviceSpec) -> dict[str, Any]:
             "peak_flops_tc": d.peak_flops_tc, "launch_s": d.launch_s,
             "efficiency": d.efficiency, "host_bandwidth": d.host_bandwidth,
             "host_is_device": d.host_is_device, "fwd_overhead_s": d.fwd_overhead_s,
-            "bwd_overhead_s": d.bwd_overhead_s, "extra": dict(d.extra)}
+            "bwd_overhead_s": d.bwd_overhead_s, "host_overlap": d.host_overlap,
+            "extra": dict(d.extra)}
 
 
 def to_dict(c: Cluster) -> dict[str, Any]:

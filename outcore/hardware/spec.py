@@ -30,7 +30,11 @@ class DeviceSpec:
         fwd_overhead_s, bwd_overhead_s: fixed cost of running one piece's forward / backward
             for one micro-batch in outcore's runtime (Python, module call, the autograd
             call), on top of its layers' times (0 for a bare device; plans made by
-            ``outcore.plan`` use the runtime's figures, ``RUNTIME_OVERHEAD_S``).
+            ``outcore.plan`` use the runtime's figures, ``RUNTIME_OVERHEAD_S``, or the
+            probed ones of ``outcore.runtime.overhead``).
+        host_overlap: the runtime's per-piece cost is host work that overlaps the device's
+            execution (GPUs: the host queues the next kernels while the device runs): a piece
+            takes the longer of its layers' time and its overhead, not their sum.
     """
 
     name: str
@@ -44,6 +48,7 @@ class DeviceSpec:
     host_is_device: bool = False
     fwd_overhead_s: float = 0.0
     bwd_overhead_s: float = 0.0
+    host_overlap: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 

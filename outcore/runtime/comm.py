@@ -9,6 +9,12 @@ every wait has a timeout.
 Messages between a pair of ranks are received in the order the sender sends them (the receiver
 posts receives ahead, in the sender's order), which NCCL requires and gloo tolerates; gloo also
 gets a distinct tag per message.
+
+A message of several small tensors, and a run of consecutive sends of one rank to one peer,
+travel as one flat byte buffer (``PACK_MAX_BYTES``): each point-to-point operation costs a
+fixed host time (gloo: a lock, a socket write, a thread wake-up at the receiver; measured in
+BENCHMARKS.md, issue 17) that dwarfs copying a few KiB. Everything a message needs (metas,
+tags, pack layout, grouping) is computed once per schedule.
 """
 
 from __future__ import annotations
@@ -27,6 +33,83 @@ from outcore.schedule.ir import Schedule
 log = logging.getLogger(__name__)
 
 MsgKey = tuple[int, str, int]  # (transfer, "F" | "B", micro-batch)
+
+# a message of several tensors whose total is at most this travels as one packed buffer
+PACK_MAX_BYTES = 1 << 18
+_ALIGN_BYTES = 16  # packed tensors start at multiples of this (any dtype can view its slice)
+
+
+class _Layout:
+    """How one message travels: its tensor metas, and whether and where they sit packed."""
+
+    __slots__ = ("has_bool", "metas", "offsets", "packed", "total_bytes", "wire_dtypes")
+
+    def __init__(self, metas: list[LeafMeta]):
+        self.metas = metas
+        self.wire_dtypes = [torch.uint8 if m.dtype == torch.bool else m.dtype for m in metas]
+        self.has_bool = any(m.dtype == torch.bool for m in metas)
+        offsets, total = [], 0
+        for m, dt in zip(metas, self.wire_dtypes):
+            total = -(-total // _ALIGN_BYTES) * _ALIGN_BYTES
+            offsets.append(total)
+            n = 1
+            for d in m.shape:
+                n *= d
+            total += n * dt.itemsize
+        self.offsets, self.total_bytes = offsets, total
+        self.packed = len(metas) > 1 and total <= PACK_MAX_BYTES
+
+    def pack(self, tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        buf = torch.empty(self.total_bytes, dtype=torch.uint8, device=device)
+        for t, off, dt in zip(tensors, self.offsets, self.wire_dtypes):
+            n = t.numel() * dt.itemsize
+            if n:
+                buf[off:off + n].view(dt).view(t.shape).copy_(t.detach())
+        return buf
+
+    def unpack(self, buf: torch.Tensor) -> list[torch.Tensor]:
+        out = []
+        for m, off, dt in zip(self.metas, self.offsets, self.wire_dtypes):
+            n = 1
+            for d in m.shape:
+                n *= d
+            out.append(buf[off:off + n * dt.itemsize].view(dt).view(m.shape).detach())
+        return out
+
+    def empty(self, device: torch.device) -> list[torch.Tensor]:
+        if self.packed:
+            return [torch.empty(self.total_bytes, dtype=torch.uint8, device=device)]
+        return [torch.empty(m.shape, dtype=dt, device=device)
+                for m, dt in zip(self.metas, self.wire_dtypes)]
+
+
+def _wire_messages(schedule: Schedule, sender: int, layouts: dict[tuple[int, str], _Layout]
+                   ) -> dict[int, list[tuple[MsgKey, ...]]]:
+    """Per destination, the messages ``sender`` puts on the wire, in its order.
+
+    A run of consecutive send actions of ``sender`` to one peer (no other action between them,
+    so nothing waits for the earlier ones) travels as one packed message when it fits in
+    ``PACK_MAX_BYTES``; otherwise each send is its own message. Sender and receiver derive the
+    same grouping from the schedule, so nothing but tensor data crosses the wire.
+    """
+    out: dict[int, list[tuple[MsgKey, ...]]] = {}
+    runs: list[tuple[int, list[MsgKey]]] = []
+    for a in schedule.actions[sender]:
+        if a.op not in ("SF", "SB"):
+            runs.append((-1, []))
+            continue
+        dst, key = schedule.peer(sender, a), (a.transfer, a.op[1], a.mb)
+        if runs and runs[-1][0] == dst:
+            runs[-1][1].append(key)
+        else:
+            runs.append((dst, [key]))
+    for dst, keys in runs:
+        if not keys:
+            continue
+        metas = [m for k in keys for m in layouts[(k[0], k[1])].metas]
+        together = len(keys) > 1 and _Layout(metas).packed
+        out.setdefault(dst, []).extend([tuple(keys)] if together else [(k,) for k in keys])
+    return out
 
 
 class Messenger:
@@ -55,29 +138,46 @@ class Messenger:
         self.timeout = timedelta(seconds=timeout_s)
         self.use_tags = use_tags
         self.step_of = step_of
-        self.pending_sends: list[tuple[Any, MsgKey, int]] = []
-        self.posted: dict[MsgKey, tuple[list[Any], list[torch.Tensor]]] = {}
-        # per sending peer: the keys it sends to us, in its order, and how many we have posted
-        self.order: dict[int, list[MsgKey]] = {}
-        for peer, acts in enumerate(schedule.actions):
-            if peer == rank:
-                continue
-            keys = [(a.transfer, a.op[1], a.mb) for a in acts
-                    if a.op in ("SF", "SB") and schedule.peer(peer, a) == rank]
-            if keys:
-                self.order[peer] = keys
-        self.next_post = {peer: 0 for peer in self.order}
-        self.index = {key: (peer, i) for peer, keys in self.order.items()
-                      for i, key in enumerate(keys)}
-        max_leaves = max((len(leaf_metas(t.id, d)) for t in schedule.pieces.transfers
-                          for d in ("F", "B")), default=1)
+        self.pending_sends: list[tuple[Any, torch.Tensor, MsgKey, int]] = []
+        self.layouts = {(t.id, d): _Layout(list(leaf_metas(t.id, d)))
+                        for t in schedule.pieces.transfers for d in ("F", "B")}
+        max_leaves = max((len(lay.metas) for lay in self.layouts.values()), default=1)
         self.leaf_slots = max(max_leaves, 1)
+        self.wire_layout: dict[tuple[MsgKey, ...], _Layout] = {}
+        # sends: the wire message each of this rank's sends belongs to
+        self.wire_of_send: dict[MsgKey, tuple[MsgKey, ...]] = {}
+        for wires in _wire_messages(schedule, rank, self.layouts).values():
+            for w in wires:
+                self._add_wire(w)
+                self.wire_of_send.update((k, w) for k in w)
+        self.stash: list[torch.Tensor] = []  # tensors of a wire message still being gathered
+        # receives: per sending peer, the wire messages it sends us, in its order
+        self.order: dict[int, list[tuple[MsgKey, ...]]] = {}
+        for peer in range(len(schedule.actions)):
+            if peer != rank:
+                wires = _wire_messages(schedule, peer, self.layouts).get(rank)
+                if wires:
+                    self.order[peer] = wires
+                    for w in wires:
+                        self._add_wire(w)
+        self.next_post = {peer: 0 for peer in self.order}
+        self.index = {key: (peer, i) for peer, wires in self.order.items()
+                      for i, w in enumerate(wires) for key in w}
+        self.posted: dict[tuple[MsgKey, ...], tuple[list[Any], list[torch.Tensor]]] = {}
+        self.ready: dict[MsgKey, list[torch.Tensor]] = {}  # arrived with an earlier key
+
+    def _add_wire(self, w: tuple[MsgKey, ...]) -> None:
+        if len(w) == 1:
+            self.wire_layout[w] = self.layouts[(w[0][0], w[0][1])]
+        else:
+            self.wire_layout[w] = _Layout([m for k in w for m in self.layouts[(k[0], k[1])].metas])
 
     def start_step(self) -> None:
         """Reset the per-step receive bookkeeping (every step repeats the same messages)."""
-        if self.posted:
-            raise RuntimeFailure(f"rank {self.rank}: {len(self.posted)} messages of the last "
-                                 "step were never consumed; the schedule is inconsistent")
+        if self.posted or self.ready or self.stash:
+            raise RuntimeFailure(f"rank {self.rank}: {len(self.posted) + len(self.ready)} "
+                                 "messages of the last step were never consumed (or a packed "
+                                 "message never completed); the schedule is inconsistent")
         self.next_post = {peer: 0 for peer in self.order}
 
     def _tag(self, key: MsgKey, leaf: int) -> int:
@@ -87,49 +187,74 @@ class Messenger:
         return ((t * 2 + (d == "B")) * self.s.microbatches + m) * self.leaf_slots + leaf
 
     def send(self, key: MsgKey, dst: int, tensors: list[torch.Tensor]) -> None:
-        """Start sending ``tensors`` as message ``key`` to ``dst`` (returns at once)."""
-        for k, t in enumerate(tensors):
-            t = t.detach()
-            if t.dtype == torch.bool:
-                t = t.to(torch.uint8)
-            t = t.contiguous()
-            work = dist.isend(t, self.process_of(dst), tag=self._tag(key, k))
-            self.pending_sends.append((work, key, dst))
-            # keep the tensor alive until the send completes
-            self.pending_sends.append((t, key, dst))
+        """Start sending ``tensors`` as message ``key`` to ``dst`` (returns at once; a message
+        that travels packed with the next sends goes when the last of them is given)."""
+        w = self.wire_of_send.get(key, (key,))
+        if len(w) > 1:
+            self.stash.extend(tensors)
+            if key != w[-1]:
+                return
+            tensors, self.stash = self.stash, []
+        lay = self.wire_layout.get(w) or self.layouts[(key[0], key[1])]
+        if lay.packed:
+            wire = [lay.pack(tensors, self.device)]
+        else:
+            wire = []
+            for t in tensors:
+                t = t.detach()
+                if t.dtype == torch.bool:
+                    t = t.to(torch.uint8)
+                wire.append(t if t.is_contiguous() else t.contiguous())
+        for k, t in enumerate(wire):
+            # the tensor stays referenced until the send completes
+            work = dist.isend(t, self.process_of(dst), tag=self._tag(w[0], k))
+            self.pending_sends.append((work, t, key, dst))
 
     def _post(self, key: MsgKey) -> None:
         peer, i = self.index[key]
-        keys = self.order[peer]
+        wires = self.order[peer]
         while self.next_post[peer] <= i:
-            k = keys[self.next_post[peer]]
-            metas = self.leaf_metas(k[0], k[1])
-            bufs, works = [], []
-            for j, meta in enumerate(metas):
-                dtype = torch.uint8 if meta.dtype == torch.bool else meta.dtype
-                buf = torch.empty(meta.shape, dtype=dtype, device=self.device)
-                works.append(dist.irecv(buf, self.process_of(peer), tag=self._tag(k, j)))
-                bufs.append(buf)
-            self.posted[k] = (works, bufs)
+            w = wires[self.next_post[peer]]
+            bufs = self.wire_layout[w].empty(self.device)
+            src = self.process_of(peer)
+            works = [dist.irecv(buf, src, tag=self._tag(w[0], j)) for j, buf in enumerate(bufs)]
+            self.posted[w] = (works, bufs)
             self.next_post[peer] += 1
 
     def prepost(self, key: MsgKey) -> None:
         """Post the receive of ``key`` (and earlier messages from the same peer) now."""
-        if key in self.index and key not in self.posted:
+        where = self.index.get(key)
+        if where is not None and self.next_post[where[0]] <= where[1]:
             self._post(key)
 
     def recv(self, key: MsgKey, src: int) -> list[torch.Tensor]:
         """Wait for message ``key`` from ``src`` and return its tensors."""
+        if key in self.ready:
+            return self.ready.pop(key)
         if key not in self.index:
             raise RuntimeFailure(f"rank {self.rank}: no rank sends message {key} here")
-        if key not in self.posted:
+        peer, i = self.index[key]
+        w = self.order[peer][i]
+        if w not in self.posted:
             self._post(key)
-        works, bufs = self.posted.pop(key)
-        for w in works:
-            self._wait(w, f"receiving {'activations' if key[1] == 'F' else 'gradients'} of "
-                          f"transfer {key[0]} micro-batch {key[2]} from rank {src}")
-        metas = self.leaf_metas(key[0], key[1])
-        return [b.to(torch.bool) if m.dtype == torch.bool else b for b, m in zip(bufs, metas)]
+        works, bufs = self.posted.pop(w)
+        for work in works:
+            self._wait(work, f"receiving {'activations' if key[1] == 'F' else 'gradients'} of "
+                             f"transfer {key[0]} micro-batch {key[2]} from rank {src}")
+        lay = self.wire_layout[w]
+        if lay.packed:
+            bufs = lay.unpack(bufs[0])
+        if lay.has_bool:
+            bufs = [b.to(torch.bool) if m.dtype == torch.bool else b
+                    for b, m in zip(bufs, lay.metas)]
+        if len(w) == 1:
+            return bufs
+        offset = 0
+        for k in w:
+            n = len(self.layouts[(k[0], k[1])].metas)
+            self.ready[k] = bufs[offset:offset + n]
+            offset += n
+        return self.ready.pop(key)
 
     def _wait(self, work: Any, what: str) -> None:
         try:
@@ -143,8 +268,6 @@ class Messenger:
 
     def flush(self) -> None:
         """Wait for every send started so far."""
-        for item, key, dst in self.pending_sends:
-            if isinstance(item, torch.Tensor):
-                continue
-            self._wait(item, f"sending message {key} to rank {dst}")
+        for work, _, key, dst in self.pending_sends:
+            self._wait(work, f"sending message {key} to rank {dst}")
         self.pending_sends.clear()

@@ -91,12 +91,66 @@ class RankExecutor:
         for t in P.transfers:
             for i in t.tensors:
                 self.transfer_into[(names[i], t.dst)] = t.id
+        self._precompute()
         # non-finite guard: when on, every rank joins one all-reduce per step (at its OPT, or
         # after its last action) and no rank steps its optimizer if any loss or gradient is
         # NaN or infinite; ``nonfinite`` then holds (loss bad, gradient bad) for the step
         self.guard_nonfinite = False
         self.nonfinite: tuple[bool, bool] | None = None
         self.guard_s = 0.0  # time the last check waited for the other ranks
+
+    def _precompute(self) -> None:
+        """Everything an action needs that does not change between steps, worked out once
+        (issue 17: the runtime's fixed cost per piece and per message)."""
+        s, metas = self.s, self.metas
+        transfers = s.pieces.transfers
+        # per piece: where each input comes from ("data", chunk base, position) /
+        # ("recv", transfer) / ("local", transfer, meta), and where its gradient goes
+        self.input_plan: dict[int, list[tuple[str, Any, Any]]] = {}
+        self.grad_route: dict[int, dict[str, tuple[int, bool]]] = {}
+        for p, pm in self.modules.items():
+            plan, route = [], {}
+            for name in pm.inputs:
+                layer = fx_name(name)
+                if layer in self.placeholders and self.piece_of_name[name] == p:
+                    plan.append(("data", copy_of(name) * s.microbatches,
+                                 self.placeholders.index(layer)))
+                    continue
+                tid = self.transfer_into[(name, p)]
+                local = bool(transfers[tid].local)
+                plan.append(("local", tid, metas[layer]) if local else ("recv", tid, None))
+                route[name] = (tid, local)
+            self.input_plan[p] = plan
+            self.grad_route[p] = route
+        # per transfer: the peer ranks, and per name its meta and differentiable positions
+        self.transfer_src = [s.rank_of_transfer_src(t.id) for t in transfers]
+        self.transfer_dst = [s.rank_of_transfer_dst(t.id) for t in transfers]
+        self.transfer_metas = [[(n, metas[fx_name(n)], self._grad_positions(n),
+                                 metas[fx_name(n)].tensor_leaves()) for n in ns]
+                               for ns in self.transfer_names]
+        # per action: the call that runs it, and what to post ahead when it starts
+        acts = s.actions[self.rank]
+        self.calls = [self._bind(a) for a in acts]
+        self.ahead: list[tuple[tuple[Any, ...], tuple[tuple[int, int], ...]]] = []
+        for k in range(len(acts)):
+            window = acts[k:k + 4]
+            keys = tuple((a.transfer, a.op[1], a.mb) for a in (window if k == 0 else window[3:])
+                         if a.op in ("RF", "RB"))
+            fetch = tuple((a.piece, a.mb) for a in window if a.op == "B"
+                          and self.policies.get(a.piece) == "offload-activations")
+            self.ahead.append((keys, fetch))
+
+    def _bind(self, a: Action) -> tuple[Callable[..., None], tuple[int, ...]]:
+        table: dict[str, tuple[Callable[..., None], tuple[int, ...]]] = {
+            "F": (self.forward, (a.piece, a.mb)), "B": (self.backward, (a.piece, a.mb)),
+            "SF": (self.send_activations, (a.transfer, a.mb)),
+            "RF": (self.recv_activations, (a.transfer, a.mb)),
+            "SB": (self.send_gradients, (a.transfer, a.mb)),
+            "RB": (self.recv_gradients, (a.transfer, a.mb)),
+            "AR": (self.allreduce, (a.bucket,)), "OPT": (self.optimizer_step, ())}
+        if a.op not in table:  # pragma: no cover - Action validates ops
+            raise RuntimeFailure(f"unknown action {a}")
+        return table[a.op]
 
     def check_finite(self) -> bool:
         """Whether any rank's loss or gradient of this step is NaN or infinite (a collective:
@@ -139,31 +193,31 @@ class RankExecutor:
         self.nonfinite = None
         t0 = time.perf_counter()
         acts = self.s.actions[self.rank]
-        for k, a in enumerate(acts):
-            start = time.perf_counter()
-            self._lookahead(acts, k)
+        prepost, prefetch = self.msg.prepost, self.act_off.prefetch
+        clock, trace, busy = time.perf_counter, self.trace, 0.0
+        for k, (fn, args) in enumerate(self.calls):
+            start = clock()
+            keys, fetch = self.ahead[k]  # post the next receives early: data flows meanwhile
+            for key in keys:
+                prepost(key)
+            for pm in fetch:
+                prefetch(*pm)
             self.guard_s = 0.0
-            self.execute(a)
-            end = time.perf_counter()
+            fn(*args)
+            end = clock()
+            op = acts[k].op
             start += self.guard_s  # waiting for the other ranks' verdict is not work
-            if a.op in ("F", "B", "OPT"):
-                result.busy_s += end - start
-            if self.trace:
-                result.events.append(self._event(a, start - t0, end - t0))
+            if op == "F" or op == "B" or op == "OPT":
+                busy += end - start
+            if trace:
+                result.events.append(self._event(acts[k], start - t0, end - t0))
+        result.busy_s = busy
         self.msg.flush()
         if self.guard_nonfinite and self.nonfinite is None:  # a rank without an OPT action
             self.check_finite()
         if self.losses:
             result.loss = float(sum(v.item() for v in self.losses.values()))
         return result
-
-    def _lookahead(self, acts: tuple[Action, ...], k: int) -> None:
-        """Post the receives of the next few actions early so their data flows meanwhile."""
-        for a in acts[k:k + 4]:
-            if a.op in ("RF", "RB"):
-                self.msg.prepost((a.transfer, a.op[1], a.mb))
-            elif a.op == "B" and self.policies.get(a.piece) == "offload-activations":
-                self.act_off.prefetch(a.piece, a.mb)
 
     def _event(self, a: Action, start: float, end: float) -> Event:
         kind = {"SF": "send", "SB": "send", "RF": "recv", "RB": "recv", "AR": "allreduce",
@@ -173,48 +227,21 @@ class RankExecutor:
         return Event(self.rank, kind, str(a), start, end, stream, a.mb, a.piece, peer=peer)
 
     def execute(self, a: Action) -> None:
-        op = a.op
-        if op == "F":
-            self.forward(a.piece, a.mb)
-        elif op == "B":
-            self.backward(a.piece, a.mb)
-        elif op == "SF":
-            self.send_activations(a.transfer, a.mb)
-        elif op == "RF":
-            self.recv_activations(a.transfer, a.mb)
-        elif op == "SB":
-            self.send_gradients(a.transfer, a.mb)
-        elif op == "RB":
-            self.recv_gradients(a.transfer, a.mb)
-        elif op == "AR":
-            self.allreduce(a.bucket)
-        elif op == "OPT":
-            self.finish_allreduces()
-            self.param_off.before_step()
-            bad = self.check_finite() if self.guard_nonfinite else False
-            if self.optimizer is not None:
-                if not bad:  # a non-finite step never reaches the parameters
-                    self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-            if self.on_step is not None:
-                self.on_step()
-        else:  # pragma: no cover - Action validates ops
-            raise RuntimeFailure(f"unknown action {a}")
+        fn, args = self._bind(a)
+        fn(*args)
+
+    def optimizer_step(self) -> None:
+        self.finish_allreduces()
+        self.param_off.before_step()
+        bad = self.check_finite() if self.guard_nonfinite else False
+        if self.optimizer is not None:
+            if not bad:  # a non-finite step never reaches the parameters
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.on_step is not None:
+            self.on_step()
 
     # ------------------------------------------------------------------ compute
-    def _input_value(self, name: str, piece: int, mb: int) -> tuple[Any, bool]:
-        """Value of input ``name`` of ``piece``; second item: it is a fresh autograd leaf."""
-        layer = fx_name(name)
-        if layer in self.placeholders and self.piece_of_name[name] == piece:
-            assert self.inputs is not None, "this rank holds a model input but got no data"
-            chunk = copy_of(name) * self.s.microbatches + mb
-            return self.inputs[chunk][self.placeholders.index(layer)], False
-        tid = self.transfer_into[(name, piece)]
-        if not self.s.pieces.transfers[tid].local:
-            return self.received[(tid, name, mb)], True
-        value = self.local[(name, mb)]
-        return _detach_tree(value, self.metas[layer]), True
-
     def _random_context(self, p: int, mb: int) -> None:
         """Random nodes of piece ``p`` draw for this step and micro-batch chunk."""
         pm = self.modules[p]
@@ -225,11 +252,17 @@ class RankExecutor:
         pm = self.modules[p]
         self._random_context(p, mb)
         values, leaves, copies = [], {}, []
-        for name in pm.inputs:
-            v, is_leaf = self._input_value(name, p, mb)
-            if is_leaf:
-                leaves[name] = v
-            copies.append(is_leaf and name in pm.clone_inputs)
+        clone = pm.clone_inputs
+        for name, (kind, a, b) in zip(pm.inputs, self.input_plan[p]):
+            if kind == "data":
+                assert self.inputs is not None, "this rank holds a model input but got no data"
+                values.append(self.inputs[a + mb][b])
+                copies.append(False)
+                continue
+            v = self.received[(a, name, mb)] if kind == "recv" else \
+                _detach_tree(self.local[(name, mb)], b)
+            leaves[name] = v
+            copies.append(name in clone)
             values.append(v)
         policy = self.policies.get(p, "none")
 
@@ -290,10 +323,11 @@ class RankExecutor:
         for name, leaf_value in self.fwd_inputs.pop((p, mb)).items():
             tensors = tensors_of(leaf_value)
             gs = [t.grad if t.requires_grad else None for t in tensors]
-            tid = self.transfer_into.get((name, p))
-            if tid is None:
+            route = self.grad_route[p].get(name)
+            if route is None:
                 continue
-            if self.s.pieces.transfers[tid].local:
+            tid, local = route
+            if local:
                 self._accumulate((name, mb), gs)
             else:
                 self.send_grads.setdefault((tid, mb), {})[name] = gs
@@ -317,15 +351,14 @@ class RankExecutor:
         tensors = []
         for name in self.transfer_names[t]:
             tensors += tensors_of(self.local[(name, mb)])
-        self.msg.send((t, "F", mb), self.s.rank_of_transfer_dst(t), tensors)
+        self.msg.send((t, "F", mb), self.transfer_dst[t], tensors)
 
     def recv_activations(self, t: int, mb: int) -> None:
-        tensors = self.msg.recv((t, "F", mb), self.s.rank_of_transfer_src(t))
+        tensors = self.msg.recv((t, "F", mb), self.transfer_src[t])
         it = iter(tensors)
-        for name in self.transfer_names[t]:
-            meta = self.metas[fx_name(name)]
+        for name, meta, _, tensor_metas in self.transfer_metas[t]:
             leaves = []
-            for m in meta.tensor_leaves():
+            for m in tensor_metas:
                 x = next(it)
                 if m.differentiable:
                     x.requires_grad_(True)
@@ -335,24 +368,22 @@ class RankExecutor:
     def send_gradients(self, t: int, mb: int) -> None:
         grads = self.send_grads.pop((t, mb), {})
         tensors = []
-        for name in self.transfer_names[t]:
+        for name, _, positions, leaves in self.transfer_metas[t]:
             gs = grads.get(name)
-            leaves = self.metas[fx_name(name)].tensor_leaves()
-            for i in self._grad_positions(name):
+            for i in positions:
                 g = gs[i] if gs is not None else None
                 tensors.append(g if g is not None else
                                torch.zeros(leaves[i].shape, dtype=leaves[i].dtype,
                                            device=self.device))
             self.received.pop((t, name, mb), None)
-        self.msg.send((t, "B", mb), self.s.rank_of_transfer_src(t), tensors)
+        self.msg.send((t, "B", mb), self.transfer_src[t], tensors)
 
     def recv_gradients(self, t: int, mb: int) -> None:
-        tensors = self.msg.recv((t, "B", mb), self.s.rank_of_transfer_dst(t))
+        tensors = self.msg.recv((t, "B", mb), self.transfer_dst[t])
         it = iter(tensors)
-        for name in self.transfer_names[t]:
-            n_leaves = len(self.metas[fx_name(name)].tensor_leaves())
-            gs: list[torch.Tensor | None] = [None] * n_leaves
-            for i in self._grad_positions(name):
+        for name, _, positions, leaves in self.transfer_metas[t]:
+            gs: list[torch.Tensor | None] = [None] * len(leaves)
+            for i in positions:
                 gs[i] = next(it)
             self._accumulate((name, mb), gs)
 

@@ -85,16 +85,23 @@ def mb_scale(g: Graph, mb_size: float | None) -> float:
 def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 optimizer: str = "adam", policies: tuple[str, ...] | None = None,
                 host_bandwidth: float = 12e9, host_is_device: bool = False,
-                fwd_overhead_s: float = 0.0, bwd_overhead_s: float = 0.0) -> PieceCosts:
+                fwd_overhead_s: float = 0.0, bwd_overhead_s: float = 0.0,
+                overhead_overlaps: bool = False) -> PieceCosts:
     """Sum node costs over each piece, scaled to one micro-batch; apply memory policies.
 
     ``policies`` gives each piece's policy (default: none for every piece);
-    ``fwd_overhead_s``/``bwd_overhead_s`` is the runtime's fixed cost per piece and micro-batch.
+    ``fwd_overhead_s``/``bwd_overhead_s`` is the runtime's fixed cost per piece and micro-batch;
+    with ``overhead_overlaps`` (GPUs) it is host work overlapping the device's, and a piece
+    takes the longer of the two.
     """
     n_p = len(pieces.pieces)
     piece_of = pieces.piece_of
-    fwd = np.bincount(piece_of, weights=g.fwd_s, minlength=n_p) * scale + fwd_overhead_s
-    bwd = np.bincount(piece_of, weights=g.bwd_s, minlength=n_p) * scale + bwd_overhead_s
+    fwd = np.bincount(piece_of, weights=g.fwd_s, minlength=n_p) * scale
+    bwd = np.bincount(piece_of, weights=g.bwd_s, minlength=n_p) * scale
+    if overhead_overlaps:
+        fwd, bwd = np.maximum(fwd, fwd_overhead_s), np.maximum(bwd, bwd_overhead_s)
+    else:
+        fwd, bwd = fwd + fwd_overhead_s, bwd + bwd_overhead_s
     saved = np.bincount(piece_of, weights=g.saved_bytes, minlength=n_p) * scale
     transient = np.zeros(n_p)
     np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) * scale)

@@ -188,7 +188,8 @@ def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatc
                         policies=piece_policies, host_bandwidth=cluster.device.host_bandwidth,
                         host_is_device=cluster.device.host_is_device,
                         fwd_overhead_s=cluster.device.fwd_overhead_s,
-                        bwd_overhead_s=cluster.device.bwd_overhead_s)
+                        bwd_overhead_s=cluster.device.bwd_overhead_s,
+                        overhead_overlaps=cluster.device.host_overlap)
     groups, names, sizes = shared_param_buckets(g, assignment)
 
     def link_time(a: int, b: int, nbytes: float) -> float:

@@ -1,0 +1,84 @@
+"""Granularity as a planner decision: merge pieces too small to pay for themselves (issue 17).
+
+A piece placed apart from its neighbours costs the runtime a fixed time per micro-batch (its
+forward and backward overheads, ``DeviceSpec.fwd_overhead_s``/``bwd_overhead_s``) and its
+boundary messages (one per transfer and direction, ``latency + bytes / bandwidth`` each). When
+its own compute is smaller than that price, running it elsewhere can only lose: the piece moves
+to the device of the neighbour it exchanges the most bytes with, and its messages to that
+neighbour vanish. This is ParDNN's "merge light nodes into their heaviest neighbour" step
+(ParDNN, slicing phase) applied by cost rather than by module depth, repeated until no piece
+is too small; memory is not checked here (callers check the result, e.g. ``search.fits``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from outcore.graph.ir import Graph
+from outcore.hardware.spec import Cluster
+from outcore.plan.pieces import cut
+
+__all__ = ["merge_small_pieces"]
+
+
+def _price_s(pieces, p: int, cluster: Cluster, scale: float) -> float:
+    """Fixed runtime cost of piece ``p`` per micro-batch: its overheads and its messages."""
+    d = cluster.device
+    price = d.fwd_overhead_s + d.bwd_overhead_s
+    dev = pieces.pieces[p].device
+    for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:
+        t = pieces.transfers[tid]
+        if t.local:
+            continue
+        other = pieces.pieces[t.dst if t.src == p else t.src].device
+        price += 2.0 * cluster.link(dev, other).time(t.bytes * scale)  # forward and backward
+    return price
+
+
+def _best_neighbour(pieces, p: int) -> int | None:
+    """The device of the remote neighbour ``p`` exchanges the most bytes with."""
+    dev = pieces.pieces[p].device
+    volume: dict[int, float] = {}
+    for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:
+        t = pieces.transfers[tid]
+        other = pieces.pieces[t.dst if t.src == p else t.src].device
+        if other != dev:
+            volume[other] = volume.get(other, 0.0) + t.bytes + 1.0  # +1: ties by count
+    return max(volume, key=lambda k: (volume[k], -k)) if volume else None
+
+
+def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
+                       scale: float = 1.0, factor: float = 1.0,
+                       max_rounds: int = 64) -> np.ndarray:
+    """``assignment`` with every piece whose compute is below ``factor`` times its fixed
+    runtime price moved to its heaviest remote neighbour's device.
+
+    Args:
+        scale: micro-batch size over the graph's batch (node costs and bytes scale by it).
+        factor: how many times its price a piece's compute must be to stay apart.
+        max_rounds: re-cuts at most (each round moves a set of non-adjacent pieces).
+    """
+    a = np.asarray(assignment, dtype=np.int64).copy()
+    work = (np.asarray(g.fwd_s, dtype=np.float64) + np.asarray(g.bwd_s, dtype=np.float64))
+    for _ in range(max_rounds):
+        pieces = cut(g, a)
+        comp = np.bincount(pieces.piece_of, weights=work, minlength=len(pieces.pieces)) * scale
+        touched: set[int] = set()
+        moved = False
+        for p in np.argsort(comp, kind="stable").tolist():
+            if p in touched:
+                continue
+            if comp[p] >= factor * _price_s(pieces, p, cluster, scale):
+                continue
+            dev = _best_neighbour(pieces, p)
+            if dev is None:
+                continue
+            a[list(pieces.pieces[p].nodes)] = dev
+            moved = True
+            touched.add(p)
+            for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:
+                t = pieces.transfers[tid]
+                touched.update((t.src, t.dst))
+        if not moved:
+            break
+    return a

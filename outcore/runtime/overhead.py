@@ -1,0 +1,103 @@
+"""Probe the runtime's fixed cost per piece on the live machine (issue 17).
+
+What one more piece costs the executor, beyond its layers' own times (which the graph's costs
+already hold): its forward detaches its input into a fresh autograd leaf, calls the piece's
+``fx.GraphModule`` and books the output; its backward is one more
+``torch.autograd.backward`` call (engine start-up, gradient checks) and reads the input's
+gradient. The probe times exactly these calls on a tiny piece against the bare layer, as
+:mod:`outcore.hardware.probe` times the device and the link probe the link, and returns the
+``(fwd_overhead_s, bwd_overhead_s)`` that :class:`~outcore.hardware.spec.DeviceSpec` carries.
+
+The per-message cost is the link's ``latency_s`` (one-way time of a small torch.distributed
+message between two workers, host work included): see ``benchmarks/link_probe.py``.
+On GPUs the host work of a piece overlaps the device's execution of the previous one; the
+probe measures CPU workers (one thread, as outcore runs them).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import fx
+from torch.utils._pytree import tree_flatten
+
+from outcore.runtime.executor import _detach_tree
+from outcore.runtime.randomness import set_context as set_random_context
+from outcore.runtime.values import LeafMeta, ValueMeta
+
+log = logging.getLogger(__name__)
+
+
+def _best_s(fn, repeat: int, inner: int) -> float:
+    """Minimum over ``repeat`` runs of the mean time of ``inner`` calls (load only adds)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / inner)
+    return best
+
+
+def piece_overhead_s(*, repeat: int = 5, inner: int = 200,
+                     threads: int | None = 1) -> tuple[float, float]:
+    """``(forward, backward)`` seconds one piece adds per micro-batch on this CPU.
+
+    Forward: a one-layer piece run as the executor runs it (input detached into a leaf, the
+    ``GraphModule`` called, the output booked) minus the bare layer call. Backward: one
+    ``torch.autograd.backward`` over the piece's output with its incoming gradient, plus
+    reading its input's gradient, minus the bare layer's backward inside a larger graph.
+    """
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        with torch.enable_grad():
+            return _measure(repeat, inner)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(repeat: int, inner: int) -> tuple[float, float]:
+    layer = torch.nn.Linear(4, 4)
+    gm = fx.symbolic_trace(torch.nn.Sequential(layer))
+    x = torch.randn(2, 4, requires_grad=True)
+    meta = ValueMeta(tree_flatten(x)[1], (LeafMeta(tuple(x.shape), x.dtype, True),))
+    booked: dict[tuple[str, int], torch.Tensor] = {}
+    seed = torch.initial_seed()
+
+    def piece_fwd() -> torch.Tensor:
+        set_random_context(seed, 0, 0)
+        leaf = _detach_tree(x, meta)
+        out = gm(leaf)
+        booked[("out", 0)] = out
+        return out
+
+    bare_fwd_s = _best_s(lambda: layer(x), repeat, inner)
+    piece_fwd_s = _best_s(piece_fwd, repeat, inner)
+    grad = torch.ones(2, 4)
+
+    def piece_both() -> None:
+        set_random_context(seed, 0, 0)
+        leaf = _detach_tree(x, meta)
+        out = gm(leaf)
+        torch.autograd.backward([out], [grad])
+        _ = leaf.grad
+
+    def chained() -> None:  # the same layer inside a larger backward: no extra engine call
+        torch.autograd.backward([layer(layer(x))], [grad])
+
+    both_s = _best_s(piece_both, repeat, max(inner // 2, 1))
+    chain_s = _best_s(chained, repeat, max(inner // 2, 1))
+    one_call_s = _best_s(lambda: torch.autograd.backward([layer(x)], [grad]), repeat,
+                         max(inner // 2, 1))
+    layer.zero_grad(set_to_none=True)
+    fwd = max(piece_fwd_s - bare_fwd_s, 0.0)
+    # chain = 2 layer forwards + 2 layer backwards + one engine call; one_call = 1 + 1 + one
+    layer_bwd_s = max(chain_s - one_call_s - bare_fwd_s, 0.0)
+    bwd = max(both_s - piece_fwd_s - layer_bwd_s, 0.0)
+    log.info("runtime probe: piece forward +%.1f us, backward +%.1f us", fwd * 1e6, bwd * 1e6)
+    return fwd, bwd

@@ -1,0 +1,45 @@
+"""Coarsening by cost (issue 17): pieces too small to pay for their runtime overhead and
+messages merge into a neighbour's device; pieces worth their price stay where they are."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from outcore.graph.io import from_dict as graph_from_dict
+from outcore.hardware.cluster import make_cluster
+from outcore.partition.granularity import merge_small_pieces
+from outcore.plan.pieces import cut
+
+
+def _chain(n: int, fwd_s: float, nbytes: int = 4096):
+    return graph_from_dict({"format": "outcore-graph/1", "name": "chain", "nodes": [
+        {"id": i, "fwd_s": fwd_s} for i in range(n)],
+        "edges": [{"src": i, "dst": i + 1, "bytes": nbytes} for i in range(n - 1)]})
+
+
+def test_round_robin_chain_of_tiny_layers_collapses():
+    g = _chain(16, 1e-6)
+    cl = make_cluster(2, device="cpu", bandwidth="1.5GB/s", latency="100us")
+    rr = np.arange(16) % 2
+    merged = merge_small_pieces(g, rr, cl)
+    assert len(cut(g, rr).pieces) == 16
+    assert len(cut(g, merged).pieces) < 4
+
+
+def test_pieces_that_pay_for_themselves_stay():
+    g = _chain(8, 5e-3)  # 5 ms forward, 10 ms backward per layer against ~0.4 ms of price
+    cl = make_cluster(2, device="cpu", bandwidth="1.5GB/s", latency="100us")
+    halves = np.array([0] * 4 + [1] * 4)
+    assert np.array_equal(merge_small_pieces(g, halves, cl), halves)
+    rr = np.arange(8) % 2
+    assert np.array_equal(merge_small_pieces(g, rr, cl), rr)
+
+
+def test_a_small_piece_joins_the_neighbour_it_talks_to_most():
+    # 0 -> 1 -> 2 on devices 0, 1, 2: node 1 is tiny and gets 4x the bytes from 0 than it
+    # sends to 2, so it joins device 0
+    g = graph_from_dict({"format": "outcore-graph/1", "name": "three", "nodes": [
+        {"id": 0, "fwd_s": 1e-2}, {"id": 1, "fwd_s": 1e-7}, {"id": 2, "fwd_s": 1e-2}],
+        "edges": [{"src": 0, "dst": 1, "bytes": 4 << 20}, {"src": 1, "dst": 2, "bytes": 1 << 20}]})
+    cl = make_cluster(3, device="cpu", bandwidth="1.5GB/s", latency="100us")
+    assert merge_small_pieces(g, np.array([0, 1, 2]), cl).tolist() == [0, 0, 2]
