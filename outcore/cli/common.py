@@ -39,6 +39,26 @@ def positive_int(text: str) -> int:
     return v
 
 
+def add_mesh_args(p: argparse.ArgumentParser) -> None:
+    """``--tp`` and ``--sp`` (with ``--sp-join``, ``--sp-grid``): the tensor and spatial degrees
+    of the plan's process mesh (``outcore plan`` and ``outcore train``)."""
+    p.add_argument("--tp", type=tp_arg, default=1, metavar="N|auto",
+                   help="tensor-parallel ranks per device slot: the Megatron layout of the "
+                        "model's Linear and Embedding layers (column/row pairs found in the "
+                        "graph) split over tp consecutive ranks, inside every stage; auto: "
+                        "the fastest of 1, 2, 4, 8 that fits (the plan's notes say why); "
+                        "--dp x --tp divides --devices (default 1); see docs/tensor.md")
+    p.add_argument("--sp", type=positive_int, default=1,
+                   help="spatial parallelism (MPI4DL SP + LP): the layers before the join run "
+                        "on --sp image tiles, one rank each, with halo exchange; --devices "
+                        "counts them (stages + sp - 1 ranks; default 1); see docs/spatial.md")
+    p.add_argument("--sp-join", metavar="NODE",
+                   help="the last node run on tiles (its output is gathered); default: the "
+                        "planner's choice from the memory model")
+    p.add_argument("--sp-grid", metavar="ROWSxCOLS",
+                   help="tile grid, e.g. 2x2 (default: --sp tiles over the height)")
+
+
 def tp_arg(text: str) -> int | None:
     """``--tp``: a positive integer, or ``auto`` (None: the planner chooses)."""
     return None if text == "auto" else positive_int(text)

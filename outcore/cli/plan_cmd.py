@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from outcore.cli.common import (MODEL_HELP, add_leaf_arg, check_output_suffix, console,
-                                is_graph_file, nonneg_int, note, positive_int, slot_label, table,
-                                tp_arg)
+from outcore.cli.common import (MODEL_HELP, add_leaf_arg, add_mesh_args, check_output_suffix,
+                                console, is_graph_file, nonneg_int, note, positive_int,
+                                slot_label, table)
 from outcore.units import format_bytes, format_seconds, parse_shape
 
 DESCRIPTION = """Partition a graph over K devices so that every device's training memory fits
@@ -42,21 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel copies of the model-parallel group (must divide "
                         "--devices; default 1)")
-    p.add_argument("--tp", type=tp_arg, default=1, metavar="N|auto",
-                   help="tensor-parallel ranks per device slot: the Megatron layout of the "
-                        "model's Linear and Embedding layers (column/row pairs found in the "
-                        "graph) split over tp consecutive ranks, inside every stage; auto: "
-                        "the fastest of 1, 2, 4, 8 that fits (the plan's notes say why); "
-                        "--dp x --tp divides --devices (default 1)")
-    p.add_argument("--sp", type=positive_int, default=1,
-                   help="spatial parallelism (MPI4DL SP + LP): the layers before the join run "
-                        "on --sp image tiles, one rank each, with halo exchange; --devices "
-                        "counts them (stages + sp - 1 ranks; default 1)")
-    p.add_argument("--sp-join", metavar="NODE",
-                   help="the last node run on tiles (its output is gathered); default: the "
-                        "planner's choice from the memory model")
-    p.add_argument("--sp-grid", metavar="ROWSxCOLS",
-                   help="tile grid, e.g. 2x2 (default: --sp tiles over the height)")
+    add_mesh_args(p)
     p.add_argument("--microbatches", type=microbatch_count, default=1,
                    help="micro-batches per iteration and copy (default 1), or auto: the search "
                         "splits the graph's batch (fewest micro-batches that fit before "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from outcore.cli.common import (MODEL_HELP, add_leaf_arg, console, note, positive_int, table,
-                                tp_arg)
+from outcore.cli.common import (MODEL_HELP, add_leaf_arg, add_mesh_args, console, note,
+                                positive_int, table)
 from outcore.units import format_bytes, format_seconds
 
 # The embedded default job: a model whose training step does not fit one device of DEFAULT_MEMORY,
@@ -46,21 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="master: replicas (default 4, or 2 with fewer than 4 devices)")
     p.add_argument("--dp", type=positive_int,
                    help="data-parallel copies of the model-parallel group (divides --devices)")
-    p.add_argument("--tp", type=tp_arg, default=1, metavar="N|auto",
-                   help="tensor-parallel ranks per device slot: the Megatron layout of the "
-                        "model's Linear and Embedding layers (column/row pairs found in the "
-                        "graph) split over tp consecutive ranks, inside every stage; auto: "
-                        "the fastest of 1, 2, 4, 8 that fits (the plan's notes say why); "
-                        "--dp x --tp divides --devices (default 1); see docs/tensor.md")
-    p.add_argument("--sp", type=positive_int, default=1,
-                   help="spatial parallelism (MPI4DL SP + LP): the layers before the join run "
-                        "on --sp image tiles, one rank each, with halo exchange; --devices "
-                        "counts them (stages + sp - 1 ranks; default 1)")
-    p.add_argument("--sp-join", metavar="NODE",
-                   help="the last node run on tiles (its output is gathered); default: the "
-                        "planner's choice from the memory model")
-    p.add_argument("--sp-grid", metavar="ROWSxCOLS",
-                   help="tile grid, e.g. 2x2 (default: --sp tiles over the height)")
+    add_mesh_args(p)
     p.add_argument("--memory-policy", choices=["auto", "none", "checkpoint", "offload"],
                    default="auto", help="how to fit --memory when the placement alone does not "
                    "(see outcore plan --help); on a CPU only checkpointing saves memory")
