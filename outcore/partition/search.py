@@ -303,7 +303,8 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
             raise first_error
         raise InfeasibleError(f"no plan fits when simulated with the {req.schedule} schedule "
                               f"({'; '.join(notes)}): add devices or raise --memory")
-    _, _, best = min(tried, key=lambda t: (not fits(t[2]), t[0], t[1]))
+    _, k_best, best = min(tried, key=lambda t: (not fits(t[2]), t[0], t[1]))
+    best = _coarsened(g, req, placed[k_best][1], best, check_fit)
     best = best.replace(extra={**best.extra, "placements": [
         {"strategy": p.strategy, "iteration_s": float(t),
          "peak_bytes": float(max(p.predicted["peak_bytes"])), "fits": fits(p)}
@@ -311,6 +312,36 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     if req.strategy == "auto":
         best = best.with_notes(*notes, f"auto: chose {best.strategy}")
     return best
+
+
+def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) -> Plan:
+    """``best`` with the pieces too small to pay for their runtime overhead and messages merged
+    into a neighbour's device (:func:`outcore.partition.granularity.merge_small_pieces`, costed
+    with the cluster's per-piece overheads and links), when the simulator finds that faster and
+    it still fits; the plan's notes say so. Granularity as a planner decision (issue 17)."""
+    from dataclasses import replace as _replace
+
+    from outcore.partition.granularity import merge_small_pieces
+    if req.model_parallel_devices < 2 or req.strategy != "auto":  # a named planner's plan stays
+        return best
+    merged = merge_small_pieces(g, result.assignment, req.cluster.slots(req.tp))
+    if np.array_equal(merged, result.assignment):
+        return best
+    moved = int((merged != result.assignment).sum())
+    try:
+        p = _simulated(g, req, _replace(result, assignment=merged,
+                                        devices_used=int(np.unique(merged).size)), check_fit)
+    except InfeasibleError:
+        return best
+    before, after = best.predicted["iteration_s"], p.predicted["iteration_s"]
+    if (check_fit and not fits(p)) or after >= before:
+        return best.with_notes(f"granularity: merging {moved} node(s) of pieces too small to "
+                               f"pay for their overhead gives {after * 1e3:.2f} ms"
+                               + (" and does not fit" if check_fit and not fits(p) else "")
+                               + f"; kept {before * 1e3:.2f} ms")
+    return p.with_notes(*best.notes, f"granularity: moved {moved} node(s) of pieces too small to "
+                        f"pay for their runtime overhead and messages to a neighbour's device: "
+                        f"{before * 1e3:.2f} -> {after * 1e3:.2f} ms")
 
 
 def _to_simulate(placed: list) -> set[int]:

@@ -43,3 +43,31 @@ def test_a_small_piece_joins_the_neighbour_it_talks_to_most():
         "edges": [{"src": 0, "dst": 1, "bytes": 4 << 20}, {"src": 1, "dst": 2, "bytes": 1 << 20}]})
     cl = make_cluster(3, device="cpu", bandwidth="1.5GB/s", latency="100us")
     assert merge_small_pieces(g, np.array([0, 1, 2]), cl).tolist() == [0, 0, 2]
+
+
+def test_the_search_merges_pieces_too_small_to_pay_for_themselves():
+    """In ``auto``, a placement whose pieces cost more in overheads and messages than they
+    compute is coarsened when the simulator finds it faster, and the plan says so; a named
+    planner's placement (here the round-robin baseline) is left as asked."""
+    from dataclasses import replace
+
+    import outcore
+    from outcore.partition import search as search_mod
+
+    g = _chain(32, 2e-6)
+    req = outcore.plan_request(2, bandwidth="1.5GB/s", latency="100us",
+                               strategy="round-robin")
+    rr = outcore.plan(g, req)
+    assert len(cut(g, rr.assignment).pieces) == 32  # the baseline as asked
+    # the auto search coarsening that same placement
+    coarse = search_mod._coarsened(g, replace(req, strategy="auto"),
+                                   _result(rr.assignment), rr, check_fit=True)
+    assert coarse.predicted["iteration_s"] < rr.predicted["iteration_s"] / 5
+    assert len(cut(g, coarse.assignment).pieces) < 4
+    assert any(n.startswith("granularity: moved") for n in coarse.notes)
+
+
+def _result(assignment):
+    from outcore.partition.result import PartitionResult
+    return PartitionResult(assignment=assignment, strategy="round-robin", devices_used=2,
+                           makespan_s=0.0, peak_bytes=np.zeros(2), lower_bound_s=0.0)
