@@ -39,6 +39,22 @@ PACK_MAX_BYTES = 1 << 18
 _ALIGN_BYTES = 16  # packed tensors start at multiples of this (any dtype can view its slice)
 
 
+def allreduce_into(tensors: list[torch.Tensor], group: Any, divide_by: int = 1) -> None:
+    """Sum ``tensors`` over ``group`` in place (divided by ``divide_by``: an average), as one
+    flat all-reduce instead of one per tensor."""
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    if divide_by != 1:
+        flat /= divide_by
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
 class _Layout:
     """How one message travels: its tensor metas, and whether and where they sit packed."""
 

@@ -22,7 +22,7 @@ from outcore.graph.ir import Graph
 from outcore.plan.plan import Plan, fingerprint, graph_ref
 from outcore.plan.policies import MemoryPolicies
 from outcore.plan.replicas import fx_name
-from outcore.runtime.comm import Messenger
+from outcore.runtime.comm import Messenger, allreduce_into
 from outcore.runtime.data import default_loss, split
 from outcore.runtime.executor import RankExecutor, StepResult, local
 from outcore.runtime.memtrack import MemoryTracker
@@ -260,14 +260,7 @@ class Trainer:
         replica saw different micro-batches), so that every rank, every checkpoint and the
         trained model agree. Losses and gradients do not depend on them (training mode)."""
         for pg, n, bufs in self.buffer_groups:
-            flat = torch.cat([b.reshape(-1) for b in bufs])
-            dist.all_reduce(flat, group=pg)
-            flat /= n
-            offset = 0
-            with torch.no_grad():
-                for b in bufs:
-                    b.copy_(flat[offset:offset + b.numel()].view_as(b))
-                    offset += b.numel()
+            allreduce_into(bufs, pg, divide_by=n)
 
     def _after_optimizer(self) -> None:
         if self.lr_scheduler is not None:

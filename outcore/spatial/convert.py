@@ -26,6 +26,7 @@ from torch import nn
 
 from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import UsageError
+from outcore.runtime.comm import allreduce_into
 from outcore.spatial.comm import SpatialGroup, gather_tiles, scatter_image
 from outcore.spatial.layers import POINTWISE_TYPES, SPATIAL_TYPES, make_spatial
 
@@ -94,15 +95,9 @@ class SpatialModel(nn.Module):
 
     def reduce_gradients(self) -> None:
         """Sum the tiled layers' gradients over the tile group (one flat all-reduce)."""
-        grads = [p.grad for p in self.spatial_parameters() if p.grad is not None]
-        if self.sg.grid.tiles == 1 or not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.sg.group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        if self.sg.grid.tiles > 1:
+            allreduce_into([p.grad for p in self.spatial_parameters() if p.grad is not None],
+                           self.sg.group)
 
 
 def _join_hook(sg: SpatialGroup, hw: tuple[int, int]):

@@ -32,6 +32,7 @@ from torch import nn
 from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import PlanError, UsageError
 from outcore.graph.ir import Graph
+from outcore.runtime.comm import allreduce_into
 from outcore.plan.plan import Plan
 from outcore.plan.spatial import tile_group
 from outcore.runtime.modules import PieceModule
@@ -126,15 +127,7 @@ class SpatialStage:
 
     def reduce_gradients(self) -> None:
         """Sum the tiled layers' gradients over the tile group (one flat all-reduce)."""
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.sg.group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        allreduce_into([p.grad for p in self.parameters() if p.grad is not None], self.sg.group)
 
     def run_tiles(self, inputs: list[tuple[torch.Tensor, ...]]) -> None:
         """Extra tile rank: forward and backward of every micro-batch, in tile 0's order."""
