@@ -173,14 +173,8 @@ class _ListState:
             self.inflight[r] += 1
         for t in self.pieces.outputs_of[p]:
             q = self.pieces.transfers[t].dst
-            self.ready_f[q][m] = max(self.ready_f[q][m], self._arrival(r, t, q, end))
-            self.deps_f[q][m] -= 1
-            if self.deps_f[q][m] == 0:
-                self.push(self.dev[q], "F", q, m, self.ready_f[q][m])
-        self.ready_b[p][m] = max(self.ready_b[p][m], end)
-        self.deps_b[p][m] -= 1
-        if self.deps_b[p][m] == 0:
-            self.push(r, "B", p, m, self.ready_b[p][m])
+            self._release("F", q, m, self._arrival(r, t, q, end))
+        self._release("B", p, m, end)
 
     def _backward_done(self, r: int, p: int, m: int, end: float) -> None:
         self.b_left[r][m] -= 1
@@ -188,10 +182,16 @@ class _ListState:
             self.inflight[r] -= 1
         for t in self.pieces.inputs_of[p]:
             q = self.pieces.transfers[t].src
-            self.ready_b[q][m] = max(self.ready_b[q][m], self._arrival(r, t, q, end))
-            self.deps_b[q][m] -= 1
-            if self.deps_b[q][m] == 0:
-                self.push(self.dev[q], "B", q, m, self.ready_b[q][m])
+            self._release("B", q, m, self._arrival(r, t, q, end))
+
+    def _release(self, kind: str, q: int, m: int, at: float) -> None:
+        """One dependency of task ``kind`` (piece ``q``, micro-batch ``m``) is met at ``at``;
+        the task is queued on its rank once all are."""
+        ready, deps = (self.ready_f, self.deps_f) if kind == "F" else (self.ready_b, self.deps_b)
+        ready[q][m] = max(ready[q][m], at)
+        deps[q][m] -= 1
+        if deps[q][m] == 0:
+            self.push(self.dev[q], kind, q, m, ready[q][m])
 
 
 def _pick(heap: list, r: int, kind: str, free: float, f_left: list[int],
