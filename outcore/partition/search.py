@@ -60,10 +60,12 @@ def _search_tp(g: Graph, req: PlanRequest, check_suggestions: bool) -> Plan:
     plan's notes give every degree's outcome."""
     best: Plan | None = None
     notes: list[str] = []
+    errors: dict[int, Exception] = {}
     for t in req.tp_options():
         try:
             p = search(g, req.replace(tp=t), check_suggestions=False)
         except (InfeasibleError, UsageError) as e:
+            errors[t] = e
             notes.append(f"tp {t}: {str(e).split('; ')[0]}")
             continue
         ok = fits(p)
@@ -72,8 +74,11 @@ def _search_tp(g: Graph, req: PlanRequest, check_suggestions: bool) -> Plan:
                      + ("" if ok else " (does not fit)"))
         if ok and (best is None or p.predicted["iteration_s"] < best.predicted["iteration_s"]):
             best = p
-    if best is None:  # the refusal (and its checked suggestions) of the plain request
-        search(g, req.replace(tp=1), check_suggestions=check_suggestions)
+    plain = errors.get(1)
+    if best is None and isinstance(plain, InfeasibleError):
+        # the refusal of the plain request, with its checked suggestions
+        raise checked_refusal(g, req.replace(tp=1), plain) if check_suggestions else plain
+    if best is None:
         raise InfeasibleError(f"no tensor-parallel degree fits ({'; '.join(notes)})")
     t = best.layout.tp
     why = "the fastest that fits" if len(notes) > 1 else "the only degree tried"
@@ -319,8 +324,6 @@ def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) 
     into a neighbour's device (:func:`outcore.partition.granularity.merge_small_pieces`, costed
     with the cluster's per-piece overheads and links), when the simulator finds that faster and
     it still fits; the plan's notes say so. Granularity as a planner decision (issue 17)."""
-    from dataclasses import replace as _replace
-
     from outcore.partition.granularity import merge_small_pieces
     if req.model_parallel_devices < 2 or req.strategy != "auto":  # a named planner's plan stays
         return best
@@ -329,8 +332,8 @@ def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) 
         return best
     moved = int((merged != result.assignment).sum())
     try:
-        p = _simulated(g, req, _replace(result, assignment=merged,
-                                        devices_used=int(np.unique(merged).size)), check_fit)
+        p = _simulated(g, req, replace(result, assignment=merged,
+                                       devices_used=int(np.unique(merged).size)), check_fit)
     except InfeasibleError:
         return best
     before, after = best.predicted["iteration_s"], p.predicted["iteration_s"]
