@@ -41,7 +41,7 @@ import numpy as np
 
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
-from outcore.graph.tensor_pairs import TensorLayout, find_layout
+from outcore.graph.tensor_pairs import DEFAULT_MIN_SPLIT_BYTES, TensorLayout, find_layout
 from outcore.hardware.collectives import allreduce_s, ring_reduce_scatter_s
 from outcore.hardware.spec import LinkSpec
 
@@ -55,7 +55,7 @@ __all__ = ["Collective", "STYLES", "split_compute_s", "split_state_bytes", "dept
 # only from 1 MiB of parameters up (alone, it costs a gather or an all-reduce per call, which a
 # small layer does not earn back). ``tensor_graph`` and the runtime use these thresholds, so
 # what is costed is what runs.
-PLAN_MIN_SPLIT_BYTES = 1 << 20
+PLAN_MIN_SPLIT_BYTES = DEFAULT_MIN_SPLIT_BYTES
 PLAN_MIN_PAIR_BYTES = 0
 
 STYLES = ("whole", "colwise", "rowwise", "colwise_gather", "rowwise_alone", "vocab", "embed_dim")

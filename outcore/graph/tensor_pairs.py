@@ -30,7 +30,12 @@ from typing import Any
 
 from outcore.graph.ir import Graph
 
-__all__ = ["Pair", "Split", "TensorLayout", "find_layout", "HEAD_OPS", "ELEMENTWISE_OPS"]
+__all__ = ["Pair", "Split", "TensorLayout", "find_layout", "HEAD_OPS", "ELEMENTWISE_OPS",
+           "DEFAULT_MIN_SPLIT_BYTES"]
+
+# Layers (pairs: their Linears together) under this many parameter bytes stay whole by default:
+# their collectives would cost more than splitting them saves.
+DEFAULT_MIN_SPLIT_BYTES = 1 << 20
 
 ELEMENTWISE_OPS = frozenset({
     "gelu", "relu", "tanh", "sigmoid", "silu", "mish", "elu", "leakyrelu", "leaky_relu", "softplus",
@@ -268,7 +273,7 @@ def _pair_ok(g: Graph, w: _Walk, tp: int) -> str:
 # ------------------------------------------------------------------------------ layout
 
 
-def find_layout(g: Graph, tp: int, *, min_split_bytes: int = 1 << 20,
+def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
                 min_pair_bytes: int | None = None) -> TensorLayout:
     """The tensor-parallel layout of ``g`` over ``tp`` ranks.
 

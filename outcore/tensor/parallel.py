@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from outcore.errors import CaptureError, ModelError, UsageError
-from outcore.graph.tensor_pairs import TensorLayout, find_layout
+from outcore.graph.tensor_pairs import DEFAULT_MIN_SPLIT_BYTES, TensorLayout, find_layout
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,6 @@ MODES = ("1d", "depth")
 HEAD_ATTRS = ("heads", "num_heads", "n_head", "n_heads", "num_attention_heads", "num_key_value_heads",
               "nhead", "num_kv_heads")
 WIDTH_ATTRS = ("all_head_size", "inner_dim")
-DEFAULT_MIN_SPLIT_BYTES = 1 << 20
 _WEIGHT_SHARD = {"whole": None, "colwise": 0, "colwise_gather": 0, "vocab": 0,
                  "rowwise": 1, "rowwise_alone": 1, "embed_dim": 1}
 
