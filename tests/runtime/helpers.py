@@ -70,21 +70,29 @@ def reference(cfg: TrainConfig, chunks: int | None = None, *, buffers: bool = Fa
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    losses = accumulated_steps(model, opt, data.batch, cfg.steps, chunks, default_loss)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    if buffers:
+        return losses, params, {k: b.detach().clone() for k, b in model.named_buffers()}
+    return losses, params
+
+
+def accumulated_steps(model, opt, batch_of, steps: int, chunks: int, loss_of) -> list[float]:
+    """Plain PyTorch training: for each step, ``batch_of(step) -> (inputs tuple, targets)``
+    split into ``chunks`` equal pieces whose gradients accumulate, then one optimizer step.
+    Returns the loss of each step (the sum of the pieces' ``loss_of(output, target) / chunks``)."""
     losses = []
-    for step in range(cfg.steps):
-        inputs, targets = data.batch(step)
+    for step in range(steps):
+        inputs, targets = batch_of(step)
         total = 0.0
         for x, y in zip(split(inputs, chunks), split(targets, chunks)):
-            loss = default_loss(model(*x), y) / chunks
+            loss = loss_of(model(*x), y) / chunks
             loss.backward()
             total += loss.item()
         opt.step()
         opt.zero_grad()
         losses.append(total)
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    if buffers:
-        return losses, params, {k: b.detach().clone() for k, b in model.named_buffers()}
-    return losses, params
+    return losses
 
 
 def assert_matches(results, ref_losses, ref_state, rtol=1e-5):

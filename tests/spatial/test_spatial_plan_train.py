@@ -62,24 +62,16 @@ def _tiles_reference(cfg: TrainConfig, root: str):
 
     import torch
 
-    from outcore.runtime.data import default_loss, split
+    from outcore.runtime.data import default_loss
     from outcore.spatial.data import TileFolderData
     from outcore.zoo import build_model
+    from tests.runtime.helpers import accumulated_steps
     _, built = build_model(cfg.model, batch_size=cfg.batch_size, seed=cfg.seed)
     model = copy.deepcopy(built)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     data = TileFolderData(root, cfg.batch_size, cfg.seed)
-    losses = []
-    for step in range(cfg.steps):
-        (x,), y = data.batch(step)
-        total = 0.0
-        for xm, ym in zip(split(x, cfg.microbatches), split(y, cfg.microbatches)):
-            loss = default_loss(model(xm), ym) / cfg.microbatches
-            loss.backward()
-            total += loss.item()
-        opt.step()
-        opt.zero_grad()
-        losses.append(total)
+    losses = accumulated_steps(model, opt, data.batch, cfg.steps, cfg.microbatches,
+                               default_loss)
     return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 

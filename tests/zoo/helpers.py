@@ -16,6 +16,7 @@ from outcore.runtime.data import SyntheticData, default_loss, split
 from outcore.runtime.values import value_metas
 from outcore.graph.capture import retrace
 from outcore.zoo import resolve_model
+from tests.runtime.helpers import accumulated_steps
 
 
 def docs(cfg: TrainConfig, assign, devices: int, costs: str = "flat"):
@@ -53,17 +54,8 @@ def reference(cfg: TrainConfig, output_key: str | None):
     data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.batch_size, cfg.seed,
                          spec.task, spec.task_options)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    losses = []
-    for step in range(cfg.steps):
-        inputs, targets = data.batch(step)
-        total = 0.0
-        for x, y in zip(split(inputs, cfg.microbatches), split(targets, cfg.microbatches)):
-            loss = default_loss(output_of(model(*x), output_key), y) / cfg.microbatches
-            loss.backward()
-            total += loss.item()
-        opt.step()
-        opt.zero_grad()
-        losses.append(total)
+    losses = accumulated_steps(model, opt, data.batch, cfg.steps, cfg.microbatches,
+                               lambda out, y: default_loss(output_of(out, output_key), y))
     # a tied tensor under the model's first name for it, as outcore names it on every rank
     return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
 
