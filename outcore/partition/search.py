@@ -436,7 +436,7 @@ def _replicate(g: Graph, base: Plan, req: PlanRequest, replicas: int) -> Plan:
     from outcore.sim.simulate import simulate
 
     mode = "mp" if replicas == 1 else req.parallel  # one replica x dp: plain data parallelism
-    layout = Layout.replicate(mode, base.stages, replicas, req.dp, tp=req.tp)
+    layout = Layout.replicate(mode, base.stages, replicas, req.dp, tp=req.tp, depth=req.depth)
     p = base.replace(devices=layout.ranks(base.stages), memory_bytes=req.memory_bytes,
                      layout=layout)
     sim = simulate(p, g)

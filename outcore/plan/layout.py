@@ -10,6 +10,13 @@ A plan's ranks form the mesh ``dp x stages x tp x sp``:
 * ``dp`` — data-parallel copies of the whole model-parallel group;
 * ``tp`` — tensor (intra-layer) degree: every device slot of a stage is ``tp`` consecutive ranks
   (rank ``slot * tp + t``) holding shard ``t`` of the slot's split layers (Megatron-LM);
+* ``depth`` — FSDP / ZeRO-3 sharding over the data-parallel copies (AxoNN's depth dimension,
+  Singh et al., IPDPS 2022; Rajbhandari et al., SC 2020): copies ``d`` with the same
+  ``d // depth`` hold ``1 / depth`` of each device slot's parameters, gradients and optimizer
+  state each (shard ``d % depth``), gather a piece's parameters before it runs and
+  reduce-scatter its gradients after its backward; with ``dp > depth`` the shards are also
+  all-reduced over the ``dp / depth`` groups (hybrid sharding). Parameters shared between
+  slots of one copy (tied weights) stay whole;
 * ``sp`` — spatial (tile) degree of the stage holding the graph's inputs (MPI4DL's SP + LP, Jain
   et al.): its layers before the join run on ``sp`` tiles, so one copy of the model uses
   ``stages - 1 + sp`` ranks; the ``sp - 1`` extra tile ranks are numbered after all the plan's
@@ -27,7 +34,7 @@ from typing import Any
 
 from outcore.errors import FormatError, UsageError
 
-__all__ = ["Layout", "MODES", "PLAIN", "check_positive", "gems_maps"]
+__all__ = ["Layout", "MODES", "PLAIN", "check_depth", "check_positive", "gems_maps"]
 
 MODES = {"mp": "MP-Basic: one replica split over the devices",
          "mast": "MAST: a second replica in reverse stage order on the same devices",
@@ -57,6 +64,22 @@ def gems_maps(stages: int, replicas: int) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
+def check_depth(depth: int, dp: int, replicas: int, tp: int) -> None:
+    """Raise :class:`UsageError` unless sharding over ``depth`` copies fits the mesh."""
+    if depth == 1:
+        return
+    if dp % depth:
+        raise UsageError(f"--depth {depth} must divide --dp {dp}: the parameters are sharded "
+                         "over depth of the data-parallel copies")
+    if replicas > 1:
+        raise UsageError(f"--depth {depth} shards data-parallel copies; GEMS replicas "
+                         "(--parallel mast/master) are not sharded yet: use --parallel mp")
+    if tp > 1:
+        raise UsageError(f"--depth {depth} with --tp {tp} inside a plan is not built yet: use "
+                         "one of them, or outcore.tensor_parallel(model, tp, depth=...) in "
+                         "your own job (docs/tensor.md)")
+
+
 def check_positive(what: str, value: Any) -> None:
     """Raise :class:`UsageError` unless ``value`` is an integer of at least 1."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
@@ -75,6 +98,8 @@ class Layout:
             empty for a plain (unreplicated) plan.
         tp: tensor-parallel degree inside each device of a stage.
         sp: spatial-parallel degree (image tiles) inside each device of a stage.
+        depth: data-parallel copies that shard each slot's parameters among themselves
+            (divides ``dp``; 1: every copy holds them whole).
     """
 
     mode: str = "mp"
@@ -83,11 +108,12 @@ class Layout:
     maps: tuple[tuple[int, ...], ...] = ()
     tp: int = 1
     sp: int = 1
+    depth: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise UsageError(f"unknown parallel mode {self.mode!r}: use {', '.join(MODES)}")
-        for name in ("replicas", "dp", "tp", "sp"):
+        for name in ("replicas", "dp", "tp", "sp", "depth"):
             check_positive(f"layout {name}", getattr(self, name))
         if self.maps and len(self.maps) != self.replicas:
             raise UsageError(f"the layout has {len(self.maps)} replica maps for "
@@ -100,6 +126,7 @@ class Layout:
             raise UsageError(f"spatial parallelism (sp {self.sp}) is planned with pipeline and "
                              "ParDNN placements only: use tp = 1, dp = 1 and --parallel mp "
                              "with --sp")
+        check_depth(self.depth, self.dp, self.replicas, self.tp)
 
     @property
     def replicated(self) -> bool:
@@ -125,15 +152,21 @@ class Layout:
         has ``sp`` tile ranks: ``stages - 1 + sp`` per copy)."""
         return (stages + self.sp - 1) * self.dp * self.tp
 
+    def shard_of(self, copy: int) -> tuple[int, int]:
+        """``(group, shard)`` of data-parallel copy ``copy``: the copies of one group shard
+        each slot's parameters (``shard`` is this copy's part)."""
+        return divmod(copy, self.depth)
+
     def describe(self) -> str:
         parts = [] if self.mode == "mp" else [f"{self.mode} x{self.replicas} replicas"]
-        parts += [f"{k} {v}" for k, v in (("dp", self.dp), ("tp", self.tp), ("sp", self.sp))
-                  if v > 1]
+        parts += [f"{k} {v}" for k, v in (("dp", self.dp), ("depth", self.depth),
+                                          ("tp", self.tp), ("sp", self.sp)) if v > 1]
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "replicas": self.replicas, "dp": self.dp,
-                "maps": [list(m) for m in self.maps], "tp": self.tp, "sp": self.sp}
+                "maps": [list(m) for m in self.maps], "tp": self.tp, "sp": self.sp,
+                "depth": self.depth}
 
     @staticmethod
     def from_dict(doc: Any, source: str = "plan") -> "Layout":
@@ -143,20 +176,21 @@ class Layout:
             return Layout(mode=str(doc.get("mode", "mp")),
                           replicas=int(doc.get("replicas", 1)), dp=int(doc.get("dp", 1)),
                           maps=tuple(tuple(int(d) for d in m) for m in doc.get("maps") or ()),
-                          tp=int(doc.get("tp", 1)), sp=int(doc.get("sp", 1)))
+                          tp=int(doc.get("tp", 1)), sp=int(doc.get("sp", 1)),
+                          depth=int(doc.get("depth", 1)))
         except (TypeError, ValueError) as e:
             raise FormatError(f"{source}: unreadable layout ({e})") from None
 
     @staticmethod
     def replicate(mode: str, stages: int, replicas: int = 1, dp: int = 1,
-                  tp: int = 1) -> "Layout":
-        """The layout of ``replicas`` GEMS replicas of a ``stages``-slot split, ``dp`` times,
-        every slot ``tp`` ranks."""
+                  tp: int = 1, depth: int = 1) -> "Layout":
+        """The layout of ``replicas`` GEMS replicas of a ``stages``-slot split, ``dp`` times
+        (sharded over ``depth`` of them), every slot ``tp`` ranks."""
         if replicas > stages and replicas > 1:
             raise UsageError(f"{replicas} replicas on {stages} devices: at most one replica per "
                              "device and direction; use data parallelism (--dp) for more")
         return Layout(mode=mode, replicas=replicas, dp=dp, maps=gems_maps(stages, replicas),
-                      tp=tp)
+                      tp=tp, depth=depth)
 
 
 PLAIN = Layout()

@@ -14,7 +14,7 @@ from typing import Any
 from outcore.errors import UsageError
 from outcore.hardware.cluster import make_cluster
 from outcore.hardware.spec import Cluster, DeviceSpec
-from outcore.plan.layout import MODES, check_positive
+from outcore.plan.layout import MODES, check_depth, check_positive
 from outcore.plan.plan import SCHEDULES
 from outcore.plan.spatial import check_spatial_request
 from outcore.plan.policies import CHOICES
@@ -38,6 +38,9 @@ class PlanRequest:
         tp: tensor-parallel ranks inside every model-parallel device slot (Megatron layout of
             the graph's Linears / Embeddings, :mod:`outcore.graph.tensor_pairs`); ``dp x tp``
             must divide ``devices``. ``None``: the search chooses (:meth:`tp_options`).
+        depth: data-parallel copies that shard each device slot's parameters, gradients and
+            optimizer state among themselves (FSDP / ZeRO-3; AxoNN's depth dimension; divides
+            ``dp``; :class:`~outcore.plan.layout.Layout`).
         sp: spatial degree (1: not used); ``sp`` tiles the layers before the join over
             ``sp`` ranks, which ``devices`` includes (``outcore.plan.spatial``).
         sp_join: the join node's name (None: the planner chooses it from the memory model).
@@ -61,6 +64,7 @@ class PlanRequest:
     replicas: int | None = None
     dp: int = 1
     tp: int | None = 1
+    depth: int = 1
     sp: int = 1
     sp_join: str | None = None
     sp_grid: str | None = None
@@ -89,6 +93,8 @@ class PlanRequest:
         if self.replicas is not None and (self.parallel != "master" or self.replicas < 2
                                           or self.replicas % 2):
             raise UsageError("--replicas is for --parallel master: an even count (2, 4, ...)")
+        check_positive("--depth", self.depth)
+        check_depth(self.depth, self.dp, 1 if self.parallel == "mp" else 2, self.tp or 1)
         check_positive("--sp", self.sp)
         if self.sp > 1:
             check_spatial_request(self)
@@ -112,6 +118,8 @@ class PlanRequest:
         and 8 where they divide the devices of one data-parallel copy."""
         if self.tp is not None:
             return [self.tp]
+        if self.depth > 1:  # sharding and tensor parallelism do not compose in plans yet
+            return [1]
         per_copy = self.devices // self.dp
         return [t for t in (1, 2, 4, 8) if per_copy % t == 0]
 

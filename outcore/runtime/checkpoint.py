@@ -143,9 +143,8 @@ def load(trainer: Any, path: str | os.PathLike) -> int:
     except (CheckpointException, Exception) as e:  # CheckpointException is a BaseException
         raise CheckpointError(f"cannot resume from {path}: {_explain(e)} (was it written for "
                               "this model?)") from None
+    trainer.load_parameters({k: flat[f"model.{k}"] for k in trainer.named_params})
     with torch.no_grad():
-        for k, p in trainer.named_params.items():
-            p.copy_(flat[f"model.{k}"])
         for k, b in trainer.gm.named_buffers():
             if f"buffer.{k}" in flat and b.device.type != "meta":
                 b.copy_(flat[f"buffer.{k}"])
@@ -158,8 +157,14 @@ def load(trainer: Any, path: str | os.PathLike) -> int:
 
 def _load_optimizer(trainer: Any, flat: dict[str, Any]) -> None:
     index = {id(p): k for k, p in trainer.named_params.items()}
+    sharder = getattr(trainer, "sharder", None)
+    if sharder is not None:  # the shards' state is sliced from the whole state by name
+        sharder.load_optimizer_state(trainer.optimizer.state,
+                                     lambda name, key: flat[f"optim.{name}.{key}"])
     for group in trainer.optimizer.param_groups:
         for p in group["params"]:
+            if id(p) not in index:  # a shard, loaded above
+                continue
             st = trainer.optimizer.state[p]
             for key in list(st):
                 value = flat[f"optim.{index[id(p)]}.{key}"]

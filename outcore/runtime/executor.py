@@ -65,7 +65,8 @@ class RankExecutor:
                  placeholders: list[str], device: torch.device, trace: bool = False,
                  on_step: Callable[[], None] | None = None, copies: int = 1,
                  policies: dict[int, str] | None = None,
-                 piece_params: dict[int, list[torch.nn.Parameter]] | None = None):
+                 piece_params: dict[int, list[torch.nn.Parameter]] | None = None,
+                 sharder: Any = None):
         self.rank, self.s, self.modules = rank, schedule, modules
         self.random_seed = torch.initial_seed()  # the run's seed: random nodes derive theirs
         self.names, self.metas, self.msg = names, metas, messenger
@@ -78,6 +79,9 @@ class RankExecutor:
         self.copies = copies  # replicas x data-parallel copies of the graph in the schedule
         self.policies = policies or {}
         self.piece_params = piece_params or {}
+        self.sharder = sharder  # FSDP-style sharded parameters (outcore.runtime.sharding)
+        self.sharded_buckets = {b for b, sh in enumerate(schedule.meta.get("bucket_sharded", ()))
+                                if sh} if sharder is not None else set()
         offloaded = [q for p, pol in self.policies.items() if pol == "offload-params"
                      for q in self.piece_params.get(p, [])]
         self.act_off = ActivationOffloader(device)
@@ -265,6 +269,8 @@ class RankExecutor:
             copies.append(name in clone)
             values.append(v)
         policy = self.policies.get(p, "none")
+        if self.sharder is not None:
+            self.sharder.gather(p)
 
         def run(*xs: Any) -> Any:
             # in-place consumers of a received leaf get a copy (made inside the checkpointed
@@ -282,6 +288,8 @@ class RankExecutor:
                 outs = run(*values)
         else:
             outs = run(*values)
+        if self.sharder is not None:
+            self.sharder.release(p)
         self.fwd_inputs[(p, mb)] = leaves
         produced = dict(zip(pm.outputs, outs))
         self.fwd_outputs[(p, mb)] = produced
@@ -316,9 +324,14 @@ class RankExecutor:
                     roots.append(t)
                     grads.append(g)
         if roots:
+            if self.sharder is not None:
+                self.sharder.gather(p)
             with self.param_off.resident(self.piece_params.get(p, []) if
                                          self.policies.get(p) == "offload-params" else []):
                 torch.autograd.backward(roots, grads)
+            if self.sharder is not None:
+                self.sharder.release(p)
+                self.sharder.reduce_gradients(p)
         self.act_off.release(p, mb)
         for name, leaf_value in self.fwd_inputs.pop((p, mb)).items():
             tensors = tensors_of(leaf_value)
@@ -389,6 +402,9 @@ class RankExecutor:
 
     def allreduce(self, bucket: int) -> None:
         """Start summing a bucket's gradients over the ranks that hold its parameters."""
+        if bucket in self.sharded_buckets:  # reduce-scattered in the backward already
+            self.sharder.sync_replicas()
+            return
         group, params = self.bucket_groups[bucket]
         if not params:
             return

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from outcore.errors import PlanError
+from outcore.errors import PlanError, RuntimeFailure
 from outcore.graph.coarsen import collapse, groups
 from outcore.graph.ir import Graph
 from outcore.plan.plan import Plan, fingerprint, graph_ref
@@ -174,7 +174,9 @@ class Trainer:
             from outcore.spatial.stage import attach
             self.spatial = attach(self.rank, gm, graph, layer_plan(graph, plan), low, modules)
         tiles = [self.spatial.tiles_module] if self.spatial and self.spatial.is_extra else []
-        self._keep_parameters(gm, modules + tiles, optimizer, lr_scheduler)
+        self.sharder = None  # FSDP-style sharding over the data-parallel copies (depth > 1)
+        self._keep_parameters(gm, modules + tiles, optimizer, lr_scheduler,
+                              shard=lambda: self._shard(plan, low, modules, timeout_s))
         if self.spatial is not None and self.optimizer is not None:
             self.optimizer.register_step_pre_hook(lambda *_: self.spatial.reduce_gradients())
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
@@ -199,13 +201,14 @@ class Trainer:
             self.slot, self.schedule, {pm.id: pm for pm in modules}, big_names, metas,
             self.messenger, loss_fn or default_loss, self.optimizer, self._buckets(),
             self.placeholders, self.device, on_step=self._after_optimizer, copies=self.copies,
-            policies=self.policies, piece_params=piece_params)
+            policies=self.policies, piece_params=piece_params, sharder=self.sharder)
         self.buffer_groups = self._replicated_running_stats()
 
     def _keep_parameters(self, gm: torch.fx.GraphModule, modules: list, optimizer: Any,
-                         lr_scheduler: Any) -> None:
-        """Drop the parameters no piece of this rank uses, move the rest to the device, and
-        make the optimizer (and learning-rate scheduler) over them."""
+                         lr_scheduler: Any, shard: Callable[[], Any]) -> None:
+        """Drop the parameters no piece of this rank uses, move the rest to the device, shard
+        them when the layout says so, and make the optimizer (and learning-rate scheduler)
+        over them (over the shards of sharded ones)."""
         self.aliases = param_aliases(gm)  # tied weights: one tensor, one name on every rank
         kept = prune_unowned(gm, modules)
         # move what this rank keeps; dropped tensors stay on the meta device
@@ -214,10 +217,60 @@ class Trainer:
         params = dict(gm.named_parameters(remove_duplicate=False))
         self.named_params = {self.aliases.get(k, k): params[k] for k in kept}
         self.params = [p for p in self.named_params.values() if p.requires_grad]
+        self.sharder = shard()
+        if self.sharder is not None:
+            self.params = [p for p in self.params if not self.sharder.sharded(p)] + \
+                self.sharder.shards
         make_opt = optimizer or (lambda ps: torch.optim.Adam(ps, lr=1e-3))
         self.optimizer = make_opt(self.params) if self.params else None
         self.lr_scheduler = lr_scheduler(self.optimizer) if (lr_scheduler and self.optimizer) \
             else None
+
+    def _shard(self, plan: Plan, low: Any, modules: list, timeout_s: float) -> Any:
+        """The :class:`~outcore.runtime.sharding.ParamSharder` of a layout with ``depth > 1``
+        (every rank creates every group), else None."""
+        layout = plan.layout
+        if layout.depth == 1:
+            return None
+        from datetime import timedelta
+
+        from outcore.runtime.sharding import ParamSharder, shard_groups
+
+        groups = shard_groups(plan.stages, layout.dp, layout.depth, self.rank)
+        meta = self.schedule.meta
+        names = {self.aliases.get(n, n) for b, sh in enumerate(meta.get("bucket_sharded", ()))
+                 if sh and self.slot in self.schedule.buckets[b]
+                 for n in meta["bucket_params"][b]}
+        name_of = {id(p): k for k, p in self.named_params.items()}
+        per_copy = low.graph.num_nodes // low.copies
+        order = sorted(modules, key=lambda pm: min(i % per_copy
+                                                   for i in low.pieces.pieces[pm.id].nodes))
+        pieces = [(pm.id, [(name_of[id(q)], q) for q in _module_params(pm.module)
+                           if name_of.get(id(q)) in names]) for pm in order]
+        wait_s = timedelta(seconds=timeout_s)
+
+        def wait(work: Any, what: str) -> None:
+            if work.wait(wait_s) is False:
+                raise RuntimeFailure(f"rank {self.rank}: timed out after {timeout_s:.0f} s "
+                                     f"{what}")
+
+        return ParamSharder(pieces, groups[0], groups[1], layout.depth, wait)
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters by name, whole (sharded ones gathered: collective)."""
+        out = {k: v.detach() for k, v in self.named_params.items()}
+        if self.sharder is not None:
+            out.update(self.sharder.parameters())
+        return out
+
+    def load_parameters(self, values: dict[str, torch.Tensor]) -> None:
+        """Set this rank's parameters from whole values by name (a checkpoint)."""
+        with torch.no_grad():
+            for k, p in self.named_params.items():
+                if self.sharder is None or not self.sharder.sharded(p):
+                    p.copy_(values[k])
+        if self.sharder is not None:
+            self.sharder.load_parameters(values)
 
     def _buckets(self) -> dict[int, tuple[Any, list[nn.Parameter]]]:
         """This rank's all-reduce buckets: process group and parameters (every rank creates
@@ -273,6 +326,8 @@ class Trainer:
         if self.optimizer is not None:
             for st in self.optimizer.state.values():
                 out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+        if self.sharder is not None:
+            out += self.sharder.shards
         return [local(t) for t in out]  # a tensor-parallel shard's own storage
 
     def step(self, inputs: tuple[torch.Tensor, ...] | None, targets: Any, *,
@@ -319,15 +374,17 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's parameters, buffers, optimizer and scheduler state (by parameter name)."""
-        state: dict[str, Any] = {"model": {k: v.detach() for k, v in self.named_params.items()}}
+        state: dict[str, Any] = {"model": self.full_parameters()}
         state["buffers"] = {k: b for k, b in self.gm.named_buffers() if b.device.type != "meta"}
         if self.optimizer is not None:
             index = {id(p): k for k, p in self.named_params.items()}
             opt = self.optimizer.state_dict()
-            order = [index[id(p)] for group in self.optimizer.param_groups
+            order = [index.get(id(p)) for group in self.optimizer.param_groups
                      for p in group["params"]]
-            state["optim"] = {"state": {order[i]: v for i, v in opt["state"].items()},
-                              "param_groups": opt["param_groups"]}
+            by_name = {order[i]: v for i, v in opt["state"].items() if order[i] is not None}
+            if self.sharder is not None:  # the shards' state, whole and by parameter name
+                by_name.update(self.sharder.optimizer_state(self.optimizer.state))
+            state["optim"] = {"state": by_name, "param_groups": opt["param_groups"]}
         if self.lr_scheduler is not None:
             state["lr_scheduler"] = self.lr_scheduler.state_dict()
         return state

@@ -190,9 +190,11 @@ def _summary(cfg: TrainConfig, trainer: Any, out: dict[str, Any]) -> dict[str, A
     out["pieces"] = [p.id for p in trainer.pieces.pieces if p.device == trainer.slot]
     if trainer.tensor_layout is not None:
         out["tensor_split"] = list(trainer.tensor_layout.split_modules)
+    if trainer.sharder is not None:
+        out["sharded"] = sorted(trainer.sharder.by_name)
     if cfg.return_state:  # whole tensors (a tensor-parallel shard is gathered from its group)
         out["state"] = {k: _whole(v).detach().cpu().clone()
-                        for k, v in trainer.named_params.items()}
+                        for k, v in trainer.full_parameters().items()}
         out["buffers"] = {k: b.detach().cpu().clone() for k, b in trainer.gm.named_buffers()
                           if b.device.type != "meta"}
     return out

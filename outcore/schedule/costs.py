@@ -20,11 +20,17 @@ Memory policies change a piece's costs (``outcore.plan.policies``):
 
 When the device *is* the host (CPU training) offloading changes nothing: no memory is saved,
 no copy is paid.
+
+Sharded parameters (a layout's ``depth``, FSDP / ZeRO-3) keep ``1 / depth`` of their parameters,
+gradients and optimizer state on the device; every forward and backward first all-gathers the
+piece's parameters (held while it runs), and the backward then reduce-scatters their gradients
+(the whole gradients and their flat copy are held while it does).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -86,13 +92,17 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 optimizer: str = "adam", policies: tuple[str, ...] | None = None,
                 host_bandwidth: float = 12e9, host_is_device: bool = False,
                 fwd_overhead_s: float = 0.0, bwd_overhead_s: float = 0.0,
-                overhead_overlaps: bool = False) -> PieceCosts:
+                overhead_overlaps: bool = False, sharded_bytes: np.ndarray | None = None,
+                depth: int = 1, gather_s: Callable[[float], float] | None = None,
+                scatter_s: Callable[[float], float] | None = None) -> PieceCosts:
     """Sum node costs over each piece, scaled to one micro-batch; apply memory policies.
 
     ``policies`` gives each piece's policy (default: none for every piece);
     ``fwd_overhead_s``/``bwd_overhead_s`` is the runtime's fixed cost per piece and micro-batch;
     with ``overhead_overlaps`` (GPUs) it is host work overlapping the device's, and a piece
-    takes the longer of the two.
+    takes the longer of the two. ``sharded_bytes`` (per node) are parameter bytes sharded over
+    ``depth`` copies; ``gather_s`` / ``scatter_s`` time an all-gather / reduce-scatter of so many
+    (whole) bytes over them.
     """
     n_p = len(pieces.pieces)
     piece_of = pieces.piece_of
@@ -142,6 +152,9 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 transient[p] += piece_params[p]
                 t_bwd[p] += 2 * piece_params[p]  # parameters and their gradients
                 static_piece[p] = 0.0
+    if sharded_bytes is not None and depth > 1:
+        _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth, factor,
+               gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece, piece_params)
     rank_of_piece = np.array([p.device for p in pieces.pieces], dtype=np.int64)
     static = np.bincount(rank_of_piece, weights=static_piece, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
@@ -159,3 +172,20 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
             tensors = np.array([len(h) for h in held], dtype=np.float64)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
                       pol, largest, tensors)
+
+
+def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, factor: float,
+           gather_s: Callable[[float], float] | None, scatter_s: Callable[[float], float] | None,
+           fwd: np.ndarray, bwd: np.ndarray, transient: np.ndarray, t_bwd: np.ndarray,
+           static_piece: np.ndarray, piece_params: np.ndarray) -> None:
+    """Apply FSDP / ZeRO-3 sharding to the piece costs in place (see the module docstring)."""
+    sb = np.bincount(piece_of, weights=sharded, minlength=n_p)
+    for p in np.flatnonzero(sb > 0):
+        b = float(sb[p])
+        static_piece[p] -= b * factor * (1 - 1 / depth)
+        piece_params[p] -= b * (1 - 1 / depth)  # what this rank's optimizer updates
+        transient[p] += b  # the gathered parameters, while the forward runs
+        t_bwd[p] += 2 * b  # gathered parameters, then whole gradients and their flat copy
+        gather = gather_s(b) if gather_s is not None else 0.0
+        fwd[p] += gather
+        bwd[p] += gather + (scatter_s(b) if scatter_s is not None else 0.0)

@@ -34,7 +34,8 @@ from outcore.schedule.check import check
 from outcore.schedule.costs import PieceCosts, mb_scale, piece_costs
 from outcore.schedule.ir import Action, Schedule
 
-__all__ = ["Lowered", "lower", "make_schedule", "place_allreduces", "shared_param_buckets"]
+__all__ = ["Lowered", "lower", "make_schedule", "place_allreduces", "shared_param_buckets",
+           "sharded_buckets"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,10 +105,15 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
         global_batch = int(round(mb_samples * M * copies))
     batch = global_batch or (g.batch_size * M * copies if g.batch_size else None)
     scale = mb_scale(g, batch / (M * copies) if batch else None)
+    depth = plan.layout.depth
+    policies = expand_policies(plan, copies)
+    if depth > 1:
+        policies = shard_units(big, assignment, policies)
     sched, costs, pieces = make_schedule(big, assignment, plan.devices // tp, microbatches=M,
                                          kind=kind, cluster=cl, scale=scale,
-                                         optimizer=plan.optimizer,
-                                         policies=expand_policies(plan, copies))
+                                         optimizer=plan.optimizer, policies=policies,
+                                         depth=(plan.stages, plan.layout.dp, depth)
+                                         if depth > 1 else None)
     return Lowered(big, assignment, copies, pieces, costs, sched, cl, batch, tp)
 
 
@@ -175,29 +181,105 @@ def place_allreduces(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) 
                     s.meta)
 
 
+# sharded parameters are gathered per unit: each rank's nodes in this many consecutive parts
+# of equal parameter bytes (FSDP wraps each transformer block; a unit's whole parameters and
+# gradients are what a rank holds beyond its shards)
+SHARD_UNITS = 8
+
+
+def shard_units(g: Graph, assignment: np.ndarray, policies: MemoryPolicies | None,
+                units: int = SHARD_UNITS) -> MemoryPolicies:
+    """Memory-policy groups split further into gather units: every rank's nodes, in
+    topological order, cut into ``units`` consecutive parts of equal parameter bytes (each
+    part keeps its nodes' policies)."""
+    from outcore.graph.algorithms import topological_order
+    from outcore.plan.policies import segments
+
+    order = topological_order(g)
+    unit = np.zeros(g.num_nodes, dtype=np.int64)
+    for r in np.unique(assignment):
+        mine = order[assignment[order] == r]
+        for k, part in enumerate(segments(mine, units, g.param_bytes[mine])):
+            unit[part] = k
+    old = policies.group_of if policies is not None else np.full(g.num_nodes, -1, np.int64)
+    pairs, group_of = np.unique(np.stack([old, unit, assignment]), axis=1, return_inverse=True)
+    names = tuple(policies.policy_of_group(int(o)) if policies is not None else "none"
+                  for o in pairs[0])
+    return MemoryPolicies(np.asarray(group_of, dtype=np.int64).reshape(-1), names)
+
+
+def sharded_buckets(groups: tuple[tuple[int, ...], ...], stages: int,
+                    dp: int) -> tuple[bool, ...]:
+    """Which buckets a layout's ``depth`` shards: those held by exactly the ``dp`` copies of
+    one device slot (rank ``d * stages + s``); parameters shared by two slots of a copy (tied
+    weights) stay whole and all-reduced."""
+    return tuple(len(grp) == dp and len({r % stages for r in grp}) == 1 and
+                 sorted(r // stages for r in grp) == list(range(dp)) for grp in groups)
+
+
+class _Sharding:
+    """The costs of sharding the parameters of :func:`sharded_buckets` over ``depth``."""
+
+    def __init__(self, g: Graph, groups: tuple[tuple[int, ...], ...],
+                 names: tuple[tuple[str, ...], ...], layout: tuple[int, int, int],
+                 cluster: Cluster):
+        from outcore.hardware.collectives import ring_reduce_scatter_s
+
+        stages, self.dp, self.depth = layout
+        self.sharded = sharded_buckets(groups, stages, self.dp)
+        names_in = {n for b, ns in enumerate(names) if self.sharded[b] for n in ns}
+        self.node_bytes = np.zeros(g.num_nodes)
+        for i in range(g.num_nodes):
+            owned = g.attr(i, "params", []) or [] if g.attrs is not None else []
+            if owned:
+                k = sum(n in names_in for n in owned)
+                self.node_bytes[i] = float(g.param_bytes[i]) * k / len(owned)
+        link = cluster.link(0, min(stages, cluster.size - 1)) if stages < cluster.size \
+            else cluster.link(0, 1)
+        self.collective_s = lambda b: ring_reduce_scatter_s(b, self.depth, link)
+
+    def cost_options(self) -> dict:
+        return {"sharded_bytes": self.node_bytes, "depth": self.depth,
+                "gather_s": self.collective_s, "scatter_s": self.collective_s}
+
+    def bucket_meta(self, sizes: tuple[float, ...]) -> dict:
+        """A sharded bucket's all-reduce is of the shards, over the ``dp / depth`` groups."""
+        return {"bucket_bytes": tuple(b / self.depth if sh else b
+                                      for b, sh in zip(sizes, self.sharded)),
+                "bucket_ring": tuple(self.dp // self.depth if sh else 0
+                                     for sh in self.sharded),
+                "bucket_sharded": self.sharded, "depth": self.depth}
+
+
 def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatches: int,
                   kind: str, cluster: Cluster, scale: float = 1.0, optimizer: str = "adam",
-                  policies: MemoryPolicies | None = None
+                  policies: MemoryPolicies | None = None,
+                  depth: tuple[int, int, int] | None = None
                   ) -> tuple[Schedule, PieceCosts, Pieces]:
     """Cut ``g`` by ``assignment`` (and memory-policy groups), cost the pieces per
-    micro-batch, build and check."""
+    micro-batch, build and check. ``depth = (stages, dp, depth)`` shards the parameters of
+    every slot over its data-parallel copies (:func:`sharded_buckets`)."""
     pieces = cut(g, assignment, policies.group_of if policies is not None else None)
     piece_policies = tuple(policies.policy_of_group(p.group) for p in pieces.pieces) \
         if policies is not None else None
+    groups, names, sizes = shared_param_buckets(g, assignment)
+    shard = _Sharding(g, groups, names, depth, cluster) if depth else None
     costs = piece_costs(g, pieces, num_ranks, scale=scale, optimizer=optimizer,
                         policies=piece_policies, host_bandwidth=cluster.device.host_bandwidth,
                         host_is_device=cluster.device.host_is_device,
                         fwd_overhead_s=cluster.device.fwd_overhead_s,
                         bwd_overhead_s=cluster.device.bwd_overhead_s,
-                        overhead_overlaps=cluster.device.host_overlap)
-    groups, names, sizes = shared_param_buckets(g, assignment)
+                        overhead_overlaps=cluster.device.host_overlap,
+                        **(shard.cost_options() if shard else {}))
 
     def link_time(a: int, b: int, nbytes: float) -> float:
         return cluster.link(a, b).time(nbytes) if a != b else 0.0
 
     s = build(pieces, num_ranks, microbatches, kind, costs, link_time, buckets=groups)
     s = place_allreduces(s, g, names)
-    s = Schedule(s.kind, s.num_ranks, s.microbatches, s.pieces, s.actions, s.buckets,
-                 {**s.meta, "bucket_params": names, "bucket_bytes": sizes, "scale": scale})
+    meta = {**s.meta, "bucket_params": names, "bucket_bytes": sizes, "scale": scale}
+    if shard:
+        meta.update(shard.bucket_meta(sizes))
+    s = Schedule(s.kind, s.num_ranks, s.microbatches, s.pieces, s.actions, s.buckets, meta)
     check(s)
     return s, costs, pieces

@@ -51,6 +51,8 @@ class SimOptions:
             is ready and ends no earlier than one bucket's all-reduce after the backward).
         dp_fused: one all-reduce of all of a rank's gradients after its last backward (no
             overlap with the backward; as GEMS' torchgems does) instead of one per piece.
+        bucket_ring: per bucket, the ranks its all-reduce runs over when not the whole group
+            (0: the group): a sharded bucket all-reduces its shards over ``dp / depth`` groups.
     """
 
     dp: int = 1
@@ -61,6 +63,7 @@ class SimOptions:
     bucket_bytes: tuple[float, ...] = ()
     dp_collective: str = "auto"
     dp_bucket_bytes: float = 0.0
+    bucket_ring: tuple[int, ...] = ()
     dp_fused: bool = False
 
 
@@ -308,7 +311,9 @@ class _Engine:
             nbytes = self.opt.bucket_bytes[a.bucket] if a.bucket < len(self.opt.bucket_bytes) \
                 else 0.0
             link = self.cluster.link(min(group), max(group))
-            end = start + ring_allreduce_s(nbytes, len(group), link)
+            ring = self.opt.bucket_ring[a.bucket] if a.bucket < len(self.opt.bucket_ring) \
+                else 0  # a sharded bucket: its shards, over the groups that hold copies
+            end = start + ring_allreduce_s(nbytes, ring or len(group), link)
             self.ar_end[a.bucket] = end
             for member in group:
                 self.ar_free[member] = end

@@ -101,6 +101,7 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
                            cluster=cluster, global_batch=global_batch)
     sched, costs, cl = low.schedule, low.costs, low.cluster
     opts = SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())),
+                      bucket_ring=tuple(sched.meta.get("bucket_ring", ())),
                       dp_collective=collective, dp_bucket_bytes=dp_bucket_bytes,
                       dp_fused=dp_fused,
                       optimizer_bytes_per_param_byte=optimizer_traffic(
