@@ -80,8 +80,8 @@ class Job:
         memory: per-device memory limit (``16GiB``; None: unlimited).
         plan_path: a saved plan to use instead of planning.
         costs: ``profile`` or ``estimate[:DEVICE]``.
-        strategy, parallel, replicas, dp, tp, memory_policy, sp, sp_join, sp_grid: the
-            planning request's options.
+        strategy, parallel, replicas, dp, tp, depth, memory_policy, sp, sp_join, sp_grid: the
+            planning request's options (``depth`` is ``--shard``).
         copies: model copies (GEMS replicas x dp) that split each global batch: the saved
             plan's, or the request's (:func:`replicas_asked` x ``dp``).
         microbatches_auto: the user gave no micro-batch count: the plan chooses it.
@@ -99,6 +99,7 @@ class Job:
     replicas: int | None = None
     dp: int = 1
     tp: int | None = 1  # None: the planner chooses
+    depth: int | None = 1  # sharding over the data-parallel copies; None: the planner chooses
     memory_policy: str = "auto"
     copies: int = 1
     run_dir: str = "."
@@ -148,7 +149,7 @@ def prepare(job: Job, *, local: bool = True,
                            microbatches="auto" if job.microbatches_auto else cfg.microbatches,
                            optimizer=cfg.optimizer, seed=cfg.seed,
                            memory_policy=job.memory_policy, search_layout=job.search_layout,
-                           tp=job.tp, sp=job.sp, sp_join=job.sp_join, sp_grid=job.sp_grid)
+                           tp=job.tp, depth=job.depth, sp=job.sp, sp_join=job.sp_join, sp_grid=job.sp_grid)
     p = search(g, req)
     if whole:  # the plan chose the split: capture again at its micro-batch
         g = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
@@ -206,6 +207,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
           on_nonfinite: str = "stop", timeout_s: float = 60.0, threads: int | None = 1,
           schedule_file: str | None = None, sp: int = 1, sp_join: str | None = None,
           sp_grid: str | None = None, search_layout: bool = False, task: str | None = None,
+          shard: int | None = 1,
           leaves: tuple[str, ...] = (),
           progress: Callable[[str, int, int], None] | None = None,
           on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
@@ -218,6 +220,8 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
         strategy: planner (``pardnn``, ``pipeline``, ...); ignored with ``plan``.
         parallel, replicas, dp: GEMS mode and replicas, data-parallel copies.
         tp: tensor-parallel ranks per device slot (``dp x tp`` divides ``devices``).
+        shard: data-parallel copies that shard each slot's parameters, gradients and
+            optimizer state (FSDP / ZeRO-3; divides ``dp``; None: the plan chooses).
         plan: a saved plan file to use instead of planning.
         schedule_file: a saved ``outcore-schedule/1`` file (``outcore plan --schedule-out``)
             whose action lists the workers run.
@@ -250,7 +254,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
                    resume=resume, on_nonfinite=on_nonfinite, timeout_s=timeout_s,
                    threads=threads, schedule_file=schedule_file, search_layout=search_layout,
                    task=task, leaves=tuple(leaves))
-    job = replace(job, sp=sp, sp_join=sp_join, sp_grid=sp_grid)
+    job = replace(job, sp=sp, sp_join=sp_join, sp_grid=sp_grid, depth=shard)
     return run(job, progress=progress, on_metrics=on_metrics)
 
 

@@ -40,14 +40,22 @@ def positive_int(text: str) -> int:
 
 
 def add_mesh_args(p: argparse.ArgumentParser) -> None:
-    """``--tp`` and ``--sp`` (with ``--sp-join``, ``--sp-grid``): the tensor and spatial degrees
-    of the plan's process mesh (``outcore plan`` and ``outcore train``)."""
+    """``--tp``, ``--shard`` and ``--sp`` (with ``--sp-join``, ``--sp-grid``): the tensor,
+    sharding and spatial degrees of the plan's process mesh (``outcore plan`` and ``outcore
+    train``)."""
     p.add_argument("--tp", type=tp_arg, default=1, metavar="N|auto",
                    help="tensor-parallel ranks per device slot: the Megatron layout of the "
                         "model's Linear and Embedding layers (column/row pairs found in the "
                         "graph) split over tp consecutive ranks, inside every stage; auto: "
                         "the fastest of 1, 2, 4, 8 that fits (the plan's notes say why); "
                         "--dp x --tp divides --devices (default 1); see docs/tensor.md")
+    p.add_argument("--shard", type=tp_arg, default=1, metavar="N|auto",
+                   help="sharded data parallelism (FSDP / ZeRO-3; AxoNN's depth dimension): N "
+                        "of the --dp copies of every device slot hold 1/N of its parameters, "
+                        "gradients and optimizer state each, gather a piece's parameters "
+                        "before it runs and reduce-scatter its gradients; N divides --dp; "
+                        "auto: the fastest divisor of --dp that fits (default 1: no "
+                        "sharding); see docs/tensor.md")
     p.add_argument("--sp", type=positive_int, default=1,
                    help="spatial parallelism (MPI4DL SP + LP): the layers before the join run "
                         "on --sp image tiles, one rank each, with halo exchange; --devices "
@@ -60,7 +68,7 @@ def add_mesh_args(p: argparse.ArgumentParser) -> None:
 
 
 def tp_arg(text: str) -> int | None:
-    """``--tp``: a positive integer, or ``auto`` (None: the planner chooses)."""
+    """``--tp`` / ``--shard``: a positive integer, or ``auto`` (None: the planner chooses)."""
     return None if text == "auto" else positive_int(text)
 
 

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         g = outcore.collapse(g, args.depth)
     p = outcore.plan(g, args.devices, args.memory, strategy=args.strategy,
                      parallel=args.parallel, replicas=args.replicas, dp=args.dp, tp=args.tp,
-                     sp=args.sp, sp_join=args.sp_join, sp_grid=args.sp_grid,
+                     depth=args.shard, sp=args.sp, sp_join=args.sp_join, sp_grid=args.sp_grid,
                      bandwidth=args.bandwidth, latency=args.latency,
                      microbatches=args.microbatches, schedule=args.schedule,
                      optimizer=args.optimizer, memory_policy=args.memory_policy,

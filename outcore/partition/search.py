@@ -45,7 +45,9 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
         from outcore.partition.spatial import plan_spatial
         return plan_spatial(g, req, lambda graph, r: search(graph, r, check_suggestions=False))
     if req.tp is None:
-        return _search_tp(g, req, check_suggestions)
+        return _search_degrees(g, req, "tp", req.tp_options(), check_suggestions)
+    if req.depth is None:
+        return _search_degrees(g, req, "depth", req.depth_options(), check_suggestions)
     g = tensor_costed(g, req)
     try:
         return _dispatch(g, req)
@@ -55,34 +57,41 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
         raise checked_refusal(g, req, e) from None
 
 
-def _search_tp(g: Graph, req: PlanRequest, check_suggestions: bool) -> Plan:
-    """``--tp auto``: the fastest plan that fits over :meth:`PlanRequest.tp_options`; the
-    plan's notes give every degree's outcome."""
+# the option each searched degree comes from, and what the search calls it
+_DEGREES = {"tp": ("--tp", "tensor-parallel"), "depth": ("--shard", "sharding")}
+
+
+def _search_degrees(g: Graph, req: PlanRequest, field: str, options: list[int],
+                    check_suggestions: bool) -> Plan:
+    """``--tp auto`` / ``--shard auto``: the fastest plan that fits over ``options`` of the
+    request's ``field``; the plan's notes give every degree's outcome."""
+    flag, what = _DEGREES[field]
     best: Plan | None = None
     notes: list[str] = []
     errors: dict[int, Exception] = {}
-    for t in req.tp_options():
+    for t in options:
         try:
-            p = search(g, req.replace(tp=t), check_suggestions=False)
+            p = search(g, req.replace(**{field: t}), check_suggestions=False)
         except (InfeasibleError, UsageError) as e:
             errors[t] = e
-            notes.append(f"tp {t}: {str(e).split('; ')[0]}")
+            notes.append(f"{field} {t}: {str(e).split('; ')[0]}")
             continue
         ok = fits(p)
-        notes.append(f"tp {t}: {p.predicted['iteration_s'] * 1e3:.2f} ms per iteration, peak "
-                     f"{max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
+        notes.append(f"{field} {t}: {p.predicted['iteration_s'] * 1e3:.2f} ms per iteration, "
+                     f"peak {max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
                      + ("" if ok else " (does not fit)"))
         if ok and (best is None or p.predicted["iteration_s"] < best.predicted["iteration_s"]):
             best = p
     plain = errors.get(1)
     if best is None and isinstance(plain, InfeasibleError):
         # the refusal of the plain request, with its checked suggestions
-        raise checked_refusal(g, req.replace(tp=1), plain) if check_suggestions else plain
+        raise checked_refusal(g, req.replace(**{field: 1}), plain) if check_suggestions \
+            else plain
     if best is None:
-        raise InfeasibleError(f"no tensor-parallel degree fits ({'; '.join(notes)})")
-    t = best.layout.tp
+        raise InfeasibleError(f"no {what} degree fits ({'; '.join(notes)})")
+    t = getattr(best.layout, field)
     why = "the fastest that fits" if len(notes) > 1 else "the only degree tried"
-    return best.with_notes(*notes, f"--tp auto: chose tp {t} ({why})")
+    return best.with_notes(*notes, f"{flag} auto: chose {field} {t} ({why})")
 
 
 def _dispatch(g: Graph, req: PlanRequest) -> Plan:
@@ -245,6 +254,13 @@ def tensor_costed(g: Graph, req: PlanRequest) -> Graph:
     return tg
 
 
+def shard_costed(g: Graph, depth: int) -> Graph:
+    """``g`` with each layer's parameter state as one of ``depth`` shards holds it: what the
+    placement of a sharded plan budgets (the gathers' working memory and time are the
+    lowering's: :func:`outcore.schedule.lower.shard_units`)."""
+    return g.replace(param_bytes=np.ceil(g.param_bytes / depth).astype(g.param_bytes.dtype))
+
+
 def fits(p: Plan) -> bool:
     """True when the plan's predicted peaks fit its memory limit."""
     peaks = p.predicted.get("peak_bytes") or [0]
@@ -255,6 +271,9 @@ def _replicated_plan(g: Graph, req: PlanRequest, replicas: int) -> Plan:
     """The best single-copy placement under ``memory / replicas``, replicated and simulated."""
     mem = req.memory_bytes
     budget = None if mem is None else mem / replicas
+    if req.depth > 1:  # placed by the shards' memory; the sharded plan is simulated below
+        base = _best_placement(shard_costed(g, req.depth), req, budget, check_fit=True)
+        return _replicate(g, base, req, replicas)
     base = _best_placement(g, req, budget, check_fit=(replicas == 1))
     if replicas == 1 and req.dp == 1:
         return base

@@ -40,7 +40,8 @@ class PlanRequest:
             must divide ``devices``. ``None``: the search chooses (:meth:`tp_options`).
         depth: data-parallel copies that shard each device slot's parameters, gradients and
             optimizer state among themselves (FSDP / ZeRO-3; AxoNN's depth dimension; divides
-            ``dp``; :class:`~outcore.plan.layout.Layout`).
+            ``dp``; :class:`~outcore.plan.layout.Layout`). ``None``: the search chooses
+            (:meth:`depth_options`).
         sp: spatial degree (1: not used); ``sp`` tiles the layers before the join over
             ``sp`` ranks, which ``devices`` includes (``outcore.plan.spatial``).
         sp_join: the join node's name (None: the planner chooses it from the memory model).
@@ -64,7 +65,7 @@ class PlanRequest:
     replicas: int | None = None
     dp: int = 1
     tp: int | None = 1
-    depth: int = 1
+    depth: int | None = 1
     sp: int = 1
     sp_join: str | None = None
     sp_grid: str | None = None
@@ -93,8 +94,9 @@ class PlanRequest:
         if self.replicas is not None and (self.parallel != "master" or self.replicas < 2
                                           or self.replicas % 2):
             raise UsageError("--replicas is for --parallel master: an even count (2, 4, ...)")
-        check_positive("--depth", self.depth)
-        check_depth(self.depth, self.dp, 1 if self.parallel == "mp" else 2, self.tp or 1)
+        if self.depth is not None:
+            check_positive("--shard", self.depth)
+            check_depth(self.depth, self.dp, 1 if self.parallel == "mp" else 2, self.tp or 1)
         check_positive("--sp", self.sp)
         if self.sp > 1:
             check_spatial_request(self)
@@ -118,10 +120,19 @@ class PlanRequest:
         and 8 where they divide the devices of one data-parallel copy."""
         if self.tp is not None:
             return [self.tp]
-        if self.depth > 1:  # sharding and tensor parallelism do not compose in plans yet
+        if self.depth != 1:  # sharding and tensor parallelism do not compose in plans yet
             return [1]
         per_copy = self.devices // self.dp
         return [t for t in (1, 2, 4, 8) if per_copy % t == 0]
+
+    def depth_options(self) -> list[int]:
+        """Sharding degrees the search tries: the request's, or (``depth=None``) every divisor
+        of ``dp`` (1: no sharding), where the layout allows sharding."""
+        if self.depth is not None:
+            return [self.depth]
+        if self.parallel != "mp" or (self.tp or 1) > 1:
+            return [1]
+        return [d for d in range(1, self.dp + 1) if self.dp % d == 0]
 
     @property
     def whole_batch(self) -> bool:

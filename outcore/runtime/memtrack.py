@@ -48,6 +48,21 @@ class _Counter:
         self.seen.pop(key, None)
 
 
+_ACTIVE: list[_Counter] = []  # the counters of the trackers running now
+
+
+def storage_resized(storage: torch.UntypedStorage, old_ptr: int) -> None:
+    """Tell running trackers that ``storage`` was resized in place (its allocation at
+    ``old_ptr`` is gone, a new one may be in its place): sharded parameters free and regain
+    their whole storage this way (``outcore.runtime.sharding``), which no operator reports."""
+    for counter in _ACTIVE:
+        fin = counter.seen.get(old_ptr)
+        if fin is not None:
+            fin()
+        if storage.nbytes():
+            counter.add(storage)
+
+
 class _Mode(TorchDispatchMode):
     def __init__(self, counter: _Counter):
         super().__init__()
@@ -87,6 +102,7 @@ class MemoryTracker:
                 self.counter.add(t.untyped_storage())
         self.mode = _Mode(self.counter)
         self.mode.__enter__()
+        _ACTIVE.append(self.counter)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -94,6 +110,7 @@ class MemoryTracker:
             self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
             return
         self.mode.__exit__(*exc)
+        _ACTIVE.remove(self.counter)
         self.peak_bytes = int(self.counter.peak)
         for fin in list(self.counter.seen.values()):
             if fin is not None:

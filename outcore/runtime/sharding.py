@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from outcore.runtime.memtrack import storage_resized
+
 log = logging.getLogger(__name__)
 
 __all__ = ["ParamSharder", "shard_groups"]
@@ -58,7 +60,12 @@ def shard_groups(stages: int, dp: int, depth: int, rank: int) -> tuple[Any, Any]
 
 
 class _Unit:
-    """Parameters gathered together: one dtype, one flat buffer, this rank's flat shard."""
+    """Parameters gathered together: one dtype, one flat buffer, this rank's flat shard.
+
+    The parameters are views of ``flat`` for good; releasing them frees ``flat``'s storage
+    (resized to nothing) and gathering resizes it back (PyTorch FSDP's storage trick). So a view
+    of a weight that autograd saved in the forward (``addmm`` saves ``weight.t()``) does not keep
+    the gathered parameters alive until the backward, and sees them again when it runs."""
 
     def __init__(self, named: list[tuple[str, nn.Parameter]], depth: int, index: int):
         self.names = [n for n, _ in named]
@@ -67,19 +74,30 @@ class _Unit:
         self.numels = [p.numel() for p in self.params]
         total = sum(self.numels)
         self.size = -(-total // depth)  # elements per shard (the last one padded)
-        flat = torch.zeros(self.size * depth, dtype=self.params[0].dtype,
-                           device=self.params[0].device)
+        self.flat = torch.zeros(self.size * depth, dtype=self.params[0].dtype,
+                                device=self.params[0].device)
+        self.nbytes = self.flat.untyped_storage().nbytes()
         with torch.no_grad():
-            torch.cat([p.detach().reshape(-1) for p in self.params], out=flat[:total])
-        self.shard = nn.Parameter(flat[index * self.size:(index + 1) * self.size].clone())
-        self.empty = torch.empty(0, dtype=flat.dtype, device=flat.device)
-
-    def point_at(self, flat: torch.Tensor | None) -> None:
-        """Parameters as views of the gathered ``flat`` buffer (``None``: of nothing)."""
+            torch.cat([p.detach().reshape(-1) for p in self.params], out=self.flat[:total])
+        self.shard = nn.Parameter(self.flat[index * self.size:(index + 1) * self.size].clone())
         offset = 0
         for p, shape, n in zip(self.params, self.shapes, self.numels):
-            p.data = self.empty if flat is None else flat[offset:offset + n].view(shape)
+            p.data = self.flat[offset:offset + n].view(shape)
             offset += n
+        self.free()
+
+    def free(self) -> None:
+        self._resize(0)
+
+    def allocate(self) -> torch.Tensor:
+        self._resize(self.nbytes)
+        return self.flat
+
+    def _resize(self, nbytes: int) -> None:
+        storage = self.flat.untyped_storage()
+        old = storage.data_ptr()
+        storage.resize_(nbytes)
+        storage_resized(storage, old)  # the CPU memory tracker sees no operator do this
 
 
 class ParamSharder:
@@ -113,8 +131,6 @@ class ParamSharder:
                     owner[id(p)] = unit
             used = {id(owner[id(p)]): owner[id(p)] for _, p in named if owner.get(id(p))}
             self.uses[piece] = list(used.values())
-        for unit in self.units:
-            unit.point_at(None)
         self.by_name = {n: (u, k) for u in self.units for k, n in enumerate(u.names)}
         log.info("sharding %d parameters in %d units over %d copies", len(self.by_name),
                  len(self.units), depth)
@@ -128,22 +144,16 @@ class ParamSharder:
         return any(p is q for u in self.units for q in u.params)
 
     # ------------------------------------------------------------------ per piece
-    def _gather(self, unit: _Unit) -> torch.Tensor:
-        flat = torch.empty(unit.size * self.depth, dtype=unit.shard.dtype,
-                           device=unit.shard.device)
-        work = dist.all_gather_single(flat, unit.shard.detach(), group=self.group,
-                                      async_op=True)
-        self.wait(work, f"gathering {len(unit.names)} sharded parameters")
-        return flat
-
     def gather(self, piece: int) -> None:
         """Whole parameters of ``piece``'s units, until :meth:`release`."""
         for unit in self.uses.get(piece, ()):
-            unit.point_at(self._gather(unit))
+            work = dist.all_gather_single(unit.allocate(), unit.shard.detach(),
+                                          group=self.group, async_op=True)
+            self.wait(work, f"gathering {len(unit.names)} sharded parameters")
 
     def release(self, piece: int) -> None:
         for unit in self.uses.get(piece, ()):
-            unit.point_at(None)
+            unit.free()
 
     def reduce_gradients(self, piece: int) -> None:
         """Reduce-scatter the gradients ``piece``'s backward left in its units' parameters
