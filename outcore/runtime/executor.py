@@ -422,7 +422,8 @@ class RankExecutor:
             for p in params:
                 shard = local(p)
                 n = shard.numel()
-                p.grad = like(p, flat[offset:offset + n].view_as(shard).clone())
+                # a view of the summed buffer (DDP's gradient-as-bucket-view): no second copy
+                p.grad = like(p, flat[offset:offset + n].view_as(shard))
                 offset += n
         self.pending_ar.clear()
 

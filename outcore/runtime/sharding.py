@@ -185,7 +185,7 @@ class ParamSharder:
         self.wait(work, "all-reducing sharded gradients over the data-parallel groups")
         offset = 0
         for u in self.units:
-            u.shard.grad = flat[offset:offset + u.size].clone()
+            u.shard.grad = flat[offset:offset + u.size]  # a view: no second copy
             offset += u.size
 
     # ------------------------------------------------------------------ whole state

@@ -154,7 +154,8 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 static_piece[p] = 0.0
     if sharded_bytes is not None and depth > 1:
         _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth, factor,
-               gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece, piece_params)
+               gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece, piece_params,
+               grad_tmp)
     rank_of_piece = np.array([p.device for p in pieces.pieces], dtype=np.int64)
     static = np.bincount(rank_of_piece, weights=static_piece, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
@@ -177,7 +178,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
 def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, factor: float,
            gather_s: Callable[[float], float] | None, scatter_s: Callable[[float], float] | None,
            fwd: np.ndarray, bwd: np.ndarray, transient: np.ndarray, t_bwd: np.ndarray,
-           static_piece: np.ndarray, piece_params: np.ndarray) -> None:
+           static_piece: np.ndarray, piece_params: np.ndarray, grad_tmp: np.ndarray) -> None:
     """Apply FSDP / ZeRO-3 sharding to the piece costs in place (see the module docstring)."""
     sb = np.bincount(piece_of, weights=sharded, minlength=n_p)
     for p in np.flatnonzero(sb > 0):
@@ -185,7 +186,9 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
         static_piece[p] -= b * factor * (1 - 1 / depth)
         piece_params[p] -= b * (1 - 1 / depth)  # what this rank's optimizer updates
         transient[p] += b  # the gathered parameters, while the forward runs
-        t_bwd[p] += 2 * b  # gathered parameters, then whole gradients and their flat copy
+        # gathered parameters and the whole gradients (which hold the fresh gradient of the
+        # largest layer already counted), then the gradients and their flat copy
+        t_bwd[p] += 2 * b - min(float(grad_tmp[p]), b)
         gather = gather_s(b) if gather_s is not None else 0.0
         fwd[p] += gather
         bwd[p] += gather + (scatter_s(b) if scatter_s is not None else 0.0)

@@ -87,6 +87,9 @@ class _Engine:
         self.port_out: dict[object, float] = {}
         self.port_in: dict[object, float] = {}
         self.ar_arrived: dict[int, dict[int, float]] = {}
+        # the flat buffer each launched all-reduce sums in, held until the step takes the
+        # summed gradients from it (they then are views of it, replacing the old ones)
+        self.ar_held = [0.0] * costs.static_bytes.shape[0]
         self.ar_end: dict[int, float] = {}
         self.ar_free = [0.0] * R
         self.ar_waiters: dict[int, list[int]] = {}
@@ -267,6 +270,9 @@ class _Engine:
             return None
         done = [self.ar_end[b] for b, grp in enumerate(s.buckets) if r in grp]
         start = max([t, self.dp_free[r]] + done)
+        if self.ar_held[r]:
+            self.add_mem(r, start, -self.ar_held[r])
+            self.ar_held[r] = 0.0
         largest = c.largest_param_bytes[r] if c.largest_param_bytes is not None else 0.0
         work = float(largest) * self.opt.optimizer_transient
         if work:
@@ -303,6 +309,10 @@ class _Engine:
         group = self.s.buckets[a.bucket] if a.bucket < len(self.s.buckets) else (r,)
         arrived = self.ar_arrived.setdefault(a.bucket, {})
         arrived[r] = t
+        held = self._ar_buffer_bytes(a.bucket)
+        if held:
+            self.add_mem(r, t, held)
+            self.ar_held[r] += held
         if len(arrived) == len(group):
             # one collective stream per rank: shared-parameter and data-parallel all-reduces
             # take turns (the data-parallel sum must include the replicas' anyway)
@@ -323,6 +333,14 @@ class _Engine:
             for w in self.ar_waiters.pop(a.bucket, []):
                 self.wake(w, end)
         return t
+
+    def _ar_buffer_bytes(self, bucket: int) -> float:
+        """Bytes of the flat buffer a rank all-reduces ``bucket`` in (none for a bucket whose
+        shards nobody else holds)."""
+        ring = self.opt.bucket_ring[bucket] if bucket < len(self.opt.bucket_ring) else 0
+        if ring == 1 or bucket >= len(self.opt.bucket_bytes):
+            return 0.0
+        return float(self.opt.bucket_bytes[bucket])
 
     def dp_allreduce(self, r: int, piece: int | None, t: float, b_start: float) -> None:
         """Overlapped data-parallel all-reduce of one piece's gradients (``None``: all of the
