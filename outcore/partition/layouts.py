@@ -204,8 +204,9 @@ def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy:
     for c in group:
         rec = _record(c, policy)
         records.append(rec)
-        if req.memory_bytes and c.floor(policy) > req.memory_bytes:
-            rec["outcome"] = (f"pruned: memory floor {format_bytes(c.floor(policy))} per "
+        floor = c.floor(policy) / (req.depth or 1)  # sharded copies hold 1/depth of it
+        if req.memory_bytes and floor > req.memory_bytes:
+            rec["outcome"] = (f"pruned: memory floor {format_bytes(floor)} per "
                               "device over the limit")
             continue
         if best and c.time_bound_s > best[1].predicted["iteration_s"]:
