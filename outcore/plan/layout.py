@@ -64,20 +64,16 @@ def gems_maps(stages: int, replicas: int) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
-def check_depth(depth: int, dp: int, replicas: int, tp: int) -> None:
+def check_depth(depth: int, dp: int, replicas: int) -> None:
     """Raise :class:`UsageError` unless sharding over ``depth`` copies fits the mesh."""
     if depth == 1:
         return
     if dp % depth:
-        raise UsageError(f"--depth {depth} must divide --dp {dp}: the parameters are sharded "
+        raise UsageError(f"--shard {depth} must divide --dp {dp}: the parameters are sharded "
                          "over depth of the data-parallel copies")
     if replicas > 1:
-        raise UsageError(f"--depth {depth} shards data-parallel copies; GEMS replicas "
+        raise UsageError(f"--shard {depth} shards data-parallel copies; GEMS replicas "
                          "(--parallel mast/master) are not sharded yet: use --parallel mp")
-    if tp > 1:
-        raise UsageError(f"--depth {depth} with --tp {tp} inside a plan is not built yet: use "
-                         "one of them, or outcore.tensor_parallel(model, tp, depth=...) in "
-                         "your own job (docs/tensor.md)")
 
 
 def check_positive(what: str, value: Any) -> None:
@@ -126,7 +122,7 @@ class Layout:
             raise UsageError(f"spatial parallelism (sp {self.sp}) is planned with pipeline and "
                              "ParDNN placements only: use tp = 1, dp = 1 and --parallel mp "
                              "with --sp")
-        check_depth(self.depth, self.dp, self.replicas, self.tp)
+        check_depth(self.depth, self.dp, self.replicas)
 
     @property
     def replicated(self) -> bool:

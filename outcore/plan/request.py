@@ -96,7 +96,7 @@ class PlanRequest:
             raise UsageError("--replicas is for --parallel master: an even count (2, 4, ...)")
         if self.depth is not None:
             check_positive("--shard", self.depth)
-            check_depth(self.depth, self.dp, 1 if self.parallel == "mp" else 2, self.tp or 1)
+            check_depth(self.depth, self.dp, 1 if self.parallel == "mp" else 2)
         check_positive("--sp", self.sp)
         if self.sp > 1:
             check_spatial_request(self)
@@ -120,8 +120,6 @@ class PlanRequest:
         and 8 where they divide the devices of one data-parallel copy."""
         if self.tp is not None:
             return [self.tp]
-        if self.depth != 1:  # sharding and tensor parallelism do not compose in plans yet
-            return [1]
         per_copy = self.devices // self.dp
         return [t for t in (1, 2, 4, 8) if per_copy % t == 0]
 
@@ -130,7 +128,7 @@ class PlanRequest:
         of ``dp`` (1: no sharding), where the layout allows sharding."""
         if self.depth is not None:
             return [self.depth]
-        if self.parallel != "mp" or (self.tp or 1) > 1:
+        if self.parallel != "mp":
             return [1]
         return [d for d in range(1, self.dp + 1) if self.dp % d == 0]
 

@@ -38,25 +38,41 @@ log = logging.getLogger(__name__)
 __all__ = ["ParamSharder", "shard_groups"]
 
 
-def shard_groups(stages: int, dp: int, depth: int, rank: int) -> tuple[Any, Any]:
-    """``(shard group, replica group)`` of ``rank`` in a plan whose rank ``d * stages + s`` is
-    copy ``d`` of slot ``s``: the copies ``d`` with the same ``d // depth`` shard a slot; those
-    with the same ``d % depth`` hold the same shard. Every rank creates every group, in one
-    order (``torch.distributed.new_group`` is collective)."""
+def shard_groups(stages: int, dp: int, depth: int, rank: int, tp: int = 1) -> tuple[Any, Any]:
+    """``(shard group, replica group)`` of ``rank`` in a plan whose slot ``d * stages + s`` is
+    copy ``d`` of slot ``s`` (ranks ``slot * tp + t``, tensor shard ``t``): the copies ``d``
+    with the same ``d // depth`` shard a slot's (tensor shard's) parameters; those with the
+    same ``d % depth`` hold the same shard. Every rank creates every group, in one order
+    (``torch.distributed.new_group`` is collective)."""
     shard_pg = replica_pg = None
+
+    def ranks_of(copies: list[int], s: int, t: int) -> list[int]:
+        return [(d * stages + s) * tp + t for d in copies]
+
     for s in range(stages):
-        for g in range(dp // depth):
-            ranks = [(g * depth + k) * stages + s for k in range(depth)]
-            pg = dist.new_group(ranks)
-            if rank in ranks:
-                shard_pg = pg
-        if dp > depth:
-            for k in range(depth):
-                ranks = [(g * depth + k) * stages + s for g in range(dp // depth)]
+        for t in range(tp):
+            for g in range(dp // depth):
+                ranks = ranks_of([g * depth + k for k in range(depth)], s, t)
                 pg = dist.new_group(ranks)
                 if rank in ranks:
-                    replica_pg = pg
+                    shard_pg = pg
+            if dp > depth:
+                for k in range(depth):
+                    ranks = ranks_of([g * depth + k for g in range(dp // depth)], s, t)
+                    pg = dist.new_group(ranks)
+                    if rank in ranks:
+                        replica_pg = pg
     return shard_pg, replica_pg
+
+
+def _data(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding ``t``'s elements on this rank: a tensor-parallel DTensor's local
+    shard (the object itself, not the view ``to_local`` returns), else ``t``."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 class _Unit:
@@ -70,19 +86,21 @@ class _Unit:
     def __init__(self, named: list[tuple[str, nn.Parameter]], depth: int, index: int):
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        self.shapes = [p.shape for p in self.params]
-        self.numels = [p.numel() for p in self.params]
+        self.meshes = [(p.device_mesh, p.placements) if hasattr(p, "_local_tensor") else None
+                       for p in self.params]
+        data = [_data(p) for p in self.params]
+        self.shapes = [d.shape for d in data]
+        self.numels = [d.numel() for d in data]
         total = sum(self.numels)
         self.size = -(-total // depth)  # elements per shard (the last one padded)
-        self.flat = torch.zeros(self.size * depth, dtype=self.params[0].dtype,
-                                device=self.params[0].device)
+        self.flat = torch.zeros(self.size * depth, dtype=data[0].dtype, device=data[0].device)
         self.nbytes = self.flat.untyped_storage().nbytes()
         with torch.no_grad():
-            torch.cat([p.detach().reshape(-1) for p in self.params], out=self.flat[:total])
+            torch.cat([d.detach().reshape(-1) for d in data], out=self.flat[:total])
         self.shard = nn.Parameter(self.flat[index * self.size:(index + 1) * self.size].clone())
         offset = 0
-        for p, shape, n in zip(self.params, self.shapes, self.numels):
-            p.data = self.flat[offset:offset + n].view(shape)
+        for d, shape, n in zip(data, self.shapes, self.numels):
+            d.data = self.flat[offset:offset + n].view(shape)
             offset += n
         self.free()
 
@@ -164,7 +182,7 @@ class ParamSharder:
             offset = 0
             for p, n in zip(unit.params, unit.numels):
                 if p.grad is not None:
-                    flat[offset:offset + n].copy_(p.grad.reshape(-1))
+                    flat[offset:offset + n].copy_(_data(p.grad).reshape(-1))
                     p.grad = None
                 offset += n
             out = torch.empty(unit.size, dtype=flat.dtype, device=flat.device)
@@ -199,8 +217,12 @@ class ParamSharder:
                                           async_op=True)
             self.wait(work, "gathering sharded state")
             offset = 0
-            for name, shape, n in zip(unit.names, unit.shapes, unit.numels):
-                out[name] = flat[offset:offset + n].view(shape).clone()
+            for name, shape, n, mesh in zip(unit.names, unit.shapes, unit.numels, unit.meshes):
+                value = flat[offset:offset + n].view(shape).clone()
+                if mesh is not None:  # a tensor-parallel shard: the DTensor it is part of
+                    from torch.distributed.tensor import DTensor
+                    value = DTensor.from_local(value, mesh[0], mesh[1], run_check=False)
+                out[name] = value
                 offset += n
         return out
 
@@ -226,7 +248,8 @@ class ParamSharder:
     def _slice(self, unit: _Unit, values: list[torch.Tensor]) -> torch.Tensor:
         flat = torch.zeros(unit.size * self.depth, dtype=unit.shard.dtype,
                            device=unit.shard.device)
-        torch.cat([v.reshape(-1).to(flat) for v in values], out=flat[:sum(unit.numels)])
+        torch.cat([_local(v).reshape(-1).to(flat) for v in values],
+                  out=flat[:sum(unit.numels)])
         index = dist.get_rank(self.group) if self.group is not None else 0
         return flat[index * unit.size:(index + 1) * unit.size]
 

@@ -236,7 +236,7 @@ class Trainer:
 
         from outcore.runtime.sharding import ParamSharder, shard_groups
 
-        groups = shard_groups(plan.stages, layout.dp, layout.depth, self.rank)
+        groups = shard_groups(plan.stages, layout.dp, layout.depth, self.rank, self.tp)
         meta = self.schedule.meta
         names = {self.aliases.get(n, n) for b, sh in enumerate(meta.get("bucket_sharded", ()))
                  if sh and self.slot in self.schedule.buckets[b]

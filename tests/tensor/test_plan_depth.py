@@ -27,20 +27,20 @@ from tests.runtime.helpers import assert_matches, chunks, graph_for, reference
 MODEL = "outcore:transformer:layers=2"
 
 
-def _plan(g, stages: int, dp: int, depth: int, microbatches: int):
-    layout = Layout.replicate("mp", stages, 1, dp, depth=depth)
-    return make_plan(g, chunks(g, stages), strategy="manual", devices=stages * dp,
+def _plan(g, stages: int, dp: int, depth: int, microbatches: int, tp: int = 1):
+    layout = Layout.replicate("mp", stages, 1, dp, depth=depth, tp=tp)
+    return make_plan(g, chunks(g, stages), strategy="manual", devices=stages * dp * tp,
                      memory_bytes=None, microbatches=microbatches, layout=layout)
 
 
 def _run(stages: int, dp: int, depth: int, microbatches: int, optimizer: str = "sgd",
-         model: str = MODEL):
+         model: str = MODEL, tp: int = 1):
     cfg = TrainConfig(model=model, batch_size=4 * microbatches * dp, microbatches=microbatches,
                       steps=3, optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 1e-3,
                       return_state=True, track_memory=False)
     g = graph_for(cfg)
-    plan = _plan(g, stages, dp, depth, microbatches)
-    results = run_local(train_worker, stages * dp, (cfg, graph_doc(g), plan_doc(plan)),
+    plan = _plan(g, stages, dp, depth, microbatches, tp)
+    results = run_local(train_worker, stages * dp * tp, (cfg, graph_doc(g), plan_doc(plan)),
                         timeout_s=120)
     return cfg, results
 
@@ -63,6 +63,18 @@ def test_pipeline_2_x_sharded_2_equals_single_process():
     cfg, results = _run(stages=2, dp=2, depth=2, microbatches=2)
     assert_matches(results, *reference(cfg))
     assert results[0]["sharded"] == results[2]["sharded"] != results[1]["sharded"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_tensor_2_x_sharded_2_equals_single_process():
+    """tp 2 inside each slot, its two copies sharding every tensor shard's parameters: rank
+    ``d * 2 + t`` holds half of tensor shard ``t`` (AxoNN's tensor x depth on 4 ranks)."""
+    cfg, results = _run(stages=1, dp=2, depth=2, microbatches=2, tp=2)
+    assert_matches(results, *reference(cfg))
+    assert results[0]["tensor_split"], "the MLP pairs are split"
+    assert results[0]["sharded"] == results[2]["sharded"] == sorted(results[0]["state"])
 
 
 def test_sharding_lowers_memory_and_adds_collectives():
