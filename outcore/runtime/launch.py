@@ -174,6 +174,12 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
                 _drain(results, outputs, errors)
                 error, cause = _failure(procs, outputs, errors)
                 raise error from cause
+            # let finished workers exit on their own (up to ``grace_s``): a terminated worker
+            # skips its exit handlers, and the resource tracker then warns about semaphores it
+            # registered (tqdm's lock, made when torch.fx's interpreter runs)
+            deadline = time.monotonic() + grace_s
+            for p in procs:
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
         return [outputs[r] for r in range(world_size)]
     except KeyboardInterrupt as e:
         signum = lifetime.signal_number(e)
