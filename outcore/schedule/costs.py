@@ -126,32 +126,8 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     t_bwd = transient + grad_tmp
     static_piece = piece_params * factor
     if any(p != "none" for p in pol):
-        inputs = np.zeros(n_p)
-        for t in pieces.transfers:
-            inputs[t.dst] += tbytes[t.id]
-        for v in range(g.num_nodes):
-            if g.op_of(v) == "input":
-                inputs[piece_of[v]] += g.out_bytes[v] * scale
-        for p, name in enumerate(pol):
-            if name == "checkpoint":
-                # recomputed activations, plus the gradient flowing in and out of the op
-                # being differentiated (measured: about three of the largest outputs)
-                t_bwd[p] = 3 * transient[p] + saved[p] + grad_tmp[p]
-                bwd[p] += fwd[p]
-                saved[p] = min(inputs[p], saved[p])
-            elif name == "offload-activations" and not host_is_device:
-                copy_s = saved[p] / host_bandwidth
-                fwd[p] = max(fwd[p], copy_s)
-                bwd[p] = max(bwd[p], copy_s)
-                t_bwd[p] = 3 * transient[p] + saved[p] + grad_tmp[p]
-                saved[p] = 0.0
-            elif name == "offload-params" and not host_is_device:
-                copy_s = piece_params[p] / host_bandwidth
-                fwd[p] = max(fwd[p], copy_s)
-                bwd[p] = max(bwd[p], 2 * copy_s)
-                transient[p] += piece_params[p]
-                t_bwd[p] += 2 * piece_params[p]  # parameters and their gradients
-                static_piece[p] = 0.0
+        _apply_policies(g, pieces, pol, scale, tbytes, host_bandwidth, host_is_device, fwd, bwd,
+                        saved, transient, t_bwd, grad_tmp, static_piece, piece_params)
     if sharded_bytes is not None and depth > 1:
         _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth, factor,
                gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece, piece_params,
@@ -192,3 +168,38 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
         gather = gather_s(b) if gather_s is not None else 0.0
         fwd[p] += gather
         bwd[p] += gather + (scatter_s(b) if scatter_s is not None else 0.0)
+
+
+def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], scale: float,
+                    tbytes: np.ndarray, host_bandwidth: float, host_is_device: bool,
+                    fwd: np.ndarray, bwd: np.ndarray, saved: np.ndarray, transient: np.ndarray,
+                    t_bwd: np.ndarray, grad_tmp: np.ndarray, static_piece: np.ndarray,
+                    piece_params: np.ndarray) -> None:
+    """Apply the pieces' memory policies to their costs in place (see the module docstring)."""
+    n_p, piece_of = len(pieces.pieces), pieces.piece_of
+    inputs = np.zeros(n_p)
+    for t in pieces.transfers:
+        inputs[t.dst] += tbytes[t.id]
+    for v in range(g.num_nodes):
+        if g.op_of(v) == "input":
+            inputs[piece_of[v]] += g.out_bytes[v] * scale
+    for p, name in enumerate(pol):
+        if name == "checkpoint":
+            # recomputed activations, plus the gradient flowing in and out of the op
+            # being differentiated (measured: about three of the largest outputs)
+            t_bwd[p] = 3 * transient[p] + saved[p] + grad_tmp[p]
+            bwd[p] += fwd[p]
+            saved[p] = min(inputs[p], saved[p])
+        elif name == "offload-activations" and not host_is_device:
+            copy_s = saved[p] / host_bandwidth
+            fwd[p] = max(fwd[p], copy_s)
+            bwd[p] = max(bwd[p], copy_s)
+            t_bwd[p] = 3 * transient[p] + saved[p] + grad_tmp[p]
+            saved[p] = 0.0
+        elif name == "offload-params" and not host_is_device:
+            copy_s = piece_params[p] / host_bandwidth
+            fwd[p] = max(fwd[p], copy_s)
+            bwd[p] = max(bwd[p], 2 * copy_s)
+            transient[p] += piece_params[p]
+            t_bwd[p] += 2 * piece_params[p]  # parameters and their gradients
+            static_piece[p] = 0.0
