@@ -49,13 +49,14 @@ def add_mesh_args(p: argparse.ArgumentParser) -> None:
                         "graph) split over tp consecutive ranks, inside every stage; auto: "
                         "the fastest of 1, 2, 4, 8 that fits (the plan's notes say why); "
                         "--dp x --tp divides --devices (default 1); see docs/tensor.md")
-    p.add_argument("--shard", type=tp_arg, default=1, metavar="N|auto",
+    p.add_argument("--shard", type=tp_arg, default=0, metavar="N|auto",
                    help="sharded data parallelism (FSDP / ZeRO-3; AxoNN's depth dimension): N "
                         "of the --dp copies of every device slot hold 1/N of its parameters, "
                         "gradients and optimizer state each, gather a piece's parameters "
                         "before it runs and reduce-scatter its gradients; N divides --dp; "
-                        "auto: the fastest divisor of --dp that fits (default 1: no "
-                        "sharding); see docs/tensor.md")
+                        "auto: the fastest divisor of --dp that fits (default: no sharding, "
+                        "or the layout search's choice when it chooses the layout); see "
+                        "docs/tensor.md")
     p.add_argument("--sp", type=positive_int, default=1,
                    help="spatial parallelism (MPI4DL SP + LP): the layers before the join run "
                         "on --sp image tiles, one rank each, with halo exchange; --devices "
@@ -65,6 +66,14 @@ def add_mesh_args(p: argparse.ArgumentParser) -> None:
                         "planner's choice from the memory model")
     p.add_argument("--sp-grid", metavar="ROWSxCOLS",
                    help="tile grid, e.g. 2x2 (default: --sp tiles over the height)")
+
+
+def shard_arg(value: int | None, layout_searched: bool) -> int | None:
+    """The request's sharding degree from ``--shard`` (0: not given; None: ``auto``): not given
+    means no sharding, unless the layout search runs, which then chooses it."""
+    if value == 0:
+        return None if layout_searched else 1
+    return value
 
 
 def tp_arg(text: str) -> int | None:

@@ -147,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
         report = outcore.train(
             model, devices, memory=memory, strategy=args.strategy, plan=args.plan,
             parallel=args.parallel or "mp", replicas=args.replicas, dp=args.dp or 1,
-            tp=args.tp, shard=args.shard, search_layout=_layout_open(args),
+            tp=args.tp, shard=1 if args.shard == 0 else args.shard,
+            search_layout=_layout_open(args),
             memory_policy=args.memory_policy, sp=args.sp, sp_join=args.sp_join,
             sp_grid=args.sp_grid, input_shape=args.input_shape, batch_size=batch,
             microbatches=mbs,
@@ -175,7 +176,8 @@ def _run_quiet(args: argparse.Namespace) -> int:
         args.model or DEFAULT_MODEL, args.devices or (DEFAULT_DEVICES if default_job else 1),
         memory=args.memory or (DEFAULT_MEMORY if default_job else None),
         strategy=args.strategy, plan=args.plan, parallel=args.parallel or "mp",
-        replicas=args.replicas, dp=args.dp or 1, tp=args.tp, shard=args.shard,
+        replicas=args.replicas, dp=args.dp or 1, tp=args.tp,
+        shard=1 if args.shard == 0 else args.shard,
         memory_policy=args.memory_policy,
         search_layout=_layout_open(args),
         sp=args.sp, sp_join=args.sp_join, sp_grid=args.sp_grid, input_shape=args.input_shape,
@@ -193,7 +195,7 @@ def _run_quiet(args: argparse.Namespace) -> int:
 def _layout_open(args: argparse.Namespace) -> bool:
     """No layout option given: the plan chooses dp and the GEMS mode."""
     return args.parallel is None and args.replicas is None and args.dp is None \
-        and args.plan is None and args.tp == 1 and args.sp == 1 and args.shard == 1
+        and args.plan is None and args.tp == 1 and args.sp == 1 and args.shard == 0
 
 
 def _task_leaves(args: argparse.Namespace) -> dict:

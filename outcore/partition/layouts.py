@@ -7,7 +7,9 @@ search does the same over its process mesh (:class:`~outcore.plan.layout.Layout`
 1. **Enumerate** (:func:`candidate_layouts`): every ``dp`` dividing the devices, every GEMS mode
    and replica count that fits the model-parallel devices (MP-Basic, MAST, MASTER with 4 and 8
    replicas; Jain et al., SC 2020), every micro-batch count dividing one copy's batch, with
-   ``tp`` and ``sp`` taken from the request. A fixed request field (``dp``, ``parallel``,
+   ``tp`` and ``sp`` taken from the request; with several data-parallel copies, plain copies
+   and copies that shard the parameter state (``depth``: every divisor of ``dp``, or the
+   request's). A fixed request field (``dp``, ``parallel``,
    ``replicas``, a number of micro-batches) fixes that dimension.
 2. **Bound** each layout without placing anything: its time cannot beat
    ``max(total work / devices, critical path of one micro-batch)``, and a device must hold at
@@ -57,7 +59,8 @@ class LayoutChoice:
     """One candidate layout with its cheap bounds.
 
     Attributes:
-        dp, parallel, replicas, tp, sp: the mesh (``replicas`` 1 for ``mp``).
+        dp, parallel, replicas, tp, sp, depth: the mesh (``replicas`` 1 for ``mp``; ``depth``
+            copies shard the parameter state).
         microbatches: micro-batches per iteration and model copy.
         samples: samples per micro-batch.
         time_bound_s: no plan of this layout is faster (total work / devices, critical path).
@@ -72,6 +75,7 @@ class LayoutChoice:
     samples: int
     tp: int = 1
     sp: int = 1
+    depth: int = 1
     time_bound_s: float = 0.0
     params_floor_bytes: float = 0.0
     memory_floor_bytes: float = 0.0
@@ -79,14 +83,16 @@ class LayoutChoice:
     @property
     def label(self) -> str:
         mode = self.parallel if self.parallel != "master" else f"master x{self.replicas}"
-        mesh = "".join(f" x {k} {v}" for k, v in (("tp", self.tp), ("sp", self.sp)) if v > 1)
+        mesh = "".join(f" x {k} {v}" for k, v in (("shard", self.depth), ("tp", self.tp),
+                                                  ("sp", self.sp)) if v > 1)
         return f"dp {self.dp} x {mode}{mesh}, {self.microbatches} x {self.samples} samples"
 
     def request(self, req: PlanRequest, memory_policy: str) -> PlanRequest:
         """``req`` fixed to this layout (the placement search's request)."""
         return req.replace(dp=self.dp, parallel=self.parallel, microbatches=self.microbatches,
                            replicas=self.replicas if self.parallel == "master" else None,
-                           tp=self.tp, sp=self.sp, memory_policy=memory_policy,
+                           tp=self.tp, sp=self.sp, depth=self.depth,
+                           memory_policy=memory_policy,
                            search_layout=False)
 
     def floor(self, memory_policy: str) -> float:
@@ -123,7 +129,7 @@ def candidate_layouts(g: Graph, req: PlanRequest) -> list[LayoutChoice]:
         M = int(req.microbatches)
         copies = req.dp * (req.replica_options()[0] if req.parallel != "mp" else 1)
         return [_choice(req.dp, req.parallel, req.replica_options()[0], M, B, req,
-                        work_s * M * copies, path_s, params, saved, 1.0)]
+                        work_s * M * copies, path_s, params, saved, 1.0, req.depth or 1)]
     tp_sp = req.tp * req.sp
     out: list[LayoutChoice] = []
     for dp in (divisors(req.devices) if req.search_layout else [req.dp]):
@@ -140,19 +146,28 @@ def candidate_layouts(g: Graph, req: PlanRequest) -> list[LayoutChoice]:
             for M in counts:
                 if per_copy % M:
                     continue
-                out.append(_choice(dp, mode, R, M, per_copy // M, req, work_s, path_s, params,
-                                   saved, (per_copy // M) / B))
+                for depth in _depths(req, dp, mode):
+                    out.append(_choice(dp, mode, R, M, per_copy // M, req, work_s, path_s,
+                                       params, saved, (per_copy // M) / B, depth))
     return out
+
+
+def _depths(req: PlanRequest, dp: int, mode: str) -> list[int]:
+    """Sharding degrees of ``dp`` copies: the request's (where it divides), else every
+    divisor of ``dp`` (none with GEMS replicas, which are not sharded)."""
+    if req.depth is not None:
+        return [req.depth] if dp % req.depth == 0 else []
+    return divisors(dp) if mode == "mp" else [1]
 
 
 def _choice(dp: int, mode: str, R: int, M: int, samples: int, req: PlanRequest,
             work_s: float, path_s: float, params: float, saved: float,
-            scale: float) -> LayoutChoice:
+            scale: float, depth: int = 1) -> LayoutChoice:
     stages = max(req.devices // (dp * req.tp * req.sp), 1)
     R = R if mode != "mp" else 1
-    own = params * R / (stages * req.tp * req.sp)
+    own = params * R / (stages * req.tp * req.sp * depth)
     return LayoutChoice(dp=dp, parallel=mode, replicas=R, microbatches=M, samples=samples,
-                        tp=req.tp, sp=req.sp,
+                        tp=req.tp, sp=req.sp, depth=depth,
                         time_bound_s=max(work_s / req.devices, path_s * scale),
                         params_floor_bytes=own,
                         memory_floor_bytes=own + saved * scale / (stages * req.tp * req.sp))
@@ -171,6 +186,11 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
     errors: list[InfeasibleError] = []
     for policy in ["none"] + ([req.memory_policy] if req.memory_policy != "none" else []):
         for group in _groups(choices):
+            if group[0].depth > 1 and _fits_unsharded(group[0], records):
+                # sharding is a memory lever: never tried where plain copies fit already
+                records += [{**_record(c, policy), "outcome": "not tried: the copies fit "
+                             "without sharding"} for c in group]
+                continue
             _search_group(g, req, group, policy, records, best, errors)
         if best:
             break
@@ -204,7 +224,7 @@ def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy:
     for c in group:
         rec = _record(c, policy)
         records.append(rec)
-        floor = c.floor(policy) / (req.depth or 1)  # sharded copies hold 1/depth of it
+        floor = c.floor(policy)
         if req.memory_bytes and floor > req.memory_bytes:
             rec["outcome"] = (f"pruned: memory floor {format_bytes(floor)} per "
                               "device over the limit")
@@ -236,17 +256,25 @@ def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy:
             best[:] = [key, p, rec]
 
 
+def _fits_unsharded(c: LayoutChoice, records: list[dict[str, Any]]) -> bool:
+    """Whether ``c``'s mesh without sharding had a plan that fits."""
+    return any(r["outcome"] == "fits" and r["depth"] == 1 and
+               (r["dp"], r["parallel"], r["replicas"], r["tp"], r["sp"]) ==
+               (c.dp, c.parallel, c.replicas, c.tp, c.sp) for r in records)
+
+
 def _groups(choices: list[LayoutChoice]) -> list[list[LayoutChoice]]:
     """Choices grouped by mesh (dp, mode, replicas), micro-batch counts ascending."""
     groups: dict[tuple, list[LayoutChoice]] = {}
     for c in choices:
-        groups.setdefault((c.dp, c.parallel, c.replicas, c.tp, c.sp), []).append(c)
+        groups.setdefault((c.dp, c.parallel, c.replicas, c.tp, c.sp, c.depth), []).append(c)
     return [sorted(v, key=lambda c: c.microbatches) for v in groups.values()]
 
 
 def _record(c: LayoutChoice, policy: str) -> dict[str, Any]:
     return {"layout": c.label, "dp": c.dp, "parallel": c.parallel, "replicas": c.replicas,
-            "tp": c.tp, "sp": c.sp, "microbatches": c.microbatches, "samples": c.samples,
+            "tp": c.tp, "sp": c.sp, "depth": c.depth, "microbatches": c.microbatches,
+            "samples": c.samples,
             "memory_policy": policy, "time_bound_s": c.time_bound_s,
             "memory_floor_bytes": c.floor(policy)}
 
@@ -257,13 +285,13 @@ def _fill(rec: dict[str, Any], p: Plan) -> None:
                placements=p.extra.get("placements", []))
 
 
-def _key(p: Plan, c: LayoutChoice) -> tuple[float, int, int]:
-    return (float(p.predicted["iteration_s"]), c.microbatches, c.dp)
+def _key(p: Plan, c: LayoutChoice) -> tuple[float, int, int, int]:
+    return (float(p.predicted["iteration_s"]), c.microbatches, c.dp, c.depth)
 
 
-def _better(a: tuple[float, int, int], b: tuple[float, int, int]) -> bool:
+def _better(a: tuple[float, int, int, int], b: tuple[float, int, int, int]) -> bool:
     """``a`` beats ``b``: clearly faster, or a tie (within :data:`TIE`) with fewer
-    micro-batches, then less data parallelism."""
+    micro-batches, then less data parallelism, then less sharding."""
     if a[0] < b[0] * (1 - TIE):
         return True
     if b[0] < a[0] * (1 - TIE):
@@ -275,4 +303,4 @@ def _why_lost(rec: dict[str, Any], best: Plan) -> str:
     t, bt = rec["iteration_s"], float(best.predicted["iteration_s"])
     if t > bt * (1 + TIE):
         return f"slower ({t / bt:.2f}x)"
-    return "tie: more micro-batches or data parallelism"
+    return "tie: more micro-batches, data parallelism or sharding"

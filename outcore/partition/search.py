@@ -46,7 +46,7 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
         return plan_spatial(g, req, lambda graph, r: search(graph, r, check_suggestions=False))
     if req.tp is None:
         return _search_degrees(g, req, "tp", req.tp_options(), check_suggestions)
-    if req.depth is None:
+    if req.depth is None and not req.search_layout:  # the layout search enumerates it
         return _search_degrees(g, req, "depth", req.depth_options(), check_suggestions)
     g = tensor_costed(g, req)
     try:
