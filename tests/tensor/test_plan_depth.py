@@ -126,3 +126,21 @@ def test_a_sharded_checkpoint_resumes(tmp_path, resume_on):
     ref_losses, ref_state = reference(cfg)
     assert all(len(r["losses"]) == 2 for r in resumed)
     assert_matches(resumed, ref_losses[2:], ref_state)
+
+
+def test_the_layout_search_shards_copies_that_do_not_fit_whole():
+    """``--layout auto`` enumerates sharding: on 2 devices under 160 MiB, two plain copies of a
+    51 MiB-parameter LM (205 MiB with Adam) are pruned by their memory floor, and two copies
+    sharding it fit; sharding is never tried where plain copies fit."""
+    import outcore
+
+    g = outcore.model_graph("outcore:transformer:d_model=384,layers=4,vocab=8192",
+                            batch_size=8, costs="estimate")
+    p = outcore.plan(g, 2, "160MiB", search_layout=True, depth=None)
+    records = {(r["dp"], r["depth"]): r["outcome"] for r in p.extra["candidates"]
+               if r["parallel"] == "mp"}
+    assert records[(2, 1)].startswith("pruned: memory floor")
+    assert records[(2, 2)] in ("chosen", "fits") or records[(2, 2)].startswith("slower")
+    roomy = outcore.plan(g, 2, "1GiB", search_layout=True, depth=None)
+    sharded = [r["outcome"] for r in roomy.extra["candidates"] if r["depth"] > 1]
+    assert sharded and all(o.startswith("not tried") for o in sharded)
