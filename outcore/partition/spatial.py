@@ -4,12 +4,13 @@ Jain et al. (MPI4DL, SP + LP): the first layers of a network on a huge image run
 ``sp`` ranks; where activations have shrunk, the tiles join and the rest runs layer-parallel.
 Steps:
 
-1. *Join candidates*: the cuts of the graph's node order where only one image tensor crosses
-   and everything before has a spatial version (:func:`outcore.plan.spatial.join_candidates`).
+1. *Join candidates*: the cuts of the graph's node order where everything before has a spatial
+   version (:func:`outcore.plan.spatial.join_candidates`); every tiled tensor used after the
+   cut (the join node's output, a U-Net's skip connections) is gathered there.
 2. *Memory model*: for each candidate, a tile's memory (parameters x optimizer state of the
    tiled layers + its share of their saved activations) and the spatial stage's (its tile plus
    an even share of the rest of the graph over the ``stages`` ordinary devices, the gathered
-   activation included). With a limit, the candidates where both fit are tried earliest first
+   activations included). With a limit, the candidates where both fit are tried earliest first
    (the earliest point after which the rest is held under the limit: the fewest layers pay
    halo exchanges); then the others, least memory first. Without a limit, the candidate with
    the smallest estimated peak first. ``--sp-join`` names it instead.
@@ -33,7 +34,8 @@ from outcore.plan.layout import Layout
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
 from outcore.plan.request import PlanRequest
-from outcore.plan.spatial import SpatialPlan, join_candidates, prefix_of, tile_fraction
+from outcore.plan.spatial import (SpatialPlan, crossing, join_candidates, prefix_of,
+                                  tile_fraction)
 from outcore.schedule.spatial import tiled_graph
 from outcore.units import format_bytes
 
@@ -48,8 +50,9 @@ def _estimates(g: Graph, grid: TileGrid, stages: int, optimizer: str, j: int
     f = state_factor(optimizer)
     frac = np.array([tile_fraction(g, i, grid) for i in range(j + 1)])
     tile = float((g.param_bytes[:j + 1] * f).sum() + (g.saved_bytes[:j + 1] * frac).sum())
+    gathered = crossing(g, range(j + 1))
     rest = float((g.param_bytes[j + 1:] * f).sum() + g.saved_bytes[j + 1:].sum()
-                 + g.out_bytes[j])
+                 + g.out_bytes[gathered].sum())
     return tile, tile + rest / stages
 
 

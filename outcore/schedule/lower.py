@@ -107,8 +107,18 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
     sched, costs, pieces = make_schedule(big, assignment, plan.devices // tp, microbatches=M,
                                          kind=kind, cluster=cl, scale=scale,
                                          optimizer=plan.optimizer,
-                                         policies=expand_policies(plan, copies))
+                                         policies=expand_policies(plan, copies),
+                                         whole=_tiled_mask(g, plan, copies))
     return Lowered(big, assignment, copies, pieces, costs, sched, cl, batch, tp)
+
+
+def _tiled_mask(g: Graph, plan: Plan, copies: int) -> np.ndarray | None:
+    """A spatial plan's tiled nodes (of every copy): they form one piece."""
+    if plan.spatial is None:
+        return None
+    mask = np.zeros(g.num_nodes, dtype=bool)
+    mask[plan.spatial.indices(g)] = True
+    return np.tile(mask, copies)
 
 
 def _node_params(g: Graph, i: int) -> list[str]:
@@ -177,11 +187,12 @@ def place_allreduces(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) 
 
 def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatches: int,
                   kind: str, cluster: Cluster, scale: float = 1.0, optimizer: str = "adam",
-                  policies: MemoryPolicies | None = None
+                  policies: MemoryPolicies | None = None, whole: np.ndarray | None = None
                   ) -> tuple[Schedule, PieceCosts, Pieces]:
-    """Cut ``g`` by ``assignment`` (and memory-policy groups), cost the pieces per
-    micro-batch, build and check."""
-    pieces = cut(g, assignment, policies.group_of if policies is not None else None)
+    """Cut ``g`` by ``assignment`` (and memory-policy groups; ``whole``: nodes kept in one
+    piece, see :func:`~outcore.plan.pieces.cut`), cost the pieces per micro-batch, build and
+    check."""
+    pieces = cut(g, assignment, policies.group_of if policies is not None else None, whole)
     piece_policies = tuple(policies.policy_of_group(p.group) for p in pieces.pieces) \
         if policies is not None else None
     costs = piece_costs(g, pieces, num_ranks, scale=scale, optimizer=optimizer,

@@ -9,8 +9,9 @@ costs of the largest tile, as the spatial stage's rank (tile 0) runs them:
   sent back as gradients, to its backward: bytes from :func:`outcore.cost.spatial.halo_bytes`
   (rows, then columns; the largest tile), time from the cluster's link between two tile ranks;
 * batch norm's statistics (two all-reduces of ``2C`` floats forward, one backward);
-* the gather at the join (:func:`outcore.cost.spatial.gather_bytes` into tile 0) is added to the
-  join node's forward, the scatter of its gradient to its backward.
+* the gather at the join (:func:`outcore.cost.spatial.gather_bytes` into tile 0) of every
+  gathered tensor (the join node's output and skip connections used after the join) is added
+  to its node's forward, the scatter of its gradient to its backward.
 
 The extra tile ranks run the same tiled nodes in the same order (they hold no piece of the
 schedule); :func:`tile_rank_costs` gives what they compute and hold, for the simulator.
@@ -77,7 +78,6 @@ def comm_times(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int
     peer = tile_ranks(stages, grid.tiles)[0]
     fwd, bwd, nbytes = (np.zeros(g.num_nodes) for _ in range(3))
     idx = sp.indices(g)
-    join = int(idx[-1])
     lat = _link_s(cluster, sp.stage, peer, 1.0)
     for i in idx.tolist():
         geo, shape = geometry_of_node(g, i), _in_shape(g, i)
@@ -93,12 +93,13 @@ def comm_times(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int
             step = _link_s(cluster, sp.stage, peer, 2 * shape[1] * 4 / grid.tiles)
             fwd[i] += 2 * ring * step
             bwd[i] += ring * step
-    shape = g.attr(join, "shape")
-    if isinstance(shape, list) and len(shape) == 4:
-        gb = gather_bytes(shape[0], shape[1], (shape[2], shape[3]), grid)
-        fwd[join] += _link_s(cluster, sp.stage, peer, gb)
-        bwd[join] += _link_s(cluster, sp.stage, peer, gb)
-        nbytes[join] += gb
+    for j in sp.gathered(g).tolist():
+        shape = g.attr(j, "shape")
+        if isinstance(shape, list) and len(shape) == 4:
+            gb = gather_bytes(shape[0], shape[1], (shape[2], shape[3]), grid)
+            fwd[j] += _link_s(cluster, sp.stage, peer, gb)
+            bwd[j] += _link_s(cluster, sp.stage, peer, gb)
+            nbytes[j] += gb
     return fwd, bwd, nbytes
 
 
@@ -112,7 +113,8 @@ def tiled_graph(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int) -> Gra
     cf, cb, _ = comm_times(g, sp, cluster, stages)
     out_bytes = g.out_bytes * frac
     # gathered on tile 0: the whole tensor and the received tiles (padded to the largest)
-    out_bytes[idx[-1]] = g.out_bytes[idx[-1]] * (1 + grid.tiles * frac[idx[-1]])
+    gathered = sp.gathered(g)
+    out_bytes[gathered] = g.out_bytes[gathered] * (1 + grid.tiles * frac[gathered])
     inside = np.isin(g.src, idx) & np.isin(g.dst, idx)
     return g.replace(fwd_s=g.fwd_s * frac + cf, bwd_s=g.bwd_s * frac + cb,
                      saved_bytes=g.saved_bytes * frac, out_bytes=out_bytes,
@@ -143,8 +145,8 @@ def tile_rank_costs(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int,
     gt = tiled_graph(g, sp, cluster, stages)
     idx = sp.indices(g)
     _, _, nbytes = comm_times(g, sp, cluster, stages)
-    out = gt.out_bytes[idx].copy()
-    out[-1] = g.out_bytes[idx[-1]] * tile_fraction(g, int(idx[-1]), TileGrid.parse(sp.grid))
+    grid = TileGrid.parse(sp.grid)
+    out = np.array([g.out_bytes[i] * tile_fraction(g, int(i), grid) for i in idx])
     out[[g.op_of(int(i)) == "input" for i in idx]] = 0.0   # the image gets no gradient
     return TileCosts(float(gt.fwd_s[idx].sum()), float(gt.bwd_s[idx].sum()),
                      float(gt.saved_bytes[idx].sum()), 3.0 * float(out.max()),

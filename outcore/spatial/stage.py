@@ -7,12 +7,23 @@ in place to their spatial versions (:func:`outcore.spatial.layers.make_spatial`,
 inside); then
 
 * on **tile 0**, the piece holding the tiled nodes is edited: the model's input is cut to the
-  rank's tile (a tile given as input is kept), and the join node's output is gathered onto
-  this rank (``gather_tiles(dst=0)``); the rest of the piece, and of the plan, runs as usual;
-* on an **extra tile rank**, the tiled nodes form one module ending in the same gather (which
-  returns an empty tensor there); :meth:`SpatialStage.run_tiles` runs it for each micro-batch
-  in the order tile 0 runs its piece's forwards and backwards (the schedule's action list), the
-  backward receiving its slice of the gathered activation's gradient (the gather's scatter).
+  rank's tile (a tile given as input is kept), and every tiled output used after the join (the
+  join node's, and a U-Net's skip connections from its tiled encoder) is gathered onto this
+  rank (``gather_tiles(dst=0)``) right after the node that makes it; the nodes after the join
+  read the gathered tensors, the tiled ones keep reading tiles; the rest of the piece, and of
+  the plan, runs as usual;
+* on an **extra tile rank**, the tiled nodes form one module with the same gathers at the same
+  places (they return empty tensors there); :meth:`SpatialStage.run_tiles` runs it for each
+  micro-batch in the order tile 0 runs its piece's forwards and backwards (the schedule's
+  action list), the backward receiving its slices of the gathered activations' gradients (the
+  gathers' scatters).
+
+The tile group's collectives (halo exchanges, batch-norm statistics, gathers) must come in the
+same order on every rank of the group. Forward: the two modules run the tiled nodes and the
+gathers in the same (graph) order. Backward: PyTorch's autograd engine runs, among the ready
+functions, the most recently created first; on tile 0 every function after the join is newer
+than every gather, so it finishes the layers after the join first, and then both ranks run
+the gathers' and tiled layers' backwards from the same ready set in the same order.
 
 The tiled layers' gradients are per-tile partial sums: every rank of the group sums them over
 the group (one flat all-reduce) right before its optimizer step, so the replicated parameters
@@ -131,19 +142,25 @@ class SpatialStage:
 
     def run_tiles(self, inputs: list[tuple[torch.Tensor, ...]]) -> None:
         """Extra tile rank: forward and backward of every micro-batch, in tile 0's order."""
-        outs: dict[int, torch.Tensor] = {}
+        outs: dict[int, tuple[torch.Tensor, ...]] = {}
         for op, mb in self.order:
             if op == "F":
-                outs[mb] = self.tiles_module.module(*inputs[mb])[0]
+                outs[mb] = tuple(self.tiles_module.module(*inputs[mb]))
             else:
                 out = outs.pop(mb)
-                torch.autograd.backward(out, torch.empty(0, device=out.device))
+                torch.autograd.backward(out, [torch.empty(0, device=t.device) for t in out])
 
 
-def _tile0_edit(pm: PieceModule, sg: SpatialGroup, graph: Graph, join: str,
-                inputs: list[str]) -> None:
-    """Tile 0's piece: inputs cut to the tile, the join node's output gathered."""
+def _join_name(name: str) -> str:
+    return f"sp_join_{name}"
+
+
+def _tile0_edit(pm: PieceModule, sg: SpatialGroup, graph: Graph, names: list[str],
+                gathered: list[str], inputs: list[str]) -> None:
+    """Tile 0's piece: inputs cut to the tile, the gathered nodes' outputs gathered for the
+    nodes after the join (the tiled nodes keep reading the tiles)."""
     g = pm.module.graph
+    tiled = set(names)
     for n in list(g.nodes):
         if n.op == "placeholder" and n.name[3:] in inputs:
             hw = _hw(graph.attr(_index(graph, n.name[3:]), "shape"))
@@ -151,33 +168,40 @@ def _tile0_edit(pm: PieceModule, sg: SpatialGroup, graph: Graph, join: str,
             with g.inserting_after(n):
                 cut = g.call_module(f"sp_tile_{n.name}", (n,))
             n.replace_all_uses_with(cut, delete_user_cb=lambda u: u is not cut)
-    node = next(n for n in g.nodes if n.name == join)
-    pm.module.add_submodule("sp_join", Join(sg, _hw(graph.attr(_index(graph, join),
-                                                                "shape"))))
-    with g.inserting_after(node):
-        joined = g.call_module("sp_join", (node,))
-    node.replace_all_uses_with(joined, delete_user_cb=lambda u: u is not joined)
+    nodes = {n.name: n for n in g.nodes}
+    for name in gathered:
+        node = nodes[name]
+        pm.module.add_submodule(_join_name(name),
+                                Join(sg, _hw(graph.attr(_index(graph, name), "shape"))))
+        with g.inserting_after(node):
+            joined = g.call_module(_join_name(name), (node,))
+        node.replace_all_uses_with(
+            joined, delete_user_cb=lambda u: u is not joined and u.name not in tiled)
     pm.module.recompile()
 
 
-def _tiles_module(gm: fx.GraphModule, names: list[str], sg: SpatialGroup, graph: Graph
-                  ) -> PieceModule:
-    """Extra tile rank: the tiled nodes as one module, inputs cut to the tile, output the
-    (empty) gather of the join node's output."""
+def _tiles_module(gm: fx.GraphModule, names: list[str], gathered: list[str], sg: SpatialGroup,
+                  graph: Graph) -> PieceModule:
+    """Extra tile rank: the tiled nodes as one module, inputs cut to the tile, outputs the
+    (empty) gathers of the gathered nodes, each right after its node (as on tile 0)."""
     g = fx.Graph()
     env: dict[str, fx.Node] = {}
     root = nn.Module()
+    nodes = {m.name: m for m in gm.graph.nodes}
+    joins = []
     for name in names:
-        n = next(m for m in gm.graph.nodes if m.name == name)
+        n = nodes[name]
         if n.op == "placeholder":
             hw = _hw(graph.attr(_index(graph, name), "shape"))
             setattr(root, f"sp_tile_{name}", TileIn(sg, hw))
             env[name] = g.call_module(f"sp_tile_{name}", (g.placeholder(name),))
             continue
         env[name] = g.node_copy(n, lambda a: env[a.name])
-    join = names[-1]
-    setattr(root, "sp_join", Join(sg, _hw(graph.attr(_index(graph, join), "shape"))))
-    g.output((g.call_module("sp_join", (env[join],)),))
+        if name in gathered:
+            setattr(root, _join_name(name),
+                    Join(sg, _hw(graph.attr(_index(graph, name), "shape"))))
+            joins.append(g.call_module(_join_name(name), (env[name],)))
+    g.output(tuple(joins))
     for n in g.nodes:   # the layers themselves: shared with gm (pruning keeps them)
         if n.op == "call_module" and not hasattr(root, str(n.target).split(".")[0]):
             parts = str(n.target).split(".")
@@ -211,9 +235,11 @@ def attach(rank: int, gm: fx.GraphModule, graph: Graph, plan: Plan, low: Any,
              if a.op in ("F", "B") and a.piece == piece]
     layers = _convert(gm, graph, names, sg)
     inputs = [n for n in names if graph.op_of(_index(graph, n)) == "input"]
+    gathered = [graph.name_of(i) for i in sp.gathered(graph).tolist()]
     if rank == sp.stage:
         pm = next(m for m in modules if m.id == piece)
-        _tile0_edit(pm, sg, graph, names[-1], inputs)
+        _tile0_edit(pm, sg, graph, names, gathered, inputs)
         return SpatialStage(sg, layers, None, order)
-    log.info("rank %d: tile %d of %s, %d tiled nodes", rank, sg.tile, sp.grid, len(names))
-    return SpatialStage(sg, layers, _tiles_module(gm, names, sg, graph), order)
+    log.info("rank %d: tile %d of %s, %d tiled nodes, %d gathered at the join", rank, sg.tile,
+             sp.grid, len(names), len(gathered))
+    return SpatialStage(sg, layers, _tiles_module(gm, names, gathered, sg, graph), order)

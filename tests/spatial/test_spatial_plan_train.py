@@ -10,6 +10,7 @@ training.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,57 @@ def test_four_tiles_on_a_2x2_grid():
     gdoc, pdoc = spatial_docs(cfg, "relu_1", 1, None, grid="2x2")
     results = run_local(train_worker, 4, (cfg, gdoc, pdoc), timeout_s=120)
     assert_matches(results, *reference(cfg))
+
+
+UNET = f"{Path(__file__).parent / 'sp_models.py'}:unet"
+
+
+def unet_config(steps: int) -> TrainConfig:
+    """SGD with momentum and a large step: Adam divides each gradient by its own magnitude, so
+    the rounding of a weight whose gradient nearly cancels (the dilated bottleneck convolution)
+    becomes a full step of noise; SGD moves every weight by its gradient, so an error in a
+    gradient shows in the parameters."""
+    return TrainConfig(model=UNET, batch_size=4, microbatches=2, steps=steps, schedule="1f1b",
+                       optimizer="sgd", lr=0.1, momentum=0.9, return_state=True,
+                       track_memory=False)
+
+
+@pytest.mark.parametrize("grid,stages,join,boundary", [
+    # join after the bottleneck: the skip connections enc1 (19 rows: 10/9) and enc2 (9: 5/4)
+    # are gathered with it; the decoder runs on tile 0 (2 ranks)
+    ("2x1", 1, "mid_1", None),
+    # join after the second encoder level, the decoder's second half on a second stage: the
+    # gathered enc1 skip goes on to rank 1 (3 ranks: the extra tile rank is rank 2)
+    ("2x1", 2, "enc2_2", "up1"),
+])
+def test_unet_skip_connections_gathered_at_the_join(grid, stages, join, boundary):
+    cfg = unet_config(steps=3)
+    gdoc, pdoc = spatial_docs(cfg, join, stages, boundary, grid=grid)
+    results = run_local(train_worker, stages + 1, (cfg, gdoc, pdoc), timeout_s=90)
+    assert_matches(results, *reference(cfg))
+
+
+def test_unet_on_four_tiles():
+    """4x1 tiles of 5/5/5/4, 3/2/2/2 and 1/1/1/1 rows; join at the bottleneck (4 ranks)."""
+    cfg = unet_config(steps=2)
+    gdoc, pdoc = spatial_docs(cfg, "mid_1", 1, None, grid="4x1")
+    results = run_local(train_worker, 4, (cfg, gdoc, pdoc), timeout_s=120)
+    assert_matches(results, *reference(cfg))
+
+
+def test_unet_through_the_api_with_a_pipeline(tmp_path):
+    """``outcore.train(..., sp=2, sp_join="mid_1")``: the planner places the decoder over a
+    2-stage pipeline after the join (3 ranks); the losses equal plain PyTorch's."""
+    import outcore
+    g = outcore.model_graph(UNET, costs="estimate:cpu", batch_size=4)
+    one = outcore.plan(g, 2, sp=2, sp_join="mid_1", strategy="pipeline")
+    assert one.stages == 1      # no limit: the decoder stays on the spatial stage
+    memory = 0.8 * max(one.predicted["peak_bytes"])
+    report = outcore.train(UNET, 3, memory=memory, sp=2, sp_join="mid_1",
+                           strategy="pipeline", costs="estimate:cpu", batch_size=4, steps=3,
+                           optimizer="sgd", lr=0.1, run_dir=str(tmp_path / "run"), trace=False)
+    p = report.plan
+    assert p.spatial.join == "mid_1" and p.layout.sp == 2 and p.stages == 2
+    assert p.devices == 3 and len(set(p.assignment.tolist())) == 2
+    ref_losses, _ = reference(dataclasses.replace(unet_config(steps=3), microbatches=1))
+    np.testing.assert_allclose(report.losses, ref_losses, rtol=1e-5, atol=0)
