@@ -31,7 +31,7 @@ from outcore.hardware.spec import Cluster
 from outcore.plan.spatial import SpatialPlan, tile_fraction, tile_ranks
 
 __all__ = ["TileCosts", "comm_times", "geometry_of_node", "inflight", "tiled_graph",
-           "tile_rank_costs"]
+           "tile_rank_costs", "walk_peak"]
 
 
 def _pair(v) -> tuple[int, int]:
@@ -126,9 +126,9 @@ class TileCosts:
     """What one extra tile rank computes and holds per micro-batch (of the graph's batch).
 
     fwd_s, bwd_s: compute and communication of the tiled nodes; saved_bytes: activations kept
-    until the backward; transient_bytes: the backward's working set at the largest tiled layer
-    (its output's gradient, its input region rebuilt from the kept strips, its input's
-    gradient: three of the largest tile outputs); static_bytes: parameters x
+    until the backward; transient_bytes: what the peak of one micro-batch's forward and
+    backward holds beyond ``saved_bytes`` (see :func:`walk_peak`; may be negative: the
+    backward frees each layer's saved activations as it goes); static_bytes: parameters x
     optimizer state of the tiled layers; comm_bytes: halo and gather bytes sent."""
 
     fwd_s: float
@@ -139,6 +139,57 @@ class TileCosts:
     comm_bytes: float
 
 
+WINDOWED = frozenset({"conv2d", "convtranspose2d", "conv_transpose2d", "maxpool2d", "avgpool2d",
+                      "upsample"})
+
+
+def _needs_region(g: Graph, i: int) -> bool:
+    """Whether a windowed layer reads rows beyond its tile (halo or padding): then its input
+    region is a new tensor, rebuilt in the backward; a window that tiles its input exactly
+    (a 2x2 stride-2 pool) runs on the tile itself."""
+    geo = geometry_of_node(g, i)
+    if geo is None:
+        return True
+    return any(p > 0 or d * (k - 1) + 1 > s for k, s, p, d in
+               zip(geo.kernel, geo.stride, geo.padding, geo.dilation))
+
+
+def _work_bytes(g: Graph, i: int, out: np.ndarray) -> float:
+    """Working set of node ``i``'s backward beyond the saved activations, from its tile
+    output bytes ``out`` (indexed like ``g``): the gradient of its output and of its input,
+    and for a windowed layer with a halo or padding its input region rebuilt from the kept
+    strips (about its input tile); for the spatial batch norm, ``x - mean`` beside the two gradients
+    (``outcore.spatial.layers._TileBatchNorm``); element-wise layers and adds: the two
+    gradients."""
+    op = g.op_of(i)
+    if op == "input":
+        return 0.0
+    preds = [int(p) for p in g.predecessors(i)]
+    inp = max((float(out[p]) for p in preds), default=float(out[i]))
+    if op in WINDOWED:
+        return float(out[i]) + (2.0 if _needs_region(g, i) else 1.0) * inp
+    if op == "batchnorm2d":
+        return 3.0 * float(out[i])
+    if op == "cat":
+        return float(out[i]) + sum(float(out[p]) for p in preds)
+    return 2.0 * float(out[i])
+
+
+def walk_peak(g: Graph, idx: np.ndarray, saved: np.ndarray, out: np.ndarray) -> float:
+    """Peak of one micro-batch on a tile rank, walking the tiled nodes (indices ``idx``, in
+    order): in the forward, the activations saved so far plus the node's output and input; in
+    the backward (reverse order), the activations still saved (those of the nodes up to it:
+    the later ones were freed by their backwards) plus the node's working set
+    (:func:`_work_bytes`). ``saved`` and ``out`` are per-tile bytes indexed like ``g``."""
+    kept = np.cumsum(saved[idx])
+    peak = 0.0
+    for k, i in enumerate(idx.tolist()):
+        preds = [int(p) for p in g.predecessors(i)]
+        inp = sum(float(out[p]) for p in preds)
+        peak = max(peak, kept[k] + float(out[i]) + inp, kept[k] + _work_bytes(g, i, out))
+    return float(peak)
+
+
 def tile_rank_costs(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int,
                     optimizer: str = "adam") -> TileCosts:
     """Costs of an extra tile rank (the tiled nodes of :func:`tiled_graph`)."""
@@ -146,10 +197,12 @@ def tile_rank_costs(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int,
     idx = sp.indices(g)
     _, _, nbytes = comm_times(g, sp, cluster, stages)
     grid = TileGrid.parse(sp.grid)
-    out = np.array([g.out_bytes[i] * tile_fraction(g, int(i), grid) for i in idx])
-    out[[g.op_of(int(i)) == "input" for i in idx]] = 0.0   # the image gets no gradient
-    return TileCosts(float(gt.fwd_s[idx].sum()), float(gt.bwd_s[idx].sum()),
-                     float(gt.saved_bytes[idx].sum()), 3.0 * float(out.max()),
+    out = np.zeros(g.num_nodes)
+    for i in idx.tolist():
+        out[i] = g.out_bytes[i] * tile_fraction(g, int(i), grid)
+    saved = float(gt.saved_bytes[idx].sum())
+    return TileCosts(float(gt.fwd_s[idx].sum()), float(gt.bwd_s[idx].sum()), saved,
+                     walk_peak(g, idx, gt.saved_bytes, out) - saved,
                      float(g.param_bytes[idx].sum() * state_factor(optimizer)),
                      float(nbytes[idx].sum()))
 

@@ -119,8 +119,9 @@ class SpatialStage:
     """One rank's part of the tile group (see the module docstring)."""
 
     def __init__(self, sg: SpatialGroup, layers: list[nn.Module], tiles_module: Any,
-                 order: list[tuple[str, int]]):
+                 order: list[tuple[str, int]], images: dict[str, tuple[int, int]] | None = None):
         self.sg = sg
+        self.images = images or {}         # model inputs the tiled layers read: name -> (H, W)
         self.layers = layers
         self.tiles_module = tiles_module   # extra tile ranks: the tiled nodes + gather
         self.order = order                 # ("F"/"B", micro-batch) of tile 0's piece
@@ -236,10 +237,12 @@ def attach(rank: int, gm: fx.GraphModule, graph: Graph, plan: Plan, low: Any,
     layers = _convert(gm, graph, names, sg)
     inputs = [n for n in names if graph.op_of(_index(graph, n)) == "input"]
     gathered = [graph.name_of(i) for i in sp.gathered(graph).tolist()]
+    images = {n: _hw(graph.attr(_index(graph, n), "shape")) for n in inputs}
     if rank == sp.stage:
         pm = next(m for m in modules if m.id == piece)
         _tile0_edit(pm, sg, graph, names, gathered, inputs)
-        return SpatialStage(sg, layers, None, order)
+        return SpatialStage(sg, layers, None, order, images)
     log.info("rank %d: tile %d of %s, %d tiled nodes, %d gathered at the join", rank, sg.tile,
              sp.grid, len(names), len(gathered))
-    return SpatialStage(sg, layers, _tiles_module(gm, names, gathered, sg, graph), order)
+    return SpatialStage(sg, layers, _tiles_module(gm, names, gathered, sg, graph), order,
+                        images)
