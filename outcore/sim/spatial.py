@@ -5,7 +5,8 @@ stage's first piece in lock-step with its rank (tile 0), whose timeline already 
 per-tile compute, halo and gather times (:mod:`outcore.schedule.spatial`). Their figures are
 therefore derived from that rank's: busy time = micro-batches x the tiled layers' forward and
 backward; peak = the tiled layers' parameters and optimizer state, plus the saved tile
-activations of as many micro-batches as tile 0 holds in flight, plus the largest tile output.
+activations of as many micro-batches as tile 0 holds in flight, plus what one micro-batch's
+peak holds beyond its saved activations (:func:`outcore.schedule.spatial.walk_peak`).
 """
 
 from __future__ import annotations
