@@ -15,13 +15,14 @@ Steps:
    halo exchanges); then the others, least memory first. Without a limit, the candidate with
    the smallest estimated peak first. ``--sp-join`` names it instead.
 3. *Placement*: the rest of the graph is planned with the ordinary search on ``stages = devices
-   - sp + 1`` devices, on the graph costed per tile (:func:`outcore.schedule.spatial.
+   / dp - sp + 1`` devices (times ``dp`` data-parallel copies, each with its own tile group), on the graph costed per tile (:func:`outcore.schedule.spatial.
    tiled_graph`); the tiled nodes go to the stage holding the inputs, without memory policies.
 4. *Check*: the plan is simulated with its tile ranks; the first candidate that fits is kept.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -30,7 +31,6 @@ from outcore.cost.memory import state_factor
 from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
-from outcore.plan.layout import Layout
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
 from outcore.plan.request import PlanRequest
@@ -85,12 +85,12 @@ def plan_spatial(g: Graph, req: PlanRequest, search: Callable[[Graph, PlanReques
     from outcore.sim.simulate import simulate
 
     grid = TileGrid.parse(req.sp_grid) if req.sp_grid else TileGrid(rows=req.sp, cols=1)
-    stages = req.devices - req.sp + 1
+    stages = req.devices // req.dp - req.sp + 1   # ordinary slots of one data-parallel copy
     if req.sp_join:
         order = [(prefix_of(g, req.sp_join, grid), "named by --sp-join")]
     else:
         order = rank_joins(g, grid, stages, req.memory_bytes, req.optimizer)[:TRIES]
-    base_req = req.replace(devices=stages, sp=1, sp_join=None, sp_grid=None)
+    base_req = req.replace(devices=stages * req.dp, sp=1, sp_join=None, sp_grid=None)
     notes: list[str] = []
     fallback: Plan | None = None
     for j, why in order:
@@ -98,7 +98,7 @@ def plan_spatial(g: Graph, req: PlanRequest, search: Callable[[Graph, PlanReques
         sp = SpatialPlan(grid=f"{grid.rows}x{grid.cols}", join=name,
                          tiled=tuple(int(i) for i in g.ids[:j + 1]), stage=0, reason=why)
         try:
-            base = search(tiled_graph(g, sp, req.cluster, stages), base_req)
+            base = search(tiled_graph(g, sp, req.cluster, stages, req.dp), base_req)
         except InfeasibleError as e:
             notes.append(f"sp join at {name}: rest does not fit ({str(e).splitlines()[0]})")
             continue
@@ -132,4 +132,5 @@ def _attach(g: Graph, base: Plan, req: PlanRequest, sp: SpatialPlan, j: int) -> 
         policies = MemoryPolicies(group_of, policies.policies)
     sp = SpatialPlan(grid=sp.grid, join=sp.join, tiled=sp.tiled, stage=stage, reason=sp.reason)
     return base.replace(devices=req.devices, assignment=assignment, policies=policies,
-                        layout=Layout(sp=req.sp), spatial=sp, devices_used=base.devices_used)
+                        layout=replace(base.layout, sp=req.sp), spatial=sp,
+                        devices_used=base.devices_used)

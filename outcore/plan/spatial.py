@@ -159,14 +159,17 @@ def tile_fraction(g: Graph, i: int, grid: TileGrid) -> float:
     return (r1 - r0) * (c1 - c0) / float(hw[0] * hw[1])
 
 
-def tile_ranks(stages: int, sp: int) -> list[int]:
-    """The extra tile ranks of a plan with ``stages`` ordinary slots."""
-    return list(range(stages, stages + sp - 1))
+def tile_ranks(stages: int, sp: int, dp: int = 1, copy: int = 0) -> list[int]:
+    """The extra tile ranks of data-parallel copy ``copy`` of a plan with ``stages`` ordinary
+    slots per copy: after the ``dp x stages`` ordinary ranks, ``sp - 1`` per copy."""
+    first = stages * dp + copy * (sp - 1)
+    return list(range(first, first + sp - 1))
 
 
-def tile_group(stages: int, spatial: SpatialPlan) -> list[int]:
-    """Global ranks of the tile group, tile order: the spatial stage's rank, then the extra."""
-    return [spatial.stage] + tile_ranks(stages, spatial.tiles)
+def tile_group(stages: int, spatial: SpatialPlan, dp: int = 1, copy: int = 0) -> list[int]:
+    """Global ranks of copy ``copy``'s tile group, tile order: the spatial stage's rank in that
+    copy (``copy x stages + stage``), then its extra tile ranks."""
+    return [copy * stages + spatial.stage] + tile_ranks(stages, spatial.tiles, dp, copy)
 
 
 def check_spatial_request(req: Any) -> None:
@@ -175,11 +178,13 @@ def check_spatial_request(req: Any) -> None:
     if req.tp != 1:
         raise UsageError(f"--sp {req.sp} with --tp {req.tp}: spatial and tensor parallelism "
                          "together are not supported yet; use one of them")
-    if req.dp > 1 or req.parallel != "mp":
-        raise UsageError(f"--sp {req.sp} runs with pipeline and ParDNN placements only: use "
-                         "--dp 1 and --parallel mp")
-    if req.devices < req.sp:
-        raise UsageError(f"--sp {req.sp} needs at least {req.sp} devices, got {req.devices}")
+    if req.parallel != "mp":
+        raise UsageError(f"--sp {req.sp} runs with pipeline, ParDNN and data-parallel "
+                         "placements only (GEMS replicas with tiles are not supported yet): "
+                         "use --parallel mp")
+    if req.devices < req.sp * req.dp:
+        raise UsageError(f"--sp {req.sp} with --dp {req.dp} needs at least "
+                         f"{req.sp * req.dp} devices, got {req.devices}")
     grid = TileGrid.parse(req.sp_grid) if req.sp_grid else TileGrid(rows=req.sp, cols=1)
     if grid.tiles != req.sp:
         raise UsageError(f"--sp-grid {req.sp_grid} has {grid.tiles} tiles, --sp is {req.sp}")

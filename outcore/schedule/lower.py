@@ -94,7 +94,7 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
     cl = cluster or plan.cluster_or_default()
     if plan.spatial is not None:  # MPI4DL SP: tiled layers costed for the largest tile
         from outcore.schedule.spatial import tiled_graph
-        g = tiled_graph(g, plan.spatial, cl, plan.stages)
+        g = tiled_graph(g, plan.spatial, cl, plan.stages, plan.layout.dp)
     tp = plan.layout.tp
     if tp > 1:
         g = tensor_graph(g, tp, cl.link(0, 1))[0]

@@ -70,12 +70,12 @@ def _in_shape(g: Graph, i: int) -> list | None:
     return g.attr(int(preds[0]), "shape") if len(preds) else None
 
 
-def comm_times(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int
+def comm_times(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int, dp: int = 1
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per node: forward and backward communication seconds of the tiled layers (halo, batch
     norm statistics, gather/scatter at the join) and halo + gather bytes received (tile 0)."""
     grid = TileGrid.parse(sp.grid)
-    peer = tile_ranks(stages, grid.tiles)[0]
+    peer = tile_ranks(stages, grid.tiles, dp)[0]
     fwd, bwd, nbytes = (np.zeros(g.num_nodes) for _ in range(3))
     idx = sp.indices(g)
     lat = _link_s(cluster, sp.stage, peer, 1.0)
@@ -103,14 +103,15 @@ def comm_times(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int
     return fwd, bwd, nbytes
 
 
-def tiled_graph(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int) -> Graph:
+def tiled_graph(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int, dp: int = 1
+                ) -> Graph:
     """``g`` with its tiled nodes costed for the largest tile (see the module docstring)."""
     grid = TileGrid.parse(sp.grid)
     idx = sp.indices(g)
     frac = np.ones(g.num_nodes)
     for i in idx.tolist():
         frac[i] = tile_fraction(g, i, grid)
-    cf, cb, _ = comm_times(g, sp, cluster, stages)
+    cf, cb, _ = comm_times(g, sp, cluster, stages, dp)
     out_bytes = g.out_bytes * frac
     # gathered on tile 0: the whole tensor and the received tiles (padded to the largest)
     gathered = sp.gathered(g)
@@ -191,11 +192,11 @@ def walk_peak(g: Graph, idx: np.ndarray, saved: np.ndarray, out: np.ndarray) -> 
 
 
 def tile_rank_costs(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int,
-                    optimizer: str = "adam") -> TileCosts:
+                    optimizer: str = "adam", dp: int = 1) -> TileCosts:
     """Costs of an extra tile rank (the tiled nodes of :func:`tiled_graph`)."""
-    gt = tiled_graph(g, sp, cluster, stages)
+    gt = tiled_graph(g, sp, cluster, stages, dp)
     idx = sp.indices(g)
-    _, _, nbytes = comm_times(g, sp, cluster, stages)
+    _, _, nbytes = comm_times(g, sp, cluster, stages, dp)
     grid = TileGrid.parse(sp.grid)
     out = np.zeros(g.num_nodes)
     for i in idx.tolist():

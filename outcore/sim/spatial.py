@@ -27,7 +27,8 @@ def with_tile_ranks(result, plan: Plan, g: Graph, low: Lowered):
     idle time, bytes sent and peak memory filled in."""
     sp = plan.spatial
     stages = plan.stages
-    tc = tile_rank_costs(g, sp, low.cluster, stages, plan.optimizer)
+    dp = plan.layout.dp
+    tc = tile_rank_costs(g, sp, low.cluster, stages, plan.optimizer, dp)
     sched = low.schedule
     join = low.graph.index_of_id[int(g.ids[sp.indices(g)[-1]])]
     piece = int(sched.pieces.piece_of[join])
@@ -36,7 +37,7 @@ def with_tile_ranks(result, plan: Plan, g: Graph, low: Lowered):
     live = inflight(sched.actions[sp.stage], piece)
     busy, idle = result.busy_s.copy(), result.idle_s.copy()
     comm, peak = result.comm_bytes.astype(float), result.peak_bytes.astype(float)
-    for r in tile_ranks(stages, sp.tiles):
+    for r in (r for d in range(dp) for r in tile_ranks(stages, sp.tiles, dp, d)):
         busy[r] = M * (tc.fwd_s + tc.bwd_s) * scale
         idle[r] = max(result.iteration_s - busy[r], 0.0)
         comm[r] = M * tc.comm_bytes * scale

@@ -45,7 +45,7 @@ from outcore.errors import PlanError, UsageError
 from outcore.graph.ir import Graph
 from outcore.runtime.comm import allreduce_into
 from outcore.plan.plan import Plan
-from outcore.plan.spatial import tile_group
+from outcore.plan.spatial import tile_group, tile_ranks
 from outcore.runtime.modules import PieceModule
 from outcore.spatial.comm import SpatialGroup, gather_tiles
 from outcore.spatial.layers import POINTWISE_TYPES, SPATIAL_TYPES, make_spatial
@@ -119,12 +119,15 @@ class SpatialStage:
     """One rank's part of the tile group (see the module docstring)."""
 
     def __init__(self, sg: SpatialGroup, layers: list[nn.Module], tiles_module: Any,
-                 order: list[tuple[str, int]], images: dict[str, tuple[int, int]] | None = None):
+                 order: list[tuple[str, int]], images: dict[str, tuple[int, int]] | None = None,
+                 copy: int = 0, copies: int = 1, dp_group: Any = None):
         self.sg = sg
         self.images = images or {}         # model inputs the tiled layers read: name -> (H, W)
         self.layers = layers
         self.tiles_module = tiles_module   # extra tile ranks: the tiled nodes + gather
         self.order = order                 # ("F"/"B", micro-batch) of tile 0's piece
+        self.copy, self.copies = copy, copies   # data-parallel copy of this tile group
+        self.dp_group = dp_group           # extra tile ranks, dp > 1: this tile of every copy
 
     @property
     def is_extra(self) -> bool:
@@ -138,15 +141,22 @@ class SpatialStage:
         return list(seen.values())
 
     def reduce_gradients(self) -> None:
-        """Sum the tiled layers' gradients over the tile group (one flat all-reduce)."""
-        allreduce_into([p.grad for p in self.parameters() if p.grad is not None], self.sg.group)
+        """Sum the tiled layers' gradients over the tile group (one flat all-reduce); with
+        data parallelism an extra tile rank first sums them over the same tile of every copy
+        (tile 0's were summed over the copies by the executor's data-parallel buckets)."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if self.dp_group is not None:
+            allreduce_into(grads, self.dp_group)
+        allreduce_into(grads, self.sg.group)
 
     def run_tiles(self, inputs: list[tuple[torch.Tensor, ...]]) -> None:
-        """Extra tile rank: forward and backward of every micro-batch, in tile 0's order."""
+        """Extra tile rank: forward and backward of every micro-batch of its copy (``inputs``:
+        the micro-batches of every copy, copy-major), in tile 0's order."""
         outs: dict[int, tuple[torch.Tensor, ...]] = {}
+        first = self.copy * (len(inputs) // self.copies)
         for op, mb in self.order:
             if op == "F":
-                outs[mb] = tuple(self.tiles_module.module(*inputs[mb]))
+                outs[mb] = tuple(self.tiles_module.module(*inputs[first + mb]))
             else:
                 out = outs.pop(mb)
                 torch.autograd.backward(out, [torch.empty(0, device=t.device) for t in out])
@@ -216,14 +226,13 @@ def attach(rank: int, gm: fx.GraphModule, graph: Graph, plan: Plan, low: Any,
     """Every rank calls this (it creates the tile group); returns this rank's
     :class:`SpatialStage`, or None for a rank outside the tile group."""
     sp = plan.spatial
-    ranks = tile_group(plan.stages, sp)
-    pg = dist.new_group(ranks)
-    if rank not in ranks:
+    copy, pg, dp_pg = _groups(rank, plan)
+    if copy is None:
         return None
     sg = SpatialGroup(TileGrid.parse(sp.grid), pg)
     names = [graph.name_of(i) for i in sp.indices(graph).tolist()]
-    piece_of = low.pieces.piece_of
-    pieces = {int(piece_of[_index(graph, n)]) for n in names}
+    piece_of = low.pieces.piece_of   # on the copied graph: copy c's node i is c * n + i
+    pieces = {int(piece_of[copy * graph.num_nodes + _index(graph, n)]) for n in names}
     if len(pieces) != 1:
         raise PlanError(f"the tiled layers of the spatial plan span {len(pieces)} pieces on rank "
                         f"{sp.stage}; they must form one piece: re-plan without memory policies "
@@ -232,17 +241,39 @@ def attach(rank: int, gm: fx.GraphModule, graph: Graph, plan: Plan, low: Any,
     if low.costs.policies and low.costs.policies[piece] != "none":
         raise PlanError("the spatial stage's piece has a memory policy "
                         f"({low.costs.policies[piece]}): re-plan with --memory-policy none")
-    order = [(a.op, a.mb) for a in low.schedule.actions[sp.stage]
+    home = copy * plan.stages + sp.stage
+    order = [(a.op, a.mb) for a in low.schedule.actions[home]
              if a.op in ("F", "B") and a.piece == piece]
     layers = _convert(gm, graph, names, sg)
     inputs = [n for n in names if graph.op_of(_index(graph, n)) == "input"]
     gathered = [graph.name_of(i) for i in sp.gathered(graph).tolist()]
     images = {n: _hw(graph.attr(_index(graph, n), "shape")) for n in inputs}
-    if rank == sp.stage:
+    copies = plan.layout.dp
+    if rank == home:
         pm = next(m for m in modules if m.id == piece)
         _tile0_edit(pm, sg, graph, names, gathered, inputs)
-        return SpatialStage(sg, layers, None, order, images)
-    log.info("rank %d: tile %d of %s, %d tiled nodes, %d gathered at the join", rank, sg.tile,
-             sp.grid, len(names), len(gathered))
+        return SpatialStage(sg, layers, None, order, images, copy, copies)
+    log.info("rank %d: tile %d of %s (copy %d), %d tiled nodes, %d gathered at the join", rank,
+             sg.tile, sp.grid, copy, len(names), len(gathered))
     return SpatialStage(sg, layers, _tiles_module(gm, names, gathered, sg, graph), order,
-                        images)
+                        images, copy, copies, dp_pg)
+
+
+def _groups(rank: int, plan: Plan) -> tuple[int | None, Any, Any]:
+    """Create every copy's tile group and, with data parallelism, a group per extra tile
+    over the copies (every rank creates every group, in the same order); return this rank's
+    copy (None outside every tile group), tile group and data-parallel tile group."""
+    sp, stages, dp = plan.spatial, plan.stages, plan.layout.dp
+    mine: tuple[int | None, Any, Any] = (None, None, None)
+    for d in range(dp):
+        ranks = tile_group(stages, sp, dp, d)
+        pg = dist.new_group(ranks)
+        if rank in ranks:
+            mine = (d, pg, None)
+    if dp > 1:
+        for t in range(sp.tiles - 1):
+            ranks = [tile_ranks(stages, sp.tiles, dp, d)[t] for d in range(dp)]
+            pg = dist.new_group(ranks)
+            if rank in ranks:
+                mine = (mine[0], mine[1], pg)
+    return mine

@@ -72,8 +72,10 @@ def test_request_refuses_tp_with_sp_and_too_few_devices():
         PlanRequest.make(4, sp=2, tp=2)
     with pytest.raises(UsageError, match="at least 4 devices"):
         PlanRequest.make(2, sp=4)
-    with pytest.raises(UsageError, match="--dp 1"):
-        PlanRequest.make(4, sp=2, dp=2)
+    with pytest.raises(UsageError, match="--parallel mp"):
+        PlanRequest.make(4, sp=2, parallel="mast")
+    with pytest.raises(UsageError, match="at least 4 devices"):
+        PlanRequest.make(2, sp=2, dp=2)
     with pytest.raises(UsageError, match="tile"):
         PlanRequest.make(4, sp=2, sp_grid="2x2")
 
@@ -81,6 +83,20 @@ def test_request_refuses_tp_with_sp_and_too_few_devices():
 def test_layout_counts_the_extra_tile_ranks():
     assert Layout(sp=4).ranks(3) == 6        # stages - 1 + sp
     assert tile_group(3, SpatialPlan(grid="2x2", join="x", tiled=(0,), stage=1)) == [1, 3, 4, 5]
+    # data parallel: ordinary slots 0..5 (copy-major), then 3 extra tile ranks per copy
+    sp = SpatialPlan(grid="2x2", join="x", tiled=(0,), stage=1)
+    assert tile_group(3, sp, dp=2, copy=0) == [1, 6, 7, 8]
+    assert tile_group(3, sp, dp=2, copy=1) == [4, 9, 10, 11]
+
+
+def test_spatial_with_data_parallel_copies(g):
+    p = search(g, PlanRequest.make(4, sp=2, dp=2, sp_join="relu_1"))
+    assert p.devices == 4 and p.layout.dp == 2 and p.layout.sp == 2 and p.stages == 1
+    r = simulate(p, g)
+    assert r.peak_bytes.shape == (4,)
+    # ranks 2 and 3 are the copies' extra tile ranks: busy, holding less than the stage ranks
+    assert (r.busy_s[2:] > 0).all() and (r.peak_bytes[2:] < r.peak_bytes[:2]).all()
+    assert r.peak_bytes[2] == r.peak_bytes[3] and r.peak_bytes[0] == r.peak_bytes[1]
 
 
 def test_named_join_and_round_trip(g):
