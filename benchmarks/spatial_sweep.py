@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from spatial_job import MODEL_SOURCE  # noqa: E402
+from spatial_job import MODEL_SOURCE
 
 
 def run(model: str, size: int, tiles: int, steps: int, join: str | None) -> dict:
@@ -45,8 +45,8 @@ def run(model: str, size: int, tiles: int, steps: int, join: str | None) -> dict
 
 def table(rows: list[dict]) -> list[str]:
     mib = 2.0 ** 20
-    lines = ["| image | tiles | ranks | join | peak per rank, measured (MiB) | predicted (MiB) "
-             "| largest peak vs 1 tile | s / image measured | predicted |",
+    lines = [("| image | tiles | ranks | join | peak per rank, measured (MiB) | predicted (MiB) "
+              "| largest peak vs 1 tile | s / image measured | predicted |"),
              "| --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: |"]
     base: dict[int, float] = {}
     for r in rows:

@@ -105,7 +105,7 @@ class SpatialPlan:
 
 def crossing(g: Graph, tiled: Any) -> list[int]:
     """Indices, in order, of the nodes of ``tiled`` (indices in ``g``) used by a node outside."""
-    inside = set(int(i) for i in tiled)
+    inside = {int(i) for i in tiled}
     return sorted(i for i in inside if any(int(s) not in inside for s in g.successors(i)))
 
 

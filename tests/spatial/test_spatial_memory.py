@@ -6,8 +6,6 @@ and the tile rank 11.7 %."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import outcore
