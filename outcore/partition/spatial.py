@@ -85,7 +85,11 @@ def plan_spatial(g: Graph, req: PlanRequest, search: Callable[[Graph, PlanReques
     from outcore.sim.simulate import simulate
 
     grid = TileGrid.parse(req.sp_grid) if req.sp_grid else TileGrid(rows=req.sp, cols=1)
-    stages = req.devices // req.dp - req.sp + 1   # ordinary slots of one data-parallel copy
+    replicas = 2 if req.parallel == "mast" else 1   # each GEMS replica has its own tiles
+    stages = req.devices // req.dp - replicas * (req.sp - 1)   # ordinary slots of a dp copy
+    if stages < 1 or (replicas > 1 and stages < 2):
+        raise UsageError(f"--sp {req.sp} with {req.parallel} on {req.devices} devices leaves "
+                         f"{stages} model-parallel device(s): use more devices")
     if req.sp_join:
         order = [(prefix_of(g, req.sp_join, grid), "named by --sp-join")]
     else:

@@ -30,8 +30,8 @@ from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import FormatError, UsageError
 from outcore.graph.ir import Graph
 
-__all__ = ["SpatialPlan", "SPATIAL_OPS", "crossing", "join_candidates", "prefix_of",
-           "tile_fraction", "tile_ranks", "tile_group"]
+__all__ = ["SpatialPlan", "SPATIAL_OPS", "crossing", "home_rank", "join_candidates",
+           "prefix_of", "tile_fraction", "tile_ranks", "tile_group"]
 
 SPATIAL_OPS = frozenset({
     "input", "conv2d", "convtranspose2d", "conv_transpose2d", "batchnorm2d", "maxpool2d",
@@ -160,16 +160,27 @@ def tile_fraction(g: Graph, i: int, grid: TileGrid) -> float:
 
 
 def tile_ranks(stages: int, sp: int, dp: int = 1, copy: int = 0) -> list[int]:
-    """The extra tile ranks of data-parallel copy ``copy`` of a plan with ``stages`` ordinary
-    slots per copy: after the ``dp x stages`` ordinary ranks, ``sp - 1`` per copy."""
+    """The extra tile ranks of copy ``copy`` (``d x replicas + k``: data-parallel copy ``d``,
+    GEMS replica ``k``) of a plan with ``stages`` ordinary slots per data-parallel copy: after
+    the ``dp x stages`` ordinary ranks, ``sp - 1`` per copy."""
     first = stages * dp + copy * (sp - 1)
     return list(range(first, first + sp - 1))
 
 
-def tile_group(stages: int, spatial: SpatialPlan, dp: int = 1, copy: int = 0) -> list[int]:
-    """Global ranks of copy ``copy``'s tile group, tile order: the spatial stage's rank in that
-    copy (``copy x stages + stage``), then its extra tile ranks."""
-    return [copy * stages + spatial.stage] + tile_ranks(stages, spatial.tiles, dp, copy)
+def home_rank(stages: int, spatial: SpatialPlan, copy: int = 0,
+              maps: tuple[tuple[int, ...], ...] = ()) -> int:
+    """The ordinary rank holding copy ``copy``'s spatial stage (its tile 0): ``d x stages +
+    maps[k][stage]`` (GEMS replica ``k`` of data-parallel copy ``d``)."""
+    replicas = max(len(maps), 1)
+    d, k = divmod(copy, replicas)
+    return d * stages + (maps[k][spatial.stage] if maps else spatial.stage)
+
+
+def tile_group(stages: int, spatial: SpatialPlan, dp: int = 1, copy: int = 0,
+               maps: tuple[tuple[int, ...], ...] = ()) -> list[int]:
+    """Global ranks of copy ``copy``'s tile group, tile order: its spatial stage's rank, then
+    its extra tile ranks."""
+    return [home_rank(stages, spatial, copy, maps)] + tile_ranks(stages, spatial.tiles, dp, copy)
 
 
 def check_spatial_request(req: Any) -> None:
@@ -178,10 +189,10 @@ def check_spatial_request(req: Any) -> None:
     if req.tp != 1:
         raise UsageError(f"--sp {req.sp} with --tp {req.tp}: spatial and tensor parallelism "
                          "together are not supported yet; use one of them")
-    if req.parallel != "mp":
-        raise UsageError(f"--sp {req.sp} runs with pipeline, ParDNN and data-parallel "
-                         "placements only (GEMS replicas with tiles are not supported yet): "
-                         "use --parallel mp")
+    if req.parallel == "master":
+        raise UsageError(f"--sp {req.sp} runs with pipeline, ParDNN, data-parallel and GEMS "
+                         "MAST placements (MASTER with tiles is not supported yet): use "
+                         "--parallel mp or mast")
     if req.devices < req.sp * req.dp:
         raise UsageError(f"--sp {req.sp} with --dp {req.dp} needs at least "
                          f"{req.sp * req.dp} devices, got {req.devices}")

@@ -45,7 +45,7 @@ from outcore.errors import PlanError, UsageError
 from outcore.graph.ir import Graph
 from outcore.runtime.comm import allreduce_into
 from outcore.plan.plan import Plan
-from outcore.plan.spatial import tile_group, tile_ranks
+from outcore.plan.spatial import home_rank, tile_group, tile_ranks
 from outcore.runtime.modules import PieceModule
 from outcore.spatial.comm import SpatialGroup, gather_tiles
 from outcore.spatial.layers import POINTWISE_TYPES, SPATIAL_TYPES, make_spatial
@@ -241,14 +241,14 @@ def attach(rank: int, gm: fx.GraphModule, graph: Graph, plan: Plan, low: Any,
     if low.costs.policies and low.costs.policies[piece] != "none":
         raise PlanError("the spatial stage's piece has a memory policy "
                         f"({low.costs.policies[piece]}): re-plan with --memory-policy none")
-    home = copy * plan.stages + sp.stage
+    home = home_rank(plan.stages, sp, copy, plan.layout.maps)
     order = [(a.op, a.mb) for a in low.schedule.actions[home]
              if a.op in ("F", "B") and a.piece == piece]
     layers = _convert(gm, graph, names, sg)
     inputs = [n for n in names if graph.op_of(_index(graph, n)) == "input"]
     gathered = [graph.name_of(i) for i in sp.gathered(graph).tolist()]
     images = {n: _hw(graph.attr(_index(graph, n), "shape")) for n in inputs}
-    copies = plan.layout.dp
+    copies = plan.layout.copies
     if rank == home:
         pm = next(m for m in modules if m.id == piece)
         _tile0_edit(pm, sg, graph, names, gathered, inputs)
@@ -260,19 +260,21 @@ def attach(rank: int, gm: fx.GraphModule, graph: Graph, plan: Plan, low: Any,
 
 
 def _groups(rank: int, plan: Plan) -> tuple[int | None, Any, Any]:
-    """Create every copy's tile group and, with data parallelism, a group per extra tile
-    over the copies (every rank creates every group, in the same order); return this rank's
-    copy (None outside every tile group), tile group and data-parallel tile group."""
+    """Create every copy's tile group (data-parallel copies x GEMS replicas) and, with more
+    than one copy, a group per extra tile over the copies (every rank creates every group, in
+    the same order); return this rank's copy (None outside every tile group), tile group and
+    the group of its tile over the copies."""
     sp, stages, dp = plan.spatial, plan.stages, plan.layout.dp
+    copies, maps = plan.layout.copies, plan.layout.maps
     mine: tuple[int | None, Any, Any] = (None, None, None)
-    for d in range(dp):
-        ranks = tile_group(stages, sp, dp, d)
+    for c in range(copies):
+        ranks = tile_group(stages, sp, dp, c, maps)
         pg = dist.new_group(ranks)
         if rank in ranks:
-            mine = (d, pg, None)
-    if dp > 1:
+            mine = (c, pg, None)
+    if copies > 1:
         for t in range(sp.tiles - 1):
-            ranks = [tile_ranks(stages, sp.tiles, dp, d)[t] for d in range(dp)]
+            ranks = [tile_ranks(stages, sp.tiles, dp, c)[t] for c in range(copies)]
             pg = dist.new_group(ranks)
             if rank in ranks:
                 mine = (mine[0], mine[1], pg)

@@ -72,8 +72,8 @@ def test_request_refuses_tp_with_sp_and_too_few_devices():
         PlanRequest.make(4, sp=2, tp=2)
     with pytest.raises(UsageError, match="at least 4 devices"):
         PlanRequest.make(2, sp=4)
-    with pytest.raises(UsageError, match="--parallel mp"):
-        PlanRequest.make(4, sp=2, parallel="mast")
+    with pytest.raises(UsageError, match="MASTER"):
+        PlanRequest.make(4, sp=2, parallel="master")
     with pytest.raises(UsageError, match="at least 4 devices"):
         PlanRequest.make(2, sp=2, dp=2)
     with pytest.raises(UsageError, match="tile"):
@@ -132,3 +132,16 @@ def test_more_tiles_lower_the_tile_peak(g):
         peaks.append(float(simulate(p, g).peak_bytes[-1]))
     assert peaks[1] < peaks[0]
     assert np.isfinite(peaks).all()
+
+
+def test_spatial_with_gems_mast(g):
+    """SP + MAST on 4 devices: 2 stages, each replica's spatial stage with one extra tile rank
+    (replica A: ranks 0 and 2; replica B, reversed: ranks 1 and 3)."""
+    p = search(g, PlanRequest.make(4, sp=2, parallel="mast", sp_join="relu_1"))
+    assert p.layout.mode == "mast" and p.layout.sp == 2 and p.stages == 2 and p.devices == 4
+    assert tile_group(2, p.spatial, 1, 0, p.layout.maps) == [p.spatial.stage, 2]
+    assert tile_group(2, p.spatial, 1, 1, p.layout.maps) == [1 - p.spatial.stage, 3]
+    r = simulate(p, g)
+    assert r.peak_bytes.shape == (4,) and (r.busy_s[2:] > 0).all()
+    with pytest.raises(UsageError, match="more devices"):
+        search(g, PlanRequest.make(3, sp=2, parallel="mast", sp_join="relu_1"))

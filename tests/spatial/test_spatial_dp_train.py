@@ -1,4 +1,4 @@
-"""SP + DP: data-parallel copies of a spatial plan, each with its own tile group, equal
+"""SP + DP and SP + GEMS MAST: copies of a spatial plan, each with its own tile group, equal
 single-process training (every parameter, 4 ranks; and the U-Net through the API, losses)."""
 
 from __future__ import annotations
@@ -54,3 +54,23 @@ def test_spatial_with_data_parallel_through_the_api(tmp_path):
     ref_losses, _ = reference(dataclasses.replace(unet_config(steps=3), microbatches=1),
                               chunks=2)
     np.testing.assert_allclose(report.losses, ref_losses, rtol=1e-5, atol=0)
+
+
+def test_spatial_with_gems_mast_replicas():
+    """SP + GEMS MAST: two replicas over 2 stages in opposite directions (replica B's spatial
+    stage is on rank 1), each with its own tile group (extra tile ranks 2 and 3): 4 ranks."""
+    cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=1, steps=3, schedule="1f1b",
+                      optimizer="sgd", lr=0.1, momentum=0.9, return_state=True,
+                      track_memory=False)
+    g = graph_for(cfg, copies=2)
+    names = [g.name_of(i) for i in range(g.num_nodes)]
+    j = names.index("relu_1")
+    sp = SpatialPlan(grid="2x1", join="relu_1", tiled=tuple(int(i) for i in g.ids[:j + 1]))
+    a = np.zeros(g.num_nodes, dtype=np.int64)
+    a[names.index("_5_conv1"):] = 1
+    layout = dataclasses.replace(Layout.replicate("mast", 2, 2, 1), sp=2)
+    assert layout.ranks(2) == 4
+    plan = make_plan(g, a, strategy="manual", devices=4, memory_bytes=None, microbatches=1,
+                     schedule="1f1b", layout=layout, spatial=sp)
+    results = run_local(train_worker, 4, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
+    assert_matches(results, *reference(cfg, chunks=2))
