@@ -15,8 +15,10 @@ Steps:
    halo exchanges); then the others, least memory first. Without a limit, the candidate with
    the smallest estimated peak first. ``--sp-join`` names it instead.
 3. *Placement*: the rest of the graph is planned with the ordinary search on ``stages = devices
-   / dp - sp + 1`` devices (times ``dp`` data-parallel copies, each with its own tile group), on the graph costed per tile (:func:`outcore.schedule.spatial.
-   tiled_graph`); the tiled nodes go to the stage holding the inputs, without memory policies.
+   / dp - replicas x (sp - 1)`` devices (``dp`` data-parallel copies and, with GEMS MAST, two
+   replicas: every copy has its own tile group), on the graph costed per tile
+   (:func:`outcore.schedule.spatial.tiled_graph`); the tiled nodes go to the stage holding the
+   inputs, without memory policies.
 4. *Check*: the plan is simulated with its tile ranks; the first candidate that fits is kept.
 """
 
