@@ -27,7 +27,10 @@ the gathers' and tiled layers' backwards from the same ready set in the same ord
 
 The tiled layers' gradients are per-tile partial sums: every rank of the group sums them over
 the group (one flat all-reduce) right before its optimizer step, so the replicated parameters
-stay identical (``SpatialModel.reduce_gradients``' scheme).
+stay identical (``SpatialModel.reduce_gradients``' scheme). A plan with several copies
+(data-parallel copies, GEMS MAST replicas) has one tile group per copy; tile 0's partial sums
+are summed over the copies by the ordinary data-parallel buckets, an extra tile's over a group
+of the same tile of every copy, before the sum over the tiles.
 """
 
 from __future__ import annotations
