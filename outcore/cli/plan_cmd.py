@@ -166,8 +166,10 @@ def print_plan(g, p) -> None:
                   + (f" x {copies} copies" if copies > 1 else "")
                   + f"   {pred.get('samples_per_s', 0):.1f} samples/s")
     if p.spatial is not None:
+        dp = p.layout.dp   # SP + DP: the extra tile ranks of every copy follow all slots
         console.print(f"spatial: {p.spatial.grid} tiles on ranks {p.spatial.stage} and "
-                      f"{p.stages}..{p.devices - 1}, join after {p.spatial.join} "
+                      f"{p.stages * dp}..{p.devices - 1}" + (f" ({dp} copies)" if dp > 1 else "")
+                      + f", join after {p.spatial.join} "
                       f"({len(p.spatial.tiled)} nodes on tiles): {p.spatial.reason}")
     for line in policy_lines(p):
         console.print(line)

@@ -4,23 +4,27 @@ Jain et al. (MPI4DL, SP + LP): the first layers of a network on a huge image run
 ``sp`` ranks; where activations have shrunk, the tiles join and the rest runs layer-parallel.
 Steps:
 
-1. *Join candidates*: the cuts of the graph's node order where only one image tensor crosses
-   and everything before has a spatial version (:func:`outcore.plan.spatial.join_candidates`).
+1. *Join candidates*: the cuts of the graph's node order where everything before has a spatial
+   version (:func:`outcore.plan.spatial.join_candidates`); every tiled tensor used after the
+   cut (the join node's output, a U-Net's skip connections) is gathered there.
 2. *Memory model*: for each candidate, a tile's memory (parameters x optimizer state of the
    tiled layers + its share of their saved activations) and the spatial stage's (its tile plus
    an even share of the rest of the graph over the ``stages`` ordinary devices, the gathered
-   activation included). With a limit, the candidates where both fit are tried earliest first
+   activations included). With a limit, the candidates where both fit are tried earliest first
    (the earliest point after which the rest is held under the limit: the fewest layers pay
    halo exchanges); then the others, least memory first. Without a limit, the candidate with
    the smallest estimated peak first. ``--sp-join`` names it instead.
 3. *Placement*: the rest of the graph is planned with the ordinary search on ``stages = devices
-   - sp + 1`` devices, on the graph costed per tile (:func:`outcore.schedule.spatial.
-   tiled_graph`); the tiled nodes go to the stage holding the inputs, without memory policies.
+   / dp - replicas x (sp - 1)`` devices (``dp`` data-parallel copies and, with GEMS MAST, two
+   replicas: every copy has its own tile group), on the graph costed per tile
+   (:func:`outcore.schedule.spatial.tiled_graph`); the tiled nodes go to the stage holding the
+   inputs, without memory policies.
 4. *Check*: the plan is simulated with its tile ranks; the first candidate that fits is kept.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -29,11 +33,11 @@ from outcore.cost.memory import state_factor
 from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
-from outcore.plan.layout import Layout
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
 from outcore.plan.request import PlanRequest
-from outcore.plan.spatial import SpatialPlan, join_candidates, prefix_of, tile_fraction
+from outcore.plan.spatial import (SpatialPlan, crossing, join_candidates, prefix_of,
+                                  tile_fraction)
 from outcore.schedule.spatial import tiled_graph
 from outcore.units import format_bytes
 
@@ -48,8 +52,9 @@ def _estimates(g: Graph, grid: TileGrid, stages: int, optimizer: str, j: int
     f = state_factor(optimizer)
     frac = np.array([tile_fraction(g, i, grid) for i in range(j + 1)])
     tile = float((g.param_bytes[:j + 1] * f).sum() + (g.saved_bytes[:j + 1] * frac).sum())
+    gathered = crossing(g, range(j + 1))
     rest = float((g.param_bytes[j + 1:] * f).sum() + g.saved_bytes[j + 1:].sum()
-                 + g.out_bytes[j])
+                 + g.out_bytes[gathered].sum())
     return tile, tile + rest / stages
 
 
@@ -82,12 +87,16 @@ def plan_spatial(g: Graph, req: PlanRequest, search: Callable[[Graph, PlanReques
     from outcore.sim.simulate import simulate
 
     grid = TileGrid.parse(req.sp_grid) if req.sp_grid else TileGrid(rows=req.sp, cols=1)
-    stages = req.devices - req.sp + 1
+    replicas = 2 if req.parallel == "mast" else 1   # each GEMS replica has its own tiles
+    stages = req.devices // req.dp - replicas * (req.sp - 1)   # ordinary slots of a dp copy
+    if stages < 1 or (replicas > 1 and stages < 2):
+        raise UsageError(f"--sp {req.sp} with {req.parallel} on {req.devices} devices leaves "
+                         f"{stages} model-parallel device(s): use more devices")
     if req.sp_join:
         order = [(prefix_of(g, req.sp_join, grid), "named by --sp-join")]
     else:
         order = rank_joins(g, grid, stages, req.memory_bytes, req.optimizer)[:TRIES]
-    base_req = req.replace(devices=stages, sp=1, sp_join=None, sp_grid=None)
+    base_req = req.replace(devices=stages * req.dp, sp=1, sp_join=None, sp_grid=None)
     notes: list[str] = []
     fallback: Plan | None = None
     for j, why in order:
@@ -95,7 +104,7 @@ def plan_spatial(g: Graph, req: PlanRequest, search: Callable[[Graph, PlanReques
         sp = SpatialPlan(grid=f"{grid.rows}x{grid.cols}", join=name,
                          tiled=tuple(int(i) for i in g.ids[:j + 1]), stage=0, reason=why)
         try:
-            base = search(tiled_graph(g, sp, req.cluster, stages), base_req)
+            base = search(tiled_graph(g, sp, req.cluster, stages, req.dp), base_req)
         except InfeasibleError as e:
             notes.append(f"sp join at {name}: rest does not fit ({str(e).splitlines()[0]})")
             continue
@@ -129,4 +138,5 @@ def _attach(g: Graph, base: Plan, req: PlanRequest, sp: SpatialPlan, j: int) -> 
         policies = MemoryPolicies(group_of, policies.policies)
     sp = SpatialPlan(grid=sp.grid, join=sp.join, tiled=sp.tiled, stage=stage, reason=sp.reason)
     return base.replace(devices=req.devices, assignment=assignment, policies=policies,
-                        layout=Layout(sp=req.sp), spatial=sp, devices_used=base.devices_used)
+                        layout=replace(base.layout, sp=req.sp), spatial=sp,
+                        devices_used=base.devices_used)

@@ -19,8 +19,9 @@ A plan's ranks form the mesh ``dp x stages x tp x sp``:
   slots of one copy (tied weights) stay whole;
 * ``sp`` — spatial (tile) degree of the stage holding the graph's inputs (MPI4DL's SP + LP, Jain
   et al.): its layers before the join run on ``sp`` tiles, so one copy of the model uses
-  ``stages - 1 + sp`` ranks; the ``sp - 1`` extra tile ranks are numbered after all the plan's
-  ordinary device slots (``outcore.plan.spatial``).
+  ``stages - 1 + sp`` ranks; the ``sp - 1`` extra tile ranks of every copy (data-parallel
+  copy or GEMS replica) are numbered after all the plan's ordinary device slots
+  (``outcore.plan.spatial``).
 
 Adding a dimension means adding a field here, its lowering (which ranks run which actions, in
 ``outcore.schedule.lower``), its cost in the simulator and its choices in the search.
@@ -118,10 +119,12 @@ class Layout:
             raise UsageError("mp has one replica; use mast or master for more")
         if self.mode == "mast" and self.replicas != 2:
             raise UsageError("mast has exactly two replicas; use master for more")
-        if self.sp > 1 and (self.tp > 1 or self.replicas > 1 or self.dp > 1):
-            raise UsageError(f"spatial parallelism (sp {self.sp}) is planned with pipeline and "
-                             "ParDNN placements only: use tp = 1, dp = 1 and --parallel mp "
-                             "with --sp")
+        if self.sp > 1 and self.tp > 1:
+            raise UsageError(f"spatial parallelism (sp {self.sp}) with tensor parallelism is "
+                             "not supported: use tp = 1 with --sp")
+        if self.sp > 1 and self.depth > 1:
+            raise UsageError(f"spatial parallelism (sp {self.sp}) with sharded copies (--shard "
+                             f"{self.depth}) is not supported: use --shard 1 with --sp")
         check_depth(self.depth, self.dp, self.replicas)
 
     @property
@@ -145,13 +148,9 @@ class Layout:
 
     def ranks(self, stages: int) -> int:
         """Ranks of the whole mesh for ``stages`` model-parallel devices (the spatial stage
-        has ``sp`` tile ranks: ``stages - 1 + sp`` per copy)."""
-        return (stages + self.sp - 1) * self.dp * self.tp
-
-    def shard_of(self, copy: int) -> tuple[int, int]:
-        """``(group, shard)`` of data-parallel copy ``copy``: the copies of one group shard
-        each slot's parameters (``shard`` is this copy's part)."""
-        return divmod(copy, self.depth)
+        of every replica has ``sp`` tile ranks: ``stages + replicas x (sp - 1)`` per
+        data-parallel copy)."""
+        return (stages + self.replicas * (self.sp - 1)) * self.dp * self.tp
 
     def describe(self) -> str:
         parts = [] if self.mode == "mp" else [f"{self.mode} x{self.replicas} replicas"]

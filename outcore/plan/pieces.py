@@ -112,11 +112,14 @@ def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None,
     return np.asarray(h, dtype=np.int64)
 
 
-def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None) -> Pieces:
+def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,
+        whole: np.ndarray | None = None) -> Pieces:
     """The pieces and transfers of graph ``g`` placed by ``assignment`` (node index -> device).
 
     ``groups`` (optional, ``int64[n]``) splits pieces further: nodes of different groups never
-    share a piece (memory policies: a checkpointed segment is one piece).
+    share a piece (memory policies: a checkpointed segment is one piece). ``whole``
+    (optional, ``bool[n]``): nodes whose sends do not end their piece (a spatial plan's tiled
+    nodes run as one piece; their gathered outputs leave when it ends).
     """
     assignment = np.asarray(assignment, dtype=np.int64)
     order = topological_order(g)
@@ -127,6 +130,8 @@ def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None) -> P
     sends = np.zeros(g.num_nodes, dtype=bool)
     remote = assignment[g.src] != assignment[g.dst]
     sends[g.src[remote]] = True
+    if whole is not None:
+        sends[whole] = False
     hop = hops(g, key, order, sends)
     # components among edges whose endpoints share (device, group, hop)
     same = (key[g.src] == key[g.dst]) & (hop[g.src] == hop[g.dst])

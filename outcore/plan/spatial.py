@@ -12,9 +12,11 @@ unchanged by ``sp``, so a plan without tiles numbers its ranks the same) and app
 activation continues.
 
 The join is a cut of the graph in its (topological) node order: the *tiled prefix* is every
-node up to and including the join node, only the join node's output crosses the cut, and every
-tiled node is a layer with a spatial version (convolution, pooling, batch norm, element-wise,
-residual add, channel concatenation, upsampling). :func:`join_candidates` lists the valid cuts.
+node up to and including the join node, and every tiled node is a layer with a spatial version
+(convolution, pooling, batch norm, element-wise, residual add, channel concatenation,
+upsampling). Every tiled tensor used after the cut is *gathered* at the join: the join node's
+output, and the skip connections of a U-Net whose encoder runs on tiles and whose decoder does
+not (:meth:`SpatialPlan.gathered`). :func:`join_candidates` lists the valid cuts.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import FormatError, UsageError
 from outcore.graph.ir import Graph
 
-__all__ = ["SpatialPlan", "SPATIAL_OPS", "join_candidates", "prefix_of", "tile_fraction",
-           "tile_ranks", "tile_group"]
+__all__ = ["SpatialPlan", "SPATIAL_OPS", "crossing", "home_rank", "join_candidates",
+           "prefix_of", "tile_fraction", "tile_ranks", "tile_group"]
 
 SPATIAL_OPS = frozenset({
     "input", "conv2d", "convtranspose2d", "conv_transpose2d", "batchnorm2d", "maxpool2d",
@@ -44,7 +46,8 @@ class SpatialPlan:
 
     Attributes:
         grid: tile grid, ``"ROWSxCOLS"`` (``"2x1"``: 2 tiles over the height).
-        join: name of the join node: the last tiled node; its output is gathered.
+        join: name of the join node: the last tiled node; its output, and every other tiled
+            output used after it (skip connections), is gathered.
         tiled: ids of the nodes that run on tiles (the join node and every node before it).
         stage: the stage holding the graph's inputs (its rank is tile 0).
         reason: why the planner joined there (for ``outcore plan``).
@@ -93,6 +96,18 @@ class SpatialPlan:
         index = g.index_of_id
         return np.array(sorted(index[i] for i in self.tiled), dtype=np.int64)
 
+    def gathered(self, g: Graph) -> np.ndarray:
+        """Indices in ``g`` of the tiled nodes whose output is gathered at the join (used by a
+        node that is not tiled), in node order; the join node is the last."""
+        idx = self.indices(g)
+        return np.array(crossing(g, idx), dtype=np.int64)
+
+
+def crossing(g: Graph, tiled: Any) -> list[int]:
+    """Indices, in order, of the nodes of ``tiled`` (indices in ``g``) used by a node outside."""
+    inside = {int(i) for i in tiled}
+    return sorted(i for i in inside if any(int(s) not in inside for s in g.successors(i)))
+
 
 def _hw(g: Graph, i: int) -> tuple[int, int] | None:
     shape = g.attr(i, "shape")
@@ -102,8 +117,9 @@ def _hw(g: Graph, i: int) -> tuple[int, int] | None:
 
 def join_candidates(g: Graph, grid: TileGrid) -> list[int]:
     """Indices ``j`` of valid join nodes, in graph order: nodes ``0..j`` all have a spatial
-    version and a 4-D output with at least a row and a column per tile, and only node ``j``'s
-    output is used after ``j``."""
+    version and a 4-D output with at least a row and a column per tile, node ``j``'s output is
+    used after ``j``, and no model input is (tile 0 may hold only its tile of it). Other
+    outputs used after ``j`` (skip connections) are gathered with the join node's."""
     out = []
     crossing: set[int] = set()   # producers <= j with a user > j
     for j in range(g.num_nodes):
@@ -115,7 +131,7 @@ def join_candidates(g: Graph, grid: TileGrid) -> list[int]:
         if any(int(s) > j for s in g.successors(j)):
             crossing.add(j)
         crossing = {i for i in crossing if any(int(s) > j for s in g.successors(i))}
-        if crossing == {j} and g.op_of(j) != "input":
+        if j in crossing and not any(g.op_of(i) == "input" for i in crossing):
             out.append(j)
     return out
 
@@ -128,8 +144,9 @@ def prefix_of(g: Graph, join: str, grid: TileGrid) -> int:
     if join not in names or names.index(join) not in valid:
         shown = ", ".join(names[j] for j in valid[:12]) or "none"
         raise UsageError(f"--sp-join {join!r} is not a valid join for a {grid.rows}x{grid.cols} "
-                         f"grid (every node up to it must have a spatial version and only its "
-                         f"output may be used after it): use one of {shown}")
+                         f"grid (every node up to it must have a spatial version, its output "
+                         f"must be used after it and the model's input must not): use one of "
+                         f"{shown}")
     return names.index(join)
 
 
@@ -142,14 +159,28 @@ def tile_fraction(g: Graph, i: int, grid: TileGrid) -> float:
     return (r1 - r0) * (c1 - c0) / float(hw[0] * hw[1])
 
 
-def tile_ranks(stages: int, sp: int) -> list[int]:
-    """The extra tile ranks of a plan with ``stages`` ordinary slots."""
-    return list(range(stages, stages + sp - 1))
+def tile_ranks(stages: int, sp: int, dp: int = 1, copy: int = 0) -> list[int]:
+    """The extra tile ranks of copy ``copy`` (``d x replicas + k``: data-parallel copy ``d``,
+    GEMS replica ``k``) of a plan with ``stages`` ordinary slots per data-parallel copy: after
+    the ``dp x stages`` ordinary ranks, ``sp - 1`` per copy."""
+    first = stages * dp + copy * (sp - 1)
+    return list(range(first, first + sp - 1))
 
 
-def tile_group(stages: int, spatial: SpatialPlan) -> list[int]:
-    """Global ranks of the tile group, tile order: the spatial stage's rank, then the extra."""
-    return [spatial.stage] + tile_ranks(stages, spatial.tiles)
+def home_rank(stages: int, spatial: SpatialPlan, copy: int = 0,
+              maps: tuple[tuple[int, ...], ...] = ()) -> int:
+    """The ordinary rank holding copy ``copy``'s spatial stage (its tile 0): ``d x stages +
+    maps[k][stage]`` (GEMS replica ``k`` of data-parallel copy ``d``)."""
+    replicas = max(len(maps), 1)
+    d, k = divmod(copy, replicas)
+    return d * stages + (maps[k][spatial.stage] if maps else spatial.stage)
+
+
+def tile_group(stages: int, spatial: SpatialPlan, dp: int = 1, copy: int = 0,
+               maps: tuple[tuple[int, ...], ...] = ()) -> list[int]:
+    """Global ranks of copy ``copy``'s tile group, tile order: its spatial stage's rank, then
+    its extra tile ranks."""
+    return [home_rank(stages, spatial, copy, maps)] + tile_ranks(stages, spatial.tiles, dp, copy)
 
 
 def check_spatial_request(req: Any) -> None:
@@ -158,11 +189,13 @@ def check_spatial_request(req: Any) -> None:
     if req.tp != 1:
         raise UsageError(f"--sp {req.sp} with --tp {req.tp}: spatial and tensor parallelism "
                          "together are not supported yet; use one of them")
-    if req.dp > 1 or req.parallel != "mp":
-        raise UsageError(f"--sp {req.sp} runs with pipeline and ParDNN placements only: use "
-                         "--dp 1 and --parallel mp")
-    if req.devices < req.sp:
-        raise UsageError(f"--sp {req.sp} needs at least {req.sp} devices, got {req.devices}")
+    if req.parallel == "master":
+        raise UsageError(f"--sp {req.sp} runs with pipeline, ParDNN, data-parallel and GEMS "
+                         "MAST placements (MASTER with tiles is not supported yet): use "
+                         "--parallel mp or mast")
+    if req.devices < req.sp * req.dp:
+        raise UsageError(f"--sp {req.sp} with --dp {req.dp} needs at least "
+                         f"{req.sp * req.dp} devices, got {req.devices}")
     grid = TileGrid.parse(req.sp_grid) if req.sp_grid else TileGrid(rows=req.sp, cols=1)
     if grid.tiles != req.sp:
         raise UsageError(f"--sp-grid {req.sp_grid} has {grid.tiles} tiles, --sp is {req.sp}")

@@ -83,6 +83,9 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
     else:
         raise UsageError(f"unknown data {cfg.data!r}: use synthetic, imagefolder:PATH, "
                          "tiles:PATH or text:FILE")
+    if trainer.spatial is not None and not cfg.data.startswith("tiles:"):
+        from outcore.spatial.data import TileCut   # the tile group holds only its tiles
+        data = TileCut.for_trainer(data, trainer)
     return trainer, data
 
 

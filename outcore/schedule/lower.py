@@ -95,7 +95,7 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
     cl = cluster or plan.cluster_or_default()
     if plan.spatial is not None:  # MPI4DL SP: tiled layers costed for the largest tile
         from outcore.schedule.spatial import tiled_graph
-        g = tiled_graph(g, plan.spatial, cl, plan.stages)
+        g = tiled_graph(g, plan.spatial, cl, plan.stages, plan.layout.dp)
     tp = plan.layout.tp
     if tp > 1:
         g = tensor_graph(g, tp, cl.link(0, 1))[0]
@@ -113,8 +113,18 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
                                          kind=kind, cluster=cl, scale=scale,
                                          optimizer=plan.optimizer, policies=policies,
                                          depth=(plan.stages, plan.layout.dp, depth)
-                                         if depth > 1 else None)
+                                         if depth > 1 else None,
+                                         whole=_tiled_mask(g, plan, copies))
     return Lowered(big, assignment, copies, pieces, costs, sched, cl, batch, tp)
+
+
+def _tiled_mask(g: Graph, plan: Plan, copies: int) -> np.ndarray | None:
+    """A spatial plan's tiled nodes (of every copy): they form one piece."""
+    if plan.spatial is None:
+        return None
+    mask = np.zeros(g.num_nodes, dtype=bool)
+    mask[plan.spatial.indices(g)] = True
+    return np.tile(mask, copies)
 
 
 def _node_params(g: Graph, i: int) -> list[str]:
@@ -254,12 +264,13 @@ class _Sharding:
 def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatches: int,
                   kind: str, cluster: Cluster, scale: float = 1.0, optimizer: str = "adam",
                   policies: MemoryPolicies | None = None,
-                  depth: tuple[int, int, int] | None = None
+                  depth: tuple[int, int, int] | None = None, whole: np.ndarray | None = None
                   ) -> tuple[Schedule, PieceCosts, Pieces]:
-    """Cut ``g`` by ``assignment`` (and memory-policy groups), cost the pieces per
-    micro-batch, build and check. ``depth = (stages, dp, depth)`` shards the parameters of
-    every slot over its data-parallel copies (:func:`sharded_buckets`)."""
-    pieces = cut(g, assignment, policies.group_of if policies is not None else None)
+    """Cut ``g`` by ``assignment`` (and memory-policy groups; ``whole``: nodes kept in one
+    piece, see :func:`~outcore.plan.pieces.cut`), cost the pieces per micro-batch, build and
+    check. ``depth = (stages, dp, depth)`` shards the parameters of every slot over its
+    data-parallel copies (:func:`sharded_buckets`)."""
+    pieces = cut(g, assignment, policies.group_of if policies is not None else None, whole)
     piece_policies = tuple(policies.policy_of_group(p.group) for p in pieces.pieces) \
         if policies is not None else None
     groups, names, sizes = shared_param_buckets(g, assignment)

@@ -9,8 +9,9 @@ costs of the largest tile, as the spatial stage's rank (tile 0) runs them:
   sent back as gradients, to its backward: bytes from :func:`outcore.cost.spatial.halo_bytes`
   (rows, then columns; the largest tile), time from the cluster's link between two tile ranks;
 * batch norm's statistics (two all-reduces of ``2C`` floats forward, one backward);
-* the gather at the join (:func:`outcore.cost.spatial.gather_bytes` into tile 0) is added to the
-  join node's forward, the scatter of its gradient to its backward.
+* the gather at the join (:func:`outcore.cost.spatial.gather_bytes` into tile 0) of every
+  gathered tensor (the join node's output and skip connections used after the join) is added
+  to its node's forward, the scatter of its gradient to its backward.
 
 The extra tile ranks run the same tiled nodes in the same order (they hold no piece of the
 schedule); :func:`tile_rank_costs` gives what they compute and hold, for the simulator.
@@ -30,7 +31,7 @@ from outcore.hardware.spec import Cluster
 from outcore.plan.spatial import SpatialPlan, tile_fraction, tile_ranks
 
 __all__ = ["TileCosts", "comm_times", "geometry_of_node", "inflight", "tiled_graph",
-           "tile_rank_costs"]
+           "tile_rank_costs", "walk_peak"]
 
 
 def _pair(v) -> tuple[int, int]:
@@ -69,15 +70,14 @@ def _in_shape(g: Graph, i: int) -> list | None:
     return g.attr(int(preds[0]), "shape") if len(preds) else None
 
 
-def comm_times(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int
+def comm_times(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int, dp: int = 1
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per node: forward and backward communication seconds of the tiled layers (halo, batch
     norm statistics, gather/scatter at the join) and halo + gather bytes received (tile 0)."""
     grid = TileGrid.parse(sp.grid)
-    peer = tile_ranks(stages, grid.tiles)[0]
+    peer = tile_ranks(stages, grid.tiles, dp)[0]
     fwd, bwd, nbytes = (np.zeros(g.num_nodes) for _ in range(3))
     idx = sp.indices(g)
-    join = int(idx[-1])
     lat = _link_s(cluster, sp.stage, peer, 1.0)
     for i in idx.tolist():
         geo, shape = geometry_of_node(g, i), _in_shape(g, i)
@@ -93,26 +93,29 @@ def comm_times(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int
             step = _link_s(cluster, sp.stage, peer, 2 * shape[1] * 4 / grid.tiles)
             fwd[i] += 2 * ring * step
             bwd[i] += ring * step
-    shape = g.attr(join, "shape")
-    if isinstance(shape, list) and len(shape) == 4:
-        gb = gather_bytes(shape[0], shape[1], (shape[2], shape[3]), grid)
-        fwd[join] += _link_s(cluster, sp.stage, peer, gb)
-        bwd[join] += _link_s(cluster, sp.stage, peer, gb)
-        nbytes[join] += gb
+    for j in sp.gathered(g).tolist():
+        shape = g.attr(j, "shape")
+        if isinstance(shape, list) and len(shape) == 4:
+            gb = gather_bytes(shape[0], shape[1], (shape[2], shape[3]), grid)
+            fwd[j] += _link_s(cluster, sp.stage, peer, gb)
+            bwd[j] += _link_s(cluster, sp.stage, peer, gb)
+            nbytes[j] += gb
     return fwd, bwd, nbytes
 
 
-def tiled_graph(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int) -> Graph:
+def tiled_graph(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int, dp: int = 1
+                ) -> Graph:
     """``g`` with its tiled nodes costed for the largest tile (see the module docstring)."""
     grid = TileGrid.parse(sp.grid)
     idx = sp.indices(g)
     frac = np.ones(g.num_nodes)
     for i in idx.tolist():
         frac[i] = tile_fraction(g, i, grid)
-    cf, cb, _ = comm_times(g, sp, cluster, stages)
+    cf, cb, _ = comm_times(g, sp, cluster, stages, dp)
     out_bytes = g.out_bytes * frac
     # gathered on tile 0: the whole tensor and the received tiles (padded to the largest)
-    out_bytes[idx[-1]] = g.out_bytes[idx[-1]] * (1 + grid.tiles * frac[idx[-1]])
+    gathered = sp.gathered(g)
+    out_bytes[gathered] = g.out_bytes[gathered] * (1 + grid.tiles * frac[gathered])
     inside = np.isin(g.src, idx) & np.isin(g.dst, idx)
     return g.replace(fwd_s=g.fwd_s * frac + cf, bwd_s=g.bwd_s * frac + cb,
                      saved_bytes=g.saved_bytes * frac, out_bytes=out_bytes,
@@ -124,9 +127,9 @@ class TileCosts:
     """What one extra tile rank computes and holds per micro-batch (of the graph's batch).
 
     fwd_s, bwd_s: compute and communication of the tiled nodes; saved_bytes: activations kept
-    until the backward; transient_bytes: the backward's working set at the largest tiled layer
-    (its output's gradient, its input region rebuilt from the kept strips, its input's
-    gradient: three of the largest tile outputs); static_bytes: parameters x
+    until the backward; transient_bytes: what the peak of one micro-batch's forward and
+    backward holds beyond ``saved_bytes`` (see :func:`walk_peak`; may be negative: the
+    backward frees each layer's saved activations as it goes); static_bytes: parameters x
     optimizer state of the tiled layers; comm_bytes: halo and gather bytes sent."""
 
     fwd_s: float
@@ -137,17 +140,70 @@ class TileCosts:
     comm_bytes: float
 
 
+WINDOWED = frozenset({"conv2d", "convtranspose2d", "conv_transpose2d", "maxpool2d", "avgpool2d",
+                      "upsample"})
+
+
+def _needs_region(g: Graph, i: int) -> bool:
+    """Whether a windowed layer reads rows beyond its tile (halo or padding): then its input
+    region is a new tensor, rebuilt in the backward; a window that tiles its input exactly
+    (a 2x2 stride-2 pool) runs on the tile itself."""
+    geo = geometry_of_node(g, i)
+    if geo is None:
+        return True
+    return any(p > 0 or d * (k - 1) + 1 > s for k, s, p, d in
+               zip(geo.kernel, geo.stride, geo.padding, geo.dilation))
+
+
+def _work_bytes(g: Graph, i: int, out: np.ndarray) -> float:
+    """Working set of node ``i``'s backward beyond the saved activations, from its tile
+    output bytes ``out`` (indexed like ``g``): the gradient of its output and of its input,
+    and for a windowed layer with a halo or padding its input region rebuilt from the kept
+    strips (about its input tile); for the spatial batch norm, ``x - mean`` beside the two gradients
+    (``outcore.spatial.layers._TileBatchNorm``); element-wise layers and adds: the two
+    gradients."""
+    op = g.op_of(i)
+    if op == "input":
+        return 0.0
+    preds = [int(p) for p in g.predecessors(i)]
+    inp = max((float(out[p]) for p in preds), default=float(out[i]))
+    if op in WINDOWED:
+        return float(out[i]) + (2.0 if _needs_region(g, i) else 1.0) * inp
+    if op == "batchnorm2d":
+        return 3.0 * float(out[i])
+    if op == "cat":
+        return float(out[i]) + sum(float(out[p]) for p in preds)
+    return 2.0 * float(out[i])
+
+
+def walk_peak(g: Graph, idx: np.ndarray, saved: np.ndarray, out: np.ndarray) -> float:
+    """Peak of one micro-batch on a tile rank, walking the tiled nodes (indices ``idx``, in
+    order): in the forward, the activations saved so far plus the node's output and input; in
+    the backward (reverse order), the activations still saved (those of the nodes up to it:
+    the later ones were freed by their backwards) plus the node's working set
+    (:func:`_work_bytes`). ``saved`` and ``out`` are per-tile bytes indexed like ``g``."""
+    kept = np.cumsum(saved[idx])
+    peak = 0.0
+    for k, i in enumerate(idx.tolist()):
+        preds = [int(p) for p in g.predecessors(i)]
+        inp = sum(float(out[p]) for p in preds)
+        peak = max(peak, kept[k] + float(out[i]) + inp, kept[k] + _work_bytes(g, i, out))
+    return float(peak)
+
+
 def tile_rank_costs(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int,
-                    optimizer: str = "adam") -> TileCosts:
+                    optimizer: str = "adam", dp: int = 1) -> TileCosts:
     """Costs of an extra tile rank (the tiled nodes of :func:`tiled_graph`)."""
-    gt = tiled_graph(g, sp, cluster, stages)
+    gt = tiled_graph(g, sp, cluster, stages, dp)
     idx = sp.indices(g)
-    _, _, nbytes = comm_times(g, sp, cluster, stages)
-    out = gt.out_bytes[idx].copy()
-    out[-1] = g.out_bytes[idx[-1]] * tile_fraction(g, int(idx[-1]), TileGrid.parse(sp.grid))
-    out[[g.op_of(int(i)) == "input" for i in idx]] = 0.0   # the image gets no gradient
-    return TileCosts(float(gt.fwd_s[idx].sum()), float(gt.bwd_s[idx].sum()),
-                     float(gt.saved_bytes[idx].sum()), 3.0 * float(out.max()),
+    _, _, nbytes = comm_times(g, sp, cluster, stages, dp)
+    grid = TileGrid.parse(sp.grid)
+    out = np.zeros(g.num_nodes)
+    for i in idx.tolist():
+        out[i] = g.out_bytes[i] * tile_fraction(g, int(i), grid)
+    saved = float(gt.saved_bytes[idx].sum())
+    return TileCosts(float(gt.fwd_s[idx].sum()), float(gt.bwd_s[idx].sum()), saved,
+                     walk_peak(g, idx, gt.saved_bytes, out) - saved,
                      float(g.param_bytes[idx].sum() * state_factor(optimizer)),
                      float(nbytes[idx].sum()))
 

@@ -5,7 +5,8 @@ stage's first piece in lock-step with its rank (tile 0), whose timeline already 
 per-tile compute, halo and gather times (:mod:`outcore.schedule.spatial`). Their figures are
 therefore derived from that rank's: busy time = micro-batches x the tiled layers' forward and
 backward; peak = the tiled layers' parameters and optimizer state, plus the saved tile
-activations of as many micro-batches as tile 0 holds in flight, plus the largest tile output.
+activations of as many micro-batches as tile 0 holds in flight, plus what one micro-batch's
+peak holds beyond its saved activations (:func:`outcore.schedule.spatial.walk_peak`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import replace
 
 from outcore.graph.ir import Graph
 from outcore.plan.plan import Plan
-from outcore.plan.spatial import tile_ranks
+from outcore.plan.spatial import home_rank, tile_ranks
 from outcore.schedule.lower import Lowered
 from outcore.schedule.spatial import inflight, tile_rank_costs
 
@@ -26,18 +27,24 @@ def with_tile_ranks(result, plan: Plan, g: Graph, low: Lowered):
     idle time, bytes sent and peak memory filled in."""
     sp = plan.spatial
     stages = plan.stages
-    tc = tile_rank_costs(g, sp, low.cluster, stages, plan.optimizer)
+    dp = plan.layout.dp
+    tc = tile_rank_costs(g, sp, low.cluster, stages, plan.optimizer, dp)
     sched = low.schedule
-    join = low.graph.index_of_id[int(g.ids[sp.indices(g)[-1]])]
-    piece = int(sched.pieces.piece_of[join])
+    n = g.num_nodes
+    first = int(sp.indices(g)[0])
     M = sched.microbatches
     scale = float(sched.meta.get("scale", 1.0))
-    live = inflight(sched.actions[sp.stage], piece)
     busy, idle = result.busy_s.copy(), result.idle_s.copy()
     comm, peak = result.comm_bytes.astype(float), result.peak_bytes.astype(float)
-    for r in tile_ranks(stages, sp.tiles):
-        busy[r] = M * (tc.fwd_s + tc.bwd_s) * scale
-        idle[r] = max(result.iteration_s - busy[r], 0.0)
-        comm[r] = M * tc.comm_bytes * scale
-        peak[r] = tc.static_bytes + live * tc.saved_bytes * scale + tc.transient_bytes * scale
+    for c in range(plan.layout.copies):
+        # the copy's tiled piece on its spatial stage's rank (the copied graph: c * n + i)
+        piece = int(sched.pieces.piece_of[c * n + first])
+        home = home_rank(stages, sp, c, plan.layout.maps)
+        live = inflight(sched.actions[home], piece)
+        for r in tile_ranks(stages, sp.tiles, dp, c):
+            busy[r] = M * (tc.fwd_s + tc.bwd_s) * scale
+            idle[r] = max(result.iteration_s - busy[r], 0.0)
+            comm[r] = M * tc.comm_bytes * scale
+            peak[r] = tc.static_bytes + live * tc.saved_bytes * scale + \
+                tc.transient_bytes * scale
     return replace(result, busy_s=busy, idle_s=idle, comm_bytes=comm, peak_bytes=peak)

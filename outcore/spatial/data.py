@@ -20,7 +20,45 @@ from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import UsageError
 from outcore.spatial.images import TileImageFolder
 
-__all__ = ["TileFolderData"]
+__all__ = ["TileCut", "TileFolderData"]
+
+
+class TileCut:
+    """Another data source (synthetic, ``imagefolder:``) under a spatial plan: each batch's
+    images that the tiled layers read are cut to this rank's tile and copied, so the whole
+    image is dropped before the step, and a rank of the tile group holds only its tile during
+    it (what the memory model counts). The whole image still exists while the source makes the
+    batch: use ``tiles:`` to never hold it.
+
+    Args:
+        data: the source (``batch(step) -> (inputs, targets)``).
+        cut: input position -> the image's (H, W).
+        grid, tile: this rank's tile.
+    """
+
+    def __init__(self, data: Any, cut: dict[int, tuple[int, int]], grid: TileGrid, tile: int):
+        self.data, self.cut, self.grid, self.tile = data, cut, grid, tile
+        self.batch_size = data.batch_size
+
+    @staticmethod
+    def for_trainer(data: Any, trainer: Any) -> Any:
+        """``data`` cut for this rank of a spatial plan (``data`` itself outside one)."""
+        sp = getattr(trainer, "spatial", None)
+        if sp is None or not sp.images:
+            return data
+        cut = {k: sp.images[name] for k, name in enumerate(trainer.placeholders)
+               if name in sp.images}
+        return TileCut(data, cut, sp.sg.grid, sp.sg.tile)
+
+    def batch(self, step: int):
+        inputs, targets = self.data.batch(step)
+        out = list(inputs)
+        for k, hw in self.cut.items():
+            if k < len(out) and tuple(out[k].shape[-2:]) == hw:
+                r0, r1, c0, c1 = self.grid.region(self.tile, *hw)
+                out[k] = out[k][..., r0:r1, c0:c1].clone(
+                    memory_format=torch.contiguous_format)
+        return tuple(out), targets
 
 
 class TileFolderData:

@@ -242,8 +242,12 @@ class _TileBatchNorm(torch.autograd.Function):
             torch.distributed.all_reduce(total, group=ctx.group)
         sum_dy, sum_dy_xmu = total[0] / ctx.n, total[1] / ctx.n
         scale = invstd if weight is None else invstd * weight
-        gx = (gy - sum_dy[None, :, None, None]
-              - xmu.mul_((invstd * invstd * sum_dy_xmu)[None, :, None, None]))
+        # in place: the working set is gy, xmu and gx (three tiles, what the memory model
+        # counts), not a fourth for gy - sum_dy
+        xmu.mul_((invstd * invstd * sum_dy_xmu)[None, :, None, None])
+        gx = gy - sum_dy[None, :, None, None]
+        gx.sub_(xmu)
+        del xmu
         gx = gx.mul_(scale[None, :, None, None])
         gw = local[1] * invstd if weight is not None and ctx.needs_input_grad[1] else None
         gb = local[0] if ctx.needs_input_grad[2] else None

@@ -7,16 +7,30 @@ in place to their spatial versions (:func:`outcore.spatial.layers.make_spatial`,
 inside); then
 
 * on **tile 0**, the piece holding the tiled nodes is edited: the model's input is cut to the
-  rank's tile (a tile given as input is kept), and the join node's output is gathered onto
-  this rank (``gather_tiles(dst=0)``); the rest of the piece, and of the plan, runs as usual;
-* on an **extra tile rank**, the tiled nodes form one module ending in the same gather (which
-  returns an empty tensor there); :meth:`SpatialStage.run_tiles` runs it for each micro-batch
-  in the order tile 0 runs its piece's forwards and backwards (the schedule's action list), the
-  backward receiving its slice of the gathered activation's gradient (the gather's scatter).
+  rank's tile (a tile given as input is kept), and every tiled output used after the join (the
+  join node's, and a U-Net's skip connections from its tiled encoder) is gathered onto this
+  rank (``gather_tiles(dst=0)``) right after the node that makes it; the nodes after the join
+  read the gathered tensors, the tiled ones keep reading tiles; the rest of the piece, and of
+  the plan, runs as usual;
+* on an **extra tile rank**, the tiled nodes form one module with the same gathers at the same
+  places (they return empty tensors there); :meth:`SpatialStage.run_tiles` runs it for each
+  micro-batch in the order tile 0 runs its piece's forwards and backwards (the schedule's
+  action list), the backward receiving its slices of the gathered activations' gradients (the
+  gathers' scatters).
+
+The tile group's collectives (halo exchanges, batch-norm statistics, gathers) must come in the
+same order on every rank of the group. Forward: the two modules run the tiled nodes and the
+gathers in the same (graph) order. Backward: PyTorch's autograd engine runs, among the ready
+functions, the most recently created first; on tile 0 every function after the join is newer
+than every gather, so it finishes the layers after the join first, and then both ranks run
+the gathers' and tiled layers' backwards from the same ready set in the same order.
 
 The tiled layers' gradients are per-tile partial sums: every rank of the group sums them over
 the group (one flat all-reduce) right before its optimizer step, so the replicated parameters
-stay identical (``SpatialModel.reduce_gradients``' scheme).
+stay identical (``SpatialModel.reduce_gradients``' scheme). A plan with several copies
+(data-parallel copies, GEMS MAST replicas) has one tile group per copy; tile 0's partial sums
+are summed over the copies by the ordinary data-parallel buckets, an extra tile's over a group
+of the same tile of every copy, before the sum over the tiles.
 """
 
 from __future__ import annotations
@@ -34,7 +48,7 @@ from outcore.errors import PlanError, UsageError
 from outcore.graph.ir import Graph
 from outcore.runtime.comm import allreduce_into
 from outcore.plan.plan import Plan
-from outcore.plan.spatial import tile_group
+from outcore.plan.spatial import home_rank, tile_group, tile_ranks
 from outcore.runtime.modules import PieceModule
 from outcore.spatial.comm import SpatialGroup, gather_tiles
 from outcore.spatial.layers import POINTWISE_TYPES, SPATIAL_TYPES, make_spatial
@@ -108,11 +122,15 @@ class SpatialStage:
     """One rank's part of the tile group (see the module docstring)."""
 
     def __init__(self, sg: SpatialGroup, layers: list[nn.Module], tiles_module: Any,
-                 order: list[tuple[str, int]]):
+                 order: list[tuple[str, int]], images: dict[str, tuple[int, int]] | None = None,
+                 copy: int = 0, copies: int = 1, dp_group: Any = None):
         self.sg = sg
+        self.images = images or {}         # model inputs the tiled layers read: name -> (H, W)
         self.layers = layers
         self.tiles_module = tiles_module   # extra tile ranks: the tiled nodes + gather
         self.order = order                 # ("F"/"B", micro-batch) of tile 0's piece
+        self.copy, self.copies = copy, copies   # data-parallel copy of this tile group
+        self.dp_group = dp_group           # extra tile ranks, dp > 1: this tile of every copy
 
     @property
     def is_extra(self) -> bool:
@@ -126,24 +144,37 @@ class SpatialStage:
         return list(seen.values())
 
     def reduce_gradients(self) -> None:
-        """Sum the tiled layers' gradients over the tile group (one flat all-reduce)."""
-        allreduce_into([p.grad for p in self.parameters() if p.grad is not None], self.sg.group)
+        """Sum the tiled layers' gradients over the tile group (one flat all-reduce); with
+        data parallelism an extra tile rank first sums them over the same tile of every copy
+        (tile 0's were summed over the copies by the executor's data-parallel buckets)."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if self.dp_group is not None:
+            allreduce_into(grads, self.dp_group)
+        allreduce_into(grads, self.sg.group)
 
     def run_tiles(self, inputs: list[tuple[torch.Tensor, ...]]) -> None:
-        """Extra tile rank: forward and backward of every micro-batch, in tile 0's order."""
-        outs: dict[int, torch.Tensor] = {}
+        """Extra tile rank: forward and backward of every micro-batch of its copy (``inputs``:
+        the micro-batches of every copy, copy-major), in tile 0's order."""
+        outs: dict[int, tuple[torch.Tensor, ...]] = {}
+        first = self.copy * (len(inputs) // self.copies)
         for op, mb in self.order:
             if op == "F":
-                outs[mb] = self.tiles_module.module(*inputs[mb])[0]
+                outs[mb] = tuple(self.tiles_module.module(*inputs[first + mb]))
             else:
                 out = outs.pop(mb)
-                torch.autograd.backward(out, torch.empty(0, device=out.device))
+                torch.autograd.backward(out, [torch.empty(0, device=t.device) for t in out])
 
 
-def _tile0_edit(pm: PieceModule, sg: SpatialGroup, graph: Graph, join: str,
-                inputs: list[str]) -> None:
-    """Tile 0's piece: inputs cut to the tile, the join node's output gathered."""
+def _join_name(name: str) -> str:
+    return f"sp_join_{name}"
+
+
+def _tile0_edit(pm: PieceModule, sg: SpatialGroup, graph: Graph, names: list[str],
+                gathered: list[str], inputs: list[str]) -> None:
+    """Tile 0's piece: inputs cut to the tile, the gathered nodes' outputs gathered for the
+    nodes after the join (the tiled nodes keep reading the tiles)."""
     g = pm.module.graph
+    tiled = set(names)
     for n in list(g.nodes):
         if n.op == "placeholder" and n.name[3:] in inputs:
             hw = _hw(graph.attr(_index(graph, n.name[3:]), "shape"))
@@ -151,33 +182,40 @@ def _tile0_edit(pm: PieceModule, sg: SpatialGroup, graph: Graph, join: str,
             with g.inserting_after(n):
                 cut = g.call_module(f"sp_tile_{n.name}", (n,))
             n.replace_all_uses_with(cut, delete_user_cb=lambda u: u is not cut)
-    node = next(n for n in g.nodes if n.name == join)
-    pm.module.add_submodule("sp_join", Join(sg, _hw(graph.attr(_index(graph, join),
-                                                                "shape"))))
-    with g.inserting_after(node):
-        joined = g.call_module("sp_join", (node,))
-    node.replace_all_uses_with(joined, delete_user_cb=lambda u: u is not joined)
+    nodes = {n.name: n for n in g.nodes}
+    for name in gathered:
+        node = nodes[name]
+        pm.module.add_submodule(_join_name(name),
+                                Join(sg, _hw(graph.attr(_index(graph, name), "shape"))))
+        with g.inserting_after(node):
+            joined = g.call_module(_join_name(name), (node,))
+        node.replace_all_uses_with(
+            joined, delete_user_cb=lambda u: u is not joined and u.name not in tiled)
     pm.module.recompile()
 
 
-def _tiles_module(gm: fx.GraphModule, names: list[str], sg: SpatialGroup, graph: Graph
-                  ) -> PieceModule:
-    """Extra tile rank: the tiled nodes as one module, inputs cut to the tile, output the
-    (empty) gather of the join node's output."""
+def _tiles_module(gm: fx.GraphModule, names: list[str], gathered: list[str], sg: SpatialGroup,
+                  graph: Graph) -> PieceModule:
+    """Extra tile rank: the tiled nodes as one module, inputs cut to the tile, outputs the
+    (empty) gathers of the gathered nodes, each right after its node (as on tile 0)."""
     g = fx.Graph()
     env: dict[str, fx.Node] = {}
     root = nn.Module()
+    nodes = {m.name: m for m in gm.graph.nodes}
+    joins = []
     for name in names:
-        n = next(m for m in gm.graph.nodes if m.name == name)
+        n = nodes[name]
         if n.op == "placeholder":
             hw = _hw(graph.attr(_index(graph, name), "shape"))
             setattr(root, f"sp_tile_{name}", TileIn(sg, hw))
             env[name] = g.call_module(f"sp_tile_{name}", (g.placeholder(name),))
             continue
         env[name] = g.node_copy(n, lambda a: env[a.name])
-    join = names[-1]
-    setattr(root, "sp_join", Join(sg, _hw(graph.attr(_index(graph, join), "shape"))))
-    g.output((g.call_module("sp_join", (env[join],)),))
+        if name in gathered:
+            setattr(root, _join_name(name),
+                    Join(sg, _hw(graph.attr(_index(graph, name), "shape"))))
+            joins.append(g.call_module(_join_name(name), (env[name],)))
+    g.output(tuple(joins))
     for n in g.nodes:   # the layers themselves: shared with gm (pruning keeps them)
         if n.op == "call_module" and not hasattr(root, str(n.target).split(".")[0]):
             parts = str(n.target).split(".")
@@ -191,14 +229,13 @@ def attach(rank: int, gm: fx.GraphModule, graph: Graph, plan: Plan, low: Any,
     """Every rank calls this (it creates the tile group); returns this rank's
     :class:`SpatialStage`, or None for a rank outside the tile group."""
     sp = plan.spatial
-    ranks = tile_group(plan.stages, sp)
-    pg = dist.new_group(ranks)
-    if rank not in ranks:
+    copy, pg, dp_pg = _groups(rank, plan)
+    if copy is None:
         return None
     sg = SpatialGroup(TileGrid.parse(sp.grid), pg)
     names = [graph.name_of(i) for i in sp.indices(graph).tolist()]
-    piece_of = low.pieces.piece_of
-    pieces = {int(piece_of[_index(graph, n)]) for n in names}
+    piece_of = low.pieces.piece_of   # on the copied graph: copy c's node i is c * n + i
+    pieces = {int(piece_of[copy * graph.num_nodes + _index(graph, n)]) for n in names}
     if len(pieces) != 1:
         raise PlanError(f"the tiled layers of the spatial plan span {len(pieces)} pieces on rank "
                         f"{sp.stage}; they must form one piece: re-plan without memory policies "
@@ -207,13 +244,41 @@ def attach(rank: int, gm: fx.GraphModule, graph: Graph, plan: Plan, low: Any,
     if low.costs.policies and low.costs.policies[piece] != "none":
         raise PlanError("the spatial stage's piece has a memory policy "
                         f"({low.costs.policies[piece]}): re-plan with --memory-policy none")
-    order = [(a.op, a.mb) for a in low.schedule.actions[sp.stage]
+    home = home_rank(plan.stages, sp, copy, plan.layout.maps)
+    order = [(a.op, a.mb) for a in low.schedule.actions[home]
              if a.op in ("F", "B") and a.piece == piece]
     layers = _convert(gm, graph, names, sg)
     inputs = [n for n in names if graph.op_of(_index(graph, n)) == "input"]
-    if rank == sp.stage:
+    gathered = [graph.name_of(i) for i in sp.gathered(graph).tolist()]
+    images = {n: _hw(graph.attr(_index(graph, n), "shape")) for n in inputs}
+    copies = plan.layout.copies
+    if rank == home:
         pm = next(m for m in modules if m.id == piece)
-        _tile0_edit(pm, sg, graph, names[-1], inputs)
-        return SpatialStage(sg, layers, None, order)
-    log.info("rank %d: tile %d of %s, %d tiled nodes", rank, sg.tile, sp.grid, len(names))
-    return SpatialStage(sg, layers, _tiles_module(gm, names, sg, graph), order)
+        _tile0_edit(pm, sg, graph, names, gathered, inputs)
+        return SpatialStage(sg, layers, None, order, images, copy, copies)
+    log.info("rank %d: tile %d of %s (copy %d), %d tiled nodes, %d gathered at the join", rank,
+             sg.tile, sp.grid, copy, len(names), len(gathered))
+    return SpatialStage(sg, layers, _tiles_module(gm, names, gathered, sg, graph), order,
+                        images, copy, copies, dp_pg)
+
+
+def _groups(rank: int, plan: Plan) -> tuple[int | None, Any, Any]:
+    """Create every copy's tile group (data-parallel copies x GEMS replicas) and, with more
+    than one copy, a group per extra tile over the copies (every rank creates every group, in
+    the same order); return this rank's copy (None outside every tile group), tile group and
+    the group of its tile over the copies."""
+    sp, stages, dp = plan.spatial, plan.stages, plan.layout.dp
+    copies, maps = plan.layout.copies, plan.layout.maps
+    mine: tuple[int | None, Any, Any] = (None, None, None)
+    for c in range(copies):
+        ranks = tile_group(stages, sp, dp, c, maps)
+        pg = dist.new_group(ranks)
+        if rank in ranks:
+            mine = (c, pg, None)
+    if copies > 1:
+        for t in range(sp.tiles - 1):
+            ranks = [tile_ranks(stages, sp.tiles, dp, c)[t] for c in range(copies)]
+            pg = dist.new_group(ranks)
+            if rank in ranks:
+                mine = (mine[0], mine[1], pg)
+    return mine

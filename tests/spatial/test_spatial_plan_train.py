@@ -10,38 +10,16 @@ training.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from outcore.graph.io import to_dict as graph_doc
-from outcore.plan.layout import Layout
-from outcore.plan.plan import make_plan, to_dict as plan_doc
-from outcore.plan.spatial import SpatialPlan
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
-from tests.runtime.helpers import assert_matches, graph_for, reference
+from tests.runtime.helpers import assert_matches, reference
+from tests.spatial.plan_helpers import MODEL, spatial_docs
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
-
-MODEL = f"{Path(__file__).parent / 'sp_models.py'}:small_resnet"
-
-
-def spatial_docs(cfg: TrainConfig, join: str, stages: int, boundary: str | None,
-                 grid: str = "2x1"):
-    g = graph_for(cfg)
-    names = [g.name_of(i) for i in range(g.num_nodes)]
-    j = names.index(join)
-    a = np.zeros(g.num_nodes, dtype=np.int64)
-    if boundary is not None:
-        a[names.index(boundary):] = stages - 1
-    sp = SpatialPlan(grid=grid, join=join, tiled=tuple(int(i) for i in g.ids[:j + 1]))
-    plan = make_plan(g, a, strategy="manual", devices=stages + sp.tiles - 1, memory_bytes=None,
-                     microbatches=cfg.microbatches, schedule=cfg.schedule,
-                     layout=Layout(sp=sp.tiles), spatial=sp)
-    return graph_doc(g), plan_doc(plan)
 
 
 @pytest.mark.parametrize("stages,join,boundary,schedule", [
