@@ -232,11 +232,6 @@ def tensor_costed(g: Graph, req: PlanRequest) -> Graph:
     for ``tp = 1``): every planner then places device slots of ``tp`` ranks."""
     if req.tp == 1:
         return g
-    if (g.meta.get("capture") or {}).get("path") == "export":
-        raise UsageError(f"--tp {req.tp}: {g.name!r} was captured through torch.export, whose "
-                         "graph calls its layers' weights as ATen ops, so a plan cannot split "
-                         "them; split it yourself with outcore.tensor_parallel(model, tp) inside "
-                         "your job (docs/tensor.md), or use --tp 1")
     tg, layout = tensor_graph(g, req.tp, req.cluster.link(0, 1))
     if not layout.split_modules:
         raise InfeasibleError(f"--tp {req.tp}: no layer of {g.name!r} can be split {req.tp} "
