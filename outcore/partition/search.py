@@ -235,8 +235,10 @@ def tensor_costed(g: Graph, req: PlanRequest) -> Graph:
     tg, layout = tensor_graph(g, req.tp, req.cluster.link(0, 1))
     if not layout.split_modules:
         raise InfeasibleError(f"--tp {req.tp}: no layer of {g.name!r} can be split {req.tp} "
-                              f"ways (no Linear / Embedding with a width divisible by "
-                              f"{req.tp}, called once); use --tp 1")
+                              f"ways (split: an nn.Linear / nn.Embedding called once, with a "
+                              f"width divisible by {req.tp} and, outside a Megatron pair, at "
+                              f"least 1 MiB of parameters; other layers, such as Hugging Face "
+                              f"GPT-2's Conv1D, stay whole); use --tp 1")
     return tg
 
 

@@ -2,12 +2,14 @@
 LMs): the exported graph's split calls are rewritten to run on DTensor shards with Megatron's
 ``f`` / ``g`` collectives (``outcore.tensor.graph_split``). Losses and every parameter (gathered
 whole) equal plain PyTorch training of the unmodified model on the same batches within 1e-5
-relative: a Llama-style decoder (q/k/v -> o and SwiGLU gate/up -> down pairs, Adam) and GPT-2
-(Conv1D layers stay whole; the tied embedding / LM head matrix is split by vocabulary, SGD)."""
+relative: a Llama-style decoder (q/k/v -> o and SwiGLU gate/up -> down pairs; SGD with
+momentum, and Adam with parameters to 1e-4, see its test) and GPT-2
+(Conv1D layers stay whole; the tied embedding / LM head matrix is split by vocabulary; SGD with momentum)."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,13 +35,15 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 RTOL = 1e-5
 LLAMA = "hf:llama:hidden_size=32,num_attention_heads=4,num_key_value_heads=4,vocab_size=64"
 # wte 8192 x 32 fp32 = 1 MiB: at the split threshold, so the vocabulary split is chosen
+CONSTANT_SIZES = str(Path(__file__).with_name("export_models.py")) + ":constant_size_attention"
 GPT2 = "hf:gpt2:hidden_size=32,num_attention_heads=4,vocab_size=8192"
 
 
 def _graph(cfg: TrainConfig):
     spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
     torch.manual_seed(cfg.seed)
-    g = capture(spec.build(), split(spec.example_inputs, cfg.microbatches)[0], name=cfg.model)
+    g = capture(spec.build(), split(spec.example_inputs, cfg.microbatches)[0], name=cfg.model,
+                path="export")
     return g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
 
 
@@ -72,7 +76,7 @@ def _run(model: str, optimizer: str, lr: float, stages: int = 1, tp: int = 2):
     return results, _reference(cfg, g.meta["capture"].get("output"))
 
 
-def _assert_matches(results, ref_losses, ref_state):
+def _assert_matches(results, ref_losses, ref_state, param_rtol: float = RTOL):
     for r in results:
         np.testing.assert_allclose(r["losses"], ref_losses, rtol=RTOL, atol=0)
         assert r["losses"][0] != r["losses"][-1], "training must move the parameters"
@@ -83,15 +87,20 @@ def _assert_matches(results, ref_losses, ref_state):
             assert v.shape == ref.shape, f"{k}: {tuple(v.shape)} != {tuple(ref.shape)}"
             scale = max(ref.abs().max().item(), 1e-3)
             err = (v - ref).abs().max().item()
-            assert err <= RTOL * scale, f"rank {r['rank']} {k}: error {err:.3g} > {RTOL} x " \
-                                        f"{scale:.3g}"
+            assert err <= param_rtol * scale, f"rank {r['rank']} {k}: error {err:.3g} > " \
+                                              f"{param_rtol} x {scale:.3g}"
             seen.add(k)
     assert not [k for k in ref_state if k not in seen]
 
 
-def test_llama_tp2_in_a_plan_equals_plain_pytorch():
-    results, ref = _run(LLAMA, "sgd", 0.05)
-    _assert_matches(results, *ref)
+@pytest.mark.parametrize("optimizer,lr,param_rtol", [("sgd", 0.05, RTOL), ("adam", 1e-3, 1e-4)])
+def test_llama_tp2_in_a_plan_equals_plain_pytorch(optimizer, lr, param_rtol):
+    """Adam divides each gradient entry by its own running magnitude, so an entry that nearly
+    cancels turns summation-order rounding into a visible step: measured, every parameter
+    within 1e-8 of plain PyTorch except single entries of layer 1's MLP (3.5e-6 of a 0.075
+    scale); losses within 1e-7. Parameters are held to 1e-4 there, losses to 1e-5."""
+    results, ref = _run(LLAMA, optimizer, lr)
+    _assert_matches(results, *ref, param_rtol=param_rtol)
     split = results[0]["tensor_split"]
     assert results[1]["tensor_split"] == split
     for layer in (0, 1):  # both decoder layers' attention and MLP pairs
@@ -104,6 +113,14 @@ def test_gpt2_tp2_in_a_plan_equals_plain_pytorch():
     results, ref = _run(GPT2, "sgd", 0.05)
     _assert_matches(results, *ref)
     assert results[0]["tensor_split"] == ["transformer.wte", "lm_head"]
+
+
+def test_constant_head_count_and_width_are_divided_in_the_exported_graph():
+    """A model (not Hugging Face) exported with its head count and width as reshape constants
+    (4 and 32): both pairs split, the constants divided, training equal to plain PyTorch."""
+    results, ref = _run(CONSTANT_SIZES, "sgd", 0.05)
+    _assert_matches(results, *ref)
+    assert results[0]["tensor_split"] == ["q", "k", "v", "o", "fc1", "fc2"]
 
 
 @pytest.mark.slow
