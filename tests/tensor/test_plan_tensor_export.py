@@ -93,7 +93,8 @@ def _assert_matches(results, ref_losses, ref_state, param_rtol: float = RTOL):
     assert not [k for k in ref_state if k not in seen]
 
 
-@pytest.mark.parametrize("optimizer,lr,param_rtol", [("sgd", 0.05, RTOL), ("adam", 1e-3, 1e-4)])
+@pytest.mark.parametrize("optimizer,lr,param_rtol", [
+    ("sgd", 0.05, RTOL), pytest.param("adam", 1e-3, 1e-4, marks=pytest.mark.slow)])
 def test_llama_tp2_in_a_plan_equals_plain_pytorch(optimizer, lr, param_rtol):
     """Adam divides each gradient entry by its own running magnitude, so an entry that nearly
     cancels turns summation-order rounding into a visible step: measured, every parameter
