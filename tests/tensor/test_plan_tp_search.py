@@ -56,6 +56,11 @@ def test_tp_plans_models_captured_through_torch_export():
     assert g.meta["capture"]["path"] == "export"
     p = outcore.plan(g, 2, tp=2)
     assert p.layout.tp == 2 and p.devices == 2
-    from outcore.cost.tensor import plan_layout
-    layout = plan_layout(g, 2)
+    from outcore.cost.tensor import tensor_graph
+    from outcore.hardware.spec import LinkSpec
+    tg, layout = tensor_graph(g, 2, LinkSpec(bandwidth=1e9, latency_s=0.0))
     assert len(layout.pairs) == 4 and sum(1 for q in layout.pairs if q.heads) == 2
+    # the weights sit on param nodes: those of the split projections are halved
+    q_proj = [i for i in range(g.num_nodes) if g.op_of(i) == "param"
+              and g.module_of(i) == "model.layers.0.self_attn.q_proj"]
+    assert q_proj and all(tg.param_bytes[i] * 2 == g.param_bytes[i] for i in q_proj)
