@@ -146,9 +146,33 @@ def _numel(shape: list[int] | None) -> int | None:
     return None if shape is None else prod(shape)
 
 
+_WEIGHT_DIMS = {"out_features": 0, "in_features": 1, "num_embeddings": 0, "embedding_dim": 1}
+
+
 def _config(g: Graph, i: int, key: str) -> int | None:
+    """A layer hyperparameter of node ``i``: its module's (torch.fx captures), else read off
+    its weight's shape (a ``torch.export`` graph calls ``aten.linear`` / ``aten.embedding`` on
+    ``param`` nodes: the weight is the 2-D one, ``[out, in]`` / ``[rows, dim]``)."""
     value = (g.attr(i, "config") or {}).get(key)
-    return value if isinstance(value, int) else None
+    if isinstance(value, int):
+        return value
+    weight = _weight_shape(g, i)
+    return weight[_WEIGHT_DIMS[key]] if weight is not None and key in _WEIGHT_DIMS else None
+
+
+def _param_preds(g: Graph, i: int) -> list[int]:
+    return [int(p) for p in g.predecessors(i) if g.op_of(int(p)) == "param"]
+
+
+def _weight_shape(g: Graph, i: int) -> list[int] | None:
+    shapes = [s for p in _param_preds(g, i) for s in [_shape(g, p)] if s and len(s) == 2]
+    return shapes[0] if len(shapes) == 1 else None
+
+
+def _param_bytes(g: Graph, i: int) -> int:
+    """Parameter bytes of the layer node ``i`` calls: its own (a module call) plus those of
+    the ``param`` nodes it reads (an ATen call in a ``torch.export`` graph)."""
+    return int(g.param_bytes[i]) + int(sum(g.param_bytes[p] for p in _param_preds(g, i)))
 
 
 def _in_bytes(g: Graph, i: int) -> int:
@@ -300,7 +324,7 @@ def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_B
         w = _walk(g, i, used, tp)
         if not w.ok or _pair_ok(g, w, tp):
             continue
-        pb = int(sum(g.param_bytes[j] for j in w.columns | w.rows))
+        pb = sum(_param_bytes(g, j) for j in w.columns | w.rows)
         if pb < (min_split_bytes if min_pair_bytes is None else min_pair_bytes):
             continue
         k = len(pairs)
@@ -327,7 +351,7 @@ def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_B
 
 def _split(g: Graph, i: int, kind: str, style: str, **kw: Any) -> Split:
     return Split(module=g.module_of(i), kind=kind, style=style, node=i,
-                 param_bytes=int(g.param_bytes[i]), in_bytes=_in_bytes(g, i),
+                 param_bytes=_param_bytes(g, i), in_bytes=_in_bytes(g, i),
                  out_bytes=int(g.out_bytes[i]), **kw)
 
 
@@ -337,8 +361,8 @@ def _alone(g: Graph, i: int, tp: int, min_bytes: int, reused: set[str]) -> Split
         return _split(g, i, "linear", "whole", reason="tp = 1")
     if g.module_of(i) in reused:
         return _split(g, i, "linear", "whole", reason="called more than once")
-    if g.param_bytes[i] < min_bytes:
-        return _split(g, i, "linear", "whole", reason=f"{int(g.param_bytes[i])} B < threshold")
+    if _param_bytes(g, i) < min_bytes:
+        return _split(g, i, "linear", "whole", reason=f"{_param_bytes(g, i)} B < threshold")
     if out and out % tp == 0:
         return _split(g, i, "linear", "colwise_gather")
     if inp and inp % tp == 0:
@@ -350,9 +374,9 @@ def _embedding(g: Graph, i: int, tp: int, min_bytes: int, reused: set[str]) -> S
     rows, dim = _config(g, i, "num_embeddings"), _config(g, i, "embedding_dim")
     if tp <= 1:
         return _split(g, i, "embedding", "whole", reason="tp = 1")
-    if g.param_bytes[i] < min_bytes:
+    if _param_bytes(g, i) < min_bytes:
         return _split(g, i, "embedding", "whole",
-                      reason=f"{int(g.param_bytes[i])} B < threshold")
+                      reason=f"{_param_bytes(g, i)} B < threshold")
     if rows and rows % tp == 0:
         return _split(g, i, "embedding", "vocab")
     if dim and dim % tp == 0:

@@ -241,16 +241,13 @@ def tensor_costed(g: Graph, req: PlanRequest) -> Graph:
     for ``tp = 1``): every planner then places device slots of ``tp`` ranks."""
     if req.tp == 1:
         return g
-    if (g.meta.get("capture") or {}).get("path") == "export":
-        raise UsageError(f"--tp {req.tp}: {g.name!r} was captured through torch.export, whose "
-                         "graph calls its layers' weights as ATen ops, so a plan cannot split "
-                         "them; split it yourself with outcore.tensor_parallel(model, tp) inside "
-                         "your job (docs/tensor.md), or use --tp 1")
     tg, layout = tensor_graph(g, req.tp, req.cluster.link(0, 1))
     if not layout.split_modules:
         raise InfeasibleError(f"--tp {req.tp}: no layer of {g.name!r} can be split {req.tp} "
-                              f"ways (no Linear / Embedding with a width divisible by "
-                              f"{req.tp}, called once); use --tp 1")
+                              f"ways (split: an nn.Linear / nn.Embedding called once, with a "
+                              f"width divisible by {req.tp} and, outside a Megatron pair, at "
+                              f"least 1 MiB of parameters; other layers, such as Hugging Face "
+                              f"GPT-2's Conv1D, stay whole); use --tp 1")
     return tg
 
 

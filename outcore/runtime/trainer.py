@@ -153,13 +153,17 @@ class Trainer:
         self.tp = plan.layout.tp
         self.slot, self.shard = divmod(self.rank, self.tp)
         self.tensor_layout = None
-        if self.tp > 1:
+        exported = (graph.meta.get("capture") or {}).get("path") == "export"
+        if self.tp > 1 and not exported:  # split the modules, then trace them
             from outcore.tensor.parallel import split_for_plan
             self.tensor_layout = split_for_plan(model, graph, self.tp)
         gm = retrace(model, tuple(micro_inputs), graph.meta).gm
         if [n.name for n in gm.graph.nodes] != [graph.name_of(i) for i in range(graph.num_nodes)]:
             raise PlanError("the graph does not match the model's trace: capture the graph "
                             "from this model (same options) and plan again")
+        if self.tp > 1 and exported:  # ATen calls: split the exported trace itself
+            from outcore.tensor.parallel import split_traced_for_plan
+            self.tensor_layout = split_traced_for_plan(gm, graph, self.tp)
         low = lower_for_training(graph, plan, microbatches=microbatches, schedule=schedule,
                                  mb_samples=micro_inputs[0].shape[0],
                                  schedule_doc=schedule_doc)

@@ -27,7 +27,7 @@ from outcore.graph.tensor_pairs import DEFAULT_MIN_SPLIT_BYTES, TensorLayout, fi
 log = logging.getLogger(__name__)
 
 __all__ = ["tensor_parallel", "layout_of", "tensor_mesh", "grid_mesh", "depth_units", "MODES",
-           "split_for_plan"]
+           "split_for_plan", "split_traced_for_plan", "is_exported"]
 
 MODES = ("1d", "depth")
 HEAD_ATTRS = ("heads", "num_heads", "n_head", "n_heads", "num_attention_heads", "num_key_value_heads",
@@ -165,22 +165,47 @@ def split_for_plan(model: nn.Module, graph: Any, tp: int) -> TensorLayout:
     layout of its layer graph ``graph`` (:func:`outcore.cost.tensor.tensor_graph`'s threshold),
     every rank ``slot * tp + t`` of the job holding shard ``t`` (a ``(slots, tp)`` mesh). Call
     it on every rank, before tracing the model (attention modules' head counts change)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     from outcore.cost.tensor import plan_layout
 
-    _require_dist()
-    world = dist.get_world_size()
-    if world % tp:
-        raise UsageError(f"tp={tp} does not divide the job's {world} ranks")
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = init_device_mesh(device, (world // tp, tp), mesh_dim_names=("slot", "tp"))["tp"]
+    mesh = _slot_mesh(tp)
     layout = _untie_conflicts(model, plan_layout(graph, tp))
     _split_1d(model, layout, mesh)
     model.outcore_tensor_layout = layout
     log.info("tensor parallel inside the plan's slots (tp=%d): %d pairs, %d modules split", tp,
              len(layout.pairs), len(layout.split_modules))
     return layout
+
+
+def is_exported(graph: Any) -> bool:
+    """Whether ``graph`` was captured through ``torch.export`` (its layers are ATen calls)."""
+    return (graph.meta.get("capture") or {}).get("path") == "export"
+
+
+def split_traced_for_plan(gm: Any, graph: Any, tp: int) -> TensorLayout:
+    """:func:`split_for_plan` for a model captured through ``torch.export``: the same layout,
+    written into its exported trace ``gm`` (node names = ``graph``'s) by
+    :func:`outcore.tensor.graph_split.split_graph`. Call it on every rank, after tracing."""
+    from outcore.cost.tensor import plan_layout
+    from outcore.tensor.graph_split import split_graph
+
+    mesh = _slot_mesh(tp)
+    layout = plan_layout(graph, tp)
+    split_graph(gm, graph, layout, mesh)
+    log.info("tensor parallel in the exported graph (tp=%d): %d pairs, %d layers split", tp,
+             len(layout.pairs), len(layout.split_modules))
+    return layout
+
+
+def _slot_mesh(tp: int) -> Any:
+    """The ``tp`` dimension of a ``("slot", "tp")`` mesh over every rank of the job."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    _require_dist()
+    world = dist.get_world_size()
+    if world % tp:
+        raise UsageError(f"tp={tp} does not divide the job's {world} ranks")
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    return init_device_mesh(device, (world // tp, tp), mesh_dim_names=("slot", "tp"))["tp"]
 
 
 # ------------------------------------------------------------------------------ 1-D

@@ -48,10 +48,19 @@ def test_tp_must_divide_the_devices():
     assert PlanRequest.make(8, dp=2, tp=None).tp_options() == [1, 2, 4]
 
 
-def test_tp_refuses_models_captured_through_torch_export():
+def test_tp_plans_models_captured_through_torch_export():
+    """An exported Llama's q/k/v -> o and gate/up -> down pairs are found on its ATen graph
+    (weights read as ``param`` nodes), costed split, and planned at tp 2."""
     pytest.importorskip("transformers")
     g = outcore.model_graph("hf:llama", costs="estimate")
-    with pytest.raises(UsageError, match="captured through torch.export"):
-        outcore.plan(g, 2, tp=2)
-    p = outcore.plan(g, 2, tp=None)  # auto: says why tp 2 is out, plans tp 1
-    assert p.layout.tp == 1 and any("torch.export" in n for n in p.notes)
+    assert g.meta["capture"]["path"] == "export"
+    p = outcore.plan(g, 2, tp=2)
+    assert p.layout.tp == 2 and p.devices == 2
+    from outcore.cost.tensor import tensor_graph
+    from outcore.hardware.spec import LinkSpec
+    tg, layout = tensor_graph(g, 2, LinkSpec(bandwidth=1e9, latency_s=0.0))
+    assert len(layout.pairs) == 4 and sum(1 for q in layout.pairs if q.heads) == 2
+    # the weights sit on param nodes: those of the split projections are halved
+    q_proj = [i for i in range(g.num_nodes) if g.op_of(i) == "param"
+              and g.module_of(i) == "model.layers.0.self_attn.q_proj"]
+    assert q_proj and all(tg.param_bytes[i] * 2 == g.param_bytes[i] for i in q_proj)
