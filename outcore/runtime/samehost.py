@@ -42,14 +42,20 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct("<II")  # tag, payload bytes
 _SOCK_BUF_BYTES = 4 << 20  # kernel buffer per direction: sends rarely wait on the reader
 _IOV_MAX = 512
+_NOWAIT = socket.MSG_DONTWAIT
 
 # ``OUTCORE_P2P=gloo`` keeps every message on gloo (for comparisons); default: same-host sockets
 P2P_ENV = "OUTCORE_P2P"
+# a receive polls this long (microseconds) before it blocks: ``OUTCORE_P2P_SPIN_US``
+SPIN_ENV, SPIN_DEFAULT_US = "OUTCORE_P2P_SPIN_US", 0.0  # spinning lost on 2 loaded cores
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
     """The bytes of contiguous CPU tensor ``t`` (shares its memory)."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    try:
+        return memoryview(t.numpy()).cast("B")
+    except (TypeError, ValueError):  # no numpy dtype (bfloat16), or a 0-d view
+        return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
 class SameHostLinks:
@@ -59,16 +65,26 @@ class SameHostLinks:
         rank: this process's rank (for messages).
         socks: per peer process rank, a connected stream socket.
         timeout_s: longest wait for any message or send.
+        spin_s: a receive polls its socket this long before it blocks (a blocked process
+            waits for the scheduler to wake it: ~0.1-2 ms on loaded cores, measured in
+            BENCHMARKS.md, issue 17); bounded, so an idle rank does not burn a core.
     """
 
-    def __init__(self, rank: int, socks: dict[int, socket.socket], timeout_s: float):
+    def __init__(self, rank: int, socks: dict[int, socket.socket], timeout_s: float,
+                 spin_s: float = 0.0):
         self.rank = rank
         self.socks = socks
         self.timeout_s = timeout_s
+        # blocking sockets: a blocked read is woken straight by the writer (a ping-pong here:
+        # ~6-13 us one way, against ~80-110 us when waiting in select()); SO_RCVTIMEO bounds
+        # it; sends and polls never block (MSG_DONTWAIT)
+        tv = struct.pack("ll", int(timeout_s), int((timeout_s % 1) * 1e6))
         for s in socks.values():
-            s.setblocking(False)
+            s.setblocking(True)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
         self.out: dict[int, deque] = {p: deque() for p in socks}  # [memoryview, keep-alive]
         self.by_fd = {s.fileno(): p for p, s in socks.items()}
+        self.spin_s = spin_s
 
     def has(self, peer: int) -> bool:
         return peer in self.socks
@@ -88,7 +104,7 @@ class SameHostLinks:
         while q:
             try:
                 n = s.sendmsg([e[0] for e in (q if len(q) <= _IOV_MAX
-                                              else list(q)[:_IOV_MAX])])
+                                              else list(q)[:_IOV_MAX])], [], _NOWAIT)
             except BlockingIOError:
                 return False
             except OSError as e:
@@ -128,11 +144,16 @@ class SameHostLinks:
         header = bytearray(_HEADER.size)
         views = [memoryview(header)] + [_bytes_of(b) for b in bufs if b.numel()]
         expected = sum(len(v) for v in views[1:])
-        s, deadline, done = self.socks[peer], time.monotonic() + self.timeout_s, 0
+        s, done = self.socks[peer], 0
+        now = time.monotonic()
+        deadline, spin_until = now + self.timeout_s, now + self.spin_s
         while views:
+            poll = any(self.out.values()) or (self.spin_s and time.monotonic() < spin_until)
             try:
-                n = s.recvmsg_into(views[:_IOV_MAX])[0]
-            except BlockingIOError:
+                n = s.recvmsg_into(views[:_IOV_MAX], 0, _NOWAIT if poll else 0)[0]
+            except BlockingIOError:  # nothing yet (poll), or SO_RCVTIMEO expired
+                if time.monotonic() < spin_until:  # the message is usually microseconds away
+                    continue
                 self._wait_io(peer, deadline, what)
                 continue
             except OSError as e:
@@ -241,7 +262,8 @@ def connect_same_host(peers: Iterable[int], timeout_s: float) -> SameHostLinks |
     if not socks:
         return None
     log.info("rank %d: same-host socket links to ranks %s", rank, sorted(socks))
-    return SameHostLinks(rank, socks, timeout_s)
+    spin_s = float(os.environ.get(SPIN_ENV, SPIN_DEFAULT_US)) * 1e-6
+    return SameHostLinks(rank, socks, timeout_s, spin_s=spin_s)
 
 
 def _configure(s: socket.socket) -> socket.socket:
