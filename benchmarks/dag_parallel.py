@@ -93,7 +93,8 @@ def measure(model: str, workers: int, steps: int, batch: int, microbatches: int)
     import outcore
     from outcore.graph.io import to_dict as graph_doc
     from outcore.job import local_cluster
-    from outcore.plan.plan import make_plan, to_dict as plan_doc
+    from outcore.plan.plan import make_plan
+    from outcore.plan.plan import to_dict as plan_doc
     from outcore.runtime.config import TrainConfig
     from outcore.runtime.launch import run_local
 

@@ -5,8 +5,9 @@ at ``layer3``), same 1F1B schedule and micro-batches, same data, loss and optimi
 local gloo workers with one thread each. The two runtimes alternate in rounds (A B A B ...) so
 that machine noise hits both; each round times ``--steps`` steps after ``--warmup``; we report
 the median over rounds of each round's median samples/s and the median of the rounds' ratios
-(within-round ratios: machine noise shifts both runtimes of a round alike). Also reports, for outcore, the measured step time
-and peak memory per rank against the simulator's prediction for the same plan.
+(within-round ratios: machine noise shifts both runtimes of a round alike). Also reports, for
+outcore, the measured step time and peak memory per rank against the simulator's prediction
+for the same plan.
 
     .venv/bin/python benchmarks/runtime_vs_torch.py [--rounds 3 --steps 8 --batch 64 --mbs 8 --size 32]
 
@@ -184,7 +185,8 @@ def main() -> None:
     Path(args.out + ".json").write_text(json.dumps(result, indent=1))
     mib = 2**20
     lines = [
-        "| runtime | samples/s (median over rounds) | step time (median, all steps) |", "| --- | ---: | ---: |",
+        "| runtime | samples/s (median over rounds) | step time (median, all steps) |",
+        "| --- | ---: | ---: |",
         f"| outcore | {ours_sps:.1f} | {statistics.median(ours) * 1e3:.1f} ms |",
         f"| torch.distributed.pipelining | {theirs_sps:.1f} | "
         f"{statistics.median(theirs) * 1e3:.1f} ms |",

@@ -31,7 +31,7 @@ import struct
 import sys
 import time
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -251,7 +251,7 @@ def connect_same_host(peers: Iterable[int], timeout_s: float) -> SameHostLinks |
                     raise RuntimeFailure(f"rank {rank}: unexpected same-host connection "
                                          f"(rank {p}); another job uses the same address?")
                 socks[p] = s
-    except (OSError, socket.timeout) as e:
+    except (TimeoutError, OSError) as e:
         for s in socks.values():
             s.close()
         raise RuntimeFailure(f"rank {rank}: connecting the same-host links to ranks {local} "
