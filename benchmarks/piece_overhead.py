@@ -43,8 +43,32 @@ def worker(ctx, cfg, graph_doc, plan_doc, steps):
         if step >= steps // 4:  # after warm-up
             for e in report.events:
                 per_kind.setdefault(e.kind, []).append(e.end_s - e.start_s)
-    return {"rank": ctx.rank, "step_s": step_s[steps // 4:],
+    oneway = _pingpong(trainer) if ctx.world_size > 1 else None
+    return {"rank": ctx.rank, "step_s": step_s[steps // 4:], "oneway_s": oneway,
             "kinds": {k: (len(v), statistics.median(v), sum(v)) for k, v in per_kind.items()}}
+
+
+def _pingpong(trainer, rounds: int = 300) -> float | None:
+    """Mean one-way time of a small message between the two workers themselves, over the
+    transport they trained on (``trainer.messenger.links``: same-host sockets), after the
+    steps: the hand-off each hop of the chain pays."""
+    import torch
+    links = trainer.messenger.links
+    if links is None:
+        return None
+    peer = 1 - trainer.rank
+    buf = torch.zeros(8, 16)
+    torch.distributed.barrier()
+    t0 = time.perf_counter()
+    for k in range(rounds):
+        if trainer.rank == 0:
+            links.send(peer, [buf], k)
+            links.recv_into(peer, [buf], k, "ping-pong")
+        else:
+            links.recv_into(peer, [buf], k, "ping-pong")
+            links.send(peer, [buf], k)
+    links.flush()
+    return (time.perf_counter() - t0) / rounds / 2
 
 
 def measure(layers: int, devices: int, steps: int) -> dict:
@@ -62,7 +86,8 @@ def measure(layers: int, devices: int, steps: int) -> dict:
     results = run_local(worker, p.devices, (cfg, graph_doc(g), plan_doc(p), steps),
                         timeout_s=300, threads=1)
     sim = outcore.simulate(p, g)
-    calibrated = _calibrated(p, g) if devices > 1 else sim.iteration_s
+    oneway = results[0].get("oneway_s")
+    calibrated = _calibrated(p, g, oneway) if devices > 1 else sim.iteration_s
     return {"devices": p.devices, "calibrated_step_s": calibrated, "pieces": sim.to_dict()["pieces"],
             "transfers": sim.to_dict()["transfers"],
             "median_step_s": statistics.median(results[0]["step_s"]),
@@ -70,27 +95,45 @@ def measure(layers: int, devices: int, steps: int) -> dict:
             "kinds": {r["rank"]: r["kinds"] for r in results}}
 
 
-def _calibrated(p, g) -> float:
-    """The plan simulated with this run's measured link latency and per-piece cost."""
+def _calibrated(p, g, oneway_s: float | None = None) -> float:
+    """The plan simulated with this run's measured link latency, per-piece cost and (same-host
+    transport) per-message host cost."""
     import os
     import sys
 
     import outcore
     from outcore.hardware.cluster import make_cluster
     sys.path.insert(0, os.path.dirname(__file__))
-    from link_probe import measure as link_measure
-    lat = link_measure(sizes=(4, 1 << 20), repeat=10)[0]
     try:
         from outcore.runtime.overhead import piece_overhead_s
         over = piece_overhead_s()
     except ImportError:  # the tree before issue 17
         over = None
+    messages, transport = None, "gloo"
+    try:
+        from outcore.job import _same_host_transport
+        from outcore.runtime.overhead import message_overhead_s, samehost_latency_s
+        if _same_host_transport():
+            transport = "same-host sockets"
+            messages = message_overhead_s()
+            lat = oneway_s if oneway_s is not None else samehost_latency_s()
+            print(f"same-host one-way: between the workers {oneway_s and oneway_s * 1e6:.0f}"
+                  f" us, echo probe {samehost_latency_s() * 1e6:.0f} us")
+    except ImportError:  # the tree before the same-host transport
+        pass
+    if transport == "gloo":
+        from link_probe import measure as link_measure
+        lat = link_measure(sizes=(4, 1 << 20), repeat=10)[0]
     cl = p.cluster_or_default()
     kwargs = {"overhead_s": over} if over else {}
+    if messages:
+        kwargs["message_overhead_s"] = messages
     cluster = make_cluster(p.devices, None, cl.intra.bandwidth, lat, device="cpu",
                            host_cores=cl.host_cores, **kwargs)
-    print(f"measured now: gloo one-way {lat * 1e6:.0f} us, per-piece forward/backward "
-          f"{'/'.join(f'{x * 1e6:.0f}' for x in over) if over else 'n/a'} us")
+    print(f"measured now ({transport}): one-way {lat * 1e6:.0f} us, per-piece forward/backward "
+          f"{'/'.join(f'{x * 1e6:.0f}' for x in over) if over else 'n/a'} us, per-message "
+          f"send/receive {'/'.join(f'{x * 1e6:.0f}' for x in messages) if messages else 'n/a'}"
+          " us")
     return outcore.simulate(p, g, cluster=cluster).iteration_s
 
 

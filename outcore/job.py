@@ -169,8 +169,9 @@ def settle(job: Job, p: Plan) -> Job:
 
 
 def local_cluster(devices: int, local: bool) -> Cluster:
-    """The cluster this job trains on: local CPU workers talk over gloo on loopback (measured
-    preset) and share this machine's cores; GPUs: a generic link."""
+    """The cluster this job trains on: local CPU workers talk over same-host sockets (latency
+    and per-message host time probed) or, with ``OUTCORE_P2P=gloo``, gloo on loopback
+    (measured preset), and share this machine's cores; GPUs: a generic link."""
     import torch
 
     from outcore.hardware.presets import link_preset
@@ -183,8 +184,33 @@ def local_cluster(devices: int, local: bool) -> Cluster:
         # more workers than cores: a message waits for its receiver to be scheduled (measured
         # on 2 cores with a third busy process: 1.6-2 ms)
         latency = OVERSUBSCRIBED_LATENCY_S
+    messages = None
+    if local and devices > 1 and _same_host_transport():
+        # CPU workers on one host exchange messages over Unix-domain sockets (issue 17)
+        latency, messages = _samehost_costs_s()
+        if cores and devices > cores:
+            latency = OVERSUBSCRIBED_LATENCY_S
     return make_cluster(devices, None, link.bandwidth, latency, device="cpu", host_cores=cores,
-                        overhead_s=_runtime_overhead_s() if devices > 1 else None)
+                        overhead_s=_runtime_overhead_s() if devices > 1 else None,
+                        message_overhead_s=messages)
+
+
+def _same_host_transport() -> bool:
+    import os
+    import sys
+
+    from outcore.runtime.samehost import P2P_ENV
+    return sys.platform.startswith("linux") and os.environ.get(P2P_ENV, "").lower() != "gloo"
+
+
+@functools.lru_cache(maxsize=1)
+def _samehost_costs_s() -> tuple[float, tuple[float, float]]:
+    """The same-host link's one-way latency and the runtime's (send, receive) host time per
+    message, probed once per process (well under 1 s); the latency to 10 us (the probe is
+    noisy under load), the host times to 1 us."""
+    from outcore.runtime.overhead import message_overhead_s, samehost_latency_s
+    send, recv = message_overhead_s()
+    return round(samehost_latency_s(), 5), (round(send, 6), round(recv, 6))
 
 
 @functools.lru_cache(maxsize=1)

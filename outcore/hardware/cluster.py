@@ -24,7 +24,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
                  bandwidth: str | float = "16GB/s", latency: str | float = "25us",
                  device: str | DeviceSpec | None = None,
                  host_cores: int | None = None,
-                 overhead_s: tuple[float, float] | None = None) -> Cluster:
+                 overhead_s: tuple[float, float] | None = None,
+                 message_overhead_s: tuple[float, float] | None = None) -> Cluster:
     """A flat cluster of ``devices`` devices from user-facing units.
 
     Args:
@@ -36,6 +37,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
     The device carries outcore's runtime cost per piece: ``overhead_s`` (forward, backward;
     measured by :func:`outcore.runtime.overhead.piece_overhead_s`), else ``RUNTIME_OVERHEAD_S``;
     on an accelerator preset it overlaps the device's work (``DeviceSpec.host_overlap``).
+    ``message_overhead_s``: the runtime's host time per message (send, receive; measured by
+    :func:`outcore.runtime.overhead.message_overhead_s`), default none.
     """
     mem = float(parse_bytes(memory)) if memory is not None else math.inf
     if mem <= 0:
@@ -47,6 +50,9 @@ def make_cluster(devices: int, memory: str | float | None = None,
     overlap = spec is not None and not spec.host_is_device
     spec = replace(spec or DeviceSpec("generic", mem, 1e13, 1e12),
                    fwd_overhead_s=fwd_o, bwd_overhead_s=bwd_o, host_overlap=overlap)
+    if message_overhead_s:
+        spec = replace(spec, send_overhead_s=message_overhead_s[0],
+                       recv_overhead_s=message_overhead_s[1])
     return flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
                         latency_s=parse_seconds(latency), device=spec, host_cores=host_cores)
 
@@ -58,6 +64,7 @@ def _device_dict(d: DeviceSpec) -> dict[str, Any]:
             "efficiency": d.efficiency, "host_bandwidth": d.host_bandwidth,
             "host_is_device": d.host_is_device, "fwd_overhead_s": d.fwd_overhead_s,
             "bwd_overhead_s": d.bwd_overhead_s, "host_overlap": d.host_overlap,
+            "send_overhead_s": d.send_overhead_s, "recv_overhead_s": d.recv_overhead_s,
             "extra": dict(d.extra)}
 
 
@@ -110,7 +117,9 @@ def _from_flat(c: dict[str, Any], devices: int, mem: float) -> Cluster:
                       host_bandwidth=float(c.get("host_bandwidth", 12e9)),
                       host_is_device=bool(c.get("host_is_device", False)),
                       fwd_overhead_s=float(c.get("fwd_overhead_s", 0.0)),
-                      bwd_overhead_s=float(c.get("bwd_overhead_s", 0.0)))
+                      bwd_overhead_s=float(c.get("bwd_overhead_s", 0.0)),
+                      send_overhead_s=float(c.get("send_overhead_s", 0.0)),
+                      recv_overhead_s=float(c.get("recv_overhead_s", 0.0)))
     return flat_cluster(devices, memory_bytes=mem, bandwidth=float(c.get("bandwidth", 16e9)),
                         latency_s=float(c.get("latency_s", 25e-6)), device=spec,
                         host_cores=int(cores) if cores else None)

@@ -35,6 +35,9 @@ class DeviceSpec:
         host_overlap: the runtime's per-piece cost is host work that overlaps the device's
             execution (GPUs: the host queues the next kernels while the device runs): a piece
             takes the longer of its layers' time and its overhead, not their sum.
+        send_overhead_s, recv_overhead_s: host time of one point-to-point message's send
+            and receive calls in outcore's runtime (the sender's next action waits for it; the
+            wire's own time is the link's), probed by ``outcore.runtime.overhead``.
     """
 
     name: str
@@ -49,6 +52,8 @@ class DeviceSpec:
     fwd_overhead_s: float = 0.0
     bwd_overhead_s: float = 0.0
     host_overlap: bool = False
+    send_overhead_s: float = 0.0
+    recv_overhead_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 

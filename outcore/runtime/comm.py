@@ -15,6 +15,10 @@ travel as one flat byte buffer (``PACK_MAX_BYTES``): each point-to-point operati
 fixed host time (gloo: a lock, a socket write, a thread wake-up at the receiver; measured in
 BENCHMARKS.md, issue 17) that dwarfs copying a few KiB. Everything a message needs (metas,
 tags, pack layout, grouping) is computed once per schedule.
+
+Between two CPU ranks on one host (gloo backend) messages skip gloo altogether and travel over
+a Unix-domain socket (:mod:`outcore.runtime.samehost`: ~6 us one way against gloo's ~75-140 us
+here); ``OUTCORE_P2P=gloo`` turns that off. Collectives stay on the process groups.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from outcore.errors import RuntimeFailure
+from outcore.runtime.samehost import SameHostLinks, connect_same_host
 from outcore.runtime.values import LeafMeta
 from outcore.schedule.ir import Schedule
 
@@ -140,12 +145,17 @@ class Messenger:
         use_tags: give each message its own tag (gloo); NCCL ignores tags.
         process_of: the process of a schedule rank (tensor parallelism: shard ``t`` of slot
             ``s`` talks to shard ``t`` of its peer slots); default: the same number.
+        same_host: carry messages to peers on this host over Unix-domain sockets
+            (:mod:`outcore.runtime.samehost`) instead of gloo; None (default): whenever the
+            backend is gloo and the device the CPU. Collective: every rank constructs its
+            Messenger at the same point.
     """
 
     def __init__(self, rank: int, schedule: Schedule,
                  leaf_metas: Callable[[int, str], list[LeafMeta]], device: torch.device,
                  timeout_s: float, use_tags: bool = True, step_of: Callable[[], int] = lambda: 0,
-                 process_of: Callable[[int], int] = lambda r: r):
+                 process_of: Callable[[int], int] = lambda r: r,
+                 same_host: bool | None = None):
         self.rank = rank
         self.process_of = process_of
         self.s = schedule
@@ -181,6 +191,14 @@ class Messenger:
                       for i, w in enumerate(wires) for key in w}
         self.posted: dict[tuple[MsgKey, ...], tuple[list[Any], list[torch.Tensor]]] = {}
         self.ready: dict[MsgKey, list[torch.Tensor]] = {}  # arrived with an earlier key
+        self.links: SameHostLinks | None = None
+        if same_host is None:
+            same_host = device.type == "cpu"
+        if same_host:
+            peers = {process_of(p) for p in self.order} | \
+                {process_of(d) for d in _wire_messages(schedule, rank, self.layouts)}
+            self.links = connect_same_host(peers, timeout_s)
+        self.read_next = {peer: 0 for peer in self.order}  # same-host: next wire to read
 
     def _add_wire(self, w: tuple[MsgKey, ...]) -> None:
         if len(w) == 1:
@@ -195,12 +213,14 @@ class Messenger:
                                  "messages of the last step were never consumed (or a packed "
                                  "message never completed); the schedule is inconsistent")
         self.next_post = {peer: 0 for peer in self.order}
+        self.read_next = {peer: 0 for peer in self.order}
 
     def _tag(self, key: MsgKey, leaf: int) -> int:
         if not self.use_tags:
             return 0
         t, d, m = key
-        return ((t * 2 + (d == "B")) * self.s.microbatches + m) * self.leaf_slots + leaf
+        return (((t * 2 + (d == "B")) * self.s.microbatches + m) * self.leaf_slots + leaf) \
+            & 0x7FFFFFFF
 
     def send(self, key: MsgKey, dst: int, tensors: list[torch.Tensor]) -> None:
         """Start sending ``tensors`` as message ``key`` to ``dst`` (returns at once; a message
@@ -221,6 +241,9 @@ class Messenger:
                 if t.dtype == torch.bool:
                     t = t.to(torch.uint8)
                 wire.append(t if t.is_contiguous() else t.contiguous())
+        if self.links is not None and self.links.has(self.process_of(dst)):
+            self.links.send(self.process_of(dst), wire, self._tag(w[0], 0))
+            return
         for k, t in enumerate(wire):
             # the tensor stays referenced until the send completes
             work = dist.isend(t, self.process_of(dst), tag=self._tag(w[0], k))
@@ -233,6 +256,10 @@ class Messenger:
             w = wires[self.next_post[peer]]
             bufs = self.wire_layout[w].empty(self.device)
             src = self.process_of(peer)
+            if self.links is not None and self.links.has(src):
+                self.posted[w] = ([], bufs)  # read in order by recv (same-host link)
+                self.next_post[peer] += 1
+                continue
             works = [dist.irecv(buf, src, tag=self._tag(w[0], j)) for j, buf in enumerate(bufs)]
             self.posted[w] = (works, bufs)
             self.next_post[peer] += 1
@@ -253,6 +280,8 @@ class Messenger:
         w = self.order[peer][i]
         if w not in self.posted:
             self._post(key)
+        if self.links is not None and self.links.has(self.process_of(peer)):
+            self._read_through(peer, i, src)
         works, bufs = self.posted.pop(w)
         for work in works:
             self._wait(work, f"receiving {'activations' if key[1] == 'F' else 'gradients'} of "
@@ -272,6 +301,18 @@ class Messenger:
             offset += n
         return self.ready.pop(key)
 
+    def _read_through(self, peer: int, i: int, src: int) -> None:
+        """Same-host link: read ``peer``'s wire messages up to its ``i``-th, in its order."""
+        wires = self.order[peer]
+        while self.read_next[peer] <= i:
+            w = wires[self.read_next[peer]]
+            k = w[0]
+            self.links.recv_into(self.process_of(peer), self.posted[w][1], self._tag(k, 0),
+                                 f"receiving {'activations' if k[1] == 'F' else 'gradients'} "
+                                 f"of transfer {k[0]} micro-batch {k[2]} from rank {src} "
+                                 f"(step {self.step_of()})")
+            self.read_next[peer] += 1
+
     def _wait(self, work: Any, what: str) -> None:
         try:
             ok = work.wait(self.timeout)
@@ -287,3 +328,5 @@ class Messenger:
         for work, _, key, dst in self.pending_sends:
             self._wait(work, f"sending message {key} to rank {dst}")
         self.pending_sends.clear()
+        if self.links is not None:
+            self.links.flush(f"flushing sends at the end of step {self.step_of()}")

@@ -101,3 +101,75 @@ def _measure(repeat: int, inner: int) -> tuple[float, float]:
     bwd = max(both_s - piece_fwd_s - layer_bwd_s, 0.0)
     log.info("runtime probe: piece forward +%.1f us, backward +%.1f us", fwd * 1e6, bwd * 1e6)
     return fwd, bwd
+
+
+_ECHO = ("import socket, sys\n"
+         "s = socket.socket(fileno=int(sys.argv[1]))\n"
+         "while True:\n"
+         "    d = s.recv(1 << 16)\n"
+         "    if not d:\n"
+         "        break\n"
+         "    s.sendall(d)\n")
+
+
+def message_overhead_s(*, repeat: int = 5, inner: int = 100) -> tuple[float, float]:
+    """``(send, receive)`` host seconds of one small message on the same-host transport
+    (:mod:`outcore.runtime.samehost`), the data already there: the calls' Python and system
+    calls, which the sender (receiver) pays before its next action. The time on the wire (the
+    receiver's wake-up) is the link latency: :func:`samehost_latency_s`."""
+    import socket
+
+    from outcore.runtime.samehost import SameHostLinks
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    tx, rx = SameHostLinks(0, {1: a}, 10.0), SameHostLinks(1, {0: b}, 10.0)
+    t, buf = torch.randn(8, 16), torch.empty(8, 16)
+    try:
+        send_s = recv_s = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for k in range(inner):
+                tx.send(1, [t], k)
+            t1 = time.perf_counter()
+            for k in range(inner):
+                rx.recv_into(0, [buf], k, "probing")
+            t2 = time.perf_counter()
+            send_s, recv_s = min(send_s, (t1 - t0) / inner), min(recv_s, (t2 - t1) / inner)
+    finally:
+        tx.close()
+        rx.close()
+    log.info("runtime probe: message send %.1f us, receive %.1f us", send_s * 1e6, recv_s * 1e6)
+    return send_s, recv_s
+
+
+def samehost_latency_s(*, rounds: int = 200, nbytes: int = 520) -> float:
+    """Mean one-way time of a small message between two processes over a Unix-domain socket
+    (half a ping-pong with a tiny echo process): the same-host link's latency, mostly the
+    receiver's wake-up. The mean, not the median: on loaded cores most hand-offs take ~6 us
+    and a few wait milliseconds for a core (measured: median 5-8 us, mean 45-145 us at load
+    5 on 2 cores), and a chain of messages pays their sum."""
+    import socket
+    import statistics
+    import subprocess
+    import sys
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    child = subprocess.Popen([sys.executable, "-c", _ECHO, str(b.fileno())],
+                             pass_fds=[b.fileno()])
+    b.close()
+    a.settimeout(10.0)
+    msg, times = b"x" * nbytes, []
+    try:
+        for k in range(rounds + 10):
+            t0 = time.perf_counter()
+            a.sendall(msg)
+            got = 0
+            while got < nbytes:
+                chunk = a.recv(nbytes - got)
+                if not chunk:
+                    raise OSError("the echo process exited")
+                got += len(chunk)
+            if k >= 10:
+                times.append((time.perf_counter() - t0) / 2)
+    finally:
+        a.close()
+        child.wait(timeout=10)
+    return statistics.fmean(times)

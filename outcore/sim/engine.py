@@ -241,7 +241,8 @@ class _Engine:
 
     def _execute_other(self, r: int, a: Action, t: float) -> float | None:
         c, s = self.c, self.s
-        if a.op in ("SF", "SB"):
+        if a.op in ("SF", "SB"):  # the send call's host time, then the message leaves
+            t += self.cluster.device.send_overhead_s
             self.send(r, a, t)
             return t
         if a.op in ("RF", "RB"):
@@ -260,7 +261,7 @@ class _Engine:
             self.add_mem(r, arrive, nbytes)
             consumer = tr.dst if a.op == "RF" else tr.src
             self.held[(consumer, a.mb)] = self.held.get((consumer, a.mb), 0.0) + nbytes
-            return max(t, arrive)
+            return max(t, arrive) + self.cluster.device.recv_overhead_s
         if a.op == "AR":
             return self.collective(r, a, t)
         # OPT: wait for this rank's all-reduces (shared parameters, replicas, data parallel)

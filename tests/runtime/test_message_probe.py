@@ -1,0 +1,16 @@
+"""The per-message probes (issue 17): the same-host link's host time per call and its one-way
+latency are positive and plausible on this machine."""
+
+from __future__ import annotations
+
+from outcore.runtime.overhead import message_overhead_s, samehost_latency_s
+
+
+def test_message_host_time_is_microseconds():
+    send_s, recv_s = message_overhead_s(repeat=3, inner=50)
+    assert 0 < send_s < 1e-3 and 0 < recv_s < 1e-3, (send_s, recv_s)
+
+
+def test_same_host_latency_is_measured_between_two_processes():
+    one_way_s = samehost_latency_s(rounds=50)
+    assert 0 < one_way_s < 0.05, one_way_s

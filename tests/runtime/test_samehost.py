@@ -1,0 +1,93 @@
+"""The same-host transport (outcore.runtime.samehost) carries what gloo carries, and reports a
+dead or silent peer instead of hanging.
+
+Training: the same plan runs with messages on same-host sockets (the default for CPU workers on
+one host) and with ``OUTCORE_P2P=gloo``; both must equal the plain single-process loop
+(``helpers.reference``: losses and every parameter within 1e-5) and each must have used the
+transport it names. Failures: two real processes connected by :func:`connect_same_host`; one
+closes its end (what the kernel does when a process dies) or stays silent, and the other's
+receive must fail with a message naming the peer, within its timeout.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from outcore.errors import RuntimeFailure
+from outcore.runtime.config import TrainConfig
+from outcore.runtime.launch import run_local
+from outcore.runtime.samehost import P2P_ENV, connect_same_host
+from outcore.runtime.worker import build_trainer
+from tests.runtime.helpers import assert_matches, docs_for, reference
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
+
+
+def _train(ctx, cfg, graph_doc, plan_doc):
+    trainer, data = build_trainer(cfg, graph_doc, plan_doc, torch.device("cpu"))
+    losses = []
+    for step in range(cfg.steps):
+        inputs, targets = data.batch(step)
+        report = trainer.step(inputs, targets, track_memory=False)
+        loss = torch.tensor([-1e30 if report.loss is None else report.loss],
+                            dtype=torch.float64)
+        dist.all_reduce(loss, op=dist.ReduceOp.MAX)  # the ranks that hold the loss agree
+        losses.append(loss.item())
+    links = trainer.messenger.links
+    return {"rank": ctx.rank, "losses": losses, "links": sorted(links.socks) if links else [],
+            "state": {k: v.detach().clone() for k, v in trainer.named_params.items()}}
+
+
+def _pingpong(g):
+    """Five runs of nodes alternating between 2 ranks: many messages both ways, some packed."""
+    return (np.arange(g.num_nodes) * 5 // g.num_nodes) % 2
+
+
+@pytest.mark.parametrize("transport", ["samehost", "gloo"])
+def test_transport_equals_single_process(transport, monkeypatch):
+    monkeypatch.setenv(P2P_ENV, "gloo" if transport == "gloo" else "auto")
+    cfg = TrainConfig(model="outcore:diamond", batch_size=8, microbatches=4, steps=3,
+                      schedule="gpipe", optimizer="adam", lr=1e-3, track_memory=False)
+    graph_doc, plan_doc, _ = docs_for(cfg, _pingpong, 2)
+    results = run_local(_train, 2, (cfg, graph_doc, plan_doc), timeout_s=60)
+    assert [r["links"] for r in results] == ([[1], [0]] if transport == "samehost" else [[], []])
+    assert_matches(results, *reference(cfg), rtol=1e-5)
+
+
+def _peer(ctx, mode: str):
+    links = connect_same_host([1 - ctx.rank], timeout_s=2.0)
+    assert links is not None and links.has(1 - ctx.rank)
+    if ctx.rank == 1:
+        links.send(0, [torch.arange(4.0)], tag=7)  # one good message first
+        links.flush()
+        if mode == "silent":
+            time.sleep(6.0)  # alive, never sends the second message
+        links.close()  # as the kernel does for a process that dies
+        return None
+    buf = torch.empty(4)
+    links.recv_into(1, [buf], 7, "receiving the first message")
+    assert buf.tolist() == [0.0, 1.0, 2.0, 3.0]
+    t0 = time.monotonic()
+    try:
+        links.recv_into(1, [torch.empty(4)], 8, "receiving the second message")
+    except RuntimeFailure as e:
+        return {"error": str(e), "waited_s": time.monotonic() - t0}
+    return {"error": None, "waited_s": time.monotonic() - t0}
+
+
+@pytest.mark.parametrize("mode", ["closed", "silent"])
+def test_dead_or_silent_peer_is_reported_not_hung(mode, monkeypatch):
+    monkeypatch.delenv(P2P_ENV, raising=False)
+    out = run_local(_peer, 2, (mode,), timeout_s=30)[0]
+    assert out["error"] is not None, "the receive returned without the message"
+    if mode == "closed":
+        assert "rank 1 closed its same-host link" in out["error"]
+        assert out["waited_s"] < 1.5
+    else:
+        assert "timed out after 2 s" in out["error"]
+        assert 1.9 <= out["waited_s"] < 4.0
