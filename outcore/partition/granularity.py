@@ -35,14 +35,15 @@ def _price_s(pieces, p: int, cluster: Cluster, scale: float) -> float:
     return price
 
 
-def _best_neighbour(pieces, p: int) -> int | None:
-    """The device of the remote neighbour ``p`` exchanges the most bytes with."""
+def _best_neighbour(pieces, p: int, barred: frozenset = frozenset()) -> int | None:
+    """The device of the remote neighbour ``p`` exchanges the most bytes with, among the
+    devices not in ``barred``."""
     dev = pieces.pieces[p].device
     volume: dict[int, float] = {}
     for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:
         t = pieces.transfers[tid]
         other = pieces.pieces[t.dst if t.src == p else t.src].device
-        if other != dev:
+        if other != dev and other not in barred:
             volume[other] = volume.get(other, 0.0) + t.bytes + 1.0  # +1: ties by count
     return max(volume, key=lambda k: (volume[k], -k)) if volume else None
 
@@ -57,9 +58,13 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
         scale: micro-batch size over the graph's batch (node costs and bytes scale by it).
         factor: how many times its price a piece's compute must be to stay apart.
         max_rounds: re-cuts at most (each round moves a set of non-adjacent pieces).
+
+    A node never returns to a device it has left: a piece that stays small on its new device
+    (it did not join its neighbour's piece) would otherwise swing back and forth every round.
     """
     a = np.asarray(assignment, dtype=np.int64).copy()
     work = (np.asarray(g.fwd_s, dtype=np.float64) + np.asarray(g.bwd_s, dtype=np.float64))
+    left: dict[int, set[int]] = {}  # node -> devices it has left
     for _ in range(max_rounds):
         pieces = cut(g, a)
         comp = np.bincount(pieces.piece_of, weights=work, minlength=len(pieces.pieces)) * scale
@@ -70,10 +75,14 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
                 continue
             if comp[p] >= factor * _price_s(pieces, p, cluster, scale):
                 continue
-            dev = _best_neighbour(pieces, p)
+            nodes = pieces.pieces[p].nodes
+            barred = frozenset().union(*(left.get(v, ()) for v in nodes))
+            dev = _best_neighbour(pieces, p, barred)
             if dev is None:
                 continue
-            a[list(pieces.pieces[p].nodes)] = dev
+            for v in nodes:
+                left.setdefault(v, set()).add(pieces.pieces[p].device)
+            a[list(nodes)] = dev
             moved = True
             touched.add(p)
             for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:
