@@ -35,15 +35,14 @@ def _price_s(pieces, p: int, cluster: Cluster, scale: float) -> float:
     return price
 
 
-def _best_neighbour(pieces, p: int, barred: frozenset = frozenset()) -> int | None:
-    """The device of the remote neighbour ``p`` exchanges the most bytes with, among the
-    devices not in ``barred``."""
+def _best_neighbour(pieces, p: int) -> int | None:
+    """The device of the remote neighbour ``p`` exchanges the most bytes with."""
     dev = pieces.pieces[p].device
     volume: dict[int, float] = {}
     for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:
         t = pieces.transfers[tid]
         other = pieces.pieces[t.dst if t.src == p else t.src].device
-        if other != dev and other not in barred:
+        if other != dev:
             volume[other] = volume.get(other, 0.0) + t.bytes + 1.0  # +1: ties by count
     return max(volume, key=lambda k: (volume[k], -k)) if volume else None
 
@@ -59,12 +58,13 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
         factor: how many times its price a piece's compute must be to stay apart.
         max_rounds: re-cuts at most (each round moves a set of non-adjacent pieces).
 
-    A node never returns to a device it has left: a piece that stays small on its new device
-    (it did not join its neighbour's piece) would otherwise swing back and forth every round.
+    A piece whose best neighbour is a device its nodes have left (it moved there, stayed
+    small and apart, and would swing back and forth every round) goes back and stays there.
     """
     a = np.asarray(assignment, dtype=np.int64).copy()
     work = (np.asarray(g.fwd_s, dtype=np.float64) + np.asarray(g.bwd_s, dtype=np.float64))
     left: dict[int, set[int]] = {}  # node -> devices it has left
+    settled = np.zeros(g.num_nodes, dtype=bool)  # returned to a device it had left: stays
     for _ in range(max_rounds):
         pieces = cut(g, a)
         comp = np.bincount(pieces.piece_of, weights=work, minlength=len(pieces.pieces)) * scale
@@ -75,14 +75,18 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
                 continue
             if comp[p] >= factor * _price_s(pieces, p, cluster, scale):
                 continue
-            nodes = pieces.pieces[p].nodes
-            barred = frozenset().union(*(left.get(v, ()) for v in nodes))
-            dev = _best_neighbour(pieces, p, barred)
+            nodes = list(pieces.pieces[p].nodes)
+            if settled[nodes].any():
+                continue
+            dev = _best_neighbour(pieces, p)
             if dev is None:
                 continue
-            for v in nodes:
-                left.setdefault(v, set()).add(pieces.pieces[p].device)
-            a[list(nodes)] = dev
+            if any(dev in left.get(v, ()) for v in nodes):
+                settled[nodes] = True
+            else:
+                for v in nodes:
+                    left.setdefault(v, set()).add(pieces.pieces[p].device)
+            a[nodes] = dev
             moved = True
             touched.add(p)
             for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:
