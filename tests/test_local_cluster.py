@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from outcore.hardware.presets import link_preset  # noqa: E402
-from outcore.job import OVERSUBSCRIBED_LATENCY_S, _local_cores, local_cluster  # noqa: E402
+from outcore.hardware.presets import link_preset
+from outcore.job import OVERSUBSCRIBED_LATENCY_S, _local_cores, local_cluster
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="local CPU workers only")

@@ -4,10 +4,11 @@ Model (what the planners optimise; the schedule simulator in ``outcore.sim`` is 
 
 * **Forward.** Every node runs on its device; each device runs one node at a time; a node is
   *ready* when the outputs of all its predecessors have arrived (same device: at once; another
-  device: ``latency + bytes / bandwidth`` after the producer ends, links never contend). An idle
-  device starts, among its ready nodes, the one of the earliest micro-batch, then the one that
-  became ready first (with one micro-batch: FIFO list scheduling, as TensorFlow's executor that
-  ParDNN emulates; ties in the order the last inputs arrived).
+  device: ``latency + bytes / bandwidth`` after the producer ends, links never contend;
+  ``run(..., contend=True)`` queues transfers on each device's two ports, as the simulator
+  does). An idle device starts, among its ready nodes, the one of the earliest micro-batch,
+  then the one that became ready first (with one micro-batch: FIFO list scheduling, as
+  TensorFlow's executor that ParDNN emulates; ties in the order the last inputs arrived).
 * **Backward.** It starts once the whole forward has ended (the loss is computed, then
   ``loss.backward()``). The backward of ``v`` runs on ``v``'s device (autograd keeps saved tensors
   where the forward ran) once the backwards of all its successors have ended and their gradients

@@ -18,8 +18,8 @@ from functools import cached_property
 import numpy as np
 
 from outcore.graph.algorithms import topological_order
-from outcore.plan._pieces_kernel import hop_levels, piece_components
 from outcore.graph.ir import Graph
+from outcore.plan._pieces_kernel import hop_levels, piece_components
 
 
 @dataclass(frozen=True)
