@@ -180,9 +180,9 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     link = link_preset("gloo-loopback")
     cores = _local_cores() if local else None
     latency = link.latency_s
-    if cores and devices > cores:
-        # more workers than cores: a message waits for its receiver to be scheduled (measured
-        # on 2 cores with a third busy process: 1.6-2 ms)
+    if cores and devices > 1 and devices + round(_background_load()) > cores:
+        # more workers than free cores (other processes' load counts): a message waits for
+        # its receiver to be scheduled (measured on 2 cores with a third busy process: 1.6-2 ms)
         latency = OVERSUBSCRIBED_LATENCY_S
     messages = None
     if local and devices > 1 and _same_host_transport():
@@ -391,6 +391,21 @@ def _save_artifacts(job: Job, g: Graph, p: Plan) -> None:
 
 
 OVERSUBSCRIBED_LATENCY_S = 1.5e-3
+
+
+def _background_load() -> float:
+    """Runnable processes on this machine besides this one: the 1-minute load average less
+    this process (``OUTCORE_HOST_LOAD`` overrides it, e.g. ``0`` for a dedicated machine).
+    On 2 cores with other jobs running, 2 workers are oversubscribed: their messages take
+    1.5-2 ms instead of 0.1 ms (issue 15's fidelity matrix: -60 % on 2-worker cells)."""
+    import os
+    given = os.environ.get("OUTCORE_HOST_LOAD")
+    if given:
+        return max(0.0, float(given))
+    try:
+        return max(0.0, os.getloadavg()[0] - 1.0)
+    except (AttributeError, OSError):  # no load average on this platform
+        return 0.0
 
 
 def _local_cores() -> int:

@@ -1,37 +1,6 @@
-"""Optional numba compilation of the planners' inner loops.
+"""The planners' optional numba compilation: :mod:`outcore.graph._jit` (kept here for the
+kernels that import it from the partition package)."""
 
-The inner loops (list-scheduling emulation, longest paths, cluster walks, greedy moves) are
-written in the subset of Python that numba compiles. With numba installed they are compiled
-on first use and cached on disk (``__pycache__``), which makes a 1M-node plan take seconds;
-without it they run as ordinary Python on numpy arrays (correct, about 100x slower: fine for
-tests and graphs of a few thousand nodes). Set ``OUTCORE_NO_JIT=1`` to force plain Python.
+from outcore.graph._jit import HAVE_NUMBA, njit
 
-Why numba: the emulator is an event simulation (a priority queue per device and one for
-events) that numpy cannot vectorise, and ParDNN calls it a few dozen times per plan; in plain
-Python one emulation of a 1M-node graph takes ~10 s, compiled it takes ~0.2 s.
-"""
-
-from __future__ import annotations
-
-import os
-
-HAVE_NUMBA = False
-if os.environ.get("OUTCORE_NO_JIT", "") in ("", "0"):
-    try:  # pragma: no cover - depends on the environment
-        import numba as _numba
-
-        HAVE_NUMBA = True
-    except ImportError:  # pragma: no cover
-        HAVE_NUMBA = False
-
-
-def njit(fn):
-    """Compile ``fn`` with ``numba.njit(cache=True)`` when numba is available, else return it.
-
-    The plain function stays reachable as ``fn.py_func`` in both cases (tests compare them).
-    """
-    if HAVE_NUMBA:
-        compiled = _numba.njit(cache=True, nogil=True)(fn)
-        return compiled
-    fn.py_func = fn
-    return fn
+__all__ = ["HAVE_NUMBA", "njit"]

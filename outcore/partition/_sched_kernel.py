@@ -70,7 +70,7 @@ def _fheap_pop(keys, items, size):
 
 @njit
 def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, release,
-                   lat, inv_bw, edge_bytes, num_dev, start, end, cause):
+                   lat, inv_bw, edge_bytes, num_dev, start, end, cause, contend=False):
     """List-schedule ``n * mbs`` tasks; fill ``start``, ``end`` (seconds) and ``cause``.
 
     Args:
@@ -82,6 +82,7 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
         lat, inv_bw: ``float64[D, D]`` link latency (s) and seconds per byte between devices.
         edge_bytes: ``int64[m]`` bytes per edge (0 bytes = free control dependency).
         num_dev: number of devices D.
+        contend: transfers queue for the devices' ports (see module docstring).
         start, end: ``float64[n * mbs]`` outputs. cause: ``int32[n * mbs]`` output: the task
             whose completion let this one start (a data predecessor, or the previous task on the
             device when the device was the bottleneck); -1 when it started at ``release``.
@@ -125,6 +126,9 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
             b0, b1 = base[d], base[d + 1]
             hsize[d] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[d], float(t // n), seq)
             seq += 1
+    port_out = np.full(num_dev, release, np.float64)
+    port_in = np.full(num_dev, release, np.float64)
+    sent = np.full(num_dev, -1.0, np.float64)  # arrival of this task's output per device
     now = release
     while True:
         for d in range(num_dev):  # idle devices start their best ready task
@@ -163,9 +167,20 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
             busy[d] = False  # finish
             last[d] = t
             mb0 = (t // n) * n
+            if contend:
+                sent[:] = -1.0
             for k in range(ntf_ptr[v], ntf_ptr[v + 1]):
                 tw = mb0 + ntf_idx[k]
                 arrive = now + delay[k]
+                if contend and delay[k] > 0.0:
+                    dw = dev[ntf_idx[k]]
+                    if sent[dw] < 0.0:
+                        busy_s = edge_bytes[ntf_edge[k]] * inv_bw[d, dw]
+                        go = max(now, port_out[d], port_in[dw])
+                        port_out[d] = go + busy_s
+                        port_in[dw] = go + busy_s
+                        sent[dw] = go + busy_s + lat[d, dw]
+                    arrive = sent[dw]
                 if data_cause[tw] < 0 or arrive > ready_at[tw]:
                     ready_at[tw] = arrive
                     data_cause[tw] = t

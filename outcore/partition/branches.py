@@ -49,6 +49,7 @@ All outputs are deterministic: ties break on node index (or topological rank).
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -539,8 +540,17 @@ class _Adjacency:
         return [c for _, c in sorted(comps.items())]
 
 
+_FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {max_visits: ...}
+
+
 def find_branches(g: Graph, *, max_visits: int | None = None) -> Branches:
-    """Find the fork-join regions of ``g`` and choose the disjoint set to split (see module)."""
-    order = topological_order(g)
-    cands, truncated = fork_join_regions(g, order=order, max_visits=max_visits)
-    return Branches(select_regions(g, cands), cands, truncated)
+    """Find the fork-join regions of ``g`` and choose the disjoint set to split (see module).
+
+    Remembered per graph (a :class:`Graph` is immutable): the search plans the same graph
+    under several memory limits and device counts, and the regions depend on neither."""
+    found = _FOUND.setdefault(g, {})
+    if max_visits not in found:
+        order = topological_order(g)
+        cands, truncated = fork_join_regions(g, order=order, max_visits=max_visits)
+        found[max_visits] = Branches(select_regions(g, cands), cands, truncated)
+    return found[max_visits]

@@ -35,6 +35,7 @@ from outcore.errors import UsageError
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster, flat_cluster
+from outcore.partition._jit import njit
 from outcore.partition._level_kernel import bottom_levels
 
 
@@ -146,8 +147,7 @@ class Context:
         static = np.bincount(a, weights=g.param_bytes * self.factor, minlength=k)
         act = np.bincount(a, weights=g.saved_bytes.astype(np.float64), minlength=k)
         act += received_bytes(g, a, k)
-        trans = np.zeros(k)
-        np.maximum.at(trans, a, g.out_bytes.astype(np.float64))
+        trans = _max_by_device(a, np.asarray(g.out_bytes, np.float64), k)
         return static[:k], act[:k], trans
 
     def memory(self, assignment: np.ndarray, inflight: np.ndarray | float | None = None,
@@ -162,22 +162,42 @@ class Context:
 
 
 def received_bytes(g: Graph, assignment: np.ndarray, devices: int) -> np.ndarray:
-    """Bytes of boundary tensors each device receives (one micro-batch; each tensor once)."""
+    """Bytes of boundary tensors each device receives (one micro-batch; each tensor once, at
+    its largest edge to that device). Compiled (:func:`_received_kernel`)."""
     if g.num_edges == 0:
         return np.zeros(devices)
-    du = assignment[g.src]
-    dv = assignment[g.dst]
-    cross = np.flatnonzero((du != dv) & (g.edge_bytes > 0))
-    if cross.size == 0:
-        return np.zeros(devices)
-    key = g.src[cross] * devices + dv[cross]
-    eb = g.edge_bytes[cross]
-    order = np.lexsort((eb, key))
-    key = key[order]
-    last = np.ones(key.size, dtype=bool)
-    last[:-1] = key[1:] != key[:-1]
-    return np.bincount(key[last] % devices, weights=eb[order][last].astype(np.float64),
-                       minlength=devices)
+    return _received_kernel(g.num_nodes, g.succ_ptr, g.succ_idx, g.succ_edge,
+                            np.asarray(g.edge_bytes, np.int64),
+                            np.ascontiguousarray(assignment, dtype=np.int64), devices)
+
+
+@njit
+def _max_by_device(a, values, devices):
+    """Largest value per device (0 where a device holds nothing)."""
+    out = np.zeros(devices, np.float64)
+    for v in range(a.shape[0]):
+        if values[v] > out[a[v]]:
+            out[a[v]] = values[v]
+    return out
+
+
+@njit
+def _received_kernel(n, succ_ptr, succ_idx, succ_edge, edge_bytes, a, devices):
+    out = np.zeros(devices, np.float64)
+    best = np.zeros(devices, np.float64)  # largest edge of this producer to each device
+    for v in range(n):
+        dv = a[v]
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            d = a[succ_idx[k]]
+            eb = float(edge_bytes[succ_edge[k]])
+            if d != dv and eb > best[d]:
+                best[d] = eb
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            d = a[succ_idx[k]]
+            if best[d] > 0.0:
+                out[d] += best[d]
+                best[d] = 0.0
+    return out
 
 
 def make_context(g: Graph, devices: int, *, cluster: Cluster | None = None,

@@ -4,10 +4,11 @@ Model (what the planners optimise; the schedule simulator in ``outcore.sim`` is 
 
 * **Forward.** Every node runs on its device; each device runs one node at a time; a node is
   *ready* when the outputs of all its predecessors have arrived (same device: at once; another
-  device: ``latency + bytes / bandwidth`` after the producer ends, links never contend). An idle
-  device starts, among its ready nodes, the one of the earliest micro-batch, then the one that
-  became ready first (with one micro-batch: FIFO list scheduling, as TensorFlow's executor that
-  ParDNN emulates; ties in the order the last inputs arrived).
+  device: ``latency + bytes / bandwidth`` after the producer ends, links never contend;
+  ``run(..., contend=True)`` queues transfers on each device's two ports, as the simulator
+  does). An idle device starts, among its ready nodes, the one of the earliest micro-batch,
+  then the one that became ready first (with one micro-batch: FIFO list scheduling, as
+  TensorFlow's executor that ParDNN emulates; ties in the order the last inputs arrived).
 * **Backward.** It starts once the whole forward has ended (the loss is computed, then
   ``loss.backward()``). The backward of ``v`` runs on ``v``'s device (autograd keeps saved tensors
   where the forward ran) once the backwards of all its successors have ended and their gradients
@@ -102,8 +103,11 @@ def emulate(g: Graph, assignment: np.ndarray, cluster: Cluster | None = None, *,
 
 
 def run(ctx: Context, assignment: np.ndarray, *, timeline: bool = False,
-        critical_path: bool = True) -> Emulation:
-    """Emulate with a prepared :class:`Context` (planners call this in their loops)."""
+        critical_path: bool = True, contend: bool = False) -> Emulation:
+    """Emulate with a prepared :class:`Context` (planners call this in their loops).
+
+    ``contend``: transfers queue for each device's one outgoing and one incoming port, as in
+    the schedule simulator, instead of never contending (the search ranks placements so)."""
     g = ctx.g
     n, mbs, k = g.num_nodes, ctx.microbatches, ctx.devices
     a = np.ascontiguousarray(assignment, dtype=np.int64)
@@ -117,13 +121,13 @@ def run(ctx: Context, assignment: np.ndarray, *, timeline: bool = False,
     fcause = np.empty(n * mbs, np.int32)
     schedule_phase(n, mbs, g.pred_ptr, g.succ_ptr, g.succ_idx, g.succ_edge,
                    np.ascontiguousarray(g.fwd_s, np.float64), a, 0.0,
-                   ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, fstart, fend, fcause)
+                   ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, fstart, fend, fcause, contend)
     forward_s = float(fend.max())
     bstart, bend = np.empty(n * mbs), np.empty(n * mbs)
     bcause = np.empty(n * mbs, np.int32)
     schedule_phase(n, mbs, g.succ_ptr, g.pred_ptr, g.pred_idx, g.pred_edge,
                    np.ascontiguousarray(g.bwd_s, np.float64), a, forward_s,
-                   ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, bstart, bend, bcause)
+                   ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, bstart, bend, bcause, contend)
     makespan = float(bend.max())
     cp = (_trace(fend, fcause, bend, bcause, n) if critical_path
           else np.zeros((0, 3), np.int32))

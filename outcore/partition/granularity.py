@@ -57,9 +57,14 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
         scale: micro-batch size over the graph's batch (node costs and bytes scale by it).
         factor: how many times its price a piece's compute must be to stay apart.
         max_rounds: re-cuts at most (each round moves a set of non-adjacent pieces).
+
+    A piece whose best neighbour is a device its nodes have left (it moved there, stayed
+    small and apart, and would swing back and forth every round) goes back and stays there.
     """
     a = np.asarray(assignment, dtype=np.int64).copy()
     work = (np.asarray(g.fwd_s, dtype=np.float64) + np.asarray(g.bwd_s, dtype=np.float64))
+    left: dict[int, set[int]] = {}  # node -> devices it has left
+    settled = np.zeros(g.num_nodes, dtype=bool)  # returned to a device it had left: stays
     for _ in range(max_rounds):
         pieces = cut(g, a)
         comp = np.bincount(pieces.piece_of, weights=work, minlength=len(pieces.pieces)) * scale
@@ -70,10 +75,18 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
                 continue
             if comp[p] >= factor * _price_s(pieces, p, cluster, scale):
                 continue
+            nodes = list(pieces.pieces[p].nodes)
+            if settled[nodes].any():
+                continue
             dev = _best_neighbour(pieces, p)
             if dev is None:
                 continue
-            a[list(pieces.pieces[p].nodes)] = dev
+            if any(dev in left.get(v, ()) for v in nodes):
+                settled[nodes] = True
+            else:
+                for v in nodes:
+                    left.setdefault(v, set()).add(pieces.pieces[p].device)
+            a[nodes] = dev
             moved = True
             touched.add(p)
             for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:

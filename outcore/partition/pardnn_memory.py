@@ -98,10 +98,9 @@ def repair_memory(ctx: Context, assign: np.ndarray, *, max_passes: int | None = 
 def _consumer_counts(src: np.ndarray, dst: np.ndarray, a: np.ndarray, n: int, k: int
                      ) -> np.ndarray:
     """``int32[n, k]``: how many out-edges of each node end on each device."""
-    cnt = np.zeros(n * k, np.int32)
-    if src.size:
-        np.add.at(cnt, src * k + a[dst], 1)
-    return cnt.reshape(n, k)
+    if not src.size:
+        return np.zeros((n, k), np.int32)
+    return np.bincount(src * k + a[dst], minlength=n * k).astype(np.int32).reshape(n, k)
 
 
 @njit

@@ -17,8 +17,9 @@ from functools import cached_property
 
 import numpy as np
 
-from outcore.graph.algorithms import topological_order, weakly_connected_components
+from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
+from outcore.plan._pieces_kernel import hop_levels, piece_components
 
 
 @dataclass(frozen=True)
@@ -85,31 +86,15 @@ def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None,
     An edge ``u -> v`` is a boundary when ``assignment`` differs (pass a device, or any finer
     key such as device and memory-policy group) or when ``sends[u]``: a node whose output
     leaves for another device ends its piece, so that the message departs as soon as the node
-    has run, not when the rest of its piece has.
+    has run, not when the rest of its piece has. A source (an input, a constant, a parameter
+    read) whose consumers all share its key and need not send joins its earliest consumer's
+    piece instead of forming a piece of its own. Compiled (:mod:`outcore.plan._pieces_kernel`).
     """
     order = topological_order(g) if order is None else order
-    dev = assignment.tolist()
-    cut_after = sends.tolist() if sends is not None else [False] * g.num_nodes
-    ptr, pred = g.pred_ptr.tolist(), g.pred_idx.tolist()
-    h = [0] * g.num_nodes
-    for v in order.tolist():
-        best = 0
-        dv = dev[v]
-        for k in range(ptr[v], ptr[v + 1]):
-            u = pred[k]
-            x = h[u] + (dev[u] != dv or cut_after[u])
-            if x > best:
-                best = x
-        h[v] = best
-    # a source (an input, a constant, a parameter read) whose consumers all share its key and
-    # need not send joins its earliest consumer's piece instead of forming a piece of its own
-    sptr, succ = g.succ_ptr.tolist(), g.succ_idx.tolist()
-    for v in range(g.num_nodes):
-        if ptr[v] == ptr[v + 1] and sptr[v] < sptr[v + 1] and not cut_after[v]:
-            consumers = succ[sptr[v]:sptr[v + 1]]
-            if all(dev[w] == dev[v] for w in consumers):
-                h[v] = min(h[w] for w in consumers)
-    return np.asarray(h, dtype=np.int64)
+    cut_after = (np.zeros(g.num_nodes, dtype=np.bool_) if sends is None
+                 else np.asarray(sends, dtype=np.bool_))
+    return hop_levels(np.asarray(order, np.int64), g.pred_ptr, g.pred_idx, g.succ_ptr,
+                      g.succ_idx, np.asarray(assignment, np.int64), cut_after)
 
 
 def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,
@@ -134,35 +119,52 @@ def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,
         sends[whole] = False
     hop = hops(g, key, order, sends)
     # components among edges whose endpoints share (device, group, hop)
-    same = (key[g.src] == key[g.dst]) & (hop[g.src] == hop[g.dst])
-    sub = g.replace(src=g.src[same], dst=g.dst[same], edge_bytes=g.edge_bytes[same])
-    comp = weakly_connected_components(sub)
+    root = piece_components(g.num_nodes, np.asarray(g.src, np.int64),
+                            np.asarray(g.dst, np.int64), key, hop)
     pos = np.empty(g.num_nodes, dtype=np.int64)
     pos[order] = np.arange(g.num_nodes)
-    first = np.full(int(comp.max()) + 1 if comp.size else 0, g.num_nodes, dtype=np.int64)
-    np.minimum.at(first, comp, pos)
-    comp_hop = np.zeros(first.size, dtype=np.int64)
-    comp_hop[comp] = hop
-    rank = np.lexsort((first, comp_hop))  # piece order: (hop, first position)
-    new_id = np.empty_like(rank)
-    new_id[rank] = np.arange(rank.size)
-    piece_of = new_id[comp]
-    members: list[list[int]] = [[] for _ in range(rank.size)]
-    for v in order.tolist():
-        members[piece_of[v]].append(v)
-    pieces = tuple(Piece(k, int(assignment[m[0]]), int(hop[m[0]]), tuple(m),
-                         int(groups[m[0]]) if groups is not None else -1)
-                   for k, m in enumerate(members))
+    first = np.full(g.num_nodes, g.num_nodes, dtype=np.int64)
+    np.minimum.at(first, root, pos)
+    roots = np.flatnonzero(root == np.arange(g.num_nodes))
+    rank = np.lexsort((first[roots], hop[roots]))  # piece order: (hop, first position)
+    new_id = np.empty(g.num_nodes, dtype=np.int64)
+    new_id[roots[rank]] = np.arange(rank.size)
+    piece_of = new_id[root]
+    by_piece = np.lexsort((pos, piece_of))  # nodes by piece, then topological position
+    starts = np.searchsorted(piece_of[by_piece], np.arange(rank.size + 1))
+    flat = by_piece.tolist()
+    heads = by_piece[starts[:-1]]
+    dev_of, hop_of = assignment[heads].tolist(), hop[heads].tolist()
+    grp_of = groups[heads].tolist() if groups is not None else [-1] * rank.size
+    bounds = starts.tolist()
+    pieces = tuple(Piece(k, dev_of[k], hop_of[k], tuple(flat[bounds[k]:bounds[k + 1]]),
+                         grp_of[k]) for k in range(rank.size))
+    transfers = _transfers(g, piece_of, pieces)
+    return Pieces(pieces, transfers, piece_of)
+
+
+def _transfers(g: Graph, piece_of: np.ndarray, pieces: tuple[Piece, ...]) -> tuple[Transfer, ...]:
+    """One transfer per (source piece, destination piece) pair of crossing edges, in that
+    order; its tensors are the distinct producers, each counted once at its largest edge."""
     ps, pd = piece_of[g.src], piece_of[g.dst]
     crossing = np.flatnonzero(ps != pd)
-    tensor_bytes: dict[tuple[int, int], dict[int, int]] = {}
-    for e in crossing.tolist():
-        key = (int(ps[e]), int(pd[e]))
-        prod = int(g.src[e])
-        d = tensor_bytes.setdefault(key, {})
-        d[prod] = max(d.get(prod, 0), int(g.edge_bytes[e]))
-    transfers = tuple(
-        Transfer(k, a, b, tuple(sorted(tensors)), int(sum(tensors.values())),
-                 pieces[a].device == pieces[b].device)
-        for k, ((a, b), tensors) in enumerate(sorted(tensor_bytes.items())))
-    return Pieces(pieces, transfers, piece_of)
+    if not crossing.size:
+        return ()
+    a, b = ps[crossing], pd[crossing]
+    prod = np.asarray(g.src, np.int64)[crossing]
+    nbytes = np.asarray(g.edge_bytes, np.int64)[crossing]
+    o = np.lexsort((-nbytes, prod, b, a))  # largest edge first within (a, b, producer)
+    a, b, prod, nbytes = a[o], b[o], prod[o], nbytes[o]
+    new = np.ones(a.size, dtype=bool)
+    new[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1]) | (prod[1:] != prod[:-1])
+    a, b, prod, nbytes = a[new], b[new], prod[new], nbytes[new]
+    head = np.ones(a.size, dtype=bool)
+    head[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    starts = np.flatnonzero(head)
+    total = np.add.reduceat(nbytes, starts).tolist()
+    bounds = starts.tolist() + [a.size]
+    prods = prod.tolist()
+    al, bl = a[starts].tolist(), b[starts].tolist()
+    return tuple(Transfer(k, al[k], bl[k], tuple(prods[bounds[k]:bounds[k + 1]]), int(total[k]),
+                          pieces[al[k]].device == pieces[bl[k]].device)
+                 for k in range(len(al)))

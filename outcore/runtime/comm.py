@@ -164,7 +164,9 @@ class Messenger:
         self.timeout = timedelta(seconds=timeout_s)
         self.use_tags = use_tags
         self.step_of = step_of
-        self.pending_sends: list[tuple[Any, torch.Tensor, MsgKey, int]] = []
+        # sends not yet waited on, as [work, tensor, key, dst]; by each key of their message
+        self.pending_sends: list[list[Any]] = []
+        self.sent_entries: dict[MsgKey, list[list[Any]]] = {}
         self.layouts = {(t.id, d): _Layout(list(leaf_metas(t.id, d)))
                         for t in schedule.pieces.transfers for d in ("F", "B")}
         max_leaves = max((len(lay.metas) for lay in self.layouts.values()), default=1)
@@ -247,7 +249,10 @@ class Messenger:
         for k, t in enumerate(wire):
             # the tensor stays referenced until the send completes
             work = dist.isend(t, self.process_of(dst), tag=self._tag(w[0], k))
-            self.pending_sends.append((work, t, key, dst))
+            entry = [work, t, key, dst]
+            self.pending_sends.append(entry)
+            for k2 in w:
+                self.sent_entries.setdefault(k2, []).append(entry)
 
     def _post(self, key: MsgKey) -> None:
         peer, i = self.index[key]
@@ -273,6 +278,7 @@ class Messenger:
     def recv(self, key: MsgKey, src: int) -> list[torch.Tensor]:
         """Wait for message ``key`` from ``src`` and return its tensors."""
         if key in self.ready:
+            self._release_sent(key)
             return self.ready.pop(key)
         if key not in self.index:
             raise RuntimeFailure(f"rank {self.rank}: no rank sends message {key} here")
@@ -292,6 +298,7 @@ class Messenger:
         if lay.has_bool:
             bufs = [b.to(torch.bool) if m.dtype == torch.bool else b
                     for b, m in zip(bufs, lay.metas)]
+        self._release_sent(key)
         if len(w) == 1:
             return bufs
         offset = 0
@@ -323,10 +330,25 @@ class Messenger:
             raise RuntimeFailure(f"rank {self.rank} step {self.step_of()}: timed out after "
                                  f"{self.timeout.total_seconds():.0f} s {what}")
 
+    def _release_sent(self, key: MsgKey) -> None:
+        """The gradients ``key`` of a transfer have arrived, so its peer has long received the
+        activations this rank sent for that micro-batch: wait on that send (it has completed)
+        and drop its tensor now instead of at the end-of-step flush (gloo's
+        ``is_completed()`` stays False until ``wait()``; holding every sent activation until
+        the step ends cost up to twice the predicted peak, issue 15)."""
+        if key[1] != "B":
+            return
+        for entry in self.sent_entries.pop((key[0], "F", key[2]), ()):
+            if entry[0] is not None:
+                self._wait(entry[0], f"sending message {entry[2]} to rank {entry[3]}")
+                entry[0] = entry[1] = None
+
     def flush(self) -> None:
         """Wait for every send started so far."""
         for work, _, key, dst in self.pending_sends:
-            self._wait(work, f"sending message {key} to rank {dst}")
+            if work is not None:
+                self._wait(work, f"sending message {key} to rank {dst}")
         self.pending_sends.clear()
+        self.sent_entries.clear()
         if self.links is not None:
             self.links.flush(f"flushing sends at the end of step {self.step_of()}")

@@ -13,7 +13,9 @@ port (pipeline sends are not slowed by them); otherwise it is a flat ring over o
 
 Memory per rank: parameters and optimizer state throughout; a piece's saved activations from its
 forward until its backward of the same micro-batch; received activations and gradients from
-their arrival until the consuming backward ends; one working buffer during each compute.
+their arrival until the consuming backward ends; one working buffer during each compute; the
+gradients a rank sends, from the send until its step ends (the runtime waits on those sends at
+the end of the step, and gloo frees nothing before the wait).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class _Engine:
         self.last_change = 0.0
         self.seq = 0
         self.finish = [0.0] * R
+        self.sent_grads = [0.0] * R  # gradient bytes a rank has sent, held until its step ends
 
     # ------------------------------------------------------------------ helpers
     def wake(self, r: int, t: float) -> None:
@@ -145,6 +148,8 @@ class _Engine:
             raise ScheduleError("the schedule deadlocks in simulation: " +
                                 "; ".join(unfinished[:6]))
         iteration = max([self.finish[r] for r in range(s.num_ranks)] + [0.0])
+        for r in range(s.num_ranks):
+            self.add_mem(r, self.finish[r], -self.sent_grads[r])
         memory = []
         for r in range(s.num_ranks):
             deltas = sorted(self.mem[r], key=lambda x: x[0])
@@ -297,6 +302,9 @@ class _Engine:
         self.port_out[out_port] = start + busy
         self.port_in[in_port] = start + busy
         arrive = start + link.latency_s + busy
+        if a.op == "SB":  # the runtime keeps a sent gradient until its end-of-step flush
+            self.add_mem(r, t, nbytes)
+            self.sent_grads[r] += nbytes
         self.events.append(Event(r, "send", str(a), start, arrive, "comm", a.mb, -1, int(nbytes),
                                  dst))
         key = (a.transfer, a.op[1], a.mb)

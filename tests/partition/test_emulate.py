@@ -114,3 +114,25 @@ def test_lower_bound_is_critical_path_or_average_work():
     assert ctx.lower_bound_s() == max(15, 21 / 2)
     ctx4 = make_context(g, 1, microbatches=4)
     assert ctx4.lower_bound_s() == 4 * 21
+
+
+def test_port_contention_serialises_a_devices_sends():
+    """``contend=True``: one outgoing and one incoming port per device, as the simulator has."""
+    from outcore.partition.emulate import run
+    # u (device 0) feeds v and x on device 1 and w on device 2; 100 bytes an edge: 1 s on the
+    # port + 0.5 s latency
+    g = build("fan", fwd_s=[1, 1, 1, 1], bwd_s=[1, 1, 1, 1], src=[0, 0, 0], dst=[1, 2, 3],
+              edge_bytes=[100] * 3)
+    a = np.array([0, 1, 2, 1])
+    ctx = make_context(g, 3, cluster=flat_cluster(3, memory_bytes=1e9, bandwidth=100.0,
+                                                  latency_s=0.5))
+    free = run(ctx, a)
+    # without contention every consumer has u's output at 1 + 1.5 = 2.5
+    assert free.fwd_start_s[0].tolist() == [0, 2.5, 2.5, 3.5]
+    busy = run(ctx, a, contend=True)
+    # u's port sends to device 1 from 1 to 2 (v and x share it), then to device 2 from 2 to 3
+    assert busy.fwd_start_s[0].tolist() == [0, 2.5, 3.5, 3.5]
+    # backward from 4.5: v 4.5-5.5 and x 5.5-6.5 on device 1, w 4.5-5.5 on device 2; their
+    # gradients queue for u's incoming port: 5.5-6.5, 6.5-7.5, 7.5-8.5, arriving 9: u 9-10
+    assert busy.bwd_start_s[0].tolist() == [9, 4.5, 4.5, 5.5]
+    assert busy.makespan_s == 10 and free.makespan_s == 9

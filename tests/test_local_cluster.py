@@ -1,0 +1,24 @@
+"""The local job's cluster counts other processes' load: on a machine whose free cores are
+fewer than the workers, messages are costed at the oversubscribed latency (issue 15)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from outcore.hardware.presets import link_preset
+from outcore.job import OVERSUBSCRIBED_LATENCY_S, _local_cores, local_cluster
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="local CPU workers only")
+def test_background_load_makes_workers_oversubscribed(monkeypatch):
+    cores = _local_cores()
+    quiet = link_preset("gloo-loopback").latency_s
+    monkeypatch.setenv("OUTCORE_HOST_LOAD", "0")
+    assert local_cluster(min(2, cores), True).intra.latency_s == quiet
+    assert local_cluster(cores + 1, True).intra.latency_s == OVERSUBSCRIBED_LATENCY_S
+    monkeypatch.setenv("OUTCORE_HOST_LOAD", str(cores))  # every core busy elsewhere
+    assert local_cluster(2, True).intra.latency_s == OVERSUBSCRIBED_LATENCY_S
+    assert local_cluster(1, True).intra.latency_s == quiet  # one worker sends no message
+    assert local_cluster(2, False).intra.latency_s == quiet  # not sharing this machine
