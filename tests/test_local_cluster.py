@@ -15,6 +15,7 @@ from outcore.job import OVERSUBSCRIBED_LATENCY_S, _local_cores, local_cluster
 def test_background_load_makes_workers_oversubscribed(monkeypatch):
     cores = _local_cores()
     quiet = link_preset("gloo-loopback").latency_s
+    monkeypatch.setenv("OUTCORE_P2P", "gloo")  # the preset's latency when quiet
     monkeypatch.setenv("OUTCORE_HOST_LOAD", "0")
     assert local_cluster(min(2, cores), True).intra.latency_s == quiet
     assert local_cluster(cores + 1, True).intra.latency_s == OVERSUBSCRIBED_LATENCY_S
@@ -22,3 +23,15 @@ def test_background_load_makes_workers_oversubscribed(monkeypatch):
     assert local_cluster(2, True).intra.latency_s == OVERSUBSCRIBED_LATENCY_S
     assert local_cluster(1, True).intra.latency_s == quiet  # one worker sends no message
     assert local_cluster(2, False).intra.latency_s == quiet  # not sharing this machine
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="local CPU workers only")
+def test_background_load_counts_with_same_host_sockets(monkeypatch):
+    """The same-host transport's probed latency is used when cores are free, and the
+    oversubscribed latency when other processes keep them busy."""
+    monkeypatch.delenv("OUTCORE_P2P", raising=False)
+    monkeypatch.setenv("OUTCORE_HOST_LOAD", "0")
+    free = local_cluster(2, True).intra.latency_s
+    assert free < OVERSUBSCRIBED_LATENCY_S
+    monkeypatch.setenv("OUTCORE_HOST_LOAD", str(_local_cores()))
+    assert local_cluster(2, True).intra.latency_s == OVERSUBSCRIBED_LATENCY_S
