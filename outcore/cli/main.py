@@ -62,5 +62,21 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The ``outcore`` command: :func:`main`, then exit with its code. A rank started by a
+    launcher (torchrun, mpirun, srun) leaves with ``os._exit`` once its output is flushed:
+    skipping C++ static destructors, one of which intermittently aborted a finished rank under
+    mpirun ("terminate called without an active exception", exit 134) after the run had
+    written everything."""
+    code = main()
+    from outcore.api import launcher
+    if launcher()[0] != "none":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
