@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from outcore.runtime.executor import local
 from outcore.runtime.memtrack import storage_resized
 
 log = logging.getLogger(__name__)
@@ -69,10 +70,6 @@ def _data(t: torch.Tensor) -> torch.Tensor:
     """The tensor holding ``t``'s elements on this rank: a tensor-parallel DTensor's local
     shard (the object itself, not the view ``to_local`` returns), else ``t``."""
     return t._local_tensor if hasattr(t, "_local_tensor") else t
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 class _Unit:
@@ -248,7 +245,7 @@ class ParamSharder:
     def _slice(self, unit: _Unit, values: list[torch.Tensor]) -> torch.Tensor:
         flat = torch.zeros(unit.size * self.depth, dtype=unit.shard.dtype,
                            device=unit.shard.device)
-        torch.cat([_local(v).reshape(-1).to(flat) for v in values],
+        torch.cat([local(v).reshape(-1).to(flat) for v in values],
                   out=flat[:sum(unit.numels)])
         index = dist.get_rank(self.group) if self.group is not None else 0
         return flat[index * unit.size:(index + 1) * unit.size]
