@@ -77,6 +77,17 @@ def test_tensor_2_x_sharded_2_equals_single_process():
     assert results[0]["sharded"] == results[2]["sharded"] == sorted(results[0]["state"])
 
 
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_hybrid_sharding_equals_single_process():
+    """dp 4 x shard 2 (hybrid sharding): copies {0, 1} and {2, 3} each shard the parameters,
+    and each shard's gradients are also all-reduced between the two groups."""
+    cfg, results = _run(stages=1, dp=4, depth=2, microbatches=1, model="outcore:mlp")
+    assert_matches(results, *reference(cfg))
+    assert all(r["sharded"] == results[0]["sharded"] for r in results)
+
+
 def test_sharding_lowers_memory_and_adds_collectives():
     """Costed per rank: the shards hold 1 / depth of the parameter state, each piece's
     forward and backward pay the gather (and the backward the scatter), and the all-reduce
