@@ -8,7 +8,6 @@ momentum, and Adam with parameters to 1e-4, see its test) and GPT-2
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import numpy as np
@@ -17,18 +16,17 @@ import torch
 
 pytest.importorskip("transformers")
 
-from outcore.graph.capture import capture, retrace  # noqa: E402
+from outcore.graph.capture import capture  # noqa: E402
 from outcore.graph.io import to_dict as graph_doc  # noqa: E402
 from outcore.plan.layout import Layout  # noqa: E402
 from outcore.plan.plan import make_plan, to_dict as plan_doc  # noqa: E402
 from outcore.runtime.config import TrainConfig  # noqa: E402
-from outcore.runtime.data import SyntheticData, default_loss, split  # noqa: E402
+from outcore.runtime.data import split  # noqa: E402
 from outcore.runtime.launch import run_local  # noqa: E402
-from outcore.runtime.values import value_metas  # noqa: E402
 from outcore.runtime.worker import train_worker  # noqa: E402
 from outcore.zoo import resolve_model  # noqa: E402
-from tests.runtime.helpers import accumulated_steps, chunks  # noqa: E402
-from tests.zoo.helpers import output_of  # noqa: E402
+from tests.runtime.helpers import chunks  # noqa: E402
+from tests.zoo.helpers import reference  # noqa: E402
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -47,23 +45,6 @@ def _graph(cfg: TrainConfig):
     return g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
 
 
-def _reference(cfg: TrainConfig, output_key: str | None):
-    """Plain PyTorch on the unmodified model: same seed and batches, the run's optimizer."""
-    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
-    torch.manual_seed(cfg.seed)
-    model = copy.deepcopy(spec.build())
-    micro = split(spec.example_inputs, cfg.microbatches)[0]
-    gm = retrace(copy.deepcopy(model), micro, {"capture": {"path": "auto"}}).gm
-    out_name = next(n.name for n in gm.graph.nodes if n.op == "output")
-    data = SyntheticData(spec.example_inputs, spec.int_high, value_metas(gm, micro)[out_name],
-                         cfg.batch_size, cfg.seed, spec.task, spec.task_options)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum) if cfg.optimizer == "sgd" else \
-        torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    losses = accumulated_steps(model, opt, data.batch, cfg.steps, cfg.microbatches,
-                               lambda out, y: default_loss(output_of(out, output_key), y))
-    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
-
-
 def _run(model: str, optimizer: str, lr: float, stages: int = 1, tp: int = 2):
     cfg = TrainConfig(model=model, batch_size=4, microbatches=2, steps=3, optimizer=optimizer,
                       lr=lr, return_state=True, track_memory=False)
@@ -73,7 +54,7 @@ def _run(model: str, optimizer: str, lr: float, stages: int = 1, tp: int = 2):
                      memory_bytes=None, microbatches=2, schedule="1f1b", layout=Layout(tp=tp))
     results = run_local(train_worker, stages * tp, (cfg, graph_doc(g), plan_doc(plan)),
                         timeout_s=120)
-    return results, _reference(cfg, g.meta["capture"].get("output"))
+    return results, reference(cfg, g.meta["capture"].get("output"))
 
 
 def _assert_matches(results, ref_losses, ref_state, param_rtol: float = RTOL):

@@ -14,6 +14,7 @@ from outcore.plan.plan import make_plan, to_dict as plan_doc
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import SyntheticData, default_loss, split
 from outcore.runtime.values import value_metas
+from outcore.runtime.worker import make_optimizer
 from outcore.graph.capture import retrace
 from outcore.zoo import resolve_model
 from tests.runtime.helpers import accumulated_steps
@@ -42,7 +43,8 @@ def output_of(out, key: str | None):
 
 
 def reference(cfg: TrainConfig, output_key: str | None):
-    """Plain PyTorch: same seed and batches, gradient accumulation over the micro-batches.
+    """Plain PyTorch: same seed and batches, the run's optimizer, gradient accumulation over
+    the micro-batches.
     Returns (losses, parameters by name (a tied tensor under its first name))."""
     spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
     torch.manual_seed(cfg.seed)
@@ -53,7 +55,7 @@ def reference(cfg: TrainConfig, output_key: str | None):
     meta = value_metas(gm, micro)[out_name]
     data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.batch_size, cfg.seed,
                          spec.task, spec.task_options)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt = make_optimizer(cfg)(model.parameters())  # the run's optimizer, as the workers make it
     losses = accumulated_steps(model, opt, data.batch, cfg.steps, cfg.microbatches,
                                lambda out, y: default_loss(output_of(out, output_key), y))
     # a tied tensor under the model's first name for it, as outcore names it on every rank
