@@ -22,11 +22,9 @@ from tests.spatial.plan_helpers import MODEL, UNET, unet_config
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
 
-def test_spatial_with_data_parallel_copies():
-    """SP + DP (``--sp 2 --dp 2``): two copies of a 2-tile group (4 ranks: ordinary slots 0
-    and 1, extra tile ranks 2 and 3), each on its half of the batch; the tiled layers'
-    gradients summed over the copies (tile 0: the data-parallel buckets; extra tiles: their
-    own group) and over the tiles."""
+def _two_tiles_to_relu_1():
+    """The config (2 copies of 2 images, SGD), graph, node names and 2x1 spatial plan joined
+    after ``relu_1`` the tests below share."""
     cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=1, steps=3, schedule="1f1b",
                       optimizer="sgd", lr=0.1, momentum=0.9, return_state=True,
                       track_memory=False)
@@ -34,6 +32,15 @@ def test_spatial_with_data_parallel_copies():
     names = [g.name_of(i) for i in range(g.num_nodes)]
     j = names.index("relu_1")
     sp = SpatialPlan(grid="2x1", join="relu_1", tiled=tuple(int(i) for i in g.ids[:j + 1]))
+    return cfg, g, names, sp
+
+
+def test_spatial_with_data_parallel_copies():
+    """SP + DP (``--sp 2 --dp 2``): two copies of a 2-tile group (4 ranks: ordinary slots 0
+    and 1, extra tile ranks 2 and 3), each on its half of the batch; the tiled layers'
+    gradients summed over the copies (tile 0: the data-parallel buckets; extra tiles: their
+    own group) and over the tiles."""
+    cfg, g, names, sp = _two_tiles_to_relu_1()
     layout = dataclasses.replace(Layout.replicate("mp", 1, 1, 2), sp=2)
     plan = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="manual",
                      devices=layout.ranks(1), memory_bytes=None, microbatches=1,
@@ -59,13 +66,7 @@ def test_spatial_with_data_parallel_through_the_api(tmp_path):
 def test_spatial_with_gems_mast_replicas():
     """SP + GEMS MAST: two replicas over 2 stages in opposite directions (replica B's spatial
     stage is on rank 1), each with its own tile group (extra tile ranks 2 and 3): 4 ranks."""
-    cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=1, steps=3, schedule="1f1b",
-                      optimizer="sgd", lr=0.1, momentum=0.9, return_state=True,
-                      track_memory=False)
-    g = graph_for(cfg, copies=2)
-    names = [g.name_of(i) for i in range(g.num_nodes)]
-    j = names.index("relu_1")
-    sp = SpatialPlan(grid="2x1", join="relu_1", tiled=tuple(int(i) for i in g.ids[:j + 1]))
+    cfg, g, names, sp = _two_tiles_to_relu_1()
     a = np.zeros(g.num_nodes, dtype=np.int64)
     a[names.index("_5_conv1"):] = 1
     layout = dataclasses.replace(Layout.replicate("mast", 2, 2, 1), sp=2)
