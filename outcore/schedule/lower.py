@@ -240,7 +240,7 @@ class _Sharding:
         names_in = {n for b, ns in enumerate(names) if self.sharded[b] for n in ns}
         self.node_bytes = np.zeros(g.num_nodes)
         for i in range(g.num_nodes):
-            owned = g.attr(i, "params", []) or [] if g.attrs is not None else []
+            owned = g.attr(i, "params", []) or []
             if owned:
                 k = sum(n in names_in for n in owned)
                 self.node_bytes[i] = float(g.param_bytes[i]) * k / len(owned)
