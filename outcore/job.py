@@ -149,7 +149,8 @@ def prepare(job: Job, *, local: bool = True,
                            microbatches="auto" if job.microbatches_auto else cfg.microbatches,
                            optimizer=cfg.optimizer, seed=cfg.seed,
                            memory_policy=job.memory_policy, search_layout=job.search_layout,
-                           tp=job.tp, depth=None if job.search_layout else job.depth,
+                           tp=None if job.search_layout else job.tp,
+                           depth=None if job.search_layout else job.depth,
                            sp=job.sp, sp_join=job.sp_join, sp_grid=job.sp_grid)
     p = search(g, req)
     if whole:  # the plan chose the split: capture again at its micro-batch

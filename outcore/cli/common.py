@@ -43,12 +43,13 @@ def add_mesh_args(p: argparse.ArgumentParser) -> None:
     """``--tp``, ``--shard`` and ``--sp`` (with ``--sp-join``, ``--sp-grid``): the tensor,
     sharding and spatial degrees of the plan's process mesh (``outcore plan`` and ``outcore
     train``)."""
-    p.add_argument("--tp", type=tp_arg, default=1, metavar="N|auto",
+    p.add_argument("--tp", type=tp_arg, default=0, metavar="N|auto",
                    help="tensor-parallel ranks per device slot: the Megatron layout of the "
                         "model's Linear and Embedding layers (column/row pairs found in the "
                         "graph) split over tp consecutive ranks, inside every stage; auto: "
                         "the fastest of 1, 2, 4, 8 that fits (the plan's notes say why); "
-                        "--dp x --tp divides --devices (default 1); see docs/tensor.md")
+                        "--dp x --tp divides --devices (default 1, or the layout search's "
+                        "choice when it chooses the layout); see docs/tensor.md")
     p.add_argument("--shard", type=tp_arg, default=0, metavar="N|auto",
                    help="sharded data parallelism (FSDP / ZeRO-3; AxoNN's depth dimension): N "
                         "of the --dp copies of every device slot hold 1/N of its parameters, "
@@ -68,9 +69,10 @@ def add_mesh_args(p: argparse.ArgumentParser) -> None:
                    help="tile grid, e.g. 2x2 (default: --sp tiles over the height)")
 
 
-def shard_arg(value: int | None, layout_searched: bool) -> int | None:
-    """The request's sharding degree from ``--shard`` (0: not given; None: ``auto``): not given
-    means no sharding, unless the layout search runs, which then chooses it."""
+def degree_arg(value: int | None, layout_searched: bool) -> int | None:
+    """The request's tensor-parallel or sharding degree from ``--tp`` / ``--shard`` (0: not
+    given; None: ``auto``): not given means 1, unless the layout search runs, which then
+    chooses it."""
     if value == 0:
         return None if layout_searched else 1
     return value

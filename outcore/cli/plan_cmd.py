@@ -6,7 +6,7 @@ import argparse
 
 from outcore.cli.common import (MODEL_HELP, add_leaf_arg, add_mesh_args, check_output_suffix,
                                 console, is_graph_file, nonneg_int, note, positive_int,
-                                shard_arg, slot_label, table)
+                                degree_arg, slot_label, table)
 from outcore.units import format_bytes, format_seconds, parse_shape
 
 DESCRIPTION = """Partition a graph over K devices so that every device's training memory fits
@@ -106,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
     if args.depth is not None:
         g = outcore.collapse(g, args.depth)
     p = outcore.plan(g, args.devices, args.memory, strategy=args.strategy,
-                     parallel=args.parallel, replicas=args.replicas, dp=args.dp, tp=args.tp,
-                     depth=shard_arg(args.shard, args.layout == "auto"), sp=args.sp,
+                     parallel=args.parallel, replicas=args.replicas, dp=args.dp,
+                     tp=degree_arg(args.tp, args.layout == "auto"),
+                     depth=degree_arg(args.shard, args.layout == "auto"), sp=args.sp,
                      sp_join=args.sp_join, sp_grid=args.sp_grid,
                      bandwidth=args.bandwidth, latency=args.latency,
                      microbatches=args.microbatches, schedule=args.schedule,

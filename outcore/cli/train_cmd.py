@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from outcore.cli.common import (MODEL_HELP, add_leaf_arg, add_mesh_args, console, note,
-                                positive_int, shard_arg, table)
+                                positive_int, degree_arg, table)
 from outcore.units import format_bytes, format_seconds
 
 # The embedded default job: a model whose training step does not fit one device of DEFAULT_MEMORY,
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         report = outcore.train(
             model, devices, memory=memory, strategy=args.strategy, plan=args.plan,
             parallel=args.parallel or "mp", replicas=args.replicas, dp=args.dp or 1,
-            tp=args.tp, shard=shard_arg(args.shard, False),
+            tp=degree_arg(args.tp, False), shard=degree_arg(args.shard, False),
             search_layout=_layout_open(args),
             memory_policy=args.memory_policy, sp=args.sp, sp_join=args.sp_join,
             sp_grid=args.sp_grid, input_shape=args.input_shape, batch_size=batch,
@@ -176,8 +176,8 @@ def _run_quiet(args: argparse.Namespace) -> int:
         args.model or DEFAULT_MODEL, args.devices or (DEFAULT_DEVICES if default_job else 1),
         memory=args.memory or (DEFAULT_MEMORY if default_job else None),
         strategy=args.strategy, plan=args.plan, parallel=args.parallel or "mp",
-        replicas=args.replicas, dp=args.dp or 1, tp=args.tp,
-        shard=shard_arg(args.shard, False),
+        replicas=args.replicas, dp=args.dp or 1, tp=degree_arg(args.tp, False),
+        shard=degree_arg(args.shard, False),
         memory_policy=args.memory_policy,
         search_layout=_layout_open(args),
         sp=args.sp, sp_join=args.sp_join, sp_grid=args.sp_grid, input_shape=args.input_shape,
@@ -195,7 +195,7 @@ def _run_quiet(args: argparse.Namespace) -> int:
 def _layout_open(args: argparse.Namespace) -> bool:
     """No layout option given: the plan chooses dp and the GEMS mode."""
     return args.parallel is None and args.replicas is None and args.dp is None \
-        and args.plan is None and args.tp == 1 and args.sp == 1 and args.shard == 0
+        and args.plan is None and args.tp == 0 and args.sp == 1 and args.shard == 0
 
 
 def _task_leaves(args: argparse.Namespace) -> dict:

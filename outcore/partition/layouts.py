@@ -6,13 +6,15 @@ search does the same over its process mesh (:class:`~outcore.plan.layout.Layout`
 
 1. **Enumerate** (:func:`candidate_layouts`): every ``dp`` dividing the devices, every GEMS mode
    and replica count that fits the model-parallel devices (MP-Basic, MAST, MASTER with 4 and 8
-   replicas; Jain et al., SC 2020), every micro-batch count dividing one copy's batch, with
-   ``tp`` and ``sp`` taken from the request; with several data-parallel copies, plain copies
-   and copies that shard the parameter state (``depth``: every divisor of ``dp``, or the
-   request's). A fixed request field (``dp``, ``parallel``,
-   ``replicas``, a number of micro-batches) fixes that dimension.
-2. **Bound** each layout without placing anything: its time cannot beat
-   ``max(total work / devices, critical path of one micro-batch)``, and a device must hold at
+   replicas; Jain et al., SC 2020), every micro-batch count dividing one copy's batch, every
+   tensor-parallel degree of 1, 2, 4 and 8 that divides the devices and splits a layer
+   (Megatron-LM; with ``sp`` from the request, which does not compose with ``tp``); with
+   several data-parallel copies, plain copies and copies that shard the parameter state
+   (``depth``: every divisor of ``dp``, or the request's). A fixed request field (``dp``,
+   ``parallel``, ``replicas``, ``tp``, a number of micro-batches) fixes that dimension.
+2. **Bound** each layout without placing anything, on the graph costed as one tensor-parallel
+   rank sees it (:func:`outcore.cost.tensor.tensor_graph`): its time cannot beat
+   ``max(total work / device slots, critical path of one micro-batch)``, and a device must hold at
    least ``(state x parameters x replicas + one micro-batch's saved activations) / stages``
    (parameters only, when memory policies may drop activations).
 3. **Prune and evaluate** (:func:`search_layouts`): gradient accumulation before checkpointing —
@@ -112,43 +114,84 @@ def _modes(req: PlanRequest, stages: int) -> list[tuple[str, int]]:
     return out
 
 
-def candidate_layouts(g: Graph, req: PlanRequest) -> list[LayoutChoice]:
-    """Every layout the request allows, with bounds, in enumeration order (dp, mode, M).
+@dataclass(frozen=True)
+class _Totals:
+    """What the bounds of one tensor-parallel degree's layouts read off its costed graph (of
+    the global batch): one rank's work and critical path, parameter state, saved activations."""
 
-    This is the one place layouts are enumerated: a new dimension (tensor, spatial degree)
-    adds its values here. ``g`` holds the global batch when ``req.whole_batch``, else one
-    micro-batch (then the request's own layout is the only candidate).
+    work_s: float
+    path_s: float
+    params_bytes: float
+    saved_bytes: float
+
+
+def _totals(g: Graph, optimizer: str) -> _Totals:
+    return _Totals(work_s=float((g.fwd_s + g.bwd_s).sum()),
+                   path_s=critical_path(g, g.fwd_s + g.bwd_s)[0] if g.num_nodes else 0.0,
+                   params_bytes=float(g.param_bytes.sum()) * state_factor(optimizer),
+                   saved_bytes=float(g.saved_bytes.sum()))
+
+
+def tensor_degrees(g: Graph, req: PlanRequest) -> tuple[dict[int, _Totals], list[str]]:
+    """The tensor-parallel degrees the layouts of ``req`` may use, each with its totals: the
+    request's ``tp``, or (``tp=None``) 1, 2, 4 and 8 that divide the devices (none with
+    ``sp``); and a note for each degree no layer of ``g`` splits into."""
+    from outcore.partition.search import tensor_costed
+
+    if req.tp is not None:
+        options = [req.tp]
+    else:
+        options = [t for t in (1, 2, 4, 8) if req.devices % (t * req.sp) == 0
+                   and (t == 1 or req.sp == 1)]
+    totals: dict[int, _Totals] = {}
+    notes: list[str] = []
+    for t in options:
+        try:
+            totals[t] = _totals(tensor_costed(g, req.replace(tp=t)), req.optimizer)
+        except InfeasibleError as e:
+            if req.tp is not None:
+                raise
+            notes.append(str(e).split(" (")[0])  # "--tp N: no layer of ... can be split"
+    return totals, notes
+
+
+def candidate_layouts(g: Graph, req: PlanRequest,
+                      degrees: dict[int, _Totals] | None = None) -> list[LayoutChoice]:
+    """Every layout the request allows, with bounds, in enumeration order (tp, dp, mode, M):
+    plain layouts first, so that their plans prune the tensor-parallel ones by time.
+
+    This is the one place layouts are enumerated: a new dimension (spatial degree) adds its
+    values here. ``g`` holds the global batch when ``req.whole_batch``, else one micro-batch
+    (then the request's own layout is the only candidate). ``degrees``: the tensor-parallel
+    degrees and their totals (default: :func:`tensor_degrees`).
     """
     B = int(g.batch_size or 1)
-    work_s = float((g.fwd_s + g.bwd_s).sum())
-    path_s = critical_path(g, g.fwd_s + g.bwd_s)[0] if g.num_nodes else 0.0
-    factor = state_factor(req.optimizer)
-    params = float(g.param_bytes.sum()) * factor
-    saved = float(g.saved_bytes.sum())
+    if degrees is None:
+        degrees = tensor_degrees(g, req)[0]
     if not req.whole_batch:
         M = int(req.microbatches)
         copies = req.dp * (req.replica_options()[0] if req.parallel != "mp" else 1)
         return [_choice(req.dp, req.parallel, req.replica_options()[0], M, B, req,
-                        work_s * M * copies, path_s, params, saved, 1.0, req.depth or 1)]
-    tp_sp = req.tp * req.sp
+                        degrees[req.tp], 1.0, req.depth or 1, req.tp, work_scale=M * copies)]
     out: list[LayoutChoice] = []
-    for dp in (divisors(req.devices) if req.search_layout else [req.dp]):
-        if req.devices % (dp * tp_sp):
-            continue
-        stages = req.devices // (dp * tp_sp)
-        for mode, R in _modes(req, stages):
-            copies = dp * R
-            if B % copies:
+    for tp, totals in degrees.items():
+        for dp in (divisors(req.devices) if req.search_layout else [req.dp]):
+            if req.devices % (dp * tp * req.sp):
                 continue
-            per_copy = B // copies
-            counts = (divisors(per_copy, at_most=MAX_MICROBATCHES)
-                      if req.microbatches == "auto" else [int(req.microbatches)])
-            for M in counts:
-                if per_copy % M:
+            stages = req.devices // (dp * tp * req.sp)
+            for mode, R in _modes(req, stages):
+                copies = dp * R
+                if B % copies:
                     continue
-                for depth in _depths(req, dp, mode):
-                    out.append(_choice(dp, mode, R, M, per_copy // M, req, work_s, path_s,
-                                       params, saved, (per_copy // M) / B, depth))
+                per_copy = B // copies
+                counts = (divisors(per_copy, at_most=MAX_MICROBATCHES)
+                          if req.microbatches == "auto" else [int(req.microbatches)])
+                for M in counts:
+                    if per_copy % M:
+                        continue
+                    for depth in _depths(req, dp, mode):
+                        out.append(_choice(dp, mode, R, M, per_copy // M, req, totals,
+                                           (per_copy // M) / B, depth, tp))
     return out
 
 
@@ -161,22 +204,25 @@ def _depths(req: PlanRequest, dp: int, mode: str) -> list[int]:
 
 
 def _choice(dp: int, mode: str, R: int, M: int, samples: int, req: PlanRequest,
-            work_s: float, path_s: float, params: float, saved: float,
-            scale: float, depth: int = 1) -> LayoutChoice:
-    stages = max(req.devices // (dp * req.tp * req.sp), 1)
+            totals: _Totals, scale: float, depth: int, tp: int, *,
+            work_scale: float = 1.0) -> LayoutChoice:
+    """One layout with its bounds; ``totals`` are one tensor-parallel rank's (of ``tp``)."""
+    stages = max(req.devices // (dp * tp * req.sp), 1)
     R = R if mode != "mp" else 1
-    own = params * R / (stages * req.tp * req.sp * depth)
+    own = totals.params_bytes * R / (stages * req.sp * depth)
     return LayoutChoice(dp=dp, parallel=mode, replicas=R, microbatches=M, samples=samples,
-                        tp=req.tp, sp=req.sp, depth=depth,
-                        time_bound_s=max(work_s / req.devices, path_s * scale),
+                        tp=tp, sp=req.sp, depth=depth,
+                        time_bound_s=max(totals.work_s * work_scale * tp / req.devices,
+                                         totals.path_s * scale),
                         params_floor_bytes=own,
-                        memory_floor_bytes=own + saved * scale / (stages * req.tp * req.sp))
+                        memory_floor_bytes=own + totals.saved_bytes * scale / (stages * req.sp))
 
 
 def search_layouts(g: Graph, req: PlanRequest) -> Plan:
     """The fastest plan over every layout :func:`candidate_layouts` allows (see the module
     docstring for the passes and the pruning); ``plan.extra["candidates"]`` records them all."""
-    choices = candidate_layouts(g, req)
+    degrees, tp_notes = tensor_degrees(g, req)
+    choices = candidate_layouts(g, req, degrees)
     if not choices:
         raise UsageError(f"the batch of {g.batch_size} samples does not split over any layout "
                          f"of {req.devices} devices: make the batch a multiple of the devices, "
@@ -210,7 +256,7 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
                   for r in records)
     note = (f"layout search: {len(records)} layouts considered, {fitting} fit; chose "
             f"{chosen['layout']} (memory policy {chosen['memory_policy']})")
-    return plan.replace(extra={**plan.extra, "candidates": records}).with_notes(note)
+    return plan.replace(extra={**plan.extra, "candidates": records}).with_notes(*tp_notes, note)
 
 
 def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy: str,
@@ -218,7 +264,7 @@ def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy:
                   errors: list[InfeasibleError]) -> None:
     """Plan one mesh's micro-batch counts, fewest first; after the first that fits, at most
     :data:`EXTRA_MICROBATCH_STEPS` more (none on one stage: nothing to fill)."""
-    from outcore.partition.search import _search, fits
+    from outcore.partition.search import _search, fits, tensor_costed
 
     extra_left: int | None = None
     for c in group:
@@ -238,7 +284,8 @@ def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy:
                 continue
             extra_left -= 1
         try:
-            p = _search(at_microbatch(g, c.samples), c.request(req, policy))
+            creq = c.request(req, policy)
+            p = _search(tensor_costed(at_microbatch(g, c.samples), creq), creq)
         except InfeasibleError as e:
             errors.append(e)
             rec["outcome"] = f"no plan: {str(e).split(';')[0]}"
@@ -285,13 +332,14 @@ def _fill(rec: dict[str, Any], p: Plan) -> None:
                placements=p.extra.get("placements", []))
 
 
-def _key(p: Plan, c: LayoutChoice) -> tuple[float, int, int, int]:
-    return (float(p.predicted["iteration_s"]), c.microbatches, c.dp, c.depth)
+def _key(p: Plan, c: LayoutChoice) -> tuple[float, int, int, int, int]:
+    return (float(p.predicted["iteration_s"]), c.microbatches, c.dp, c.depth, c.tp)
 
 
-def _better(a: tuple[float, int, int, int], b: tuple[float, int, int, int]) -> bool:
+def _better(a: tuple[float, int, int, int, int], b: tuple[float, int, int, int, int]) -> bool:
     """``a`` beats ``b``: clearly faster, or a tie (within :data:`TIE`) with fewer
-    micro-batches, then less data parallelism, then less sharding."""
+    micro-batches, then less data parallelism, then less sharding, then less tensor
+    parallelism."""
     if a[0] < b[0] * (1 - TIE):
         return True
     if b[0] < a[0] * (1 - TIE):
@@ -303,4 +351,4 @@ def _why_lost(rec: dict[str, Any], best: Plan) -> str:
     t, bt = rec["iteration_s"], float(best.predicted["iteration_s"])
     if t > bt * (1 + TIE):
         return f"slower ({t / bt:.2f}x)"
-    return "tie: more micro-batches, data parallelism or sharding"
+    return "tie: more micro-batches, data parallelism, sharding or tensor parallelism"

@@ -44,11 +44,11 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
     if req.sp > 1:  # MPI4DL SP + LP: tiled prefix, then the ordinary search on the rest
         from outcore.partition.spatial import plan_spatial
         return plan_spatial(g, req, lambda graph, r: search(graph, r, check_suggestions=False))
-    if req.tp is None:
+    # the layout search enumerates tp and depth itself
+    if req.tp is None and not req.search_layout:
         return _search_degrees(g, req, "tp", req.tp_options(), check_suggestions)
-    if req.depth is None and not req.search_layout:  # the layout search enumerates it
+    if req.depth is None and not req.search_layout:
         return _search_degrees(g, req, "depth", req.depth_options(), check_suggestions)
-    g = tensor_costed(g, req)
     try:
         return _dispatch(g, req)
     except InfeasibleError as e:
@@ -96,11 +96,12 @@ def _search_degrees(g: Graph, req: PlanRequest, field: str, options: list[int],
 
 def _dispatch(g: Graph, req: PlanRequest) -> Plan:
     """The layout search when the request leaves the layout or the micro-batches open
-    (:func:`outcore.partition.layouts.search_layouts`), else the placement search."""
+    (:func:`outcore.partition.layouts.search_layouts`, which costs each layout's tensor split
+    at its micro-batch), else the placement search on ``g`` costed for the request's ``tp``."""
     if req.whole_batch:
         from outcore.partition.layouts import search_layouts
         return search_layouts(g, req)
-    return _search(g, req)
+    return _search(tensor_costed(g, req), req)
 
 
 def _search(g: Graph, req: PlanRequest) -> Plan:
@@ -173,7 +174,7 @@ def _fewest_devices(g: Graph, req: PlanRequest, estimate: int | None,
     for k in range(max(estimate, req.model_parallel_devices + 1), 2 * estimate + 3):
         if time.monotonic() > deadline:
             return None
-        devices = k * req.dp * req.tp
+        devices = k * req.dp * (req.tp or 1)
         if _fits_request(g, req.replace(devices=devices,
                                         cluster=_grown(req.cluster, devices))):
             return devices

@@ -154,7 +154,7 @@ class Layout:
 
     def describe(self) -> str:
         parts = [] if self.mode == "mp" else [f"{self.mode} x{self.replicas} replicas"]
-        parts += [f"{k} {v}" for k, v in (("dp", self.dp), ("depth", self.depth),
+        parts += [f"{k} {v}" for k, v in (("dp", self.dp), ("shard", self.depth),
                                           ("tp", self.tp), ("sp", self.sp)) if v > 1]
         return ", ".join(parts)
 

@@ -64,3 +64,34 @@ def test_tp_plans_models_captured_through_torch_export():
     q_proj = [i for i in range(g.num_nodes) if g.op_of(i) == "param"
               and g.module_of(i) == "model.layers.0.self_attn.q_proj"]
     assert q_proj and all(tg.param_bytes[i] * 2 == g.param_bytes[i] for i in q_proj)
+
+
+def test_the_layout_search_chooses_tp_where_nothing_else_fits(lm):
+    """With the layout open (and --tp not given), the layout search enumerates tensor-parallel
+    degrees beside dp, GEMS modes and micro-batches: the big embedding only fits split."""
+    p = outcore.plan(lm, 4, "14MiB", tp=None, microbatches="auto", search_layout=True)
+    assert p.layout.tp in (2, 4) and max(p.predicted["peak_bytes"]) <= 14 * 2**20
+    tps = {r["tp"] for r in p.extra["candidates"]}
+    assert tps == {1, 2, 4}
+    # tp 1 layouts were planned and refused (the layer alone does not fit), not skipped
+    plain = [r for r in p.extra["candidates"] if r["tp"] == 1]
+    assert plain and all(r["outcome"] != "chosen" for r in plain)
+    assert any("alone needs" in r["outcome"] or "memory floor" in r["outcome"]
+               for r in plain)
+    chosen = [r for r in p.extra["candidates"] if r["outcome"] == "chosen"]
+    assert chosen[0]["tp"] == p.layout.tp
+
+
+def test_the_layout_search_keeps_the_given_tp(lm):
+    p = outcore.plan(lm, 4, "14MiB", tp=2, microbatches="auto", search_layout=True)
+    assert p.layout.tp == 2 and {r["tp"] for r in p.extra["candidates"]} == {2}
+
+
+def test_the_layout_search_notes_degrees_no_layer_splits_into():
+    """A graph with no Linear / Embedding: tp > 1 is not a layout of it; the search says so in
+    its notes and plans the plain layouts."""
+    from outcore.graph.generators import make
+    g = make("rnn", 200, seed=1).replace(batch_size=8)
+    p = outcore.plan(g, 4, None, tp=None, microbatches="auto", search_layout=True)
+    assert p.layout.tp == 1 and {r["tp"] for r in p.extra["candidates"]} == {1}
+    assert any(n.startswith("--tp 2: no layer") for n in p.notes)
