@@ -48,3 +48,19 @@ def test_rows_put_the_chosen_first_and_name_the_runner_up():
     plain = outcore.plan(g, outcore.plan_request(2, None))
     own = rows(plain)
     assert own[0]["chosen"] and {r["strategy"] for r in own} >= {"contiguous"}
+
+
+def test_plan_layout_auto_searches_tp_unless_given(tmp_path):
+    """``--layout auto`` alone also searches the tensor-parallel degree (a transformer's
+    Linear pairs split); ``--tp 1`` with it keeps the degree fixed."""
+    model = "outcore:transformer:layers=2,d_model=64,heads=4,seq=16,vocab=256"
+    tps = {}
+    for extra in ([], ["--tp", "1"]):
+        out = tmp_path / f"p{len(extra)}.json"
+        r = subprocess.run(OUTCORE + ["plan", model, "--devices", "2", "--layout", "auto",
+                                      "--estimate", "cpu", "-o", str(out), *extra],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(out.read_text())
+        tps[len(extra)] = {c["tp"] for c in doc["extra"]["candidates"]}
+    assert tps == {0: {1, 2}, 2: {1}}

@@ -41,3 +41,19 @@ def test_train_without_layout_options_lets_the_plan_choose(tmp_path):
     assert sum(r["outcome"] == "chosen" for r in cands) == 1
     assert {(r["dp"], r["parallel"]) for r in cands} >= {(1, "mp"), (2, "mp"), (1, "mast")}
     assert report.config.microbatches == report.plan.microbatches
+
+
+def test_train_without_layout_options_chooses_tp_where_only_it_fits(tmp_path):
+    """An LM whose embedding alone exceeds the limit: the layout search of ``outcore train``
+    (no layout option) plans it at tp 2 and the run trains it so, losses equal to one
+    process's (same seed and batches)."""
+    lm = "outcore:transformer:vocab=8192,d_model=64,layers=1,heads=4,seq=8"
+    report = outcore.train(lm, 2, memory="6MiB", costs="estimate:cpu", steps=2, batch_size=4,
+                           search_layout=True, optimizer="sgd", lr=0.1,
+                           run_dir=str(tmp_path / "tp"), trace=False)
+    assert report.plan.layout.tp == 2
+    assert {r["tp"] for r in report.plan.extra["candidates"]} == {1, 2}
+    one = outcore.train(lm, 1, costs="estimate:cpu", steps=2, batch_size=4, optimizer="sgd",
+                        lr=0.1, microbatches=report.plan.microbatches,
+                        run_dir=str(tmp_path / "one"), trace=False)
+    assert report.losses == pytest.approx(one.losses, rel=1e-5)
