@@ -125,11 +125,11 @@ def _train(cfg: TrainConfig, gdoc: dict, pdoc: dict) -> list[float]:
 def train_all(ctx, jobs: list[tuple[str, dict, dict]]) -> dict[str, object]:
     """Worker: train every model in turn on this rank; a model's failure is returned as text."""
     out: dict[str, object] = {}
-    for model, gdoc, pdoc in jobs:
+    for run, gdoc, pdoc in jobs:
         try:
-            out[model] = _train(_cfg(model), gdoc, pdoc)
-        except Exception as e:  # report per model, keep going
-            out[model] = f"{type(e).__name__}: {str(e)[:300]}"
+            out[run] = _train(_cfg(run.removesuffix(TP)), gdoc, pdoc)
+        except Exception as e:  # report per run, keep going
+            out[run] = f"{type(e).__name__}: {str(e)[:300]}"
     return out
 
 
