@@ -15,6 +15,14 @@ dataflow alone, never from module names:
 * **columns**: every split-candidate ``Linear`` feeding the region (q, k and v; a GLU's gate and
   up projections); **rows**: every ``Linear`` the region feeds. Nothing else may consume the region.
 
+A **fused** projection (one Linear computing q, k and v, or GPT-2's ``Conv1D`` ``c_attn``) feeds
+the region through a split of its output into ``k`` equal chunks (``split`` / ``chunk`` along the
+features, or a reshape to ``[..., k, heads, head_dim]``): each rank must hold its share of every
+chunk, not one contiguous ``1/tp`` of the rows. Such a pair records ``chunks`` and is split only
+where the caller shards rows chunk by chunk (``fused=True``: the exported-graph split of
+:mod:`outcore.tensor.graph_split`); elsewhere it is not paired. GPT-2's ``Conv1D`` (an ``addmm``
+with an ``[in, out]`` weight) is a Linear here, its weight's dimensions swapped.
+
 Linears that do not pair are split alone (column split with an all-gather of the output, or row
 split of a replicated input with an all-reduce) or left whole when their parameters are smaller
 than a threshold; ``Embedding`` tables are split by vocabulary rows (all-reduce of the lookup).
@@ -30,8 +38,8 @@ from typing import Any
 
 from outcore.graph.ir import Graph
 
-__all__ = ["Pair", "Split", "TensorLayout", "find_layout", "HEAD_OPS", "ELEMENTWISE_OPS",
-           "DEFAULT_MIN_SPLIT_BYTES"]
+__all__ = ["Pair", "Split", "TensorLayout", "find_layout", "chunks_of", "is_conv1d", "out_features", "HEAD_OPS",
+           "ELEMENTWISE_OPS", "DEFAULT_MIN_SPLIT_BYTES"]
 
 # Layers (pairs: their Linears together) under this many parameter bytes stay whole by default:
 # their collectives would cost more than splitting them saves.
@@ -52,7 +60,7 @@ HEAD_OPS = frozenset({"matmul", "bmm", "baddbmm", "softmax", "_softmax", "log_so
                       "_scaled_dot_product_efficient_attention",
                       "_scaled_dot_product_flash_attention_for_cpu", "slice", "getitem", "cat",
                       "split", "chunk", "select", "narrow", "split_with_sizes",
-                      "repeat_interleave"})
+                      "repeat_interleave", "unbind"})
 _CONST_OPS = frozenset({"param", "constant", "get_attr", "scalar_tensor", "full", "ones",
                         "zeros", "arange", "sym_size", "size"})
 
@@ -68,6 +76,8 @@ class Pair:
         param_bytes: parameters of all its Linears, bytes (before splitting).
         out_bytes: bytes of the rows' outputs (the forward all-reduce).
         in_bytes: bytes of the columns' (replicated) input (the backward all-reduce).
+        chunks: per column (in ``columns``' order), how many equal chunks its output is split
+            into before the heads (1: not fused; 3: a fused q/k/v projection).
     """
 
     columns: tuple[str, ...]
@@ -77,6 +87,7 @@ class Pair:
     param_bytes: int
     out_bytes: int
     in_bytes: int
+    chunks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,7 +129,9 @@ class TensorLayout:
     def summary(self) -> str:
         """One line per pair and per split: what is split and how (for plan notes and logs)."""
         lines = [f"pair {i}: {', '.join(p.columns)} -> {', '.join(p.rows)}"
-                 + (f" ({p.heads} heads)" if p.heads else "") for i, p in enumerate(self.pairs)]
+                 + (f" ({p.heads} heads)" if p.heads else "")
+                 + (f" (fused: {max(p.chunks)} chunks)" if max(p.chunks, default=1) > 1 else "")
+                 for i, p in enumerate(self.pairs)]
         lines += [f"{s.module}: {s.style}" + (f" ({s.reason})" if s.reason else "")
                   for s in self.splits if s.pair is None]
         return "\n".join(lines)
@@ -131,10 +144,21 @@ def _module_type(g: Graph, i: int) -> str:
     return str(g.meta.get("module_types", {}).get(g.module_of(i), ""))
 
 
+# (op, module type) of the calls that are Linears: ``nn.Linear``, and Hugging Face's ``Conv1D``
+# (GPT-2: ``addmm(bias, x, weight)`` with an ``[in, out]`` weight) in an exported graph
+_LINEARS = {("linear", "Linear"), ("addmm", "Conv1D")}
+
+
 def _candidate(g: Graph, i: int, kind: str) -> bool:
-    """Node ``i`` is a call of a real ``nn.Linear`` / ``nn.Embedding`` module."""
-    return g.op_of(i) == kind and _module_type(g, i) == {"linear": "Linear",
-                                                          "embedding": "Embedding"}[kind]
+    """Node ``i`` is a call of a real ``nn.Linear`` (or ``Conv1D``) / ``nn.Embedding`` module."""
+    if kind == "linear":
+        return (g.op_of(i), _module_type(g, i)) in _LINEARS
+    return g.op_of(i) == kind and _module_type(g, i) == "Embedding"
+
+
+def is_conv1d(g: Graph, i: int) -> bool:
+    """Node ``i`` calls a ``Conv1D`` (its weight is ``[in, out]``)."""
+    return _module_type(g, i) == "Conv1D"
 
 
 def _shape(g: Graph, i: int) -> list[int] | None:
@@ -152,12 +176,21 @@ _WEIGHT_DIMS = {"out_features": 0, "in_features": 1, "num_embeddings": 0, "embed
 def _config(g: Graph, i: int, key: str) -> int | None:
     """A layer hyperparameter of node ``i``: its module's (torch.fx captures), else read off
     its weight's shape (a ``torch.export`` graph calls ``aten.linear`` / ``aten.embedding`` on
-    ``param`` nodes: the weight is the 2-D one, ``[out, in]`` / ``[rows, dim]``)."""
+    ``param`` nodes: the weight is the 2-D one, ``[out, in]`` / ``[rows, dim]``; a ``Conv1D``'s
+    is ``[in, out]``)."""
     value = (g.attr(i, "config") or {}).get(key)
     if isinstance(value, int):
         return value
     weight = _weight_shape(g, i)
-    return weight[_WEIGHT_DIMS[key]] if weight is not None and key in _WEIGHT_DIMS else None
+    if weight is None or key not in _WEIGHT_DIMS:
+        return None
+    dim = _WEIGHT_DIMS[key]
+    return weight[1 - dim] if is_conv1d(g, i) else weight[dim]
+
+
+def out_features(g: Graph, i: int) -> int | None:
+    """Output features of the Linear (or ``Conv1D``) node ``i`` calls."""
+    return _config(g, i, "out_features")
 
 
 def _param_preds(g: Graph, i: int) -> list[int]:
@@ -271,10 +304,60 @@ def _walk(g: Graph, start: int, used: set[int], tp: int) -> _Walk:
     return w
 
 
+def _fused_head_view(g: Graph, i: int, width: int, chunks: int, tp: int) -> int | None:
+    """Heads ``H`` if node ``i`` reshapes a fused ``[..., width]`` projection into
+    ``[..., chunks, H, width / (chunks H)]`` with ``H`` a multiple of ``tp``."""
+    if chunks <= 1 or g.op_of(i) not in ("view", "reshape", "_unsafe_view", "unflatten"):
+        return None
+    out, ins = _shape(g, i), g.attr(i, "in_shapes") or []
+    if out is None or not ins or not ins[0] or ins[0][-1] != width or len(out) < 3 or \
+            len(out) != len(ins[0]) + 2 or out[-3] != chunks:
+        return None
+    heads, dim = out[-2], out[-1]
+    return heads if chunks * heads * dim == width and heads % tp == 0 and dim > 1 else None
+
+
+_CHUNK_OPS = frozenset({"split", "split_with_sizes", "chunk"})
+
+
+def chunks_of(g: Graph, c: int) -> int:
+    """Into how many equal chunks Linear ``c``'s output is cut along its features before any
+    other use (1: none): a ``split`` / ``chunk`` into equal parts (GPT-2's
+    ``c_attn(x).split(width, 2)``), or a reshape to ``[..., k, heads, head_dim]`` (a fused
+    q/k/v projection reshaped at once), reached through reshapes that keep the features."""
+    width = _config(g, c, "out_features")
+    todo, seen = [int(s) for s in g.successors(c)], set()
+    while width and todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        op, shape = g.op_of(v), g.attr(v, "shape")
+        if op in _CHUNK_OPS:
+            parts = shape if isinstance(shape, list) and len(shape) > 1 and \
+                all(isinstance(x, list) and x for x in shape) else []
+            return len(parts) if parts and all(x[-1] * len(parts) == width for x in parts) else 1
+        out = _shape(g, v)
+        if op not in SHAPE_OPS or not out:
+            continue
+        if len(out) >= 3 and out[-3] > 1 and out[-3] * out[-2] * out[-1] == width and \
+                _fused_head_view(g, v, width, out[-3], 1):
+            return out[-3]
+        if out[-1] == width:
+            todo.extend(int(s) for s in g.successors(v))
+    return 1
+
+
 def _heads(g: Graph, w: _Walk, tp: int) -> int | None:
-    widths = {_config(g, c, "out_features") for c in w.columns}
-    found = [h for v in sorted(w.region) for width in widths if width
-             for h in [_head_view(g, v, width, tp)] if h]
+    found = []
+    for c in w.columns:
+        width, k = _config(g, c, "out_features"), chunks_of(g, c)
+        if not width:
+            continue
+        for v in sorted(w.region):
+            h = _head_view(g, v, width // k, tp) or _fused_head_view(g, v, width, k, tp)
+            if h:
+                found.append(h)
     return min(found) if found else None
 
 
@@ -298,7 +381,7 @@ def _pair_ok(g: Graph, w: _Walk, tp: int) -> str:
 
 
 def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
-                min_pair_bytes: int | None = None) -> TensorLayout:
+                min_pair_bytes: int | None = None, fused: bool | None = None) -> TensorLayout:
     """The tensor-parallel layout of ``g`` over ``tp`` ranks.
 
     Args:
@@ -308,7 +391,12 @@ def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_B
             (default: ``min_split_bytes``).
         min_split_bytes: Linears (pairs: all their Linears together) and Embeddings with
             fewer parameter bytes stay whole: their collectives would cost more than they save.
+        fused: pair fused projections (their rows sharded chunk by chunk; see the module
+            docstring); default: when ``g`` was captured through ``torch.export``, whose
+            graph split does that.
     """
+    if fused is None:
+        fused = (g.meta.get("capture") or {}).get("path") == "export"
     linears = [i for i in range(g.num_nodes) if _candidate(g, i, "linear")]
     embeds = [i for i in range(g.num_nodes) if _candidate(g, i, "embedding")]
     calls: dict[str, int] = {}
@@ -327,12 +415,15 @@ def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_B
         pb = sum(_param_bytes(g, j) for j in w.columns | w.rows)
         if pb < (min_split_bytes if min_pair_bytes is None else min_pair_bytes):
             continue
+        chunks = tuple(chunks_of(g, c) for c in sorted(w.columns))
+        if max(chunks) > 1 and not fused:
+            continue  # its fused projection is split alone below (output gathered)
         k = len(pairs)
         pairs.append(Pair(columns=tuple(g.module_of(c) for c in sorted(w.columns)),
                           rows=tuple(g.module_of(r) for r in sorted(w.rows)),
                           region=tuple(sorted(w.region)), heads=_heads(g, w, tp),
                           param_bytes=pb, out_bytes=int(sum(g.out_bytes[r] for r in w.rows)),
-                          in_bytes=max(_in_bytes(g, c) for c in w.columns)))
+                          in_bytes=max(_in_bytes(g, c) for c in w.columns), chunks=chunks))
         for j, style in [(c, "colwise") for c in w.columns] + [(r, "rowwise") for r in w.rows]:
             splits.append(_split(g, j, "linear", style, pair=k))
         used |= w.columns | w.rows

@@ -39,18 +39,50 @@ _DONE = ckpt_trust.DONE
 def _flatten(trainer: Any, step: int) -> dict[str, Any]:
     """This rank's state under rank-independent names."""
     state = trainer.state_dict()
-    flat: dict[str, Any] = {f"model.{k}": v for k, v in state["model"].items()}
+    flat: dict[str, Any] = {f"model.{k}": _contiguous(v) for k, v in state["model"].items()}
     flat.update({f"buffer.{k}": v for k, v in state["buffers"].items()})
     if "optim" in state:
         for name, st in state["optim"]["state"].items():
             for key, value in st.items():
-                flat[f"optim.{name}.{key}"] = value
+                flat[f"optim.{name}.{key}"] = _contiguous(value)
         flat["optim.hparams"] = [{k: v for k, v in g.items() if k != "params"}
                                  for g in state["optim"]["param_groups"]]
     if "lr_scheduler" in state:
         flat["lr_scheduler"] = state["lr_scheduler"]
     flat["step"] = torch.tensor(step)
     return flat
+
+
+def _strided(t: Any) -> bool:
+    """``t`` is a DTensor sharded chunk by chunk (a fused q/k/v projection's, see
+    :mod:`outcore.tensor.graph_split`)."""
+    return any(type(p).__name__ == "_StridedShard" for p in getattr(t, "placements", ()))
+
+
+def _contiguous(t: Any) -> Any:
+    """``t`` with chunk-by-chunk shards re-cut into contiguous ones (a collective): DCP
+    records each shard as one contiguous block of the whole tensor."""
+    if not _strided(t):
+        return t
+    from torch.distributed.tensor import DTensor, Shard
+    mesh, dims = t.device_mesh, [p.dim for p in t.placements]
+    whole = t.full_tensor()
+    return DTensor.from_local(whole.chunk(mesh.size(), dim=dims[0])[mesh.get_local_rank()].clone(),
+                              mesh, [Shard(d) for d in dims], run_check=False)
+
+
+def _placed_like(target: Any, value: Any) -> Any:
+    """``value`` (loaded, contiguous shards) in ``target``'s placement (chunk-by-chunk
+    shards are gathered and re-cut; a collective)."""
+    if not _strided(target):
+        return value
+    from torch.distributed.tensor import DTensor
+
+    from outcore.tensor.graph_split import chunkwise_shard
+    mesh, (place,) = target.device_mesh, target.placements
+    local = chunkwise_shard(value.full_tensor(), place.dim, place.split_factor, mesh.size(),
+                            mesh.get_local_rank())
+    return DTensor.from_local(local.clone(), mesh, target.placements, run_check=False)
 
 
 def _explain(e: CheckpointException | Exception) -> str:
@@ -143,7 +175,8 @@ def load(trainer: Any, path: str | os.PathLike) -> int:
     except (CheckpointException, Exception) as e:  # CheckpointException is a BaseException
         raise CheckpointError(f"cannot resume from {path}: {_explain(e)} (was it written for "
                               "this model?)") from None
-    trainer.load_parameters({k: flat[f"model.{k}"] for k in trainer.named_params})
+    trainer.load_parameters({k: _placed_like(p, flat[f"model.{k}"])
+                             for k, p in trainer.named_params.items()})
     with torch.no_grad():
         for k, b in trainer.gm.named_buffers():
             if f"buffer.{k}" in flat and b.device.type != "meta":
@@ -169,7 +202,7 @@ def _load_optimizer(trainer: Any, flat: dict[str, Any]) -> None:
             for key in list(st):
                 value = flat[f"optim.{index[id(p)]}.{key}"]
                 if isinstance(st[key], torch.Tensor):
-                    st[key].copy_(value)
+                    st[key].copy_(_placed_like(st[key], value))
                 else:
                     st[key] = value
     for group, saved in zip(trainer.optimizer.param_groups, flat["optim.hparams"]):

@@ -18,8 +18,13 @@ node for node (the node names, and so the plan's pieces, stay the same):
   forward, all-reduce of the gradient backward) at a column-split layer's input, ``g``
   (all-reduce forward, identity backward) at a row-split layer's output, an all-gather for a
   layer split alone;
-* constant sizes of reshapes inside a pair that carry the head count or the split width are
-  divided by ``tp`` (HF code mostly reshapes with ``-1``, which needs nothing).
+* a fused q/k/v projection (one Linear cut into equal chunks, :func:`outcore.graph.tensor_pairs.
+  chunks_of`) is sharded chunk by chunk: each rank holds its heads of every chunk
+  (``_StridedShard``); Hugging Face's ``Conv1D`` (``addmm`` with an ``[in, out]`` weight) is
+  split like a Linear with its weight's dimensions swapped;
+* constant sizes inside a pair that carry the split are divided by ``tp``: a reshape's last size
+  equal to a split (or chunk) width, the size before it equal to the head count, a ``split``'s
+  chunk size (HF code mostly reshapes with ``-1``, which needs nothing).
 """
 
 from __future__ import annotations
@@ -34,12 +39,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from outcore.errors import UsageError
-from outcore.graph.tensor_pairs import TensorLayout
+from outcore.graph.tensor_pairs import TensorLayout, is_conv1d, out_features
 
 log = logging.getLogger(__name__)
 
 __all__ = ["split_graph", "tp_colwise_linear", "tp_rowwise_linear", "tp_colwise_gather_linear",
-           "tp_rowwise_alone_linear", "tp_vocab_embedding", "tp_embed_dim_embedding"]
+           "tp_rowwise_alone_linear", "tp_vocab_embedding", "tp_embed_dim_embedding",
+           "tp_colwise_conv1d", "tp_rowwise_conv1d", "tp_colwise_gather_conv1d",
+           "tp_rowwise_alone_conv1d", "chunkwise_shard"]
 
 _SHAPE_TARGETS = ("view", "reshape", "_unsafe_view", "expand")
 
@@ -162,11 +169,39 @@ def tp_embed_dim_embedding(w: torch.Tensor, ids: torch.Tensor, padding_idx: int 
     return _GatherFromTP.apply(out, _group(w))
 
 
+# Hugging Face's Conv1D (GPT-2): aten.addmm(bias, input, weight) with an [in, out] weight
+
+
+def tp_colwise_conv1d(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Column-split ``Conv1D`` of a pair (weight split by its columns, the outputs)."""
+    return torch.addmm(_local(b), _CopyToTP.apply(x, _group(w)), _local(w))
+
+
+def tp_rowwise_conv1d(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Row-split ``Conv1D`` of a pair (weight split by its rows, the inputs): bias once."""
+    return _ReduceFromTP.apply(x @ _local(w), _group(w)) + _local(b)
+
+
+def tp_colwise_gather_conv1d(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A ``Conv1D`` split alone by its outputs: the output all-gathered."""
+    return _GatherFromTP.apply(tp_colwise_conv1d(b, x, w), _group(w))
+
+
+def tp_rowwise_alone_conv1d(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A ``Conv1D`` split alone by its inputs: the replicated input sliced to this rank's."""
+    width = _local(w).shape[0]
+    lo = w.device_mesh.get_local_rank() * width
+    return tp_rowwise_conv1d(b, _CopyToTP.apply(x, _group(w))[..., lo:lo + width], w)
+
+
 # style -> (target, weight shard dim, bias shard dim or None)
 _STYLES = {"colwise": (tp_colwise_linear, 0, 0), "rowwise": (tp_rowwise_linear, 1, None),
            "colwise_gather": (tp_colwise_gather_linear, 0, 0),
            "rowwise_alone": (tp_rowwise_alone_linear, 1, None),
            "vocab": (tp_vocab_embedding, 0, None), "embed_dim": (tp_embed_dim_embedding, 1, None)}
+_CONV1D_STYLES = {"colwise": (tp_colwise_conv1d, 1, 0), "rowwise": (tp_rowwise_conv1d, 0, None),
+                  "colwise_gather": (tp_colwise_gather_conv1d, 1, 0),
+                  "rowwise_alone": (tp_rowwise_alone_conv1d, 0, None)}
 
 
 # ------------------------------------------------------------------------------ the pass
@@ -176,33 +211,57 @@ def split_graph(gm: fx.GraphModule, graph: Any, layout: TensorLayout, mesh: Any)
     """Rewrite ``gm`` (the exported trace whose node names are ``graph``'s) in place so that
     this rank runs its shard of ``layout`` over the 1-D ``mesh`` (see the module docstring)."""
     nodes = {n.name: n for n in gm.graph.nodes}
-    sharded: dict[str, int] = {}
+    sharded: dict[str, tuple[int, int]] = {}
     for s in layout.splits:
         if s.style == "whole":
             continue
         n = nodes[graph.name_of(s.node)]
-        target, w_dim, b_dim = _STYLES[s.style]
-        weight_at = 0 if s.kind == "embedding" else 1
-        _shard_param(gm, n.args[weight_at], w_dim, mesh, sharded, s.module)
-        if s.kind == "linear" and b_dim is not None and len(n.args) > 2 and n.args[2] is not None:
-            _shard_param(gm, n.args[2], b_dim, mesh, sharded, s.module)
+        conv1d = is_conv1d(graph, s.node)
+        target, w_dim, b_dim = (_CONV1D_STYLES if conv1d else _STYLES)[s.style]
+        weight_at, bias_at = (2, 0) if conv1d else (0 if s.kind == "embedding" else 1, 2)
+        chunks = _chunks(layout, s)
+        _shard_param(gm, n.args[weight_at], w_dim, mesh, sharded, s.module, chunks)
+        if s.kind == "linear" and b_dim is not None and len(n.args) > bias_at and \
+                n.args[bias_at] is not None:
+            _shard_param(gm, n.args[bias_at], b_dim, mesh, sharded, s.module, chunks)
         n.target = target
     for pair in layout.pairs:
         _local_sizes(gm, graph, pair, nodes, layout.tp)
     gm.recompile()
 
 
-def _shard_param(gm: fx.GraphModule, node: Any, dim: int, mesh: Any, sharded: dict[str, int],
-                 module: str) -> None:
-    """Replace the parameter ``node`` reads by this rank's shard along ``dim`` (a DTensor)."""
+def chunkwise_shard(whole: torch.Tensor, dim: int, chunks: int, size: int,
+                    rank: int) -> torch.Tensor:
+    """Shard ``rank`` of ``size`` of ``whole`` along ``dim`` when ``dim`` holds ``chunks`` equal
+    parts: the rank's ``1/size`` of each part, in order (a view; ``chunks = 1``: a plain
+    contiguous shard)."""
+    parts = whole.unflatten(dim, (chunks, -1))
+    return parts.chunk(size, dim=dim + 1)[rank].flatten(dim, dim + 1)
+
+
+def _chunks(layout: TensorLayout, s: Any) -> int:
+    """Equal chunks of split ``s``'s output features (a fused projection's), else 1."""
+    if s.pair is None or s.style != "colwise":
+        return 1
+    pair = layout.pairs[s.pair]
+    return pair.chunks[pair.columns.index(s.module)] if pair.chunks else 1
+
+
+def _shard_param(gm: fx.GraphModule, node: Any, dim: int, mesh: Any,
+                 sharded: dict[str, tuple[int, int]], module: str, chunks: int = 1) -> None:
+    """Replace the parameter ``node`` reads by this rank's shard along ``dim`` (a DTensor).
+    With ``chunks > 1`` (a fused projection) the rank holds its ``1/tp`` of each of the
+    ``chunks`` equal parts of ``dim``, in order (DTensor's ``_StridedShard``, which gathers
+    them back into place)."""
     from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
 
     if not isinstance(node, fx.Node) or node.op != "get_attr":
         raise UsageError(f"cannot split {module}: its weight is computed in the graph, not read "
                          "as a parameter; keep it whole (raise the split threshold) or use --tp 1")
     target = str(node.target)
     if target in sharded:  # a tied weight read by two split calls: one shard for both
-        if sharded[target] != dim:
+        if sharded[target] != (dim, chunks):
             raise UsageError(f"{target} is shared by layers split along different dimensions; "
                              "untie them or use --tp 1")
         return
@@ -210,46 +269,60 @@ def _shard_param(gm: fx.GraphModule, node: Any, dim: int, mesh: Any, sharded: di
     mod = gm.get_submodule(owner) if owner else gm
     whole = getattr(mod, attr)
     size = mesh.size()
-    if whole.shape[dim] % size:
+    if whole.shape[dim] % (size * chunks):
         raise UsageError(f"{target} has {whole.shape[dim]} rows along dimension {dim}, not a "
-                         f"multiple of tp={size}")
-    chunk = whole.detach().chunk(size, dim=dim)[mesh.get_local_rank()].clone()
-    shard = nn.Parameter(DTensor.from_local(chunk, mesh, [Shard(dim)], run_check=False),
+                         f"multiple of tp={size}" + (f" x {chunks} chunks" if chunks > 1 else ""))
+    chunk = chunkwise_shard(whole.detach(), dim, chunks, size, mesh.get_local_rank()).clone()
+    place = _StridedShard(dim, split_factor=chunks) if chunks > 1 else Shard(dim)
+    shard = nn.Parameter(DTensor.from_local(chunk, mesh, [place], run_check=False),
                          requires_grad=whole.requires_grad)
     if attr in mod._parameters:
         mod._parameters[attr] = shard
     else:
         setattr(mod, attr, shard)
-    sharded[target] = dim
+    sharded[target] = (dim, chunks)
 
 
 def _local_sizes(gm: fx.GraphModule, graph: Any, pair: Any, nodes: dict[str, fx.Node],
                  tp: int) -> None:
-    """Inside a pair, a reshape to a constant head count or split width gets the local one."""
-    # (a DTensor's shape is the whole tensor's)
-    widths = {int(gm.get_parameter(str(_weight_node(nodes, graph, c).target)).shape[0])
-              for c in _column_nodes(graph, pair)}
-    values = set(widths)
-    if pair.heads:
-        head_dim = max(widths) // pair.heads
-        values |= {w // head_dim for w in widths}
+    """Inside a pair, constant sizes that carry the split width (a reshape's last size, a
+    ``split``'s chunk size) or the head count (the size before a last size equal to the head
+    width) get the local ones.
+    (An ``expand``, e.g. of repeated key/value heads, is divided wherever the values occur.)"""
+    widths: set[int] = set()
+    for c, k in zip(pair.columns, pair.chunks or (1,) * len(pair.columns)):
+        out = _out_features(graph, c)
+        widths |= {out, out // k}
+    heads = {pair.heads} if pair.heads else set()
+    head_dims = {w // pair.heads for w in widths} if pair.heads else set()
     for i in pair.region:
         n = nodes[graph.name_of(i)]
-        if n.op != "call_function" or not any(t in str(n.target) for t in _SHAPE_TARGETS) or \
-                len(n.args) < 2 or not isinstance(n.args[1], (list, tuple)):
+        if n.op != "call_function" or len(n.args) < 2:
             continue
-        sizes = [v // tp if isinstance(v, int) and v in values and v % tp == 0 else v
-                 for v in n.args[1]]
-        if sizes != list(n.args[1]):
-            log.debug("%s: sizes %s -> %s", n.name, list(n.args[1]), sizes)
-            n.args = (n.args[0], type(n.args[1])(sizes), *n.args[2:])
+        name, sizes = str(n.target), n.args[1]
+        if "split" in name:  # aten.split(x, chunk, dim) / split_with_sizes(x, [chunks], dim)
+            new = _divide(sizes, widths, tp) if isinstance(sizes, int) else \
+                type(sizes)(_divide(v, widths, tp) for v in sizes)
+        elif any(t in name for t in _SHAPE_TARGETS) and isinstance(sizes, (list, tuple)):
+            every = "expand" in name
+            # the head count only in a [..., heads, head_dim] view (not a [b, t, width] merge)
+            into_heads = len(sizes) >= 2 and sizes[-1] in head_dims
+            new = type(sizes)(_divide(v, widths | heads if every or j == len(sizes) - 1 else
+                                      heads if j == len(sizes) - 2 and into_heads else set(), tp)
+                              for j, v in enumerate(sizes))
+        else:
+            continue
+        if new != sizes:
+            log.debug("%s: sizes %s -> %s", n.name, sizes, new)
+            n.args = (n.args[0], new, *n.args[2:])
 
 
-def _column_nodes(graph: Any, pair: Any) -> list[int]:
-    cols = set(pair.columns)
-    return [i for i in range(graph.num_nodes) if graph.op_of(i) == "linear"
-            and graph.module_of(i) in cols]
+def _divide(v: Any, values: set[int], tp: int) -> Any:
+    return v // tp if isinstance(v, int) and v in values and v % tp == 0 else v
 
 
-def _weight_node(nodes: dict[str, fx.Node], graph: Any, i: int) -> fx.Node:
-    return nodes[graph.name_of(i)].args[1]
+def _out_features(graph: Any, module: str) -> int:
+    """Output features of the Linear (or Conv1D) ``module`` of ``graph``."""
+    i = next(i for i in range(graph.num_nodes) if graph.module_of(i) == module
+             and graph.op_of(i) in ("linear", "addmm"))
+    return int(out_features(graph, i))

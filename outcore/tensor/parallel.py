@@ -103,7 +103,9 @@ def layout_of(model: nn.Module, tp: int, example_inputs: Any = None, *,
                     raise
                 log.warning("torch.export failed too: layers inside %s stay whole",
                             ", ".join(g.meta["forced_leaves"]))
-    return _untie_conflicts(model, find_layout(g, tp, min_split_bytes=min_split_bytes))
+    # (the module-level split shards contiguous rows: fused projections are not paired)
+    return _untie_conflicts(model, find_layout(g, tp, min_split_bytes=min_split_bytes,
+                                               fused=False))
 
 
 def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any = None,

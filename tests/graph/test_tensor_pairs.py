@@ -76,3 +76,44 @@ class Residual(nn.Module):
 def test_a_reduction_over_the_split_dimension_blocks_the_pair():
     lay = find_layout(capture(Residual(), torch.randn(2, 8)), 2, min_split_bytes=0)
     assert lay.pairs == ()
+
+
+class FusedAttention(nn.Module):
+    """One q/k/v projection, cut into its three chunks by a reshape (timm) or a split (GPT-2)."""
+
+    def __init__(self, by_split: bool, d: int = 32, heads: int = 4):
+        super().__init__()
+        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.by_split, self.heads = by_split, heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        if self.by_split:
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2)
+                       for z in self.qkv(x).split(d, dim=2))
+        else:
+            q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        y = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.o(y.transpose(1, 2).reshape(b, t, -1))
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_a_fused_qkv_projection_pairs_only_where_its_rows_are_split_chunk_by_chunk():
+    from outcore.graph.tensor_pairs import chunks_of
+    for by_split in (False, True):
+        g = capture(FusedAttention(by_split), torch.randn(2, 8, 32))
+        qkv, fc1 = (next(i for i in range(g.num_nodes) if g.module_of(i) == m and
+                         g.op_of(i) == "linear") for m in ("qkv", "fc1"))
+        assert (chunks_of(g, qkv), chunks_of(g, fc1)) == (3, 1)
+        fused = find_layout(g, 2, min_split_bytes=0, fused=True)
+        assert [(p.columns, p.rows, p.chunks, p.heads) for p in fused.pairs] == [
+            (("qkv",), ("o",), (3,), 4), (("fc1",), ("fc2",), (1,), None)]
+        # a contiguous split of its rows would mix q, k and v: not paired, split alone
+        plain = find_layout(g, 2, min_split_bytes=0, fused=False)
+        assert [p.columns for p in plain.pairs] == [("fc1",)]
+        assert styles(plain)["qkv"] == "colwise_gather"
+        # by default only where the graph came through torch.export (its split is chunk-wise);
+        # this capture falls back to torch.export for the split variant
+        exported = g.meta["capture"]["path"] == "export"
+        assert find_layout(g, 2, min_split_bytes=0).pairs == (fused if exported else plain).pairs

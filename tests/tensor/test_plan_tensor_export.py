@@ -3,8 +3,9 @@ LMs): the exported graph's split calls are rewritten to run on DTensor shards wi
 ``f`` / ``g`` collectives (``outcore.tensor.graph_split``). Losses and every parameter (gathered
 whole) equal plain PyTorch training of the unmodified model on the same batches within 1e-5
 relative: a Llama-style decoder (q/k/v -> o and SwiGLU gate/up -> down pairs; SGD with
-momentum, and Adam with parameters to 1e-4, see its test) and GPT-2
-(Conv1D layers stay whole; the tied embedding / LM head matrix is split by vocabulary; SGD with momentum)."""
+momentum, and Adam with parameters to 1e-4, see its test) and GPT-2 (its Conv1D layers paired:
+the fused q/k/v projection's rows split chunk by chunk; the tied embedding / LM head matrix split
+by vocabulary; SGD with momentum)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ LLAMA = "hf:llama:hidden_size=32,num_attention_heads=4,num_key_value_heads=4,voc
 # wte 8192 x 32 fp32 = 1 MiB: at the split threshold, so the vocabulary split is chosen
 CONSTANT_SIZES = str(Path(__file__).with_name("export_models.py")) + ":constant_size_attention"
 GPT2 = "hf:gpt2:hidden_size=32,num_attention_heads=4,vocab_size=8192"
+FUSED_QKV = str(Path(__file__).with_name("export_models.py")) + ":fused_qkv_attention"
 
 
 def _graph(cfg: TrainConfig):
@@ -94,7 +96,11 @@ def test_llama_tp2_in_a_plan_equals_plain_pytorch(optimizer, lr, param_rtol):
 def test_gpt2_tp2_in_a_plan_equals_plain_pytorch():
     results, ref = _run(GPT2, "sgd", 0.05)
     _assert_matches(results, *ref)
-    assert results[0]["tensor_split"] == ["transformer.wte", "lm_head"]
+    split = results[0]["tensor_split"]
+    assert split[0] == "transformer.wte" and split[-1] == "lm_head"
+    for layer in (0, 1):  # both blocks' attention (fused q/k/v) and MLP Conv1D pairs
+        for proj in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            assert f"transformer.h.{layer}.{proj}" in split
 
 
 def test_constant_head_count_and_width_are_divided_in_the_exported_graph():
@@ -105,8 +111,33 @@ def test_constant_head_count_and_width_are_divided_in_the_exported_graph():
     assert results[0]["tensor_split"] == ["q", "k", "v", "o", "fc1", "fc2"]
 
 
+def test_fused_qkv_projection_pairs_chunk_by_chunk_in_the_exported_graph():
+    """timm-style attention (one q/k/v Linear reshaped to [b, t, 3, heads, head_dim]): each rank
+    holds its heads of q, k and v; training equal to plain PyTorch (a contiguous half of the
+    rows, a third of the heads of q and k mixed, fails this)."""
+    results, ref = _run(FUSED_QKV, "sgd", 0.05)
+    _assert_matches(results, *ref)
+    assert results[0]["tensor_split"] == ["qkv", "proj", "fc1", "fc2"]
+
+
 @pytest.mark.slow
 def test_llama_pipeline_2_x_tensor_2_equals_plain_pytorch():
     results, ref = _run(LLAMA, "sgd", 0.05, stages=2)
     _assert_matches(results, *ref)
     assert results[0]["pieces"] == results[1]["pieces"] != results[2]["pieces"]
+
+
+def test_gpt2_fused_shards_checkpoint_and_resume_on_one_device_and_on_tp2(tmp_path):
+    """A fused projection's chunk-by-chunk shards are written as contiguous ones (DCP's block
+    metadata) and re-cut on load: resumed on 1 device or on tp 2, step 3 repeats the
+    uninterrupted run's loss."""
+    import outcore
+    kw = dict(batch_size=4, optimizer="sgd", lr=0.05, trace=False, timeout_s=120)
+    straight = outcore.train(GPT2, devices=1, steps=3, **kw).losses
+    ckpt = str(tmp_path / "ckpt")
+    outcore.train(GPT2, devices=2, tp=2, steps=2, checkpoint_dir=ckpt, checkpoint_every=2,
+                  run_dir=str(tmp_path / "a"), **kw)
+    for devices, tp in ((1, 1), (2, 2)):
+        resumed = outcore.train(GPT2, devices=devices, tp=tp, steps=3, checkpoint_dir=ckpt,
+                                resume=True, run_dir=str(tmp_path / f"r{tp}"), **kw).losses
+        np.testing.assert_allclose(resumed[-1], straight[-1], rtol=RTOL)
