@@ -208,7 +208,7 @@ def phase_s(collectives: Iterable[Collective], phase: str, link: LinkSpec,
 def plan_layout(g: Graph, tp: int) -> TensorLayout:
     """The tensor-parallel layout a plan with ``layout.tp = tp`` uses on graph ``g``."""
     return find_layout(g, tp, min_split_bytes=PLAN_MIN_SPLIT_BYTES,
-                       min_pair_bytes=PLAN_MIN_PAIR_BYTES)
+                       min_pair_bytes=PLAN_MIN_PAIR_BYTES, fused=True, conv1d=True)
 
 
 def tensor_graph(g: Graph, tp: int, link: LinkSpec, *,

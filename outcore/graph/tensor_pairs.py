@@ -18,9 +18,9 @@ dataflow alone, never from module names:
 A **fused** projection (one Linear computing q, k and v, or GPT-2's ``Conv1D`` ``c_attn``) feeds
 the region through a split of its output into ``k`` equal chunks (``split`` / ``chunk`` along the
 features, or a reshape to ``[..., k, heads, head_dim]``): each rank must hold its share of every
-chunk, not one contiguous ``1/tp`` of the rows. Such a pair records ``chunks`` and is split only
-where the caller shards rows chunk by chunk (``fused=True``: the exported-graph split of
-:mod:`outcore.tensor.graph_split`); elsewhere it is not paired. GPT-2's ``Conv1D`` (an ``addmm``
+chunk, not one contiguous ``1/tp`` of the rows. Such a pair records ``chunks`` and is found only
+where the caller shards rows chunk by chunk (``fused=True``: a plan's split, in the model or in
+its exported graph); elsewhere it is not paired. GPT-2's ``Conv1D`` (an ``addmm``
 with an ``[in, out]`` weight) is a Linear here, its weight's dimensions swapped.
 
 Linears that do not pair are split alone (column split with an all-gather of the output, or row
@@ -122,6 +122,13 @@ class TensorLayout:
     def split(self, module: str) -> Split | None:
         return next((s for s in self.splits if s.module == module), None)
 
+    def chunks(self, s: Split) -> int:
+        """Equal chunks of split ``s``'s output features (a fused projection's), else 1."""
+        if s.pair is None or s.style != "colwise":
+            return 1
+        pair = self.pairs[s.pair]
+        return pair.chunks[pair.columns.index(s.module)] if pair.chunks else 1
+
     @property
     def split_modules(self) -> tuple[str, ...]:
         return tuple(s.module for s in self.splits if s.style != "whole")
@@ -146,13 +153,15 @@ def _module_type(g: Graph, i: int) -> str:
 
 # (op, module type) of the calls that are Linears: ``nn.Linear``, and Hugging Face's ``Conv1D``
 # (GPT-2: ``addmm(bias, x, weight)`` with an ``[in, out]`` weight) in an exported graph
-_LINEARS = {("linear", "Linear"), ("addmm", "Conv1D")}
+_LINEAR = frozenset({("linear", "Linear")})
+_LINEARS = _LINEAR | {("addmm", "Conv1D")}
 
 
-def _candidate(g: Graph, i: int, kind: str) -> bool:
-    """Node ``i`` is a call of a real ``nn.Linear`` (or ``Conv1D``) / ``nn.Embedding`` module."""
+def _candidate(g: Graph, i: int, kind: str, linears: frozenset = _LINEARS) -> bool:
+    """Node ``i`` is a call of a real ``nn.Linear`` (or ``Conv1D``, if in ``linears``) /
+    ``nn.Embedding`` module."""
     if kind == "linear":
-        return (g.op_of(i), _module_type(g, i)) in _LINEARS
+        return (g.op_of(i), _module_type(g, i)) in linears
     return g.op_of(i) == kind and _module_type(g, i) == "Embedding"
 
 
@@ -255,7 +264,7 @@ def _external_ok(g: Graph, u: int, v: int, heads_mode: bool) -> bool:
         (len(su) == len(sv) and len(sv) >= 3 and su[-3] == 1)
 
 
-def _walk(g: Graph, start: int, used: set[int], tp: int) -> _Walk:
+def _walk(g: Graph, start: int, used: set[int], tp: int, linears: frozenset) -> _Walk:
     """Grow the region from column candidate ``start`` (see the module docstring)."""
     w = _Walk(set(), {start}, set())
     todo = [int(s) for s in g.successors(start)]
@@ -264,7 +273,7 @@ def _walk(g: Graph, start: int, used: set[int], tp: int) -> _Walk:
         v = todo.pop()
         if v in w.region or v in w.rows:
             continue
-        if _candidate(g, v, "linear"):
+        if _candidate(g, v, "linear", linears):
             if v in used or v in w.columns:
                 w.ok, w.why = False, f"{g.name_of(v)} already split"
                 break
@@ -279,7 +288,7 @@ def _walk(g: Graph, start: int, used: set[int], tp: int) -> _Walk:
         for u in (int(p) for p in g.predecessors(v)):
             if u in w.region or u in w.columns:
                 continue
-            if _candidate(g, u, "linear") and u not in used and u not in w.rows:
+            if _candidate(g, u, "linear", linears) and u not in used and u not in w.rows:
                 w.columns.add(u)
                 todo.extend(int(s) for s in g.successors(u))
             elif g.op_of(u) in ELEMENTWISE_OPS | SHAPE_OPS | HEAD_OPS and \
@@ -363,6 +372,13 @@ def _heads(g: Graph, w: _Walk, tp: int) -> int | None:
 
 def _pair_ok(g: Graph, w: _Walk, tp: int) -> str:
     """Why the walk cannot be split ``tp`` ways ('' if it can)."""
+    for v in w.region:  # (recorded by torch.fx captures; an exported graph's are constants)
+        computed = set(g.attr(v, "computed_sizes") or ())
+        out, ins = _shape(g, v), (g.attr(v, "in_shapes") or [[]])[0]
+        into_heads = out is not None and ins is not None and len(out) > len(ins)
+        if computed & ({-1, -2} if into_heads else {-1}):
+            return (f"{g.name_of(v)} reshapes to a head count or width computed from its "
+                    "input's shape, which the split cannot divide")
     for c in w.columns:
         out = _config(g, c, "out_features")
         if not out or out % tp:
@@ -381,7 +397,8 @@ def _pair_ok(g: Graph, w: _Walk, tp: int) -> str:
 
 
 def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
-                min_pair_bytes: int | None = None, fused: bool | None = None) -> TensorLayout:
+                min_pair_bytes: int | None = None, fused: bool = False,
+                conv1d: bool = False) -> TensorLayout:
     """The tensor-parallel layout of ``g`` over ``tp`` ranks.
 
     Args:
@@ -391,13 +408,14 @@ def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_B
             (default: ``min_split_bytes``).
         min_split_bytes: Linears (pairs: all their Linears together) and Embeddings with
             fewer parameter bytes stay whole: their collectives would cost more than they save.
-        fused: pair fused projections (their rows sharded chunk by chunk; see the module
-            docstring); default: when ``g`` was captured through ``torch.export``, whose
-            graph split does that.
+        fused: pair fused projections (only where the caller shards their rows chunk by
+            chunk: plans do, see the module docstring).
+        conv1d: split Hugging Face ``Conv1D`` layers too (only where the caller splits their
+            ``addmm`` calls: a plan's exported-graph split; DTensor's styles take only
+            ``nn.Linear``).
     """
-    if fused is None:
-        fused = (g.meta.get("capture") or {}).get("path") == "export"
-    linears = [i for i in range(g.num_nodes) if _candidate(g, i, "linear")]
+    kinds = _LINEARS if conv1d else _LINEAR
+    linears = [i for i in range(g.num_nodes) if _candidate(g, i, "linear", kinds)]
     embeds = [i for i in range(g.num_nodes) if _candidate(g, i, "embedding")]
     calls: dict[str, int] = {}
     for i in linears + embeds:
@@ -409,7 +427,7 @@ def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_B
     for i in linears:
         if i in used or tp <= 1:
             continue
-        w = _walk(g, i, used, tp)
+        w = _walk(g, i, used, tp, kinds)
         if not w.ok or _pair_ok(g, w, tp):
             continue
         pb = sum(_param_bytes(g, j) for j in w.columns | w.rows)

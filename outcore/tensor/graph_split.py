@@ -219,7 +219,7 @@ def split_graph(gm: fx.GraphModule, graph: Any, layout: TensorLayout, mesh: Any)
         conv1d = is_conv1d(graph, s.node)
         target, w_dim, b_dim = (_CONV1D_STYLES if conv1d else _STYLES)[s.style]
         weight_at, bias_at = (2, 0) if conv1d else (0 if s.kind == "embedding" else 1, 2)
-        chunks = _chunks(layout, s)
+        chunks = layout.chunks(s)
         _shard_param(gm, n.args[weight_at], w_dim, mesh, sharded, s.module, chunks)
         if s.kind == "linear" and b_dim is not None and len(n.args) > bias_at and \
                 n.args[bias_at] is not None:
@@ -237,14 +237,6 @@ def chunkwise_shard(whole: torch.Tensor, dim: int, chunks: int, size: int,
     contiguous shard)."""
     parts = whole.unflatten(dim, (chunks, -1))
     return parts.chunk(size, dim=dim + 1)[rank].flatten(dim, dim + 1)
-
-
-def _chunks(layout: TensorLayout, s: Any) -> int:
-    """Equal chunks of split ``s``'s output features (a fused projection's), else 1."""
-    if s.pair is None or s.style != "colwise":
-        return 1
-    pair = layout.pairs[s.pair]
-    return pair.chunks[pair.columns.index(s.module)] if pair.chunks else 1
 
 
 def _shard_param(gm: fx.GraphModule, node: Any, dim: int, mesh: Any,

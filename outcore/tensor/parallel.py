@@ -32,7 +32,7 @@ __all__ = ["tensor_parallel", "layout_of", "tensor_mesh", "grid_mesh", "depth_un
 MODES = ("1d", "depth")
 HEAD_ATTRS = ("heads", "num_heads", "n_head", "n_heads", "num_attention_heads", "num_key_value_heads",
               "nhead", "num_kv_heads")
-WIDTH_ATTRS = ("all_head_size", "inner_dim")
+WIDTH_ATTRS = ("all_head_size", "inner_dim", "attn_dim")
 _WEIGHT_SHARD = {"whole": None, "colwise": 0, "colwise_gather": 0, "vocab": 0,
                  "rowwise": 1, "rowwise_alone": 1, "embed_dim": 1}
 
@@ -103,9 +103,7 @@ def layout_of(model: nn.Module, tp: int, example_inputs: Any = None, *,
                     raise
                 log.warning("torch.export failed too: layers inside %s stay whole",
                             ", ".join(g.meta["forced_leaves"]))
-    # (the module-level split shards contiguous rows: fused projections are not paired)
-    return _untie_conflicts(model, find_layout(g, tp, min_split_bytes=min_split_bytes,
-                                               fused=False))
+    return _untie_conflicts(model, find_layout(g, tp, min_split_bytes=min_split_bytes))
 
 
 def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any = None,
@@ -229,20 +227,54 @@ def _split_1d(model: nn.Module, layout: TensorLayout, mesh: Any) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     ties = _ties(model)
-    plan = {s.module: _style(s.style) for s in layout.splits if s.style != "whole"}
+    plan = {s.module: _style(s.style) for s in layout.splits
+            if s.style != "whole" and layout.chunks(s) == 1}
     if plan:
         parallelize_module(model, mesh, plan)
+    for s in layout.splits:
+        if layout.chunks(s) > 1:
+            _split_chunkwise(model.get_submodule(s.module), mesh, layout.chunks(s))
     _retie(model, ties)
     for pair in layout.pairs:
         if pair.heads:
-            _divide_heads(model, pair.columns, pair.rows, layout.tp)
+            _divide_heads(model, pair, layout.tp)
 
 
-def _divide_heads(model: nn.Module, columns: tuple[str, ...], rows: tuple[str, ...],
-                  tp: int) -> None:
+def _chunkwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    from outcore.tensor.graph_split import tp_colwise_linear
+    return tp_colwise_linear(x, self.weight, self.bias)
+
+
+def _split_chunkwise(linear: nn.Module, mesh: Any, chunks: int) -> None:
+    """Column-split a fused projection (``chunks`` equal parts of its output: q, k, v): each
+    rank holds its ``1/tp`` of every part (``_StridedShard``; DTensor's Linear rules know only
+    contiguous shards, so the layer computes on the local shards with Megatron's ``f``)."""
+    import types
+
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from outcore.tensor.graph_split import chunkwise_shard
+    if not isinstance(linear, nn.Linear):
+        raise UsageError(f"cannot split the fused projection {type(linear).__name__} chunk by "
+                         "chunk: only nn.Linear; use --tp 1")
+    for name in ("weight", "bias"):
+        p = getattr(linear, name)
+        if p is None:
+            continue
+        local = chunkwise_shard(p.detach(), 0, chunks, mesh.size(), mesh.get_local_rank())
+        shard = DTensor.from_local(local.clone(), mesh, [_StridedShard(0, split_factor=chunks)],
+                                   run_check=False)
+        linear.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
+    linear.forward = types.MethodType(_chunkwise_forward, linear)
+
+
+def _divide_heads(model: nn.Module, pair: Any, tp: int) -> None:
     """Attention modules that read their head count (``self.num_heads``) to reshape must see
     the local count once their projections are split by heads: divide it in the lowest common
-    ancestor of the pair (only that module's own attributes; shared configs are not touched)."""
+    ancestor of the pair (only that module's own attributes; shared configs are not touched),
+    and a width attribute equal to a projection's (or a fused one's chunk's) width."""
+    columns, rows = pair.columns, pair.rows
     parents = [p.rpartition(".")[0].split(".") for p in columns + rows]
     common: list[str] = []
     for level in zip(*parents):
@@ -250,7 +282,8 @@ def _divide_heads(model: nn.Module, columns: tuple[str, ...], rows: tuple[str, .
             break
         common.append(level[0])
     owner = model.get_submodule(".".join(common).strip("."))
-    widths = {model.get_submodule(p).out_features for p in columns
+    widths = {model.get_submodule(p).out_features // k
+              for p, k in zip(columns, pair.chunks or (1,) * len(columns))
               if isinstance(model.get_submodule(p), nn.Linear)}
     for attr in HEAD_ATTRS + WIDTH_ATTRS:
         value = owner.__dict__.get(attr)

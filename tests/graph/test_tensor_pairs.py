@@ -113,7 +113,22 @@ def test_a_fused_qkv_projection_pairs_only_where_its_rows_are_split_chunk_by_chu
         plain = find_layout(g, 2, min_split_bytes=0, fused=False)
         assert [p.columns for p in plain.pairs] == [("fc1",)]
         assert styles(plain)["qkv"] == "colwise_gather"
-        # by default only where the graph came through torch.export (its split is chunk-wise);
-        # this capture falls back to torch.export for the split variant
-        exported = g.meta["capture"]["path"] == "export"
-        assert find_layout(g, 2, min_split_bytes=0).pairs == (fused if exported else plain).pairs
+        assert find_layout(g, 2, min_split_bytes=0).pairs == plain.pairs  # the default
+
+
+class ComputedHeadWidth(FusedAttention):
+    """CaiT's reshape: the head width computed from the input (``c // heads``), which a split
+    that divides the module's head count would double."""
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)\
+            .unbind(0)
+        y = nn.functional.scaled_dot_product_attention(q, k, v)
+        return x + self.o(y.transpose(1, 2).reshape(b, t, c))
+
+
+def test_sizes_computed_from_the_input_keep_an_attention_pair_whole():
+    g = capture(ComputedHeadWidth(False), torch.randn(2, 8, 32))
+    assert g.meta["capture"]["path"] == "fx"
+    assert [p.columns for p in find_layout(g, 2, min_split_bytes=0, fused=True).pairs] == []

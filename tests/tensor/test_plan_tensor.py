@@ -23,11 +23,12 @@ from tests.runtime.helpers import assert_matches, chunks, graph_for, reference
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 MODEL = "outcore:transformer:layers=2"
+VIT = "timm:vit_tiny_patch16_224:image_size=32,patch_size=8,embed_dim=32,depth=2,num_heads=2"
 MLP_PAIRS = ["blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2"]
 
 
-def _run(stages: int, tp: int, microbatches: int, schedule: str = "1f1b"):
-    cfg = TrainConfig(model=MODEL, batch_size=4 * microbatches, microbatches=microbatches,
+def _run(stages: int, tp: int, microbatches: int, schedule: str = "1f1b", model: str = MODEL):
+    cfg = TrainConfig(model=model, batch_size=4 * microbatches, microbatches=microbatches,
                       steps=3, optimizer="sgd", lr=0.05, return_state=True,
                       track_memory=False, schedule=schedule)
     g = graph_for(cfg)
@@ -46,6 +47,19 @@ def test_tensor_parallel_slot_equals_single_process():
     # model's per-head projections do not pair, and alone they are under the 1 MiB threshold)
     assert results[0]["pieces"] == results[1]["pieces"]
     assert results[0]["tensor_split"] == MLP_PAIRS
+
+
+def test_timm_vit_fused_qkv_pairs_in_a_plan_and_equals_single_process():
+    """timm's attention computes q, k and v with one Linear, reshaped to (b, t, 3, heads,
+    head_dim): the plan splits it chunk by chunk (each rank its heads of q, k and v) and
+    divides the module's num_heads and attn_dim."""
+    pytest.importorskip("timm")
+    cfg, results = _run(stages=1, tp=2, microbatches=2, model=VIT)
+    assert_matches(results, *reference(cfg))
+    split = results[0]["tensor_split"]
+    for block in (0, 1):
+        for layer in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):
+            assert f"blocks.{block}.{layer}" in split
 
 
 @pytest.mark.slow

@@ -458,6 +458,21 @@ def _is_batch_of_one(e: BaseException) -> bool:
     return "more than 1 value per channel" in str(e)
 
 
+def _computed_sizes(n: fx.Node) -> list[int]:
+    """Positions (from the end: -1 is the last) of a ``view`` / ``reshape``'s sizes that the
+    graph computes (from an input's shape) rather than passes as constants: tensor
+    parallelism must know whether a split width or head count is a constant it can see."""
+    if n.op == "call_method" and n.target in ("view", "reshape"):
+        sizes = n.args[1:]
+    elif n.op == "call_function" and getattr(n.target, "__name__", "") == "reshape":
+        sizes = n.args[1:2]
+    else:
+        return []
+    if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
+        sizes = sizes[0]
+    return [j - len(sizes) for j, v in enumerate(sizes) if isinstance(v, fx.Node)]
+
+
 def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,
                   batch_size: int | None) -> Graph:
     """The :class:`Graph` of a traced and recorded fx module (one node per fx node)."""
@@ -479,6 +494,9 @@ def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,
             extra["in_shapes"] = rec.in_shapes[n.name]
         if n.name in rec.flops:
             extra["flops"] = rec.flops[n.name]
+        computed = _computed_sizes(n)
+        if computed:
+            extra["computed_sizes"] = computed
         own = shared = 0
         tensors: list[tuple[str, torch.Tensor]] = []
         if n.op == "call_module":
