@@ -156,6 +156,11 @@ def layout_collectives(layout, depth: int = 1) -> dict[int, tuple[Collective, ..
         cs += depth_collectives(s.param_bytes, depth, tp=layout.tp if s.style != "whole" else 1)
         if cs:
             out[s.node] = cs
+    for pair in layout.pairs:  # per-head operands: their sliced gradient summed backward
+        for _, v, nbytes in pair.sliced:
+            out[v] = out.get(v, ()) + (Collective(kind="all_reduce", nbytes=nbytes,
+                                                   ranks=layout.tp, phase="bwd",
+                                                   what="per-head operand gradient"),)
     return out
 
 

@@ -32,7 +32,7 @@ pairing saves its gathers. Pure: no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
@@ -78,6 +78,10 @@ class Pair:
         in_bytes: bytes of the columns' (replicated) input (the backward all-reduce).
         chunks: per column (in ``columns``' order), how many equal chunks its output is split
             into before the heads (1: not fused; 3: a fused q/k/v projection).
+        sliced: (operand, consumer, operand bytes) of per-head operands from outside the pair
+            (``[..., heads, n, n]``: Swin's and T5's relative position bias added to the
+            scores; node indices), which each rank slices to its heads (their gradient summed
+            over the group: one all-reduce backward).
     """
 
     columns: tuple[str, ...]
@@ -88,6 +92,7 @@ class Pair:
     out_bytes: int
     in_bytes: int
     chunks: tuple[int, ...] = ()
+    sliced: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,6 +250,20 @@ class _Walk:
     rows: set[int]
     ok: bool = True
     why: str = ""
+    sliced: list[tuple[int, int]] = field(default_factory=list)
+
+
+# ops that may add a per-head operand (``[..., heads, n, n]``: a relative position bias) to
+# split attention scores: the runtime slices the operand to the rank's heads
+HEAD_OPERAND_OPS = frozenset({"add", "add_", "iadd", "scaled_dot_product_attention"})
+
+
+def _head_operand(g: Graph, u: int, v: int, heads: int | None) -> bool:
+    """May ``u`` (outside the region, not split) feed ``v`` as a per-head operand that each
+    rank slices to its heads? Its size before the last two is the head count."""
+    su = _shape(g, u)
+    return heads is not None and heads > 1 and su is not None and len(su) >= 3 and \
+        su[-3] == heads and g.op_of(v) in HEAD_OPERAND_OPS
 
 
 def _external_ok(g: Graph, u: int, v: int, heads_mode: bool) -> bool:
@@ -303,9 +322,13 @@ def _walk(g: Graph, start: int, used: set[int], tp: int, linears: frozenset) -> 
     heads = _heads(g, w, tp)
     needs_heads = any(g.op_of(v) in HEAD_OPS for v in w.region)
     for u, v in pending_externals:
-        if u not in w.region and u not in w.columns and not _external_ok(g, u, v, heads is not None):
-            w.ok, w.why = False, f"{g.name_of(u)} feeds {g.name_of(v)} unsplit"
-            return w
+        if u in w.region or u in w.columns or _external_ok(g, u, v, heads is not None):
+            continue
+        if _head_operand(g, u, v, heads):
+            w.sliced.append((u, v))
+            continue
+        w.ok, w.why = False, f"{g.name_of(u)} feeds {g.name_of(v)} unsplit"
+        return w
     if not w.rows:
         w.ok, w.why = False, "no row-split partner"
     elif needs_heads and heads is None:
@@ -441,7 +464,9 @@ def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_B
                           rows=tuple(g.module_of(r) for r in sorted(w.rows)),
                           region=tuple(sorted(w.region)), heads=_heads(g, w, tp),
                           param_bytes=pb, out_bytes=int(sum(g.out_bytes[r] for r in w.rows)),
-                          in_bytes=max(_in_bytes(g, c) for c in w.columns), chunks=chunks))
+                          in_bytes=max(_in_bytes(g, c) for c in w.columns), chunks=chunks,
+                          sliced=tuple((u, v, int(g.out_bytes[u]))
+                                       for u, v in sorted(set(w.sliced)))))
         for j, style in [(c, "colwise") for c in w.columns] + [(r, "rowwise") for r in w.rows]:
             splits.append(_split(g, j, "linear", style, pair=k))
         used |= w.columns | w.rows

@@ -161,6 +161,9 @@ class Trainer:
         if [n.name for n in gm.graph.nodes] != [graph.name_of(i) for i in range(graph.num_nodes)]:
             raise PlanError("the graph does not match the model's trace: capture the graph "
                             "from this model (same options) and plan again")
+        if self.tensor_layout is not None:  # per-head operands: sliced in the traced graph
+            from outcore.tensor.graph_split import slice_head_operands
+            slice_head_operands(gm, graph, self.tensor_layout)
         if self.tp > 1 and exported:  # ATen calls: split the exported trace itself
             from outcore.tensor.parallel import split_traced_for_plan
             self.tensor_layout = split_traced_for_plan(gm, graph, self.tp)

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 __all__ = ["split_graph", "tp_colwise_linear", "tp_rowwise_linear", "tp_colwise_gather_linear",
            "tp_rowwise_alone_linear", "tp_vocab_embedding", "tp_embed_dim_embedding",
            "tp_colwise_conv1d", "tp_rowwise_conv1d", "tp_colwise_gather_conv1d",
-           "tp_rowwise_alone_conv1d", "chunkwise_shard"]
+           "tp_rowwise_alone_conv1d", "chunkwise_shard", "slice_head_operands", "set_tensor_mesh", "tp_add_heads_left",
+           "tp_add_heads_right", "tp_sdpa_heads"]
 
 _SHAPE_TARGETS = ("view", "reshape", "_unsafe_view", "expand")
 
@@ -194,6 +195,62 @@ def tp_rowwise_alone_conv1d(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -
     return tp_rowwise_conv1d(b, _CopyToTP.apply(x, _group(w))[..., lo:lo + width], w)
 
 
+# per-head operands ([..., heads, n, n], whole: a relative position bias) added to split scores
+
+
+_HEADS_MESH: list[Any] = []  # this process's tensor-parallel mesh (set by the split passes)
+
+
+def set_tensor_mesh(mesh: Any) -> None:
+    """Record this process's 1-D tensor-parallel mesh (the split passes call it; per-head
+    operands are sliced over it)."""
+    _HEADS_MESH.append(mesh)
+
+
+def _local_heads(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` sliced to this rank's heads (as many as ``like``, a split tensor, has), after
+    Megatron's ``f``: its gradient is summed over the group (every rank used other heads)."""
+    local, mesh = like.shape[-3], _HEADS_MESH[-1]
+    if t.shape[-3] == local:
+        return t
+    return _CopyToTP.apply(t, mesh.get_group()).narrow(-3, mesh.get_local_rank() * local, local)
+
+
+def tp_add_heads_left(a: torch.Tensor, b: Any, alpha: Any = 1) -> torch.Tensor:
+    """``a + b`` with ``a`` a whole per-head operand and ``b`` split scores."""
+    return torch.add(_local_heads(a, b), b, alpha=alpha)
+
+
+def tp_add_heads_right(a: Any, b: torch.Tensor, alpha: Any = 1) -> torch.Tensor:
+    """``a + b`` with ``a`` split scores and ``b`` a whole per-head operand."""
+    return torch.add(a, _local_heads(b, a), alpha=alpha)
+
+
+def tp_sdpa_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  attn_mask: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Scaled dot-product attention on split heads with a whole per-head ``attn_mask``."""
+    mask = None if attn_mask is None else _local_heads(attn_mask, q)
+    return F.scaled_dot_product_attention(q, k, v, mask, *args, **kwargs)
+
+
+def slice_head_operands(gm: fx.GraphModule, graph: Any, layout: TensorLayout) -> None:
+    """Make the consumers of the layout's per-head operands (``Pair.sliced``) slice them to
+    this rank's heads (their targets change; no node is added, so pieces stay the same)."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for pair in layout.pairs:
+        for u, v, _ in pair.sliced:
+            n, operand = nodes[graph.name_of(v)], nodes[graph.name_of(u)]
+            if "scaled_dot_product_attention" in str(n.target):
+                n.target = tp_sdpa_heads
+                continue
+            at = [j for j, a in enumerate(n.args[:2]) if a is operand]
+            if len(at) != 1:
+                raise UsageError(f"cannot slice {operand.name} to this rank's heads in {n.name}; "
+                                 "use --tp 1")
+            n.target = tp_add_heads_left if at[0] == 0 else tp_add_heads_right
+    gm.recompile()
+
+
 # style -> (target, weight shard dim, bias shard dim or None)
 _STYLES = {"colwise": (tp_colwise_linear, 0, 0), "rowwise": (tp_rowwise_linear, 1, None),
            "colwise_gather": (tp_colwise_gather_linear, 0, 0),
@@ -227,7 +284,8 @@ def split_graph(gm: fx.GraphModule, graph: Any, layout: TensorLayout, mesh: Any)
         n.target = target
     for pair in layout.pairs:
         _local_sizes(gm, graph, pair, nodes, layout.tp)
-    gm.recompile()
+    set_tensor_mesh(mesh)
+    slice_head_operands(gm, graph, layout)
 
 
 def chunkwise_shard(whole: torch.Tensor, dim: int, chunks: int, size: int,

@@ -226,6 +226,9 @@ def _style(name: str) -> Any:
 def _split_1d(model: nn.Module, layout: TensorLayout, mesh: Any) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
+    from outcore.tensor.graph_split import set_tensor_mesh
+
+    set_tensor_mesh(mesh)  # per-head operands are sliced after tracing (trainer)
     ties = _ties(model)
     plan = {s.module: _style(s.style) for s in layout.splits
             if s.style != "whole" and layout.chunks(s) == 1}

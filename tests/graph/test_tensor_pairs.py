@@ -132,3 +132,34 @@ def test_sizes_computed_from_the_input_keep_an_attention_pair_whole():
     g = capture(ComputedHeadWidth(False), torch.randn(2, 8, 32))
     assert g.meta["capture"]["path"] == "fx"
     assert [p.columns for p in find_layout(g, 2, min_split_bytes=0, fused=True).pairs] == []
+
+
+class HeadBias(nn.Module):
+    """Attention scores plus a learned per-head bias of shape (1, heads, t, t) (Swin, T5)."""
+
+    def __init__(self, d: int = 32, heads: int = 4, t: int = 8):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.bias = nn.Parameter(torch.zeros(heads, t, t))
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (f(x).view(b, t, self.heads, -1).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
+        scores = (q @ k.transpose(-2, -1) + self.bias.unsqueeze(0)).softmax(-1)
+        return x + self.o((scores @ v).transpose(1, 2).reshape(b, t, -1))
+
+
+def test_a_per_head_bias_is_sliced_and_its_gradient_all_reduced():
+    from outcore.cost.tensor import layout_collectives
+    g = capture(HeadBias(), torch.randn(2, 8, 32))
+    lay = find_layout(g, 2, min_split_bytes=0)
+    (pair,) = lay.pairs
+    assert pair.columns == ("q", "k", "v") and pair.heads == 4
+    ((u, v, nbytes),) = pair.sliced
+    assert g.attr(u, "shape") == [1, 4, 8, 8] and g.op_of(v) == "add" and nbytes == 4 * 64 * 4
+    assert any(c.what == "per-head operand gradient" and c.nbytes == nbytes and c.phase == "bwd"
+               for c in layout_collectives(lay)[v])
+    # 4 heads over 8 ranks: no head split, no pair
+    assert find_layout(g, 8, min_split_bytes=0).pairs == ()

@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 MODEL = "outcore:transformer:layers=2"
 VIT = "timm:vit_tiny_patch16_224:image_size=32,patch_size=8,embed_dim=32,depth=2,num_heads=2"
+SWIN = ("timm:swin_tiny_patch4_window7_224:image_size=32,embed_dim=16,depths=(1,1),"
+        "num_heads=(2,2),window_size=4,drop_path_rate=0.0")  # (timm default 0.1: random)
 MLP_PAIRS = ["blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2"]
 
 
@@ -60,6 +62,18 @@ def test_timm_vit_fused_qkv_pairs_in_a_plan_and_equals_single_process():
     for block in (0, 1):
         for layer in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):
             assert f"blocks.{block}.{layer}" in split
+
+
+def test_swin_window_attention_with_its_per_head_bias_pairs_and_equals_single_process():
+    """Swin adds a relative position bias of shape (1, heads, n, n) to the scores: each rank
+    slices it to its heads (the bias table's gradient summed over the group)."""
+    pytest.importorskip("timm")
+    cfg, results = _run(stages=1, tp=2, microbatches=2, model=SWIN)
+    assert_matches(results, *reference(cfg))
+    split = results[0]["tensor_split"]
+    for layer in (0, 1):
+        assert f"layers.{layer}.blocks.0.attn.qkv" in split
+        assert f"layers.{layer}.blocks.0.attn.proj" in split
 
 
 @pytest.mark.slow

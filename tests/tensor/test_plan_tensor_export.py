@@ -36,6 +36,7 @@ LLAMA = "hf:llama:hidden_size=32,num_attention_heads=4,num_key_value_heads=4,voc
 # wte 8192 x 32 fp32 = 1 MiB: at the split threshold, so the vocabulary split is chosen
 CONSTANT_SIZES = str(Path(__file__).with_name("export_models.py")) + ":constant_size_attention"
 GPT2 = "hf:gpt2:hidden_size=32,num_attention_heads=4,vocab_size=8192"
+T5 = "hf:t5:hidden_size=32,intermediate_size=64,num_heads=4,dropout_rate=0.0"
 FUSED_QKV = str(Path(__file__).with_name("export_models.py")) + ":fused_qkv_attention"
 
 
@@ -118,6 +119,17 @@ def test_fused_qkv_projection_pairs_chunk_by_chunk_in_the_exported_graph():
     results, ref = _run(FUSED_QKV, "sgd", 0.05)
     _assert_matches(results, *ref)
     assert results[0]["tensor_split"] == ["qkv", "proj", "fc1", "fc2"]
+
+
+def test_t5_attention_with_its_per_head_position_bias_pairs_and_equals_plain_pytorch():
+    """T5 passes a relative position bias of shape (1, heads, n, n) to attention as its mask:
+    each rank slices it to its heads (the bias embedding's gradient summed over the group)."""
+    results, ref = _run(T5, "sgd", 0.05)
+    _assert_matches(results, *ref)
+    split = results[0]["tensor_split"]
+    for stack in ("encoder", "decoder"):
+        for proj in ("q", "k", "v", "o"):
+            assert f"{stack}.block.0.layer.0.SelfAttention.{proj}" in split
 
 
 @pytest.mark.slow
