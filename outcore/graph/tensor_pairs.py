@@ -72,7 +72,9 @@ class Pair:
     Attributes:
         columns, rows: module paths of the column- and row-split Linears.
         region: node indices between them (run on local shards).
-        heads: number of attention heads split across the group (``None``: an MLP-style pair).
+        heads: number of attention heads split across the group (``None``: an MLP-style pair;
+            with grouped-query attention, the key/value heads).
+        head_dim: width of one head (``None``: an MLP-style pair).
         param_bytes: parameters of all its Linears, bytes (before splitting).
         out_bytes: bytes of the rows' outputs (the forward all-reduce).
         in_bytes: bytes of the columns' (replicated) input (the backward all-reduce).
@@ -92,6 +94,7 @@ class Pair:
     out_bytes: int
     in_bytes: int
     chunks: tuple[int, ...] = ()
+    head_dim: int | None = None
     sliced: tuple[tuple[int, int, int], ...] = ()
 
 
@@ -280,7 +283,7 @@ def _external_ok(g: Graph, u: int, v: int, heads_mode: bool) -> bool:
         return len(su) == 0 or su[-1] == 1 and len(sv) > 0 and sv[-1] != 1
     nu, nv = _numel(su), _numel(sv)
     return nu is not None and nv is not None and nu * 2 <= nv and len(su) < len(sv) or \
-        (len(su) == len(sv) and len(sv) >= 3 and su[-3] == 1)
+        (len(su) == len(sv) and len(sv) in (3, 4) and su[-3] == 1)  # a mask: [b, 1, n, n]
 
 
 def _walk(g: Graph, start: int, used: set[int], tp: int, linears: frozenset) -> _Walk:
@@ -312,8 +315,10 @@ def _walk(g: Graph, start: int, used: set[int], tp: int, linears: frozenset) -> 
                 todo.extend(int(s) for s in g.successors(u))
             elif g.op_of(u) in ELEMENTWISE_OPS | SHAPE_OPS | HEAD_OPS and \
                     _numel(_shape(g, u)) is not None and \
-                    _numel(_shape(g, u)) == _numel(_shape(g, v)):
-                todo.append(u)  # a same-size operand chain (k's transpose): absorb it
+                    (_numel(_shape(g, u)) == _numel(_shape(g, v)) or g.op_of(v) == "expand"):
+                # a same-size operand chain (k's transpose), or the key/value heads that
+                # grouped-query attention repeats: absorb it
+                todo.append(u)
                 pending_externals.append((u, v))
             else:
                 pending_externals.append((u, v))
@@ -381,6 +386,19 @@ def chunks_of(g: Graph, c: int) -> int:
 
 
 def _heads(g: Graph, w: _Walk, tp: int) -> int | None:
+    """The fewest heads a column's output is viewed as (grouped-query attention: the key and
+    value projections' head count)."""
+    found = [h for h, _ in _head_views(g, w, tp)]
+    return min(found) if found else None
+
+
+def _head_dim(g: Graph, w: _Walk, tp: int) -> int | None:
+    dims = {width // h for h, width in _head_views(g, w, tp)}
+    return dims.pop() if len(dims) == 1 else None
+
+
+def _head_views(g: Graph, w: _Walk, tp: int) -> list[tuple[int, int]]:
+    """(heads, chunk width) of every head view of a column's output in the region."""
     found = []
     for c in w.columns:
         width, k = _config(g, c, "out_features"), chunks_of(g, c)
@@ -389,12 +407,20 @@ def _heads(g: Graph, w: _Walk, tp: int) -> int | None:
         for v in sorted(w.region):
             h = _head_view(g, v, width // k, tp) or _fused_head_view(g, v, width, k, tp)
             if h:
-                found.append(h)
-    return min(found) if found else None
+                found.append((h, width // k))
+    return found
 
 
 def _pair_ok(g: Graph, w: _Walk, tp: int) -> str:
     """Why the walk cannot be split ``tp`` ways ('' if it can)."""
+    for c in w.columns:  # every head view of every column (GQA: the key/value heads too)
+        width, k = _config(g, c, "out_features"), chunks_of(g, c)
+        for v in w.region:
+            if width and (_head_view(g, v, width // k, 1) or
+                          _fused_head_view(g, v, width, k, 1)) and \
+                    not (_head_view(g, v, width // k, tp) or
+                         _fused_head_view(g, v, width, k, tp)):
+                return f"{g.module_of(c)}'s heads are not a multiple of {tp}"
     for v in w.region:  # (recorded by torch.fx captures; an exported graph's are constants)
         computed = set(g.attr(v, "computed_sizes") or ())
         out, ins = _shape(g, v), (g.attr(v, "in_shapes") or [[]])[0]
@@ -463,6 +489,7 @@ def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_B
         pairs.append(Pair(columns=tuple(g.module_of(c) for c in sorted(w.columns)),
                           rows=tuple(g.module_of(r) for r in sorted(w.rows)),
                           region=tuple(sorted(w.region)), heads=_heads(g, w, tp),
+                          head_dim=_head_dim(g, w, tp),
                           param_bytes=pb, out_bytes=int(sum(g.out_bytes[r] for r in w.rows)),
                           in_bytes=max(_in_bytes(g, c) for c in w.columns), chunks=chunks,
                           sliced=tuple((u, v, int(g.out_bytes[u]))

@@ -335,16 +335,15 @@ def _shard_param(gm: fx.GraphModule, node: Any, dim: int, mesh: Any,
 
 def _local_sizes(gm: fx.GraphModule, graph: Any, pair: Any, nodes: dict[str, fx.Node],
                  tp: int) -> None:
-    """Inside a pair, constant sizes that carry the split width (a reshape's last size, a
-    ``split``'s chunk size) or the head count (the size before a last size equal to the head
-    width) get the local ones.
-    (An ``expand``, e.g. of repeated key/value heads, is divided wherever the values occur.)"""
+    """Inside a pair, constant sizes that carry the split get the local ones: a reshape's last
+    size equal to a split (or chunk) width; a head count among the sizes a reshape changes
+    (with grouped-query attention: the query's or the key/value's); a ``split``'s chunk size.
+    An ``expand`` keeps every size it does not broadcast (``-1``)."""
     widths: set[int] = set()
     for c, k in zip(pair.columns, pair.chunks or (1,) * len(pair.columns)):
         out = _out_features(graph, c)
         widths |= {out, out // k}
-    heads = {pair.heads} if pair.heads else set()
-    head_dims = {w // pair.heads for w in widths} if pair.heads else set()
+    heads = {w // pair.head_dim for w in widths} if pair.head_dim else set()
     for i in pair.region:
         n = nodes[graph.name_of(i)]
         if n.op != "call_function" or len(n.args) < 2:
@@ -353,18 +352,52 @@ def _local_sizes(gm: fx.GraphModule, graph: Any, pair: Any, nodes: dict[str, fx.
         if "split" in name:  # aten.split(x, chunk, dim) / split_with_sizes(x, [chunks], dim)
             new = _divide(sizes, widths, tp) if isinstance(sizes, int) else \
                 type(sizes)(_divide(v, widths, tp) for v in sizes)
+        elif "expand" in name and isinstance(sizes, (list, tuple)):
+            new = _expand_sizes(graph, i, sizes)
         elif any(t in name for t in _SHAPE_TARGETS) and isinstance(sizes, (list, tuple)):
-            every = "expand" in name
-            # the head count only in a [..., heads, head_dim] view (not a [b, t, width] merge)
-            into_heads = len(sizes) >= 2 and sizes[-1] in head_dims
-            new = type(sizes)(_divide(v, widths | heads if every or j == len(sizes) - 1 else
-                                      heads if j == len(sizes) - 2 and into_heads else set(), tp)
-                              for j, v in enumerate(sizes))
+            if graph.attr(i, "shape") == (graph.attr(i, "in_shapes") or [None])[0]:
+                # a reshape to its input's own shape: which size is split cannot be seen
+                n.target, n.args = torch.ops.aten.alias.default, (n.args[0],)
+                continue
+            new = _reshape_sizes(graph, i, sizes, widths, heads - {max(pair.chunks or (1,))}, tp)
         else:
             continue
         if new != sizes:
             log.debug("%s: sizes %s -> %s", n.name, sizes, new)
             n.args = (n.args[0], new, *n.args[2:])
+
+
+def _expand_sizes(graph: Any, i: int, sizes: Any) -> Any:
+    """An ``expand``'s sizes with ``-1`` (keep) wherever it does not broadcast."""
+    ins = (graph.attr(i, "in_shapes") or [None])[0]
+    if not ins:
+        return sizes
+    lead = len(sizes) - len(ins)
+    return type(sizes)(-1 if j >= lead and ins[j - lead] == v and v != 1 else v
+                       for j, v in enumerate(sizes))
+
+
+def _reshape_sizes(graph: Any, i: int, sizes: Any, widths: set[int], heads: set[int],
+                   tp: int) -> Any:
+    """A reshape's sizes with the split ones divided: the last if a split width, and the
+    first head count among the sizes it changes (those not kept from its input at either
+    end: not the batch or sequence sizes)."""
+    out, ins = graph.attr(i, "shape"), (graph.attr(i, "in_shapes") or [None])[0]
+    new = [_divide(v, widths, tp) if j == len(sizes) - 1 else v for j, v in enumerate(sizes)]
+    if not heads or not out or not ins or len(out) != len(sizes):
+        return type(sizes)(new)
+    lo = 0
+    while lo < min(len(out), len(ins)) and out[lo] == ins[lo]:
+        lo += 1
+    hi = len(out)
+    while hi > lo and len(ins) - (len(out) - hi) - 1 >= lo and \
+            out[hi - 1] == ins[len(ins) - (len(out) - hi) - 1]:
+        hi -= 1
+    for j in range(lo, hi):
+        if isinstance(new[j], int) and new[j] in heads and new[j] % tp == 0:
+            new[j] //= tp
+            break
+    return type(sizes)(new)
 
 
 def _divide(v: Any, values: set[int], tp: int) -> Any:

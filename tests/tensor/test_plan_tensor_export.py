@@ -36,6 +36,7 @@ LLAMA = "hf:llama:hidden_size=32,num_attention_heads=4,num_key_value_heads=4,voc
 # wte 8192 x 32 fp32 = 1 MiB: at the split threshold, so the vocabulary split is chosen
 CONSTANT_SIZES = str(Path(__file__).with_name("export_models.py")) + ":constant_size_attention"
 GPT2 = "hf:gpt2:hidden_size=32,num_attention_heads=4,vocab_size=8192"
+LLAMA_GQA = "hf:llama:hidden_size=32,num_attention_heads=4,num_key_value_heads=2,vocab_size=64"
 T5 = "hf:t5:hidden_size=32,intermediate_size=64,num_heads=4,dropout_rate=0.0"
 FUSED_QKV = str(Path(__file__).with_name("export_models.py")) + ":fused_qkv_attention"
 
@@ -119,6 +120,23 @@ def test_fused_qkv_projection_pairs_chunk_by_chunk_in_the_exported_graph():
     results, ref = _run(FUSED_QKV, "sgd", 0.05)
     _assert_matches(results, *ref)
     assert results[0]["tensor_split"] == ["qkv", "proj", "fc1", "fc2"]
+
+
+def test_llama_grouped_query_attention_tp2_equals_plain_pytorch():
+    """4 query heads, 2 key/value heads repeated (expand + reshape): q, k and v pair with o,
+    each rank holding 2 query heads and 1 key/value head."""
+    results, ref = _run(LLAMA_GQA, "sgd", 0.05)
+    _assert_matches(results, *ref)
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert f"model.layers.0.self_attn.{proj}" in results[0]["tensor_split"]
+
+
+def test_grouped_query_heads_that_tp_does_not_divide_keep_attention_unpaired():
+    from outcore.cost.tensor import plan_layout
+    cfg = TrainConfig(model=LLAMA_GQA, batch_size=4, microbatches=2)
+    g = _graph(cfg)
+    assert any("k_proj" in c for p in plan_layout(g, 2).pairs for c in p.columns)
+    assert not any("k_proj" in c for p in plan_layout(g, 4).pairs for c in p.columns)
 
 
 def test_t5_attention_with_its_per_head_position_bias_pairs_and_equals_plain_pytorch():
