@@ -261,6 +261,16 @@ class _Walk:
 HEAD_OPERAND_OPS = frozenset({"add", "add_", "iadd", "scaled_dot_product_attention"})
 
 
+def _spans_heads(g: Graph, u: int, v: int, heads: int | None) -> bool:
+    """Does ``u``, broadcast against ``v`` (dimensions aligned from the right), have a
+    dimension of ``heads`` where ``v`` may hold its heads (the second or third from the end:
+    ``[.., heads, n, n]`` scores, ``[.., heads, head_dim]`` values), so it differs per head?"""
+    su, sv = _shape(g, u), _shape(g, v)
+    if not heads or heads <= 1 or su is None or sv is None:
+        return False
+    return any(len(su) >= k and len(sv) >= k and su[-k] == sv[-k] == heads for k in (2, 3))
+
+
 def _head_operand(g: Graph, u: int, v: int, heads: int | None) -> bool:
     """May ``u`` (outside the region, not split) feed ``v`` as a per-head operand that each
     rank slices to its heads? Its size before the last two is the head count."""
@@ -327,10 +337,12 @@ def _walk(g: Graph, start: int, used: set[int], tp: int, linears: frozenset) -> 
     heads = _heads(g, w, tp)
     needs_heads = any(g.op_of(v) in HEAD_OPS for v in w.region)
     for u, v in pending_externals:
-        if u in w.region or u in w.columns or _external_ok(g, u, v, heads is not None):
+        if u in w.region or u in w.columns:
             continue
-        if _head_operand(g, u, v, heads):
+        if _head_operand(g, u, v, heads):  # (before the broadcast rule: [h, 1, n] spans heads)
             w.sliced.append((u, v))
+            continue
+        if _external_ok(g, u, v, heads is not None) and not _spans_heads(g, u, v, heads):
             continue
         w.ok, w.why = False, f"{g.name_of(u)} feeds {g.name_of(v)} unsplit"
         return w

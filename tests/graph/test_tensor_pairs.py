@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -137,28 +139,32 @@ def test_sizes_computed_from_the_input_keep_an_attention_pair_whole():
 class HeadBias(nn.Module):
     """Attention scores plus a learned per-head bias of shape (1, heads, t, t) (Swin, T5)."""
 
-    def __init__(self, d: int = 32, heads: int = 4, t: int = 8):
+    def __init__(self, d: int = 32, heads: int = 4, t: int = 8, alibi: bool = False):
         super().__init__()
         self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
-        self.bias = nn.Parameter(torch.zeros(heads, t, t))
-        self.heads = heads
+        # ALiBi-style (MPT): (heads, 1, t), broadcast over the query positions
+        self.bias = nn.Parameter(torch.zeros(heads, 1 if alibi else t, t))
+        self.heads, self.alibi = heads, alibi
 
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = (f(x).view(b, t, self.heads, -1).transpose(1, 2)
                    for f in (self.q, self.k, self.v))
-        scores = (q @ k.transpose(-2, -1) + self.bias.unsqueeze(0)).softmax(-1)
+        bias = (self.bias * 1.0) if self.alibi else self.bias.unsqueeze(0)
+        scores = (q @ k.transpose(-2, -1) + bias).softmax(-1)
         return x + self.o((scores @ v).transpose(1, 2).reshape(b, t, -1))
 
 
-def test_a_per_head_bias_is_sliced_and_its_gradient_all_reduced():
+@pytest.mark.parametrize("alibi", [False, True], ids=["relative", "alibi"])
+def test_a_per_head_bias_is_sliced_and_its_gradient_all_reduced(alibi):
     from outcore.cost.tensor import layout_collectives
-    g = capture(HeadBias(), torch.randn(2, 8, 32))
+    g = capture(HeadBias(alibi=alibi), torch.randn(2, 8, 32))
     lay = find_layout(g, 2, min_split_bytes=0)
     (pair,) = lay.pairs
     assert pair.columns == ("q", "k", "v") and pair.heads == 4
     ((u, v, nbytes),) = pair.sliced
-    assert g.attr(u, "shape") == [1, 4, 8, 8] and g.op_of(v) == "add" and nbytes == 4 * 64 * 4
+    shape = [4, 1, 8] if alibi else [1, 4, 8, 8]
+    assert g.attr(u, "shape") == shape and g.op_of(v) == "add" and nbytes == 4 * np.prod(shape)
     assert any(c.what == "per-head operand gradient" and c.nbytes == nbytes and c.phase == "bwd"
                for c in layout_collectives(lay)[v])
     # 4 heads over 8 ranks: no head split, no pair
