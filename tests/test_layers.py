@@ -28,7 +28,8 @@ LAYERS = {
 }
 TORCH_FREE = ("errors", "units", "jsonfile", "graph", "hardware.spec", "hardware.presets",
               "hardware.cluster", "hardware.collectives", "cost.memory", "cost.analytical", "cost.regression",
-              "cost.tensor", "cost.spatial", "cost.spatial_geometry", "graph.tensor_pairs", "plan",
+              "cost.tensor", "cost.grid", "cost.spatial", "cost.spatial_geometry", "graph.tensor_pairs",
+              "plan",
               "schedule", "trace", "sim", "partition", "viz")
 TORCH_ALLOWED = ("graph.capture",)
 # importer -> outcore packages it must never import, whatever their layer

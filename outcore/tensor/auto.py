@@ -48,7 +48,8 @@ def _roots(created: list[nn.Module]) -> list[nn.Module]:
 @contextlib.contextmanager
 def auto_parallelize(tp: int, *, mesh: Any = None, group: Any = None, mode: str = "1d",
                      example_inputs: Any = None,
-                     min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES) -> Iterator[Built]:
+                     min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
+                     grid: tuple[int, int] | None = None) -> Iterator[Built]:
     """Make models built inside tensor-parallel over ``tp`` ranks (arguments as
     :func:`outcore.tensor.tensor_parallel`). Yields a :class:`Built` listing the models."""
     built = Built()
@@ -67,5 +68,6 @@ def auto_parallelize(tp: int, *, mesh: Any = None, group: Any = None, mode: str 
     built.created = []
     for model in built.models:
         tensor_parallel(model, tp, mesh=mesh, group=group, mode=mode,
-                        example_inputs=example_inputs, min_split_bytes=min_split_bytes)
+                        example_inputs=example_inputs, min_split_bytes=min_split_bytes,
+                        grid=grid)
     log.info("auto_parallelize: %d model(s) made tensor-parallel", len(built.models))

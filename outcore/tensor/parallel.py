@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 __all__ = ["tensor_parallel", "layout_of", "tensor_mesh", "grid_mesh", "depth_units", "MODES",
            "split_for_plan", "split_traced_for_plan", "is_exported"]
 
-MODES = ("1d", "depth")
+MODES = ("1d", "depth", "2d")
 HEAD_ATTRS = ("heads", "num_heads", "n_head", "n_heads", "num_attention_heads", "num_key_value_heads",
               "nhead", "num_kv_heads")
 WIDTH_ATTRS = ("all_head_size", "inner_dim", "attn_dim")
@@ -109,7 +109,8 @@ def layout_of(model: nn.Module, tp: int, example_inputs: Any = None, *,
 def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any = None,
                     mode: str = "1d", example_inputs: Any = None,
                     min_split_bytes: int = DEFAULT_MIN_SPLIT_BYTES,
-                    check: bool = True, depth: int = 1) -> nn.Module:
+                    check: bool = True, depth: int = 1,
+                    grid: tuple[int, int] | None = None) -> nn.Module:
     """Parallelise ``model`` in place over a tensor-parallel group of ``tp`` ranks; return it.
 
     Args:
@@ -129,6 +130,9 @@ def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any =
             ``tp`` dimension, ``fully_shard`` on the other). Needs ``tp x depth`` ranks, or a
             2-D ``mesh`` with dimensions named ``("depth", "tp")``; rank ``d * tp + t`` is
             tensor rank ``t`` of depth group ``d``, fed batch slice ``d``.
+        grid: with ``mode="2d"``, ``(rows, cols)`` with ``rows x cols = tp``: AxoNN's 2-D
+            layout (:mod:`outcore.tensor.grid`): each pair's Linears split over both, heads
+            over ``cols``; layers that do not pair stay whole. Every rank fed the same batch.
 
     The layout is kept as ``model.outcore_tensor_layout`` (a :class:`TensorLayout`).
     """
@@ -143,6 +147,8 @@ def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any =
                              "over the whole group)")
         grid = mesh if mesh is not None and mesh.ndim == 2 else grid_mesh(tp, depth)
         mesh, depth_mesh = grid["tp"], grid["depth"]
+    if mode == "2d":
+        return _tensor_grid(model, tp, grid, example_inputs, min_split_bytes, check)
     mesh = tensor_mesh(tp, mesh=mesh, group=group)
     layout = layout_of(model, tp, example_inputs, min_split_bytes=min_split_bytes)
     if mode == "depth":
@@ -157,6 +163,31 @@ def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any =
     model.outcore_tensor_layout = layout
     log.info("tensor parallel (%s, tp=%d): %d pairs, %d modules split", mode, tp,
              len(layout.pairs), len(layout.split_modules))
+    return model
+
+
+def _tensor_grid(model: nn.Module, tp: int, grid: tuple[int, int] | None, example_inputs: Any,
+                 min_split_bytes: int, check: bool) -> nn.Module:
+    """:func:`tensor_parallel` with ``mode="2d"``."""
+    from dataclasses import replace
+
+    from outcore.tensor.grid import split_grid
+    if grid is None or len(grid) != 2 or grid[0] * grid[1] != tp or min(grid) < 1:
+        raise UsageError(f"mode='2d' needs grid=(rows, cols) with rows x cols = tp = {tp}, "
+                         f"got {grid}")
+    rows, cols = grid
+    layout = layout_of(model, cols, example_inputs, min_split_bytes=min_split_bytes)
+    reference = _reference_output(model, example_inputs) if check else None
+    done = split_grid(model, layout, rows, cols)
+    pairs = tuple(layout.pairs[k] for k in done)
+    members = {m: i for i, p in enumerate(pairs) for m in p.columns + p.rows}
+    splits = tuple(replace(s, pair=members[s.module]) if s.module in members else
+                   replace(s, style="whole", pair=None, reason="not in a pair (2-D grid)")
+                   for s in layout.splits)
+    layout = TensorLayout(tp=tp, pairs=pairs, splits=splits)
+    if reference is not None:
+        _check(model, example_inputs, reference, layout)
+    model.outcore_tensor_layout = layout
     return model
 
 

@@ -22,6 +22,9 @@ def build(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
         from outcore.zoo.transformer import transformer
         model = transformer(layers=2, d_model=32, heads=4, vocab=64, seq=8)
         return model, torch.randint(0, 64, (4, 8)), torch.randint(0, 64, (4, 8))
+    if name == "attn":
+        model = AttnBlock()
+        return model, torch.randn(4, 8, 32), torch.randint(0, 16, (4, 8))
     if name in ("gpt2", "llama"):
         import transformers
         transformers.logging.set_verbosity_error()
@@ -61,8 +64,13 @@ def _full(p: torch.Tensor) -> torch.Tensor:
     return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
 
 
+def train_grid(ctx, name: str, rows: int, cols: int, steps: int = 3) -> dict:
+    """``train_pair`` on AxoNN's 2-D grid (``mode="2d"``, ``rows x cols`` = every rank)."""
+    return train_pair(ctx, name, "2d", "sgd", steps, grid=(rows, cols))
+
+
 def train_pair(ctx, name: str, mode: str, optimizer: str, steps: int = 3,
-               depth: int = 1) -> dict:
+               depth: int = 1, grid: tuple[int, int] | None = None) -> dict:
     """Train ``steps`` steps tensor-parallel and single-process; return both results.
     ``depth`` > 1: ``tp = world / depth`` and each depth group gets its slice of the batch."""
     from outcore.tensor import tensor_parallel
@@ -72,7 +80,7 @@ def train_pair(ctx, name: str, mode: str, optimizer: str, steps: int = 3,
     tp = ctx.world_size // depth
     shards, shard = (tp, ctx.rank) if mode == "depth" else (depth, ctx.rank // tp)
     tensor_parallel(model, tp, mode=mode, example_inputs=x.chunk(shards)[shard],
-                    min_split_bytes=0, depth=depth)
+                    min_split_bytes=0, depth=depth, grid=grid)
     make = (lambda ps: torch.optim.Adam(ps, lr=1e-2)) if optimizer == "adam" else \
         (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
     opt, ref_opt = make(model.parameters()), make(ref.parameters())
