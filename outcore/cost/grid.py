@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from outcore.hardware.collectives import allreduce_s, ring_reduce_scatter_s
 from outcore.hardware.spec import Cluster, LinkSpec
 
-__all__ = ["GridCost", "pair_grid_s", "best_grid", "grids"]
+__all__ = ["GridCost", "pair_comm_s", "pair_grid_s", "best_grid", "grids", "grid_note"]
 
 
 @dataclass(frozen=True)
@@ -61,22 +61,29 @@ def _link(cluster: Cluster, span: int) -> LinkSpec:
     return cluster.intra if span <= cluster.devices_per_node else cluster.inter
 
 
+def pair_comm_s(act_bytes: float, mid_bytes: float, rows: int, cols: int,
+                cluster: Cluster) -> float:
+    """Seconds of one pair's collectives, forward and backward, on a ``rows x cols`` grid:
+    ``act_bytes`` of the pair's input / output activation, ``mid_bytes`` of the activation
+    between its two Linears (the table above)."""
+    col_link = _link(cluster, cols)                  # cols consecutive ranks
+    row_link = _link(cluster, (rows - 1) * cols + 1)  # rows ranks, stride cols
+    if rows == 1:
+        return 2 * allreduce_s(act_bytes, cols, col_link)
+    gather = ring_reduce_scatter_s(act_bytes, rows, row_link)  # (as costly as the all-gather)
+    return (allreduce_s(mid_bytes / cols, rows, row_link)             # A forward
+            + allreduce_s(act_bytes / rows, cols, col_link) + gather  # B forward + gather
+            + allreduce_s(act_bytes / rows, cols, col_link) + gather  # A's input grad
+            + allreduce_s(mid_bytes / cols, rows, row_link))          # B's input grad
+
+
 def pair_grid_s(tokens: int, hidden: int, width: int, rows: int, cols: int,
                 cluster: Cluster, *, elem_bytes: int = 2, flops_s: float | None = None) -> GridCost:
     """Seconds of one pair's collectives (and arithmetic, at ``flops_s`` per rank: the
     cluster's device peak times its efficiency by default) on a ``rows x cols`` grid."""
     tp = rows * cols
-    act, mid = tokens * hidden * elem_bytes, tokens * width * elem_bytes
-    col_link = _link(cluster, cols)                  # cols consecutive ranks
-    row_link = _link(cluster, (rows - 1) * cols + 1)  # rows ranks, stride cols
-    if rows == 1:
-        comm = 2 * allreduce_s(act, cols, col_link)
-    else:
-        gather = ring_reduce_scatter_s(act, rows, row_link)  # (same cost as the all-gather)
-        comm = (allreduce_s(mid / cols, rows, row_link)          # A forward
-                + allreduce_s(act / rows, cols, col_link) + gather  # B forward + gather
-                + allreduce_s(act / rows, cols, col_link) + gather  # A's input grad
-                + allreduce_s(mid / cols, rows, row_link))          # B's input grad
+    comm = pair_comm_s(tokens * hidden * elem_bytes, tokens * width * elem_bytes, rows, cols,
+                       cluster)
     d = cluster.device
     rate = flops_s or (d.peak_flops_tc or d.peak_flops) * d.efficiency
     compute = 3 * 2 * 2 * tokens * hidden * width / tp / rate  # fwd + 2x bwd, two matmuls
@@ -88,3 +95,26 @@ def best_grid(tp: int, tokens: int, hidden: int, width: int, cluster: Cluster,
     """Every factorisation of ``tp`` priced by :func:`pair_grid_s`, fastest first."""
     return sorted((pair_grid_s(tokens, hidden, width, r, c, cluster, **kw)
                    for r, c in grids(tp)), key=lambda g: g.total_s)
+
+
+def grid_note(layout, cluster: Cluster) -> str | None:
+    """A plan note on the row x column grid for ``layout`` (a
+    :class:`~outcore.graph.tensor_pairs.TensorLayout`): its largest Megatron pair's collectives
+    per micro-batch on the 1-D layout the plan uses beside the best grid's (arithmetic is
+    ``1/tp`` either way); ``None`` without pairs or when ``tp`` has no other factorisation."""
+    if not layout.pairs or len(grids(layout.tp)) < 3:  # tp prime: only 1 x tp and tp x 1
+        return None
+    i, pair = max(enumerate(layout.pairs), key=lambda ip: ip[1].param_bytes)
+    mid = sum(s.out_bytes for s in layout.splits if s.pair == i and s.style == "colwise")
+    costs = {(r, c): pair_comm_s(pair.out_bytes, mid, r, c, cluster)
+             for r, c in grids(layout.tp) if c > 1}  # (heads divide tp, so any columns)
+    one = costs[(1, layout.tp)]
+    (r, c), best = min(costs.items(), key=lambda kv: kv[1])
+    head = (f"tensor grid: pair {i} ({', '.join(pair.columns)} -> {', '.join(pair.rows)}) "
+            f"collectives {one * 1e3:.3f} ms per micro-batch in the plan's 1-D layout "
+            f"(1 x {layout.tp})")
+    if (r, c) == (1, layout.tp):
+        return head + "; no row x column grid moves them faster on this cluster"
+    return (head + f"; a {r} x {c} grid would take {best * 1e3:.3f} ms "
+            f"({one / best:.2f}x faster): tensor_parallel(model, tp={layout.tp}, mode=\"2d\", "
+            f"grid=({r}, {c})) in the Python API (plans use the 1-D layout)")

@@ -221,6 +221,8 @@ def _choice(dp: int, mode: str, R: int, M: int, samples: int, req: PlanRequest,
 def search_layouts(g: Graph, req: PlanRequest) -> Plan:
     """The fastest plan over every layout :func:`candidate_layouts` allows (see the module
     docstring for the passes and the pruning); ``plan.extra["candidates"]`` records them all."""
+    from outcore.partition.search import with_grid_note
+
     degrees, tp_notes = tensor_degrees(g, req)
     choices = candidate_layouts(g, req, degrees)
     if not choices:
@@ -256,6 +258,7 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
                   for r in records)
     note = (f"layout search: {len(records)} layouts considered, {fitting} fit; chose "
             f"{chosen['layout']} (memory policy {chosen['memory_policy']})")
+    plan = with_grid_note(plan, at_microbatch(g, chosen["samples"]), req)
     return plan.replace(extra={**plan.extra, "candidates": records}).with_notes(*tp_notes, note)
 
 

@@ -101,7 +101,21 @@ def _dispatch(g: Graph, req: PlanRequest) -> Plan:
     if req.whole_batch:
         from outcore.partition.layouts import search_layouts
         return search_layouts(g, req)
-    return _search(tensor_costed(g, req), req)
+    return with_grid_note(_search(tensor_costed(g, req), req), g, req)
+
+
+def with_grid_note(p: Plan, g: Graph, req: PlanRequest) -> Plan:
+    """``p`` with a note on AxoNN's row x column grid when it is tensor-parallel (``g``: the
+    graph at the plan's micro-batch, before tensor costing): what the largest pair's
+    collectives take on the plan's 1-D layout and on the best grid
+    (:func:`outcore.cost.grid.grid_note`)."""
+    if p.layout.tp == 1:
+        return p
+    from outcore.cost.grid import grid_note
+    from outcore.cost.tensor import plan_layout
+
+    note = grid_note(plan_layout(g, p.layout.tp), req.cluster)
+    return p.with_notes(note) if note else p
 
 
 def _search(g: Graph, req: PlanRequest) -> Plan:
@@ -245,10 +259,11 @@ def tensor_costed(g: Graph, req: PlanRequest) -> Graph:
     tg, layout = tensor_graph(g, req.tp, req.cluster.link(0, 1))
     if not layout.split_modules:
         raise InfeasibleError(f"--tp {req.tp}: no layer of {g.name!r} can be split {req.tp} "
-                              f"ways (split: an nn.Linear / nn.Embedding called once, with a "
+                              f"ways (split: an nn.Linear / nn.Embedding, or in a "
+                              f"torch.export graph Hugging Face's Conv1D, called once, with a "
                               f"width divisible by {req.tp} and, outside a Megatron pair, at "
-                              f"least 1 MiB of parameters; other layers, such as Hugging Face "
-                              f"GPT-2's Conv1D, stay whole); use --tp 1")
+                              f"least 1 MiB of parameters; convolutions, norms and layers "
+                              f"shared across calls stay whole); use --tp 1")
     return tg
 
 

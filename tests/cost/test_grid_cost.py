@@ -40,3 +40,28 @@ def test_across_nodes_a_grid_with_node_local_columns_wins(tp):
     one = next(c for c in costs if c.rows == 1)
     assert costs[0].rows > 1 and costs[0].cols <= 8
     assert one.total_s > 1.15 * costs[0].total_s
+
+
+def test_grid_note_names_the_faster_grid_across_nodes():
+    """grid_note on a layout's largest pair: across A100 nodes (tp 16) a grid with node-local
+    columns is named with its speed-up and the API call; inside a node 1-D stays."""
+    from outcore.cost.grid import grid_note, pair_comm_s
+    from outcore.graph.tensor_pairs import Pair, Split, TensorLayout
+
+    tokens, hidden, width = 2048, 8192, 32768
+    act, mid = tokens * hidden * 2, tokens * width * 2
+
+    def layout(tp):
+        pair = Pair(columns=("fc1",), rows=("fc2",), region=(1,), heads=None,
+                    param_bytes=2 * hidden * width * 2, out_bytes=act, in_bytes=act)
+        splits = (Split(module="fc1", kind="linear", style="colwise", node=0, param_bytes=1,
+                        out_bytes=mid, pair=0),
+                  Split(module="fc2", kind="linear", style="rowwise", node=2, param_bytes=1,
+                        in_bytes=mid, out_bytes=act, pair=0))
+        return TensorLayout(tp=tp, pairs=(pair,), splits=splits)
+
+    across = grid_note(layout(16), a100(16))
+    best = min((pair_comm_s(act, mid, r, 16 // r, a100(16)), r) for r in (2, 4, 8))
+    assert f"a {best[1]} x {16 // best[1]} grid" in across and 'mode="2d"' in across
+    assert "no row x column grid" in grid_note(layout(8), a100(8))
+    assert grid_note(TensorLayout(tp=16, pairs=(), splits=()), a100(16)) is None
