@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from outcore.errors import PlanError, UsageError
 from outcore.graph.io import save as save_graph, to_dict as graph_to_dict
 from outcore.graph.ir import Graph
@@ -154,10 +156,29 @@ def prepare(job: Job, *, local: bool = True,
                            sp=job.sp, sp_join=job.sp_join, sp_grid=job.sp_grid)
     p = search(g, req)
     if whole:  # the plan chose the split: capture again at its micro-batch
-        g = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
-                        seed=cfg.seed, costs=job.costs, split=p.microbatches * p.layout.copies,
-                        threads=cfg.threads, progress=progress, leaves=tuple(cfg.leaves))
+        micro = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
+                            seed=cfg.seed, costs=job.costs,
+                            split=p.microbatches * p.layout.copies, threads=cfg.threads,
+                            progress=progress, leaves=tuple(cfg.leaves))
+        if not np.array_equal(np.sort(micro.ids), np.sort(g.ids)):
+            p = _replanned(micro, req, p)
+        g = micro
     return g, p
+
+
+def _replanned(g: Graph, req: PlanRequest, chosen: Plan) -> Plan:
+    """The plan of ``chosen``'s layout on ``g``: the model captured at the chosen micro-batch
+    has other nodes than at the whole batch (``torch.export`` specialises a batch of 1, and
+    some models take other branches for it), so the placement is searched again with the
+    layout the layout search chose held fixed."""
+    lay = chosen.layout
+    fixed = req.replace(dp=lay.dp, parallel=lay.mode, tp=lay.tp, sp=lay.sp, depth=lay.depth,
+                        replicas=lay.replicas if lay.mode == "master" else None,
+                        microbatches=chosen.microbatches, search_layout=False)
+    from outcore.api import plan as search
+    p = search(g, fixed)
+    return p.with_notes(*chosen.notes, "the model at the chosen micro-batch has other nodes "
+                        "than at the whole batch: placed again with the chosen layout")
 
 
 def settle(job: Job, p: Plan) -> Job:
@@ -426,7 +447,12 @@ def _default_microbatches(batch: int, devices: int) -> int:
 
 
 def _slug(model: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in model.split(":")[-1] or model)[:40]
+    """The model's name for its run folder: ``resnet18`` of ``torchvision:resnet18``,
+    ``gpt2`` of ``hf:gpt2:hidden_size=32`` (never its options), ``build`` of ``net.py:build``."""
+    parts = model.split(":")
+    name = parts[1] if len(parts) > 1 and parts[0] in ("hf", "timm", "outcore", "torchvision") \
+        else parts[-1]
+    return "".join(c if c.isalnum() else "-" for c in name or model)[:40]
 
 
 class _MetricsWatcher:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,42 @@ def test_train_without_layout_options_chooses_tp_where_only_it_fits(tmp_path):
                         lr=0.1, microbatches=report.plan.microbatches,
                         run_dir=str(tmp_path / "one"), trace=False)
     assert report.losses == pytest.approx(one.losses, rel=1e-5)
+
+
+BATCH_BRANCH = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """Takes another path for a batch of one (as some Hugging Face models do): captured at
+    the whole batch and at a micro-batch of 1 it has other nodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        if x.shape[0] > 1:
+            h = h - 0.5 * h.mean(0, keepdim=True)
+        return self.fc2(h)
+
+
+def make():
+    return Net(), torch.randn(2, 16)
+'''
+
+
+def test_a_model_with_other_nodes_at_the_chosen_micro_batch_is_placed_again(tmp_path):
+    """The layout search plans the whole batch; the run captures the model again at the chosen
+    micro-batch. When that graph has other nodes (torch.export specialises a batch of 1, and
+    this model branches on it), the chosen layout is placed again on it instead of failing
+    with "plan and graph do not match"."""
+    (tmp_path / "branch.py").write_text(BATCH_BRANCH)
+    report = outcore.train(f"{tmp_path / 'branch.py'}:make", 2, costs="estimate:cpu", steps=2,
+                           batch_size=2, dp=2, run_dir=str(tmp_path / "run"),
+                           trace=False)
+    assert report.plan.graph["batch_size"] == 1
+    assert any("placed again with the chosen layout" in n for n in report.plan.notes)
+    assert len(report.losses) == 2 and all(map(math.isfinite, report.losses))
