@@ -121,6 +121,9 @@ def _is_inplace(n: fx.Node, gm: fx.GraphModule) -> bool:
         return True
     if n.op == "call_module":
         return bool(getattr(gm.get_submodule(str(n.target)), "inplace", False))
+    if isinstance(n.target, torch._ops.OpOverload):  # ATen (torch.export): the schema says
+        args = n.target._schema.arguments
+        return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
     name = getattr(n.target, "__name__", str(n.target))
     return name.endswith("_") and not name.endswith("__") or name in ("iadd", "isub", "imul",
                                                                        "itruediv", "setitem")

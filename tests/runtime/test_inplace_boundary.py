@@ -1,0 +1,40 @@
+"""An in-place ATen op (``aten.add_`` of an exported graph) on a tensor received from another
+rank: the piece gets a copy (autograd forbids writing into the received leaf), and 2 ranks
+train like one process (losses and every parameter within 1e-5 after SGD steps)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from outcore.graph.capture import capture
+from outcore.graph.io import to_dict as graph_doc
+from outcore.plan.plan import make_plan, to_dict as plan_doc
+from outcore.runtime.config import TrainConfig
+from outcore.runtime.data import split
+from outcore.runtime.launch import run_local
+from outcore.runtime.worker import train_worker
+from outcore.zoo import build_model
+from tests.runtime.helpers import assert_matches, reference
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
+
+MODEL = "tests/runtime/inplace_model.py:make"
+
+
+def test_in_place_add_of_a_received_tensor_on_two_ranks_equals_single_process():
+    cfg = TrainConfig(model=MODEL, batch_size=8, microbatches=2, steps=3, optimizer="sgd",
+                      lr=0.1, momentum=0.0, return_state=True, track_memory=False, timeout_s=30)
+    spec, model = build_model(MODEL, batch_size=8, seed=cfg.seed)
+    g = capture(model, split(spec.example_inputs, 2)[0], name=MODEL, path="export")
+    g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
+    # fc1 (its weights and matmul) on rank 0, everything else on rank 1: rank 1's add_ writes
+    # into fc1's output, received from rank 0
+    a = np.array([0 if g.module_of(i) == "fc1" else 1 for i in range(g.num_nodes)])
+    adds = [i for i in range(g.num_nodes) if g.op_of(i) == "add_"]
+    assert adds and all(a[i] == 1 for i in adds)
+    assert any(a[int(s)] == 0 and int(d) in adds for s, d in zip(g.src, g.dst))
+    plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
+                     schedule="1f1b")
+    results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
+    assert_matches(results, *reference(cfg), rtol=1e-5)
