@@ -90,8 +90,26 @@ def hf_config(model_type: str, opts: dict[str, Any]) -> Any:
     except ValueError as e:
         raise ModelError(f"transformers has no model type {model_type!r}: {e}") from None
     config.use_cache = False  # a cache in the output is not a pytree and training needs none
+    _fit_heads(config, opts)
     _no_dropout(config, float(opts.get("dropout", 0.0)))
     return config
+
+
+def _fit_heads(config: Any, opts: dict[str, Any]) -> None:
+    """Head options the tiny sizes break, made consistent unless given: key/value heads
+    (Gemma, Qwen3, StableLM default to more than the tiny 2 query heads) at most the query
+    heads and dividing them; GPT-J's and CodeGen's ``rotary_dim`` (default 64) at most the head
+    width."""
+    heads = getattr(config, "num_attention_heads", None)
+    if not isinstance(heads, int) or heads < 1:
+        return
+    kv = getattr(config, "num_key_value_heads", None)
+    if "num_key_value_heads" not in opts and isinstance(kv, int) and kv > 0 and heads % kv:
+        config.num_key_value_heads = heads
+    rotary = getattr(config, "rotary_dim", None)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if "rotary_dim" not in opts and isinstance(rotary, int) and rotary > head_dim:
+        config.rotary_dim = head_dim
 
 
 def hf_task(model_type: str, task: str | None) -> str:
