@@ -135,6 +135,14 @@ class Graph:
         return self.pred_idx[p[i]:p[i + 1]]
 
     @cached_property
+    def param_nodes(self) -> np.ndarray:
+        """``int64`` indices of the parameter nodes (op ``param``: an exported graph's weight
+        reads), computed once."""
+        if self.ops is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.array([i for i, op in enumerate(self.ops) if op == "param"], dtype=np.int64)
+
+    @cached_property
     def out_degree(self) -> np.ndarray:
         return np.diff(self.succ_ptr)
 

@@ -170,11 +170,27 @@ class Plan:
                             f"{self.assignment.size}")
 
 
+def colocated_params(g: Graph, assignment: np.ndarray) -> np.ndarray:
+    """``assignment`` with every parameter node (``param``: an exported graph's weight read)
+    whose consumers all sit on one other device moved there: a weight lives where it is used
+    (sent instead, it would cross every micro-batch, and a tensor-parallel shard cannot travel
+    as a boundary tensor). A weight used on several devices (tied) stays where it was placed."""
+    if not g.param_nodes.size or assignment.shape != (g.num_nodes,):
+        return assignment
+    out = assignment.copy()
+    for v in g.param_nodes.tolist():
+        users = {int(out[int(u)]) for u in g.successors(v)}
+        if len(users) == 1 and out[v] not in users:
+            out[v] = users.pop()
+    return out
+
+
 def make_plan(g: Graph, assignment: np.ndarray, *, strategy: str, devices: int,
               memory_bytes: float | None, **kwargs: Any) -> Plan:
     """A :class:`Plan` for graph ``g`` (records :func:`graph_ref`)."""
     plan = Plan(strategy=strategy, devices=int(devices), memory_bytes=memory_bytes,
-                assignment=np.asarray(assignment, dtype=np.int64), node_ids=g.ids.copy(),
+                assignment=colocated_params(g, np.asarray(assignment, dtype=np.int64)),
+                node_ids=g.ids.copy(),
                 graph=graph_ref(g), **kwargs)
     plan.check(g)
     return plan

@@ -136,3 +136,16 @@ def test_piece_graph_is_acyclic_and_covers_every_node(n, k, seed):
         if ps != pd:
             t = [t for t in P.transfers if (t.src, t.dst) == (ps, pd)]
             assert len(t) == 1 and s in t[0].tensors
+
+
+def test_a_weight_node_lives_with_its_consumers():
+    """A ``param`` node (an exported graph's weight read) placed apart from its only consumer's
+    device moves there; one used on two devices (a tied weight) stays."""
+    g = build("w", fwd_s=[1.0] * 5, src=[0, 1, 2, 3, 3], dst=[2, 2, 4, 4, 2],
+              edge_bytes=[8] * 5, ops=["input", "param", "linear", "param", "linear"])
+    p = make_plan(g, np.array([0, 0, 1, 1, 1]), strategy="manual", devices=2,
+                  memory_bytes=None)
+    np.testing.assert_array_equal(p.assignment, [0, 1, 1, 1, 1])  # param 1 joins node 2
+    p = make_plan(g, np.array([0, 0, 0, 0, 1]), strategy="manual", devices=2,
+                  memory_bytes=None)
+    np.testing.assert_array_equal(p.assignment, [0, 0, 0, 0, 1])  # param 3 feeds 2 and 4
