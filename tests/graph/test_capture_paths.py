@@ -123,3 +123,66 @@ def test_fx_failure_falls_back_to_export():
     assert g.meta["capture"]["path"] == "export"
     assert g.meta["capture"]["output"] == "logits"
     assert "linear" in [g.op_of(i) for i in range(g.num_nodes)]
+
+
+class OwnLinear(nn.Linear):
+    """A Linear subclass that multiplies by the transposed weight itself (Falcon's
+    ``FalconLinear``)."""
+
+    def forward(self, x):
+        y = x @ self.weight.T
+        return y if self.bias is None else y + self.bias
+
+
+class OwnMLP(nn.Module):
+    def __init__(self, bias: bool):
+        super().__init__()
+        self.up, self.down = OwnLinear(8, 16, bias=bias), OwnLinear(16, 8, bias=bias)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_linear_subclass_that_multiplies_itself_exports_as_a_linear(bias):
+    """Exported, ``x @ W.T (+ b)`` of an nn.Linear subclass is one aten.linear call recorded
+    under nn.Linear: the tensor-parallel pairing finds the MLP pair; outputs are unchanged."""
+    from outcore.cost.tensor import plan_layout
+    from outcore.graph.capture.export import export_trace
+
+    torch.manual_seed(0)
+    net, x = OwnMLP(bias), torch.randn(4, 3, 8)
+    g = capture(net, x, path="export")
+    linears = [i for i in range(g.num_nodes) if g.op_of(i) == "linear"]
+    assert [g.module_of(i) for i in linears] == ["up", "down"]
+    assert not any(g.op_of(i) in ("matmul", "numpy_T", "t") for i in range(g.num_nodes))
+    assert g.meta["module_types"]["up"] == "Linear"
+    layout = plan_layout(g, 2)
+    assert [(p.columns, p.rows) for p in layout.pairs] == [(("up",), ("down",))]
+    gm, _ = export_trace(net, (x,))
+    torch.testing.assert_close(gm(x), net(x), rtol=1e-6, atol=1e-6)
+
+
+class ForeignWeight(nn.Linear):
+    """Multiplies by another module's weight: not its own Linear, left alone."""
+
+    def __init__(self, other: nn.Linear):
+        super().__init__(4, 4, bias=False)
+        self.other = [other]
+
+    def forward(self, x):
+        return x @ self.other[0].weight.T
+
+
+def test_a_linear_subclass_using_another_weight_is_not_rewritten():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4, bias=False)
+            self.b = ForeignWeight(self.a)
+
+        def forward(self, x):
+            return self.b(x)
+
+    g = capture(Net(), torch.randn(2, 4), path="export")
+    assert "linear" not in {g.op_of(i) for i in range(g.num_nodes)}

@@ -80,6 +80,7 @@ def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     _drop_checks(graph)
     key = _select_output(graph, unlifted, output_key)
     graph._codegen = fx.graph.CodeGen()  # plain positional inputs, plain outputs
+    _canonical_linears(model, graph)
     _move_attrs_to_first_use(graph)
     _first_names(model, graph)
     graph.eliminate_dead_code(is_impure_node=_is_impure)
@@ -144,6 +145,65 @@ def _move_attrs_to_first_use(graph: fx.Graph) -> None:
         if n.op == "get_attr" and n.users:
             first = min(n.users, key=lambda u: position[u])
             first.prepend(n)
+
+
+_MATMULS = ("aten.matmul.default", "aten.mm.default")
+
+
+def _canonical_linears(model: nn.Module, graph: fx.Graph) -> None:
+    """An ``nn.Linear`` subclass whose ``forward`` multiplies by the transposed weight itself
+    (Hugging Face Falcon's ``FalconLinear``: ``x @ self.weight.T + self.bias``) becomes one
+    ``aten.linear`` call, as a plain ``nn.Linear`` exports, recorded under ``nn.Linear``: the
+    tensor-parallel pairing and the split runtime then treat it as the Linear it is. Only that
+    exact pattern (transpose of the module's own weight, matmul, add of its own bias) is
+    rewritten; anything else the subclass does is left alone."""
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for mm in list(graph.nodes):
+        if mm.op != "call_function" or str(mm.target) not in _MATMULS or len(mm.args) != 2:
+            continue
+        stack = list((mm.meta.get("nn_module_stack") or {}).items())
+        path = str(stack[-1][1][0]) if stack else ""
+        mod = modules.get(path)
+        if not isinstance(mod, nn.Linear) or type(mod).forward is nn.Linear.forward:
+            continue
+        x, wt = mm.args
+        if not (isinstance(wt, fx.Node) and _is_transpose_2d(wt) and wt.args[0].op == "get_attr"
+                and params.get(str(wt.args[0].target)) is mod.weight):
+            continue
+        last, args = mm, (x, wt.args[0])
+        if mod.bias is not None:
+            add = next(iter(mm.users)) if len(mm.users) == 1 else None
+            b = add.args[1] if add is not None and str(add.target) == "aten.add.Tensor" and \
+                len(add.args) == 2 and add.args[0] is mm else None
+            if not (isinstance(b, fx.Node) and b.op == "get_attr"
+                    and params.get(str(b.target)) is mod.bias):
+                continue
+            last, args = add, (x, wt.args[0], b)
+        with graph.inserting_before(last):
+            linear = graph.call_function(torch.ops.aten.linear.default, args)
+        linear.meta = dict(last.meta)
+        key, (p, _) = stack[-1]
+        linear.meta["nn_module_stack"] = {**dict(stack[:-1]), key: (p, nn.Linear)}
+        last.replace_all_uses_with(linear)
+        for dead in dict.fromkeys((last, mm, wt)):
+            if not dead.users:
+                graph.erase_node(dead)
+
+
+def _is_transpose_2d(n: fx.Node) -> bool:
+    """``n`` swaps the two dimensions of a 2-D tensor (``.T``, ``t``, ``permute([1, 0])``,
+    ``transpose(0, 1)``)."""
+    if n.op != "call_function" or not n.args or not isinstance(n.args[0], fx.Node):
+        return False
+    target = str(n.target)
+    if target in ("aten.numpy_T.default", "aten.t.default"):
+        return True
+    if target == "aten.permute.default":
+        return [int(d) % 2 for d in n.args[1]] == [1, 0]
+    if target == "aten.transpose.int":
+        return sorted(int(d) % 2 for d in n.args[1:3]) == [0, 1]
+    return False
 
 
 def _first_names(model: nn.Module, graph: fx.Graph) -> None:
