@@ -322,7 +322,7 @@ class RankExecutor:
             for t, g in zip(tensors_of(value), acc):
                 if g is not None and t.requires_grad:
                     roots.append(t)
-                    grads.append(g)
+                    grads.append(like(t, g) if not hasattr(g, "to_local") else g)
         if roots:
             if self.sharder is not None:
                 self.sharder.gather(p)
@@ -353,7 +353,11 @@ class RankExecutor:
         for i, g in enumerate(gs):
             if g is None:
                 continue
-            acc[i] = g if acc[i] is None else acc[i] + g
+            a = acc[i]
+            if a is not None and hasattr(a, "to_local") != hasattr(g, "to_local"):
+                # a tied split weight: a local consumer's DTensor gradient and a received shard
+                a, g = (a, like(a, g)) if hasattr(a, "to_local") else (like(g, a), g)
+            acc[i] = g if a is None else a + g
 
     # ------------------------------------------------------------------ communication
     def _grad_positions(self, name: str) -> list[int]:
@@ -362,8 +366,8 @@ class RankExecutor:
 
     def send_activations(self, t: int, mb: int) -> None:
         tensors = []
-        for name in self.transfer_names[t]:
-            tensors += tensors_of(self.local[(name, mb)])
+        for name in self.transfer_names[t]:  # a DTensor (a tied split weight): its shard
+            tensors += [local(x) for x in tensors_of(self.local[(name, mb)])]
         self.msg.send((t, "F", mb), self.transfer_dst[t], tensors)
 
     def recv_activations(self, t: int, mb: int) -> None:

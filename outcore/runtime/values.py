@@ -53,6 +53,11 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
+def _local_shape(x: torch.Tensor) -> torch.Size:
+    """A tensor-parallel shard (DTensor) travels as its local tensor: messages carry that."""
+    return x.to_local().shape if hasattr(x, "to_local") else x.shape
+
+
 class _MetaRecorder(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule):
         super().__init__(gm)
@@ -63,7 +68,7 @@ class _MetaRecorder(fx.Interpreter):
         value = result if n.op != "output" else result
         leaves, spec = tree_flatten(value)
         self.meta[n.name] = ValueMeta(spec, tuple(
-            LeafMeta(tuple(x.shape), x.dtype, bool(x.requires_grad))
+            LeafMeta(tuple(_local_shape(x)), x.dtype, bool(x.requires_grad))
             if isinstance(x, torch.Tensor) else x for x in leaves))
         return result
 

@@ -116,8 +116,15 @@ def _local(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.to_local() if t is not None and hasattr(t, "to_local") else t
 
 
+def _mesh(w: torch.Tensor) -> Any:
+    """The tensor-parallel mesh of a split weight: its own (a DTensor), or this process's
+    when the weight arrived from another pipeline stage as its local shard (a tied weight:
+    GPT-2's embedding read again by the LM head on a later stage)."""
+    return w.device_mesh if hasattr(w, "device_mesh") else _HEADS_MESH[-1]
+
+
 def _group(w: torch.Tensor) -> Any:
-    return w.device_mesh.get_group()
+    return _mesh(w).get_group()
 
 
 # ------------------------------------------------------------------------------ split calls
@@ -145,7 +152,7 @@ def tp_rowwise_alone_linear(x: torch.Tensor, w: torch.Tensor,
                             b: torch.Tensor | None = None) -> torch.Tensor:
     """A Linear split alone by rows: the replicated input sliced to this rank's features."""
     width = _local(w).shape[1]
-    lo = w.device_mesh.get_local_rank() * width
+    lo = _mesh(w).get_local_rank() * width
     x = _CopyToTP.apply(x, _group(w))[..., lo:lo + width]
     return tp_rowwise_linear(x, w, b)
 
@@ -155,7 +162,7 @@ def tp_vocab_embedding(w: torch.Tensor, ids: torch.Tensor, padding_idx: int = -1
     """Embedding split by vocabulary rows: rows outside this shard look up zeros, then the
     lookups are summed over the group (Megatron's vocabulary-parallel embedding)."""
     local = _local(w)
-    lo = w.device_mesh.get_local_rank() * local.shape[0]
+    lo = _mesh(w).get_local_rank() * local.shape[0]
     outside = (ids < lo) | (ids >= lo + local.shape[0])
     pad = padding_idx - lo if 0 <= padding_idx - lo < local.shape[0] else -1
     out = torch.ops.aten.embedding(local, (ids - lo).masked_fill(outside, 0), pad,
@@ -191,7 +198,7 @@ def tp_colwise_gather_conv1d(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) 
 def tp_rowwise_alone_conv1d(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """A ``Conv1D`` split alone by its inputs: the replicated input sliced to this rank's."""
     width = _local(w).shape[0]
-    lo = w.device_mesh.get_local_rank() * width
+    lo = _mesh(w).get_local_rank() * width
     return tp_rowwise_conv1d(b, _CopyToTP.apply(x, _group(w))[..., lo:lo + width], w)
 
 

@@ -157,6 +157,17 @@ def test_llama_pipeline_2_x_tensor_2_equals_plain_pytorch():
     assert results[0]["pieces"] == results[1]["pieces"] != results[2]["pieces"]
 
 
+@pytest.mark.slow
+def test_gpt2_pipeline_2_x_tensor_2_with_the_tied_vocabulary_split_equals_plain_pytorch():
+    """GPT-2's embedding and LM head share one vocabulary-split weight; with the head on the
+    second stage, the first stage sends each shard to its tensor-parallel peer there (as its
+    local tensor) and takes its gradient back (as a DTensor gradient)."""
+    results, ref = _run(GPT2, "sgd", 0.05, stages=2)
+    _assert_matches(results, *ref)
+    assert results[0]["tensor_split"] and "transformer.wte" in results[0]["tensor_split"]
+    assert results[0]["pieces"] != results[2]["pieces"]
+
+
 def test_gpt2_fused_shards_checkpoint_and_resume_on_one_device_and_on_tp2(tmp_path):
     """A fused projection's chunk-by-chunk shards are written as contiguous ones (DCP's block
     metadata) and re-cut on load: resumed on 1 device or on tp 2, step 3 repeats the
