@@ -384,9 +384,10 @@ def _only_used_devices(g: Graph, p: Plan,
                        progress: Callable[[str, int, int], None] | None) -> Plan:
     """A plain plan that leaves devices idle runs on the devices it uses: local workers are
     started only for them, and the plan says why."""
-    used = p.used_devices
+    tp = p.layout.tp          # a device slot is tp ranks
+    used = p.used_devices * tp
     extra = p.layout.sp - 1   # spatial plans: the extra tile ranks come after the stages
-    if p.layout.replicated or p.layout.tp > 1 or used >= p.devices - extra:
+    if p.layout.replicated or used >= p.devices - extra:
         return p
     from outcore.api import simulate
     why = (f"the plan uses {used + extra} of {p.devices} devices ({p.strategy} found no faster "

@@ -106,3 +106,22 @@ def test_a_tensor_parallel_plan_notes_the_row_x_column_grid(lm):
     assert "no row x column grid moves them faster" in notes[0]
     # tp 2 has no grid but 1 x 2 and 2 x 1: no note
     assert not any(n.startswith("tensor grid:") for n in outcore.plan(lm, 4, "14MiB", tp=2).notes)
+
+
+def test_a_tensor_parallel_plan_on_one_slot_starts_only_its_ranks(lm):
+    """A tp 2 plan on 4 devices that keeps every node on slot 0 runs on 2 workers, not 4,
+    and says so."""
+    import numpy as np
+    from outcore.job import _only_used_devices
+    from outcore.plan.layout import Layout
+    from outcore.plan.plan import make_plan
+
+    p = make_plan(lm, np.zeros(lm.num_nodes, dtype=np.int64), strategy="manual", devices=4,
+                  memory_bytes=None, microbatches=1, layout=Layout(tp=2))
+    small = _only_used_devices(lm, p, None)
+    assert small.devices == 2 and small.layout.tp == 2
+    assert any("uses 2 of 4 devices" in n for n in small.notes)
+    assert small.predicted["iteration_s"] > 0
+    both = make_plan(lm, np.arange(lm.num_nodes) * 2 // lm.num_nodes, strategy="manual",
+                     devices=4, memory_bytes=None, microbatches=1, layout=Layout(tp=2))
+    assert _only_used_devices(lm, both, None) is both
