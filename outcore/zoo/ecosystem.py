@@ -152,11 +152,14 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
     if task == "regression":
         config.problem_type = "regression"
 
+    dtype = _dtype(opts["dtype"]) if "dtype" in opts else None
+
     def build() -> nn.Module:
         try:
-            return make(config)
+            model = make(config)
         except (ValueError, TypeError, KeyError) as e:
             raise ModelError(f"cannot build {spec} for {task}: {e}") from e
+        return model if dtype is None else model.to(dtype)  # weights (inputs are token ids)
 
     build()
     batch = batch_size or 2
