@@ -9,9 +9,10 @@ batches; the report gives the largest loss difference and, per parameter, the la
 difference relative to that parameter's largest entry (the equivalence tests' measure; the
 single-process run itself equals plain PyTorch there).
 
-    .venv/bin/python benchmarks/hf_pipeline_tensor.py [gpt2 llama ...] [--dtype float64]
+    .venv/bin/python benchmarks/hf_pipeline_tensor.py [gpt2 llama ... | timm:<name>:<opts>]
+        [--dtype float64]
 
-Writes ``benchmarks/results/hf_pipeline_tensor.json``. About 15 s per model on 2 cores.
+Writes ``benchmarks/results/hf_pipeline_tensor.json`` (``..._selected.json`` for a chosen list). About 15 s per model on 2 cores.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ TYPES = ["gpt2", "llama", "t5", "bert", "opt", "bloom", "mpt", "falcon", "gemma"
 def _docs(cfg: TrainConfig, stages: int, tp: int) -> tuple[dict, dict]:
     spec, model = build_model(cfg.model, batch_size=cfg.batch_size, seed=cfg.seed)
     g = capture(model, split(spec.example_inputs, cfg.microbatches)[0], name=cfg.model,
-                path="export")
+                path="export" if cfg.model.startswith("hf:") else "auto")
     g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
     a = np.minimum(np.arange(g.num_nodes) * stages // g.num_nodes, stages - 1)
     p = make_plan(g, a, strategy="manual", devices=stages * tp, memory_bytes=None,
@@ -77,14 +78,16 @@ def compare(model: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("types", nargs="*", default=TYPES, help="Hugging Face model types")
+    ap.add_argument("types", nargs="*", default=TYPES,
+                    help="Hugging Face model types, or full model names (timm:vit_tiny_patch16_"
+                         "224:image_size=32,...: captured through torch.fx where it can)")
     ap.add_argument("--dtype", default=None, help="float64: weights in double precision")
     args = ap.parse_args()
     rows = []
     print(f"{'model type':<14} {'split':>5} {'loss rel':>9} {'param rel':>9}  worst parameter")
     for t in args.types:
-        model = f"hf:{t}:hidden_size=32,intermediate_size=64,num_attention_heads=4" + \
-            (f",dtype={args.dtype}" if args.dtype else "")
+        model = (t if ":" in t else f"hf:{t}:hidden_size=32,intermediate_size=64,"
+                 "num_attention_heads=4") + (f",dtype={args.dtype}" if args.dtype else "")
         try:
             r = compare(model)
         except Exception as e:  # report the failure per model and go on
@@ -95,7 +98,8 @@ def main() -> int:
                   f"{r['worst_param']}", flush=True)
         rows.append(r)
     RESULTS.mkdir(exist_ok=True)
-    name = "hf_pipeline_tensor" + (f"_{args.dtype}" if args.dtype else "") + ".json"
+    name = "hf_pipeline_tensor" + (f"_{args.dtype}" if args.dtype else "") + \
+        ("" if args.types == TYPES else "_selected") + ".json"  # a subset keeps the full run
     (RESULTS / name).write_text(json.dumps(rows, indent=1))
     return 0 if all("error" not in r for r in rows) else 1
 
