@@ -12,7 +12,8 @@ single-process run itself equals plain PyTorch there).
     .venv/bin/python benchmarks/hf_pipeline_tensor.py [gpt2 llama ... | timm:<name>:<opts>]
         [--dtype float64]
 
-Writes ``benchmarks/results/hf_pipeline_tensor.json`` (``..._selected.json`` for a chosen list). About 15 s per model on 2 cores.
+Writes ``benchmarks/results/hf_pipeline_tensor.json`` (``..._selected.json`` for a chosen
+list). About 15 s per model on 2 cores.
 """
 
 from __future__ import annotations
