@@ -101,6 +101,26 @@ def _fresh_inputs(saved: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, l
     return tree_map(make, saved), leaves
 
 
+def _time_or_forward_only(n: Any, fn: Callable[..., Any],
+                          saved: tuple[tuple[Any, ...], dict[str, Any]],
+                          params: list[nn.Parameter], device: torch.device, warmup: int,
+                          repeat: int) -> tuple[float, float]:
+    """:func:`time_node`; an op autograd refuses on inputs that require grad (a mixture of
+    experts' routing counts: ``histc`` and friends on float scores give ``Autograd not support
+    dtype: Int``) ran on inputs outside autograd in the model: it is timed forward only."""
+    try:
+        return time_node(fn, saved, params, device, warmup, repeat)
+    except RuntimeError as first:
+        try:
+            with torch.no_grad():
+                fwd = _timeit(lambda inp: fn(*inp[0], **inp[1]), warmup, repeat, device,
+                              lambda: _fresh_inputs(saved)[0])
+        except RuntimeError:
+            raise ModelError(f"profiling node {n.name} ({n.target}) failed: {first}") from first
+        log.debug("node %s (%s) timed forward only: %s", n.name, n.target, first)
+        return fwd, 0.0
+
+
 def time_node(fn: Callable[..., Any], saved: tuple[tuple[Any, ...], dict[str, Any]],
               params: list[nn.Parameter], device: torch.device, warmup: int,
               repeat: int) -> tuple[float, float]:
@@ -216,7 +236,8 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
             if n.name in rec.inputs:
                 fn = _node_callable(gm, n)
                 params = list(fn.parameters()) if isinstance(fn, nn.Module) else []
-                fwd[i], bwd[i] = time_node(fn, rec.inputs[n.name], params, dev, warmup, repeat)
+                fwd[i], bwd[i] = _time_or_forward_only(n, fn, rec.inputs[n.name], params, dev,
+                                                       warmup, repeat)
             if progress:
                 progress(i + 1, total)
         step_s = time_step(model, inputs, dev, warmup, repeat)
