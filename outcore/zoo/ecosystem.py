@@ -91,6 +91,7 @@ def hf_config(model_type: str, opts: dict[str, Any]) -> Any:
         raise ModelError(f"transformers has no model type {model_type!r}: {e}") from None
     config.use_cache = False  # a cache in the output is not a pytree and training needs none
     _fit_heads(config, opts)
+    _fit_token_ids(config, opts)
     _no_dropout(config, float(opts.get("dropout", 0.0)))
     return config
 
@@ -110,6 +111,23 @@ def _fit_heads(config: Any, opts: dict[str, Any]) -> None:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     if "rotary_dim" not in opts and isinstance(rotary, int) and rotary > head_dim:
         config.rotary_dim = head_dim
+
+
+_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+              "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
+
+
+def _fit_token_ids(config: Any, opts: dict[str, Any]) -> None:
+    """Special token ids of the full vocabulary (Marian pads with id 58100) past the tiny one
+    (an embedding's ``padding_idx`` must lie inside it): the last ids of the tiny vocabulary,
+    unless given."""
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < len(_TOKEN_IDS) + 1:
+        return
+    for j, key in enumerate(_TOKEN_IDS):
+        value = getattr(config, key, None)
+        if key not in opts and isinstance(value, int) and value >= vocab:
+            setattr(config, key, vocab - 1 - j)
 
 
 def hf_task(model_type: str, task: str | None) -> str:

@@ -61,7 +61,12 @@ HF = ["gpt2", "bert", "llama", "t5",
       "olmo", "gemma", "stablelm", "falcon",
       # encoders and encoder-decoders
       "roberta", "distilbert", "electra", "deberta-v2", "xlm-roberta", "megatron-bert", "albert",
-      "bart", "mt5"]
+      "bart", "mt5",
+      # more, as users bring them (mixtures of experts, state-space, seq2seq translation)
+      "gpt_bigcode", "biogpt", "xglm", "gemma2", "cohere", "granite", "starcoder2", "persimmon",
+      "ctrl", "mixtral", "qwen2_moe", "mamba", "mbart", "pegasus", "marian", "blenderbot",
+      "camembert", "ernie", "convbert", "layoutlm", "big_bird", "nystromformer", "mpnet",
+      "rembert", "data2vec-text", "fnet"]
 MODELS = [f"timm:{m}" for m in TIMM] + [f"hf:{m}:hidden_size=32,intermediate_size=64"
                                         for m in HF]
 # the default run: one model of each family (convolutional, depthwise, dense concatenation,
