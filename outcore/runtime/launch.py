@@ -326,6 +326,10 @@ def _unpack(data: bytes) -> Any:
 
 
 def _stop(procs: list[Any]) -> None:
+    # a worker that never started (start() failed: e.g. spawned from a script without an
+    # ``if __name__ == "__main__":`` guard) has nothing to stop, and joining it would raise
+    # over the error that stopped the launch
+    procs = [p for p in procs if p.pid is not None]
     for p in procs:
         if p.is_alive():
             p.terminate()

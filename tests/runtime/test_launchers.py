@@ -68,3 +68,18 @@ def test_torchrun_and_mpirun_train_the_same(tmp_path):
                        text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     assert _losses(tmp_path / "m") == pytest.approx(_losses(tmp_path / "l"), rel=1e-6)
+
+
+def test_a_script_without_a_main_guard_is_told_why(tmp_path):
+    """Local workers are spawned: a script calling outcore without ``if __name__ ==
+    "__main__":`` re-runs in each worker, whose own launch fails; the worker's error names the
+    missing guard (multiprocessing's message), not "can only join a started process"."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("from outcore.runtime.launch import run_local\n"
+                      "def hello(ctx):\n    return ctx.rank\n"
+                      "print(run_local(hello, 1, timeout_s=60))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode != 0
+    assert "__main__" in r.stderr and "can only join a started process" not in r.stderr, \
+        r.stderr[-2000:]
