@@ -174,7 +174,7 @@ def test_gpt2_fused_shards_checkpoint_and_resume_on_one_device_and_on_tp2(tmp_pa
     uninterrupted run's loss."""
     import outcore
     kw = dict(batch_size=4, optimizer="sgd", lr=0.05, trace=False, timeout_s=120)
-    straight = outcore.train(GPT2, devices=1, steps=3, **kw).losses
+    straight = outcore.train(GPT2, devices=1, steps=3, run_dir=str(tmp_path / "s"), **kw).losses
     ckpt = str(tmp_path / "ckpt")
     outcore.train(GPT2, devices=2, tp=2, steps=2, checkpoint_dir=ckpt, checkpoint_every=2,
                   run_dir=str(tmp_path / "a"), **kw)
