@@ -171,11 +171,13 @@ def _replanned(g: Graph, req: PlanRequest, chosen: Plan) -> Plan:
     has other nodes than at the whole batch (``torch.export`` specialises a batch of 1, and
     some models take other branches for it), so the placement is searched again with the
     layout the layout search chose held fixed."""
-    lay = chosen.layout
-    fixed = req.replace(dp=lay.dp, parallel=lay.mode, tp=lay.tp, sp=lay.sp, depth=lay.depth,
-                        replicas=lay.replicas if lay.mode == "master" else None,
-                        microbatches=chosen.microbatches, search_layout=False)
     from outcore.api import plan as search
+    from outcore.partition.layouts import LayoutChoice
+
+    lay = chosen.layout
+    fixed = LayoutChoice(dp=lay.dp, parallel=lay.mode, replicas=lay.replicas,
+                         microbatches=chosen.microbatches, samples=g.batch_size, tp=lay.tp,
+                         sp=lay.sp, depth=lay.depth).request(req, req.memory_policy)
     p = search(g, fixed)
     return p.with_notes(*chosen.notes, "the model at the chosen micro-batch has other nodes "
                         "than at the whole batch: placed again with the chosen layout")

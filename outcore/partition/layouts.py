@@ -258,7 +258,10 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
                   for r in records)
     note = (f"layout search: {len(records)} layouts considered, {fitting} fit; chose "
             f"{chosen['layout']} (memory policy {chosen['memory_policy']})")
-    plan = with_grid_note(plan, at_microbatch(g, chosen["samples"]), req)
+    if plan.layout.tp > 1:  # the chosen layout's split, for its note on the 2-D grid
+        from outcore.cost.tensor import plan_layout
+        plan = with_grid_note(plan, plan_layout(at_microbatch(g, chosen["samples"]),
+                                                plan.layout.tp), req)
     return plan.replace(extra={**plan.extra, "candidates": records}).with_notes(*tp_notes, note)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from outcore.cost.tensor import tensor_graph
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
+from outcore.graph.tensor_pairs import TensorLayout
 from outcore.hardware.spec import Cluster
 from outcore.plan.layout import Layout
 from outcore.plan.plan import Plan, make_plan
@@ -101,20 +102,19 @@ def _dispatch(g: Graph, req: PlanRequest) -> Plan:
     if req.whole_batch:
         from outcore.partition.layouts import search_layouts
         return search_layouts(g, req)
-    return with_grid_note(_search(tensor_costed(g, req), req), g, req)
+    tg, layout = tensor_split(g, req)
+    return with_grid_note(_search(tg, req), layout, req)
 
 
-def with_grid_note(p: Plan, g: Graph, req: PlanRequest) -> Plan:
-    """``p`` with a note on AxoNN's row x column grid when it is tensor-parallel (``g``: the
-    graph at the plan's micro-batch, before tensor costing): what the largest pair's
-    collectives take on the plan's 1-D layout and on the best grid
-    (:func:`outcore.cost.grid.grid_note`)."""
+def with_grid_note(p: Plan, layout: TensorLayout, req: PlanRequest) -> Plan:
+    """``p`` with a note on AxoNN's row x column grid when it is tensor-parallel (``layout``:
+    its tensor-parallel layout): what the largest pair's collectives take on the plan's 1-D
+    layout and on the best grid (:func:`outcore.cost.grid.grid_note`)."""
     if p.layout.tp == 1:
         return p
     from outcore.cost.grid import grid_note
-    from outcore.cost.tensor import plan_layout
 
-    note = grid_note(plan_layout(g, p.layout.tp), req.cluster)
+    note = grid_note(layout, req.cluster)
     return p.with_notes(note) if note else p
 
 
@@ -254,8 +254,13 @@ def single(g: Graph, req: PlanRequest) -> Plan:
 def tensor_costed(g: Graph, req: PlanRequest) -> Graph:
     """``g`` costed as one rank of the request's tensor-parallel group sees it (``g`` itself
     for ``tp = 1``): every planner then places device slots of ``tp`` ranks."""
+    return tensor_split(g, req)[0]
+
+
+def tensor_split(g: Graph, req: PlanRequest) -> tuple[Graph, TensorLayout]:
+    """:func:`tensor_costed`, and the tensor-parallel layout it costed."""
     if req.tp == 1:
-        return g
+        return g, TensorLayout(tp=1, pairs=(), splits=())
     tg, layout = tensor_graph(g, req.tp, req.cluster.link(0, 1))
     if not layout.split_modules:
         raise InfeasibleError(f"--tp {req.tp}: no layer of {g.name!r} can be split {req.tp} "
@@ -264,7 +269,7 @@ def tensor_costed(g: Graph, req: PlanRequest) -> Graph:
                               f"width divisible by {req.tp} and, outside a Megatron pair, at "
                               f"least 1 MiB of parameters; convolutions, norms and layers "
                               f"shared across calls stay whole); use --tp 1")
-    return tg
+    return tg, layout
 
 
 def shard_costed(g: Graph, depth: int) -> Graph:

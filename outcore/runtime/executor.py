@@ -27,7 +27,7 @@ from outcore.runtime.offload import ActivationOffloader, ParamOffloader, frozen_
 from outcore.runtime.modules import PieceModule
 from outcore.plan.replicas import copy_of, fx_name
 from outcore.runtime.randomness import set_context as set_random_context
-from outcore.runtime.values import ValueMeta, tensors_of
+from outcore.runtime.values import ValueMeta, local, tensors_of
 from outcore.schedule.ir import Action, Schedule
 from outcore.trace import Event
 
@@ -356,7 +356,10 @@ class RankExecutor:
             a = acc[i]
             if a is not None and hasattr(a, "to_local") != hasattr(g, "to_local"):
                 # a tied split weight: a local consumer's DTensor gradient and a received shard
-                a, g = (a, like(a, g)) if hasattr(a, "to_local") else (like(g, a), g)
+                if hasattr(a, "to_local"):
+                    g = like(a, g)
+                else:
+                    a = like(g, a)
             acc[i] = g if a is None else a + g
 
     # ------------------------------------------------------------------ communication
@@ -430,12 +433,6 @@ class RankExecutor:
                 p.grad = like(p, flat[offset:offset + n].view_as(shard))
                 offset += n
         self.pending_ar.clear()
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This process's shard of a tensor-parallel parameter or gradient (a DTensor), else
-    ``t``."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def like(p: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from outcore.runtime.executor import local
 from outcore.runtime.memtrack import storage_resized
+from outcore.runtime.values import local
 
 log = logging.getLogger(__name__)
 

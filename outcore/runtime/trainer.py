@@ -24,11 +24,11 @@ from outcore.plan.policies import MemoryPolicies
 from outcore.plan.replicas import fx_name
 from outcore.runtime.comm import Messenger, allreduce_into
 from outcore.runtime.data import default_loss, split
-from outcore.runtime.executor import RankExecutor, StepResult, local
+from outcore.runtime.executor import RankExecutor, StepResult
 from outcore.runtime.memtrack import MemoryTracker
 from outcore.runtime.modules import build_piece_modules, param_aliases, prune_unowned
 from outcore.runtime.offload import running_stats
-from outcore.runtime.values import value_metas
+from outcore.runtime.values import local, value_metas
 from outcore.graph.capture import retrace
 from outcore.schedule.io import adopt
 from outcore.schedule.lower import Lowered, lower

@@ -53,9 +53,10 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
-def _local_shape(x: torch.Tensor) -> torch.Size:
-    """A tensor-parallel shard (DTensor) travels as its local tensor: messages carry that."""
-    return x.to_local().shape if hasattr(x, "to_local") else x.shape
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a tensor-parallel parameter or gradient (a DTensor), else
+    ``t``."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 class _MetaRecorder(fx.Interpreter):
@@ -68,7 +69,8 @@ class _MetaRecorder(fx.Interpreter):
         value = result if n.op != "output" else result
         leaves, spec = tree_flatten(value)
         self.meta[n.name] = ValueMeta(spec, tuple(
-            LeafMeta(tuple(_local_shape(x)), x.dtype, bool(x.requires_grad))
+            # a tensor-parallel shard (DTensor) travels as its local tensor
+            LeafMeta(tuple(local(x).shape), x.dtype, bool(x.requires_grad))
             if isinstance(x, torch.Tensor) else x for x in leaves))
         return result
 
