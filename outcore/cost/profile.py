@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from outcore.errors import GraphError, ModelError
 from outcore.graph.capture import retrace
 from outcore.graph.ir import Graph
+from outcore.hardware.allocator import keep_heap
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +225,7 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
     model.to(dev)
     gm.to(dev)
     inputs = tuple(x.to(dev) for x in inputs)
+    keep_heap()  # time the layers as the workers will run them (outcore.hardware.allocator)
     try:
         rec = _EnvRecorder(gm)
         with torch.no_grad():

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from outcore.hardware.allocator import keep_heap
 from outcore.hardware.presets import save_device_preset, spec_to_dict
 from outcore.hardware.spec import DeviceSpec
 
@@ -161,6 +162,7 @@ def measure(device: str = "cpu", *, threads: int | None = None, name: str | None
         quick: smaller sizes and fewer repeats (about 1 s on one CPU thread).
     """
     dev = torch.device(device)
+    keep_heap()  # measure as the workers run (outcore.hardware.allocator)
     with _threads(threads), torch.no_grad():
         n_threads = torch.get_num_threads()
         sizes = (256, 512) if quick else (256, 512, 1024)

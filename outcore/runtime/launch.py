@@ -12,7 +12,6 @@ worker ends too (:mod:`outcore.runtime.lifetime`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -30,6 +29,7 @@ from typing import Any, Callable
 
 import outcore.errors as errors_mod
 from outcore.errors import Interrupted, LaunchError, OutcoreError, RuntimeFailure
+from outcore.hardware.allocator import keep_heap
 from outcore.runtime import lifetime
 from outcore.runtime.env import JobEnv, detect
 
@@ -59,6 +59,7 @@ def init_distributed(env: JobEnv, timeout_s: float, threads: int | None,
     import torch.distributed as dist
 
     backend = _backend()
+    keep_heap()  # as the profiler measured the costs (outcore.hardware.allocator)
     if threads:
         torch.set_num_threads(threads)
     if backend == "nccl":
@@ -162,9 +163,8 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
     errors: list[tuple[int, Any]] = []
     try:
         with lifetime.stop_signals_raise():
-            with _worker_environment():
-                for p in procs:
-                    p.start()
+            for p in procs:
+                p.start()
             _wait(procs, results, outputs, errors, poll, overall_timeout_s)
             if errors:
                 deadline = time.monotonic() + grace_s
@@ -250,27 +250,6 @@ def _failure(procs: list[Any], outputs: dict[int, Any],
 
 _COMM_WORDS = ("timed out", "timeout", "connection", "read error", "gloo", "nccl",
                "failed receiving", "failed sending", "peer")
-
-
-# glibc returns freed large blocks to the OS (mmap/munmap) and takes them back with page
-# faults on every step; training reuses the same sizes each step, so keep them in the heap.
-WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
-
-
-@contextlib.contextmanager
-def _worker_environment():
-    """Environment the spawned workers start with (set around their start, then restored)."""
-    saved = {k: os.environ.get(k) for k in WORKER_ENV}
-    for k, v in WORKER_ENV.items():
-        os.environ.setdefault(k, v)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 class WorkerTraceback(Exception):
