@@ -204,17 +204,18 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     link = link_preset("gloo-loopback")
     cores = _local_cores() if local else None
     latency = link.latency_s
-    messages = None
+    messages = collective = None
     if local and devices > 1 and _same_host_transport():
-        # CPU workers on one host exchange messages over Unix-domain sockets (issue 17)
-        latency, messages = _samehost_costs_s()
+        # CPU workers on one host exchange messages over Unix-domain sockets (issue 17);
+        # collectives stay on gloo's loopback TCP
+        (latency, messages), collective = _samehost_costs_s(), link.latency_s
     if cores and devices > 1 and devices + round(_background_load()) > cores:
         # more workers than free cores (other processes' load counts): a message waits for
         # its receiver to be scheduled (measured on 2 cores with a third busy process: 1.6-2 ms)
-        latency = OVERSUBSCRIBED_LATENCY_S
+        latency = collective = OVERSUBSCRIBED_LATENCY_S
     return make_cluster(devices, None, link.bandwidth, latency, device="cpu", host_cores=cores,
-                        overhead_s=_runtime_overhead_s() if devices > 1 else None,
-                        message_overhead_s=messages)
+                        overhead_s=_runtime_overhead_s(), message_overhead_s=messages,
+                        collective_latency=collective)
 
 
 def _same_host_transport() -> bool:

@@ -25,7 +25,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
                  device: str | DeviceSpec | None = None,
                  host_cores: int | None = None,
                  overhead_s: tuple[float, float] | None = None,
-                 message_overhead_s: tuple[float, float] | None = None) -> Cluster:
+                 message_overhead_s: tuple[float, float] | None = None,
+                 collective_latency: str | float | None = None) -> Cluster:
     """A flat cluster of ``devices`` devices from user-facing units.
 
     Args:
@@ -39,6 +40,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
     on an accelerator preset it overlaps the device's work (``DeviceSpec.host_overlap``).
     ``message_overhead_s``: the runtime's host time per message (send, receive; measured by
     :func:`outcore.runtime.overhead.message_overhead_s`), default none.
+    ``collective_latency``: the link's latency for collectives when they travel another way
+    than point-to-point messages (default: ``latency``).
     """
     mem = float(parse_bytes(memory)) if memory is not None else math.inf
     if mem <= 0:
@@ -54,7 +57,9 @@ def make_cluster(devices: int, memory: str | float | None = None,
         spec = replace(spec, send_overhead_s=message_overhead_s[0],
                        recv_overhead_s=message_overhead_s[1])
     return flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
-                        latency_s=parse_seconds(latency), device=spec, host_cores=host_cores)
+                        latency_s=parse_seconds(latency), device=spec, host_cores=host_cores,
+                        collective_latency_s=None if collective_latency is None
+                        else parse_seconds(collective_latency))
 
 
 def _device_dict(d: DeviceSpec) -> dict[str, Any]:
@@ -72,14 +77,22 @@ def to_dict(c: Cluster) -> dict[str, Any]:
     """The JSON form of a cluster (inverse of :func:`from_dict`)."""
     return {"device": _device_dict(c.device), "nodes": c.nodes,
             "devices_per_node": c.devices_per_node,
-            "intra": {"bandwidth": c.intra.bandwidth, "latency_s": c.intra.latency_s},
-            "inter": {"bandwidth": c.inter.bandwidth, "latency_s": c.inter.latency_s},
+            "intra": _link_dict(c.intra), "inter": _link_dict(c.inter),
             "host_cores": c.host_cores, "nics_per_node": c.nics_per_node}
+
+
+def _link_dict(link: LinkSpec) -> dict[str, Any]:
+    doc = {"bandwidth": link.bandwidth, "latency_s": link.latency_s}
+    if link.collective_latency_s is not None:
+        doc["collective_latency_s"] = link.collective_latency_s
+    return doc
 
 
 def _link(doc: Any, where: str) -> LinkSpec:
     try:
-        return LinkSpec(float(doc["bandwidth"]), float(doc.get("latency_s", 25e-6)))
+        coll = doc.get("collective_latency_s")
+        return LinkSpec(float(doc["bandwidth"]), float(doc.get("latency_s", 25e-6)),
+                        None if coll is None else float(coll))
     except (KeyError, TypeError, ValueError):
         raise FormatError(f"{where}: a link needs a numeric 'bandwidth' (bytes/s) and "
                           "'latency_s'") from None

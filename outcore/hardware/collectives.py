@@ -151,6 +151,7 @@ def dp_allreduce(cluster: Cluster, group_ranks: int, dp: int, rank: int, nbytes:
     """
     if dp <= 1 or nbytes <= 0:
         return Phases()
+    cluster = cluster.for_collectives()
     if collective not in COLLECTIVES:
         raise UsageError(f"unknown data-parallel collective {collective!r}: use "
                          f"{', '.join(COLLECTIVES)}")

@@ -65,13 +65,24 @@ RUNTIME_OVERHEAD_S = (50e-6, 150e-6)
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """A communication link: ``time = latency_s + bytes / bandwidth``."""
+    """A communication link: ``time = latency_s + bytes / bandwidth``.
+
+    ``collective_latency_s``: the latency collectives see when they travel another way than
+    point-to-point messages (local CPU workers: messages over same-host sockets, collectives
+    over gloo's loopback TCP); None: the same ``latency_s``."""
 
     bandwidth: float  # bytes/s
     latency_s: float = 25e-6
+    collective_latency_s: float | None = None
 
     def time(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth if nbytes > 0 else 0.0
+
+    def collective(self) -> "LinkSpec":
+        """This link as collectives see it."""
+        if self.collective_latency_s is None:
+            return self
+        return LinkSpec(self.bandwidth, self.collective_latency_s)
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,13 @@ class Cluster:
         """The link between devices ``a`` and ``b``."""
         return self.intra if self.node_of(a) == self.node_of(b) else self.inter
 
+    def for_collectives(self) -> "Cluster":
+        """The cluster as collectives see it (:meth:`LinkSpec.collective`)."""
+        intra, inter = self.intra.collective(), self.inter.collective()
+        if intra is self.intra and inter is self.inter:
+            return self
+        return replace(self, intra=intra, inter=inter)
+
     def with_memory(self, memory_bytes: float) -> "Cluster":
         return replace(self, device=replace(self.device, memory_bytes=memory_bytes))
 
@@ -141,11 +159,12 @@ class Cluster:
 
 def flat_cluster(devices: int, *, memory_bytes: float, bandwidth: float = 16e9,
                  latency_s: float = 25e-6, device: DeviceSpec | None = None,
-                 host_cores: int | None = None) -> Cluster:
+                 host_cores: int | None = None,
+                 collective_latency_s: float | None = None) -> Cluster:
     """``devices`` devices on one flat network (every pair over the same kind of link);
-    ``host_cores``: see :class:`Cluster`."""
+    ``host_cores``: see :class:`Cluster`; ``collective_latency_s``: see :class:`LinkSpec`."""
     dev = device or DeviceSpec("generic", memory_bytes, 1e13, 1e12)
     dev = replace(dev, memory_bytes=memory_bytes)
-    link = LinkSpec(bandwidth, latency_s)
+    link = LinkSpec(bandwidth, latency_s, collective_latency_s)
     return Cluster(dev, nodes=1, devices_per_node=max(devices, 1), intra=link, inter=link,
                    host_cores=host_cores or None)

@@ -102,6 +102,8 @@ class RankExecutor:
         self.guard_nonfinite = False
         self.nonfinite: tuple[bool, bool] | None = None
         self.guard_s = 0.0  # time the last check waited for the other ranks
+        self.count_loss = True  # this rank's losses count in the step's loss (one tp shard)
+        self.step_loss: float | None = None  # the step's loss over all ranks, from the check
 
     def _precompute(self) -> None:
         """Everything an action needs that does not change between steps, worked out once
@@ -163,14 +165,18 @@ class RankExecutor:
         grads = [p.grad for p in self._grad_params() if p.grad is not None]
         grad_bad = bool(grads) and not bool(torch.isfinite(torch.nn.utils.get_total_norm(
             [local(g.detach()) for g in grads], float("inf"))))
-        flags = torch.tensor([float(loss_bad), float(grad_bad)], dtype=torch.float64)
+        # the step's loss travels in the same all-reduce (one collective per step, not two)
+        mine = float(sum(v.item() for v in self.losses.values())) if self.count_loss else 0.0
+        flags = torch.tensor([float(loss_bad), float(grad_bad), mine], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
             t0 = time.perf_counter()
             if self.device.type == "cuda":
                 flags = flags.to(self.device)
             dist.all_reduce(flags)
             self.guard_s = time.perf_counter() - t0
-        self.nonfinite = (bool(flags[0].item() > 0), bool(flags[1].item() > 0))
+        flags = flags.tolist()
+        self.nonfinite = (flags[0] > 0, flags[1] > 0)
+        self.step_loss = flags[2]
         return any(self.nonfinite)
 
     def _grad_params(self) -> list[torch.nn.Parameter]:
@@ -195,6 +201,7 @@ class RankExecutor:
         result = StepResult(None)
         self.msg.start_step()
         self.nonfinite = None
+        self.step_loss = None
         t0 = time.perf_counter()
         acts = self.s.actions[self.rank]
         prepost, prefetch = self.msg.prepost, self.act_off.prefetch

@@ -209,6 +209,7 @@ class Trainer:
             self.messenger, loss_fn or default_loss, self.optimizer, self._buckets(),
             self.placeholders, self.device, on_step=self._after_optimizer, copies=self.copies,
             policies=self.policies, piece_params=piece_params, sharder=self.sharder)
+        self.executor.count_loss = self.shard == 0
         self.buffer_groups = self._replicated_running_stats()
 
     def _keep_parameters(self, gm: torch.fx.GraphModule, modules: list, optimizer: Any,
@@ -356,13 +357,16 @@ class Trainer:
         else:
             result = self._run_step(micro_in, micro_tg)
             peak = 0
-        # every shard of a tensor-parallel slot computes the same loss: count it once
-        mine = result.loss if result.loss is not None and self.shard == 0 else 0.0
-        loss = torch.tensor([mine], dtype=torch.float64)
-        if dist.is_initialized() and self.world > 1:
-            dist.all_reduce(loss)
+        loss = self.executor.step_loss  # summed over the ranks by the non-finite check
+        if loss is None:
+            # every shard of a tensor-parallel slot computes the same loss: count it once
+            mine = result.loss if result.loss is not None and self.shard == 0 else 0.0
+            total = torch.tensor([mine], dtype=torch.float64)
+            if dist.is_initialized() and self.world > 1:
+                dist.all_reduce(total)
+            loss = float(total.item())
         self.step_index += 1
-        return StepReport(float(loss.item()), peak, result.busy_s, result.events)
+        return StepReport(loss, peak, result.busy_s, result.events)
 
     def _run_step(self, micro_in: Any, micro_tg: Any) -> StepResult:
         extra = self.spatial is not None and self.spatial.is_extra

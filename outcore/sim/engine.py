@@ -55,6 +55,9 @@ class SimOptions:
             overlap with the backward; as GEMS' torchgems does) instead of one per piece.
         bucket_ring: per bucket, the ranks its all-reduce runs over when not the whole group
             (0: the group): a sharded bucket all-reduces its shards over ``dp / depth`` groups.
+        step_sync_s: the runtime's one small all-reduce per step (the non-finite check, which
+            carries the loss): every rank's ``OPT`` waits until all ranks reach theirs, then
+            this long. 0: no such synchronisation (one process).
     """
 
     dp: int = 1
@@ -67,6 +70,7 @@ class SimOptions:
     dp_bucket_bytes: float = 0.0
     bucket_ring: tuple[int, ...] = ()
     dp_fused: bool = False
+    step_sync_s: float = 0.0
 
 
 def simulate_schedule(s: Schedule, costs: PieceCosts, cluster: Cluster,
@@ -115,6 +119,10 @@ class _Engine:
         self.seq = 0
         self.finish = [0.0] * R
         self.sent_grads = [0.0] * R  # gradient bytes a rank has sent, held until its step ends
+        # the step's synchronisation at OPT: when each rank reached it, and when it ends
+        self.sync_ranks = sum(any(a.op == "OPT" for a in acts) for acts in s.actions)
+        self.sync_at: dict[int, float] = {}
+        self.sync_end: float | None = None
 
     # ------------------------------------------------------------------ helpers
     def wake(self, r: int, t: float) -> None:
@@ -276,6 +284,16 @@ class _Engine:
             return None
         done = [self.ar_end[b] for b, grp in enumerate(s.buckets) if r in grp]
         start = max([t, self.dp_free[r]] + done)
+        if self.opt.step_sync_s > 0 and self.sync_ranks > 1:
+            if self.sync_end is None:
+                self.sync_at[r] = start
+                if len(self.sync_at) < self.sync_ranks:
+                    return None  # the last rank to arrive wakes the others
+                self.sync_end = max(self.sync_at.values()) + self.opt.step_sync_s
+                for w in self.sync_at:
+                    if w != r:
+                        self.wake(w, self.sync_end)
+            start = max(start, self.sync_end)
         if self.ar_held[r]:
             self.add_mem(r, start, -self.ar_held[r])
             self.ar_held[r] = 0.0
@@ -329,7 +347,7 @@ class _Engine:
                         max(max(self.ar_free[m], self.dp_free[m]) for m in group))
             nbytes = self.opt.bucket_bytes[a.bucket] if a.bucket < len(self.opt.bucket_bytes) \
                 else 0.0
-            link = self.cluster.link(min(group), max(group))
+            link = self.cluster.link(min(group), max(group)).collective()
             ring = self.opt.bucket_ring[a.bucket] if a.bucket < len(self.opt.bucket_ring) \
                 else 0  # a sharded bucket: its shards, over the groups that hold copies
             end = start + ring_allreduce_s(nbytes, ring or len(group), link)

@@ -122,3 +122,44 @@ def test_ranks_sharing_host_cores_slow_each_other_down():
 def flat_cluster_doc(doc, devices):
     """A flat cluster from a plan's (outcore-plan/1) cluster record."""
     return _cluster_from_dict(doc, devices=devices, memory_bytes=None)
+
+
+def test_step_sync_waits_for_every_rank_then_one_collective():
+    """The runtime's non-finite check is one all-reduce per step at OPT: no rank steps its
+    optimizer before every rank has reached OPT, and the all-reduce costs 2 ceil(lg p)
+    collective latencies (the link's collective latency, not its message latency)."""
+    from outcore.hardware.cluster import make_cluster, to_dict
+    g = gbuild("two", fwd_s=[1.0, 1.0], bwd_s=[2.0, 2.0], src=[0], dst=[1], edge_bytes=[1],
+               out_bytes=[0, 0], saved_bytes=[50, 50], batch_size=2)
+
+    def run(collective):
+        cl = make_cluster(2, bandwidth=2.0, latency=0.0, collective_latency=collective)
+        p = make_plan(g, np.array([0, 1]), strategy="manual", devices=2, memory_bytes=None,
+                      microbatches=2, schedule="gpipe",
+                      cluster=flat_cluster_doc(to_dict(cl), 2))
+        r = simulate(p, g)
+        opt = {e.rank: e.start_s for e in r.timeline.events if e.kind == "optim"}
+        return r, opt
+
+    plain, opt0 = run(None)       # latency 0: the sync is free; rank 1 steps at ~7.5 s
+    assert opt0[1] == pytest.approx(7.5, abs=1e-2) and opt0[0] == pytest.approx(10, abs=1e-2)
+    synced, opt1 = run(0.25)      # both wait for rank 0 (~10 s), then 2 x 0.25 s
+    assert opt1[0] == opt1[1] == pytest.approx(opt0[0] + 0.5)
+    assert synced.iteration_s == pytest.approx(plain.iteration_s + 0.5)
+    # point-to-point messages keep the link's own latency (0): the compute spans are unchanged
+    assert spans(synced, 0) == spans(plain, 0) and spans(synced, 1) == spans(plain, 1)
+
+
+def test_collective_latency_round_trips_and_prices_data_parallel():
+    from outcore.hardware.cluster import from_dict, make_cluster, to_dict
+    from outcore.hardware.collectives import dp_allreduce
+    cl = make_cluster(4, bandwidth="1GB/s", latency="20us", collective_latency="100us")
+    back = from_dict(to_dict(cl), devices=4, memory_bytes=None)
+    assert back.intra.collective_latency_s == pytest.approx(1e-4)
+    assert back.intra.latency_s == pytest.approx(2e-5)
+    plain = make_cluster(4, bandwidth="1GB/s", latency="20us")
+    assert "collective_latency_s" not in to_dict(plain)["intra"]
+    # a 4-copy ring all-reduce of 1 MB: 6 steps, each paying the collective latency
+    slow = dp_allreduce(back, 1, 4, 0, 1e6, "ring").total_s
+    fast = dp_allreduce(plain, 1, 4, 0, 1e6, "ring").total_s
+    assert slow - fast == pytest.approx(6 * (1e-4 - 2e-5))
