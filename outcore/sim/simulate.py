@@ -137,28 +137,31 @@ def step_sync_s(cluster: Cluster, ranks: int) -> float:
 # tracker, 2.0-3.0x the largest tensor for one, ten and eleven tensors of 8-400 MB; SGD with or
 # without momentum needs none). A fused GPU Adam
 # reads weight, gradient and two moments and writes three (7). PyTorch's CPU optimizers run a
-# sequence of element-wise passes instead; measured here (1 thread, 20M parameters, against
-# the 17.3 GB/s copy bandwidth of the cpu preset): Adam 1.92 ns/byte = 33 bytes per byte,
-# SGD 0.11 ns/byte = 2, SGD with momentum 0.28 ns/byte = 5.
-_OPT_TRAFFIC = {"adam": (7.0, 33.0), "adamw": (7.0, 33.0), "sgd": (3.0, 2.0),
-                "sgd-momentum": (4.0, 5.0), "momentum": (4.0, 5.0)}
+# sequence of element-wise passes instead; measured here (2026-11-26, quiet machine, 1 thread,
+# 20M parameters, under the allocator setting workers train with, outcore.hardware.allocator;
+# against the 17.3 GB/s copy bandwidth of the cpu preset): Adam 0.38 ns/byte = 6.6 bytes per
+# byte, SGD 0.046 ns/byte = 0.8, SGD with momentum 0.12 ns/byte = 2.0. (glibc's default
+# allocator unmaps and faults Adam's temporaries back every step: 21.5 bytes per byte.)
+_OPT_TRAFFIC = {"adam": (7.0, 7.0), "adamw": (7.0, 7.0), "sgd": (3.0, 1.0),
+                "sgd-momentum": (4.0, 2.0), "momentum": (4.0, 2.0)}
 
 
 # Fixed cost per parameter tensor of one optimizer step: PyTorch's CPU optimizers loop over
-# tensors (measured here, 1 thread, 200 small tensors: Adam 52 us, SGD 6 us, SGD with momentum
-# 16 us); GPU optimizers use fused multi-tensor kernels (a few us per tensor at most).
-_OPT_PER_TENSOR_S = {"adam": 52e-6, "adamw": 52e-6, "sgd": 6e-6, "sgd-momentum": 16e-6,
-                     "momentum": 16e-6}
+# tensors (measured here, 2026-11-26, quiet machine, 1 thread, 200 tensors of 32 values: Adam
+# 13 us, SGD 1.3 us, SGD with momentum 4.1 us; the 52 / 6 / 16 us used before were taken on
+# loaded cores); GPU optimizers use fused multi-tensor kernels (a few us per tensor at most).
+_OPT_PER_TENSOR_S = {"adam": 13e-6, "adamw": 13e-6, "sgd": 1.3e-6, "sgd-momentum": 4e-6,
+                     "momentum": 4e-6}
 
 
 def optimizer_per_tensor_s(optimizer: str, host_is_device: bool) -> float:
     """Seconds per parameter tensor of an optimizer step (see ``_OPT_PER_TENSOR_S``)."""
-    return _OPT_PER_TENSOR_S.get(optimizer.lower(), 52e-6) if host_is_device else 2e-6
+    return _OPT_PER_TENSOR_S.get(optimizer.lower(), 13e-6) if host_is_device else 2e-6
 
 
 def optimizer_traffic(optimizer: str, host_is_device: bool) -> float:
     """Bytes the optimizer step moves per parameter byte (see ``_OPT_TRAFFIC``)."""
-    gpu, cpu = _OPT_TRAFFIC.get(optimizer.lower(), (7.0, 33.0))
+    gpu, cpu = _OPT_TRAFFIC.get(optimizer.lower(), (7.0, 7.0))
     return cpu if host_is_device else gpu
 
 
