@@ -142,21 +142,25 @@ def step_sync_s(cluster: Cluster, ranks: int) -> float:
 # against the 17.3 GB/s copy bandwidth of the cpu preset): Adam 0.38 ns/byte = 6.6 bytes per
 # byte, SGD 0.046 ns/byte = 0.8, SGD with momentum 0.12 ns/byte = 2.0. (glibc's default
 # allocator unmaps and faults Adam's temporaries back every step: 21.5 bytes per byte.)
-_OPT_TRAFFIC = {"adam": (7.0, 7.0), "adamw": (7.0, 7.0), "sgd": (3.0, 1.0),
+# ``sgd`` is SGD as ``outcore train`` runs it: with momentum 0.9 (``TrainConfig.momentum``).
+_OPT_TRAFFIC = {"adam": (7.0, 7.0), "adamw": (7.0, 7.0), "sgd": (4.0, 2.0),
                 "sgd-momentum": (4.0, 2.0), "momentum": (4.0, 2.0)}
 
 
-# Fixed cost per parameter tensor of one optimizer step: PyTorch's CPU optimizers loop over
-# tensors (measured here, 2026-11-26, quiet machine, 1 thread, 200 tensors of 32 values: Adam
-# 13 us, SGD 1.3 us, SGD with momentum 4.1 us; the 52 / 6 / 16 us used before were taken on
-# loaded cores); GPU optimizers use fused multi-tensor kernels (a few us per tensor at most).
-_OPT_PER_TENSOR_S = {"adam": 13e-6, "adamw": 13e-6, "sgd": 1.3e-6, "sgd-momentum": 4e-6,
-                     "momentum": 4e-6}
+# Fixed cost per parameter tensor of the runtime's OPT action on CPU: PyTorch's CPU
+# optimizers loop over tensors, and the step also checks every gradient for non-finite values
+# and clears it. Measured here (2026-11-26, quiet machine, one worker, the OPT action of a
+# 50-tensor transformer in the trainer): Adam 23.5 us, SGD with momentum 11.3 us (the bare
+# optimizer.step on 200 tensors of 32 values: Adam 13 us, SGD with momentum 4.1, SGD 1.3; the
+# 52 / 16 / 6 us used before were taken on loaded cores). GPU optimizers use fused
+# multi-tensor kernels (a few us per tensor at most).
+_OPT_PER_TENSOR_S = {"adam": 23e-6, "adamw": 23e-6, "sgd": 11e-6, "sgd-momentum": 11e-6,
+                     "momentum": 11e-6}
 
 
 def optimizer_per_tensor_s(optimizer: str, host_is_device: bool) -> float:
     """Seconds per parameter tensor of an optimizer step (see ``_OPT_PER_TENSOR_S``)."""
-    return _OPT_PER_TENSOR_S.get(optimizer.lower(), 13e-6) if host_is_device else 2e-6
+    return _OPT_PER_TENSOR_S.get(optimizer.lower(), 23e-6) if host_is_device else 2e-6
 
 
 def optimizer_traffic(optimizer: str, host_is_device: bool) -> float:
