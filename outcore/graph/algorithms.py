@@ -12,6 +12,7 @@ from collections import deque
 import numpy as np
 
 from outcore.errors import GraphError
+from outcore.graph._jit import HAVE_NUMBA, njit
 from outcore.graph.ir import Graph
 
 
@@ -96,6 +97,12 @@ def longest_from_sources(g: Graph, node_w: np.ndarray, edge_w: np.ndarray,
     edge number.
     """
     order = topological_order(g) if order is None else order
+    if HAVE_NUMBA:
+        return _top_levels(np.ascontiguousarray(order, np.int64),
+                           np.ascontiguousarray(node_w, np.float64),
+                           np.asarray(edge_w, dtype=np.float64)[g.pred_edge],
+                           np.ascontiguousarray(g.pred_ptr, np.int64),
+                           np.ascontiguousarray(g.pred_idx, np.int64))
     w = np.asarray(node_w, dtype=np.float64).tolist()
     ew = np.asarray(edge_w, dtype=np.float64)[g.pred_edge].tolist()
     ptr = g.pred_ptr.tolist()
@@ -116,6 +123,12 @@ def longest_to_sinks(g: Graph, node_w: np.ndarray, edge_w: np.ndarray,
                      order: np.ndarray | None = None) -> np.ndarray:
     """Bottom level: ``bl(v) = node_w(v) + max_s edge_w(v, s) + bl(s)``, including ``v`` itself."""
     order = topological_order(g) if order is None else order
+    if HAVE_NUMBA:
+        return _bottom_levels(np.ascontiguousarray(order, np.int64),
+                              np.ascontiguousarray(node_w, np.float64),
+                              np.asarray(edge_w, dtype=np.float64)[g.succ_edge],
+                              np.ascontiguousarray(g.succ_ptr, np.int64),
+                              np.ascontiguousarray(g.succ_idx, np.int64))
     w = np.asarray(node_w, dtype=np.float64).tolist()
     ew = np.asarray(edge_w, dtype=np.float64)[g.succ_edge].tolist()
     ptr = g.succ_ptr.tolist()
@@ -129,6 +142,35 @@ def longest_to_sinks(g: Graph, node_w: np.ndarray, edge_w: np.ndarray,
                 best = t
         bl[v] = w[v] + best
     return np.asarray(bl, dtype=np.float64)
+
+
+# compiled forms of the two longest-path sweeps (used when numba is present; the list-based
+# loops above are faster than these in plain Python)
+@njit
+def _top_levels(order, w, ew, ptr, pred):
+    tl = np.zeros(w.shape[0])
+    for v in order:
+        best = 0.0
+        for k in range(ptr[v], ptr[v + 1]):
+            t = tl[pred[k]] + w[pred[k]] + ew[k]
+            if t > best:
+                best = t
+        tl[v] = best
+    return tl
+
+
+@njit
+def _bottom_levels(order, w, ew, ptr, succ):
+    bl = np.zeros(w.shape[0])
+    for i in range(order.shape[0] - 1, -1, -1):
+        v = order[i]
+        best = 0.0
+        for k in range(ptr[v], ptr[v + 1]):
+            t = ew[k] + bl[succ[k]]
+            if t > best:
+                best = t
+        bl[v] = w[v] + best
+    return bl
 
 
 def critical_path(g: Graph, node_w: np.ndarray | None = None,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from outcore.graph.algorithms import depth_levels
+from outcore.partition._jit import njit
 from outcore.partition.context import Context
 from outcore.partition.result import Candidate, best_of, evaluate
 
@@ -36,21 +37,42 @@ def depth_first_order(ctx: Context) -> np.ndarray:
     """A topological order that finishes the newest ready branch first (LIFO Kahn; ties:
     lowest index)."""
     g = ctx.g
-    indeg = g.in_degree.astype(np.int64).copy()
-    ptr, idx = g.succ_ptr, g.succ_idx
-    stack = sorted((int(v) for v in np.flatnonzero(indeg == 0)), reverse=True)
-    out = np.empty(g.num_nodes, dtype=np.int64)
+    ptr = np.ascontiguousarray(g.succ_ptr, dtype=np.int64)
+    idx = np.ascontiguousarray(g.succ_idx, dtype=np.int64)
+    widest = int(np.diff(ptr).max()) if g.num_nodes else 0
+    return _lifo_kahn(g.in_degree.astype(np.int64), ptr, idx, max(widest, 1))
+
+
+@njit
+def _lifo_kahn(indeg: np.ndarray, ptr: np.ndarray, idx: np.ndarray, widest: int) -> np.ndarray:
+    """Kahn's algorithm with a stack: the newly ready successors of a node go on top, the
+    lowest index last (popped first); ``indeg`` is consumed."""
+    n = indeg.shape[0]
+    stack = np.empty(n, np.int64)
+    top = 0
+    for v in range(n - 1, -1, -1):  # sources, the lowest on top
+        if indeg[v] == 0:
+            stack[top] = v
+            top += 1
+    out = np.empty(n, np.int64)
+    ready = np.empty(widest, np.int64)
     k = 0
-    while stack:
-        v = stack.pop()
+    while top > 0:
+        top -= 1
+        v = stack[top]
         out[k] = v
         k += 1
-        ready = []
-        for w in idx[ptr[v]:ptr[v + 1]].tolist():
+        r = 0
+        for j in range(ptr[v], ptr[v + 1]):
+            w = idx[j]
             indeg[w] -= 1
             if indeg[w] == 0:
-                ready.append(w)
-        stack.extend(sorted(ready, reverse=True))
+                ready[r] = w
+                r += 1
+        ready[:r].sort()
+        for i in range(r - 1, -1, -1):
+            stack[top] = ready[i]
+            top += 1
     return out[:k]
 
 

@@ -282,17 +282,19 @@ def plan(ctx: Context, branches: Branches | None = None, dp: DataParallel | None
     shapes = sorted({r.num_branches for r in br.regions})
     notes.append(f"{len(br.regions)} fork-join regions ({br.branch_nodes} of {g.num_nodes} "
                  f"nodes in branches; branches per region: {', '.join(map(str, shapes))})")
-    for k in device_counts(ctx.devices):
-        if k >= 2:
-            cands += _candidates(ctx.with_devices(k), br.regions, notes)
+    placed = [p for k in device_counts(ctx.devices) if k >= 2
+              for p in _candidates(ctx.with_devices(k), br.regions)]
+    cands += _fit_lazily(placed, cands, dp, notes)
     if not any(c.fits for c in cands[1:]):
         notes.append("no sub-graph placement fits the memory limit: offered contiguous stages")
         cands += _stage_candidates(ctx)
     return _finish(ctx, cands, notes, dp)
 
 
-def _candidates(sub: Context, regions: tuple[Region, ...], notes: list[str]) -> list[Candidate]:
-    """Steps 2-5 on ``sub.devices`` devices: home and stages trunks, then follow rounds."""
+def _candidates(sub: Context, regions: tuple[Region, ...]
+                ) -> list[tuple[Context, Candidate]]:
+    """Steps 2-4 on ``sub.devices`` devices: home and stages trunks, then follow rounds; each
+    placement evaluated, not yet repaired (step 5, :func:`_fit_lazily`)."""
     g = sub.g
     k = sub.devices
     table = branch_table(sub, regions)
@@ -301,28 +303,55 @@ def _candidates(sub: Context, regions: tuple[Region, ...], notes: list[str]) -> 
     bounds = stage_bounds(sub, k, inflight="all")
     if bounds is not None and bounds.size > 1:
         trunks.append(("stages", assignment_from_bounds(sub, bounds)))
-    out: list[Candidate] = []
+    out: list[tuple[Context, Candidate]] = []
     for name, trunk in trunks:
         a = place_branches(sub, table, trunk)
-        out.append(_fit(sub, a, f"subgraph K={k} trunk={name}", notes))
+        out.append((sub, _summarised(evaluate(sub, a, f"subgraph K={k} trunk={name}"))))
         for r in range(FOLLOW_ROUNDS):
-            a = place_branches(sub, table, follow_branches(sub, table, a, segments))
-            out.append(_fit(sub, a, f"subgraph K={k} trunk={name} follow {r + 1}", notes))
+            before, a = a, place_branches(sub, table, follow_branches(sub, table, a, segments))
+            if np.array_equal(a, before):
+                break  # converged: further rounds repeat this placement
+            label = f"subgraph K={k} trunk={name} follow {r + 1}"
+            out.append((sub, _summarised(evaluate(sub, a, label))))
     return out
 
 
-def _fit(sub: Context, a: np.ndarray, label: str, notes: list[str]) -> Candidate:
-    """Evaluate ``a``; when it overflows the limit, repair it first (step 5).
-
-    Candidates keep only the emulation's summary (not its per-task arrays: memory at 1M nodes).
-    """
-    cand = evaluate(sub, a, label)
-    if not cand.fits and sub.memory_bytes is not None:
-        fixed, st = repair_memory(sub, a)
-        notes.append(f"{label}: memory repair moved {st.moved_nodes} nodes"
-                     + ("" if st.fits else " and did not fit"))
-        cand = evaluate(sub, fixed, label + ", memory repaired")
+def _summarised(cand: Candidate) -> Candidate:
+    """Candidates keep only the emulation's summary (not its per-task arrays: memory at 1M
+    nodes)."""
     return replace(cand, emulation=summary(cand.emulation))
+
+
+def _fit_lazily(placed: list[tuple[Context, Candidate]], known: list[Candidate],
+                dp: DataParallel | None, notes: list[str]) -> list[Candidate]:
+    """Step 5, branch and bound: repair the placements that overflow the limit, fastest
+    first, while one could still beat the best fitting plan (``known`` and the placements
+    that fit). Repair moves nodes to spare memory, never to save time, so a placement already
+    as slow before repair as the best fitting plan is left unrepaired (and not fitting)."""
+    if not placed:
+        return []
+    g = placed[0][0].g
+
+    def total(c: Candidate) -> float:  # what the plan is ranked by (see _finish)
+        return c.makespan_s + (allreduce_s(g, c.assignment, dp) if dp else 0.0)
+
+    best = min([total(c) for c in known + [c for _, c in placed] if c.fits], default=np.inf)
+    out = {id(c): c for _, c in placed}
+    for sub, c in sorted((p for p in placed if not p[1].fits), key=lambda p: p[1].makespan_s):
+        if sub.memory_bytes is None:
+            continue
+        if c.makespan_s >= best:
+            notes.append(f"{c.label}: not repaired (before repair already no faster than "
+                         f"the best fitting plan, {format_seconds(best)})")
+            continue
+        fixed, st = repair_memory(sub, c.assignment)
+        notes.append(f"{c.label}: memory repair moved {st.moved_nodes} nodes"
+                     + ("" if st.fits else " and did not fit"))
+        r = _summarised(evaluate(sub, fixed, c.label + ", memory repaired"))
+        out[id(c)] = r
+        if r.fits:
+            best = min(best, total(r))
+    return [out[id(c)] for _, c in placed]
 
 
 def _stage_candidates(ctx: Context) -> list[Candidate]:
