@@ -407,12 +407,12 @@ def select_regions(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
         if parent[i] >= 0:
             children[int(parent[i])].append(i)
     costed = float(g.fwd_s.sum() + g.bwd_s.sum()) > 0
-    value = np.array([r.saving_s for r in regions])
+    value = _savings(regions)
     best = np.zeros(len(regions))
     chosen: list[list[int]] = [[] for _ in regions]
     for i in reversed(by_size):  # inner first
         inner = float(sum(best[c] for c in children[i]))
-        if value[i] >= inner and (value[i] > 0 or not costed):
+        if value[i] >= inner * (1 - 1e-12) and (value[i] > 0 or not costed):  # ties: outer
             best[i], chosen[i] = value[i], [i]
         else:
             best[i], chosen[i] = inner, [x for c in children[i] for x in chosen[c]]
@@ -438,6 +438,19 @@ def select_regions(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     rank[topological_order(g)] = np.arange(n)
     keep.sort(key=lambda r: (rank[r.fork] if r.fork >= 0 else -1, r.join))
     return attach_feeders(g, tuple(keep))
+
+
+def _savings(regions: tuple[Region, ...]) -> np.ndarray:
+    """Every region's :attr:`Region.saving_s`, in one pass over their branch works."""
+    counts = np.fromiter((r.work_s.size for r in regions), np.int64, len(regions))
+    value = np.zeros(len(regions))
+    some = counts > 0
+    if some.any():
+        work = np.concatenate([r.work_s for r in regions])
+        starts = np.cumsum(counts) - counts
+        value[some] = (np.add.reduceat(work, starts[some])
+                       - np.maximum.reduceat(work, starts[some]))
+    return value
 
 
 def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
