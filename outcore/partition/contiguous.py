@@ -112,6 +112,16 @@ def _orders(ctx: Context) -> dict[str, np.ndarray]:
     return orders
 
 
+def trivial_labels(devices: int) -> tuple[str, ...]:
+    """Labels of the plain topological order cut into ``devices`` parts by memory and by
+    time (:func:`plan` names its splits so)."""
+    return tuple(_label("topological", w, devices) for w in ("memory", "time"))
+
+
+def _label(order: str, weight: str, devices: int) -> str:
+    return f"{order} order, equal {weight}, {devices} devices"
+
+
 def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
     """The fastest contiguous split that fits, the notes, and every split tried."""
     from outcore.partition.pardnn import device_counts
@@ -127,7 +137,7 @@ def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
                     continue
                 seen.add(key)
                 cands.append(evaluate(ctx.with_devices(k) if k < ctx.devices else ctx, a,
-                                      f"{oname} order, equal {wname}, {k} devices"))
+                                      _label(oname, wname, k)))
     best = best_of(cands)
     fitting = sum(c.fits for c in cands)
     notes = [f"{len(cands)} contiguous splits, {fitting} fit"]
