@@ -30,6 +30,7 @@ from outcore.plan.plan import Plan, align, load as load_plan, save as save_plan
 from outcore.plan.plan import to_dict as plan_to_dict
 from outcore.plan.request import PlanRequest
 from outcore.runtime.config import TrainConfig
+from outcore.runtime.env import cores_to_spare, local_cores
 from outcore.units import parse_shape
 
 log = logging.getLogger(__name__)
@@ -202,14 +203,14 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     if torch.cuda.is_available():
         return make_cluster(devices)
     link = link_preset("gloo-loopback")
-    cores = _local_cores() if local else None
+    cores = local_cores() if local else None
     latency = link.latency_s
     messages = collective = None
     if local and devices > 1 and _same_host_transport():
         # CPU workers on one host exchange messages over Unix-domain sockets (issue 17);
         # collectives stay on gloo's loopback TCP
         (latency, messages), collective = _samehost_costs_s(), link.latency_s
-    if cores and devices > 1 and devices + round(_background_load()) > cores:
+    if cores and devices > 1 and not cores_to_spare(devices):
         # more workers than free cores (other processes' load counts): a message waits for
         # its receiver to be scheduled (measured on 2 cores with a third busy process: 1.6-2 ms)
         latency = collective = OVERSUBSCRIBED_LATENCY_S
@@ -415,30 +416,6 @@ def _save_artifacts(job: Job, g: Graph, p: Plan) -> None:
 
 
 OVERSUBSCRIBED_LATENCY_S = 1.5e-3
-
-
-def _background_load() -> float:
-    """Runnable processes on this machine besides this one: the 1-minute load average less
-    this process (``OUTCORE_HOST_LOAD`` overrides it, e.g. ``0`` for a dedicated machine).
-    On 2 cores with other jobs running, 2 workers are oversubscribed: their messages take
-    1.5-2 ms instead of 0.1 ms (issue 15's fidelity matrix: -60 % on 2-worker cells)."""
-    import os
-    given = os.environ.get("OUTCORE_HOST_LOAD")
-    if given:
-        return max(0.0, float(given))
-    try:
-        return max(0.0, os.getloadavg()[0] - 1.0)
-    except (AttributeError, OSError):  # no load average on this platform
-        return 0.0
-
-
-def _local_cores() -> int:
-    """CPU cores this process may use (the local workers share them)."""
-    import os
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _default_microbatches(batch: int, devices: int) -> int:

@@ -8,7 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from outcore.hardware.presets import link_preset
-from outcore.job import OVERSUBSCRIBED_LATENCY_S, _local_cores, local_cluster
+from outcore.job import OVERSUBSCRIBED_LATENCY_S, local_cluster
+from outcore.runtime.env import local_cores as _local_cores
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="local CPU workers only")

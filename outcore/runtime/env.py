@@ -65,3 +65,31 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def background_load() -> float:
+    """Runnable processes on this machine besides this one: the 1-minute load average less
+    this process (``OUTCORE_HOST_LOAD`` overrides it, e.g. ``0`` for a dedicated machine).
+    On 2 cores with other jobs running, 2 workers are oversubscribed: their messages take
+    1.5-2 ms instead of 0.1 ms (issue 15's fidelity matrix: -60 % on 2-worker cells)."""
+    given = os.environ.get("OUTCORE_HOST_LOAD")
+    if given:
+        return max(0.0, float(given))
+    try:
+        return max(0.0, os.getloadavg()[0] - 1.0)
+    except (AttributeError, OSError):  # no load average on this platform
+        return 0.0
+
+
+def local_cores() -> int:
+    """CPU cores this process may use (the local workers share them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cores_to_spare(local_ranks: int) -> bool:
+    """Whether ``local_ranks`` busy processes of a job each have a core of their own, counting
+    the other processes' load (:func:`background_load`)."""
+    return local_ranks + round(background_load()) <= local_cores()

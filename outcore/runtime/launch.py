@@ -95,6 +95,7 @@ def _worker(rank: int, world: int, store: str, parent_pid: int, fn: Callable[...
     _worker_logging(rank, log_level)
     lo = loopback_interface()  # local workers' sockets listen on loopback only
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world),
                        "GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo,
                        "OUTCORE_LOCAL_WORKER": "1"})
     for var in ("MASTER_ADDR", "MASTER_PORT"):

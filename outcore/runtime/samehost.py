@@ -36,6 +36,7 @@ from collections.abc import Iterable
 import torch
 
 from outcore.errors import RuntimeFailure
+from outcore.runtime.env import cores_to_spare
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,12 @@ _NOWAIT = socket.MSG_DONTWAIT
 
 # ``OUTCORE_P2P=gloo`` keeps every message on gloo (for comparisons); default: same-host sockets
 P2P_ENV = "OUTCORE_P2P"
-# a receive polls this long (microseconds) before it blocks: ``OUTCORE_P2P_SPIN_US``
-SPIN_ENV, SPIN_DEFAULT_US = "OUTCORE_P2P_SPIN_US", 0.0  # spinning lost on 2 loaded cores
+# a receive polls this long (microseconds) before it blocks: ``OUTCORE_P2P_SPIN_US``, else
+# SPIN_AUTO_US when every local worker has a core of its own (a blocked process pays a wake-up
+# and cold caches: the 64-layer alternating chain on 2 quiet cores took 25.3 ms a step without
+# spinning, 13.0-13.5 ms with 200-1000 us), and none on busy cores (spinning takes the core
+# the peer needs: 92 -> 202 ms at load 5-6)
+SPIN_ENV, SPIN_AUTO_US = "OUTCORE_P2P_SPIN_US", 200.0
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
@@ -262,8 +267,16 @@ def connect_same_host(peers: Iterable[int], timeout_s: float) -> SameHostLinks |
     if not socks:
         return None
     log.info("rank %d: same-host socket links to ranks %s", rank, sorted(socks))
-    spin_s = float(os.environ.get(SPIN_ENV, SPIN_DEFAULT_US)) * 1e-6
-    return SameHostLinks(rank, socks, timeout_s, spin_s=spin_s)
+    return SameHostLinks(rank, socks, timeout_s, spin_s=spin_s())
+
+
+def spin_s() -> float:
+    """How long this worker's receives poll before blocking (see ``SPIN_AUTO_US``)."""
+    given = os.environ.get(SPIN_ENV)
+    if given:
+        return float(given) * 1e-6
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    return SPIN_AUTO_US * 1e-6 if cores_to_spare(local) else 0.0
 
 
 def _configure(s: socket.socket) -> socket.socket:

@@ -91,3 +91,21 @@ def test_dead_or_silent_peer_is_reported_not_hung(mode, monkeypatch):
     else:
         assert "timed out after 2 s" in out["error"]
         assert 1.9 <= out["waited_s"] < 4.0
+
+
+def test_receives_spin_only_when_every_worker_has_a_core(monkeypatch):
+    """A receive polls before it blocks when the job's local workers each have a core of their
+    own (the other processes' load counted), never on busy cores; the variable overrides."""
+    from outcore.runtime.env import local_cores
+    from outcore.runtime.samehost import SPIN_AUTO_US, SPIN_ENV, spin_s
+    monkeypatch.delenv(SPIN_ENV, raising=False)
+    monkeypatch.setenv("OUTCORE_HOST_LOAD", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_cores()))
+    assert spin_s() == SPIN_AUTO_US * 1e-6
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_cores() + 1))
+    assert spin_s() == 0.0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("OUTCORE_HOST_LOAD", str(local_cores()))
+    assert spin_s() == 0.0
+    monkeypatch.setenv(SPIN_ENV, "50")
+    assert spin_s() == pytest.approx(50e-6)
