@@ -44,3 +44,22 @@ def test_background_load_counts_with_same_host_sockets(monkeypatch):
     monkeypatch.setattr("outcore.job._runtime_overhead_s", lambda: (1e-6, 2e-6))
     one = local_cluster(1, True).device
     assert (one.fwd_overhead_s, one.bwd_overhead_s) == (1e-6, 2e-6)
+
+
+def test_background_load_counts_a_busy_process_now(monkeypatch):
+    """The load is read now (runnable tasks), not as the 1-minute average that still counts a
+    job which ended seconds ago: a process spinning beside this one is seen at once."""
+    import subprocess
+    import sys
+
+    from outcore.runtime.env import background_load
+    monkeypatch.delenv("OUTCORE_HOST_LOAD", raising=False)
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
+                             "while time.time() - t < 20: pass"])
+    try:
+        import time
+        time.sleep(0.3)
+        assert background_load(samples=20) >= 0.5
+    finally:
+        busy.kill()
+        busy.wait(timeout=10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 from outcore.errors import LaunchError
@@ -67,14 +68,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def background_load() -> float:
-    """Runnable processes on this machine besides this one: the 1-minute load average less
-    this process (``OUTCORE_HOST_LOAD`` overrides it, e.g. ``0`` for a dedicated machine).
+def background_load(samples: int = 10, every_s: float = 0.005) -> float:
+    """Runnable processes on this machine besides this one, now: the mean over ``samples``
+    readings of the kernel's count of runnable tasks (``/proc/loadavg``), less this process;
+    where that is not available, the 1-minute load average less this process.
+    ``OUTCORE_HOST_LOAD`` overrides it (e.g. ``0`` for a dedicated machine).
+
     On 2 cores with other jobs running, 2 workers are oversubscribed: their messages take
-    1.5-2 ms instead of 0.1 ms (issue 15's fidelity matrix: -60 % on 2-worker cells)."""
+    1.5-2 ms instead of 0.1 ms (issue 15's fidelity matrix: -60 % on 2-worker cells). The
+    1-minute average lags: for a minute after a job of our own ended it still counted it
+    (load 1.8 on an idle machine), and a 2-worker plan was then priced as oversubscribed."""
     given = os.environ.get("OUTCORE_HOST_LOAD")
     if given:
         return max(0.0, float(given))
+    try:
+        running = []
+        for k in range(samples):
+            with open("/proc/loadavg") as f:
+                running.append(int(f.read().split()[3].split("/")[0]) - 1)
+            if k + 1 < samples:
+                time.sleep(every_s)
+        return max(0.0, sum(running) / len(running))
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return max(0.0, os.getloadavg()[0] - 1.0)
     except (AttributeError, OSError):  # no load average on this platform
