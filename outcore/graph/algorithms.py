@@ -12,7 +12,7 @@ from collections import deque
 import numpy as np
 
 from outcore.errors import GraphError
-from outcore.graph._jit import HAVE_NUMBA, njit
+from outcore.graph._jit import njit
 from outcore.graph.ir import Graph
 
 
@@ -97,55 +97,26 @@ def longest_from_sources(g: Graph, node_w: np.ndarray, edge_w: np.ndarray,
     edge number.
     """
     order = topological_order(g) if order is None else order
-    if HAVE_NUMBA:
-        return _top_levels(np.ascontiguousarray(order, np.int64),
-                           np.ascontiguousarray(node_w, np.float64),
-                           np.asarray(edge_w, dtype=np.float64)[g.pred_edge],
-                           np.ascontiguousarray(g.pred_ptr, np.int64),
-                           np.ascontiguousarray(g.pred_idx, np.int64))
-    w = np.asarray(node_w, dtype=np.float64).tolist()
-    ew = np.asarray(edge_w, dtype=np.float64)[g.pred_edge].tolist()
-    ptr = g.pred_ptr.tolist()
-    pred = g.pred_idx.tolist()
-    tl = [0.0] * g.num_nodes
-    for v in order.tolist():
-        best = 0.0
-        for k in range(ptr[v], ptr[v + 1]):
-            u = pred[k]
-            t = tl[u] + w[u] + ew[k]
-            if t > best:
-                best = t
-        tl[v] = best
-    return np.asarray(tl, dtype=np.float64)
+    return _top_levels(*_sweep_args(order, node_w, edge_w, g.pred_edge, g.pred_ptr,
+                                    g.pred_idx))
 
 
 def longest_to_sinks(g: Graph, node_w: np.ndarray, edge_w: np.ndarray,
                      order: np.ndarray | None = None) -> np.ndarray:
     """Bottom level: ``bl(v) = node_w(v) + max_s edge_w(v, s) + bl(s)``, including ``v`` itself."""
     order = topological_order(g) if order is None else order
-    if HAVE_NUMBA:
-        return _bottom_levels(np.ascontiguousarray(order, np.int64),
-                              np.ascontiguousarray(node_w, np.float64),
-                              np.asarray(edge_w, dtype=np.float64)[g.succ_edge],
-                              np.ascontiguousarray(g.succ_ptr, np.int64),
-                              np.ascontiguousarray(g.succ_idx, np.int64))
-    w = np.asarray(node_w, dtype=np.float64).tolist()
-    ew = np.asarray(edge_w, dtype=np.float64)[g.succ_edge].tolist()
-    ptr = g.succ_ptr.tolist()
-    succ = g.succ_idx.tolist()
-    bl = [0.0] * g.num_nodes
-    for v in reversed(order.tolist()):
-        best = 0.0
-        for k in range(ptr[v], ptr[v + 1]):
-            t = ew[k] + bl[succ[k]]
-            if t > best:
-                best = t
-        bl[v] = w[v] + best
-    return np.asarray(bl, dtype=np.float64)
+    return _bottom_levels(*_sweep_args(order, node_w, edge_w, g.succ_edge, g.succ_ptr,
+                                       g.succ_idx))
 
 
-# compiled forms of the two longest-path sweeps (used when numba is present; the list-based
-# loops above are faster than these in plain Python)
+def _sweep_args(order, node_w, edge_w, edges, ptr, idx) -> tuple[np.ndarray, ...]:
+    """The compiled sweeps' arguments: order, node and (adjacency-ordered) edge weights, CSR."""
+    return (np.ascontiguousarray(order, np.int64), np.ascontiguousarray(node_w, np.float64),
+            np.asarray(edge_w, dtype=np.float64)[edges], np.ascontiguousarray(ptr, np.int64),
+            np.ascontiguousarray(idx, np.int64))
+
+
+# the two longest-path sweeps, compiled when numba is present
 @njit
 def _top_levels(order, w, ew, ptr, pred):
     tl = np.zeros(w.shape[0])
