@@ -156,7 +156,8 @@ def dp_allreduce(cluster: Cluster, group_ranks: int, dp: int, rank: int, nbytes:
         raise UsageError(f"unknown data-parallel collective {collective!r}: use "
                          f"{', '.join(COLLECTIVES)}")
     if link is not None or cluster.size < group_ranks * dp:
-        fallback = link or (cluster.inter if cluster.nodes > 1 else cluster.intra)
+        fallback = link.collective() if link is not None else \
+            (cluster.inter if cluster.nodes > 1 else cluster.intra)
         return Phases(ring_allreduce_s(nbytes, dp, fallback))
     local, nodes = peer_layout(rank, group_ranks, dp, cluster.devices_per_node)
     node = cluster.node_of(rank)

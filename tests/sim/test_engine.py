@@ -163,3 +163,6 @@ def test_collective_latency_round_trips_and_prices_data_parallel():
     slow = dp_allreduce(back, 1, 4, 0, 1e6, "ring").total_s
     fast = dp_allreduce(plain, 1, 4, 0, 1e6, "ring").total_s
     assert slow - fast == pytest.approx(6 * (1e-4 - 2e-5))
+    # a link given explicitly (the simulator's dp_link) is priced as collectives see it too
+    assert dp_allreduce(back, 1, 4, 0, 1e6, "ring", link=back.intra).total_s == \
+        pytest.approx(slow)
