@@ -206,17 +206,19 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     cores = local_cores() if local else None
     latency = link.latency_s
     messages = collective = None
+    samehost = False
     if local and devices > 1 and _same_host_transport():
         # CPU workers on one host exchange messages over Unix-domain sockets (issue 17);
         # collectives stay on gloo's loopback TCP
         (latency, messages), collective = _samehost_costs_s(), link.latency_s
+        samehost = True
     if cores and devices > 1 and not cores_to_spare(devices):
         # more workers than free cores (other processes' load counts): a message waits for
         # its receiver to be scheduled (measured on 2 cores with a third busy process: 1.6-2 ms)
         latency = collective = OVERSUBSCRIBED_LATENCY_S
     return make_cluster(devices, None, link.bandwidth, latency, device="cpu", host_cores=cores,
                         overhead_s=_runtime_overhead_s(), message_overhead_s=messages,
-                        collective_latency=collective)
+                        collective_latency=collective, copy_on_send=samehost)
 
 
 def _same_host_transport() -> bool:

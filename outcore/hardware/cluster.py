@@ -26,7 +26,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
                  host_cores: int | None = None,
                  overhead_s: tuple[float, float] | None = None,
                  message_overhead_s: tuple[float, float] | None = None,
-                 collective_latency: str | float | None = None) -> Cluster:
+                 collective_latency: str | float | None = None,
+                 copy_on_send: bool = False) -> Cluster:
     """A flat cluster of ``devices`` devices from user-facing units.
 
     Args:
@@ -41,7 +42,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
     ``message_overhead_s``: the runtime's host time per message (send, receive; measured by
     :func:`outcore.runtime.overhead.message_overhead_s`), default none.
     ``collective_latency``: the link's latency for collectives when they travel another way
-    than point-to-point messages (default: ``latency``).
+    than point-to-point messages (default: ``latency``); ``copy_on_send``: the transport copies
+    a message out in the send call (see :class:`~outcore.hardware.spec.LinkSpec`).
     """
     mem = float(parse_bytes(memory)) if memory is not None else math.inf
     if mem <= 0:
@@ -59,7 +61,7 @@ def make_cluster(devices: int, memory: str | float | None = None,
     return flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
                         latency_s=parse_seconds(latency), device=spec, host_cores=host_cores,
                         collective_latency_s=None if collective_latency is None
-                        else parse_seconds(collective_latency))
+                        else parse_seconds(collective_latency), copy_on_send=copy_on_send)
 
 
 def _device_dict(d: DeviceSpec) -> dict[str, Any]:
@@ -85,6 +87,8 @@ def _link_dict(link: LinkSpec) -> dict[str, Any]:
     doc = {"bandwidth": link.bandwidth, "latency_s": link.latency_s}
     if link.collective_latency_s is not None:
         doc["collective_latency_s"] = link.collective_latency_s
+    if link.copy_on_send:
+        doc["copy_on_send"] = True
     return doc
 
 
@@ -92,7 +96,8 @@ def _link(doc: Any, where: str) -> LinkSpec:
     try:
         coll = doc.get("collective_latency_s")
         return LinkSpec(float(doc["bandwidth"]), float(doc.get("latency_s", 25e-6)),
-                        None if coll is None else float(coll))
+                        None if coll is None else float(coll),
+                        bool(doc.get("copy_on_send", False)))
     except (KeyError, TypeError, ValueError):
         raise FormatError(f"{where}: a link needs a numeric 'bandwidth' (bytes/s) and "
                           "'latency_s'") from None

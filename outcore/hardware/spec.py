@@ -69,11 +69,15 @@ class LinkSpec:
 
     ``collective_latency_s``: the latency collectives see when they travel another way than
     point-to-point messages (local CPU workers: messages over same-host sockets, collectives
-    over gloo's loopback TCP); None: the same ``latency_s``."""
+    over gloo's loopback TCP); None: the same ``latency_s``.
+    ``copy_on_send``: the transport copies a message out in the send call (same-host sockets
+    with 4 MiB kernel buffers), so the sender holds none of it afterwards; otherwise (gloo,
+    NCCL) the runtime keeps a sent tensor until its send completes at the step's end."""
 
     bandwidth: float  # bytes/s
     latency_s: float = 25e-6
     collective_latency_s: float | None = None
+    copy_on_send: bool = False
 
     def time(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth if nbytes > 0 else 0.0
@@ -82,7 +86,7 @@ class LinkSpec:
         """This link as collectives see it."""
         if self.collective_latency_s is None:
             return self
-        return LinkSpec(self.bandwidth, self.collective_latency_s)
+        return replace(self, latency_s=self.collective_latency_s, collective_latency_s=None)
 
 
 @dataclass(frozen=True)
@@ -160,11 +164,13 @@ class Cluster:
 def flat_cluster(devices: int, *, memory_bytes: float, bandwidth: float = 16e9,
                  latency_s: float = 25e-6, device: DeviceSpec | None = None,
                  host_cores: int | None = None,
-                 collective_latency_s: float | None = None) -> Cluster:
+                 collective_latency_s: float | None = None,
+                 copy_on_send: bool = False) -> Cluster:
     """``devices`` devices on one flat network (every pair over the same kind of link);
-    ``host_cores``: see :class:`Cluster`; ``collective_latency_s``: see :class:`LinkSpec`."""
+    ``host_cores``: see :class:`Cluster`; ``collective_latency_s``, ``copy_on_send``: see
+    :class:`LinkSpec`."""
     dev = device or DeviceSpec("generic", memory_bytes, 1e13, 1e12)
     dev = replace(dev, memory_bytes=memory_bytes)
-    link = LinkSpec(bandwidth, latency_s, collective_latency_s)
+    link = LinkSpec(bandwidth, latency_s, collective_latency_s, copy_on_send)
     return Cluster(dev, nodes=1, devices_per_node=max(devices, 1), intra=link, inter=link,
                    host_cores=host_cores or None)

@@ -320,7 +320,8 @@ class _Engine:
         self.port_out[out_port] = start + busy
         self.port_in[in_port] = start + busy
         arrive = start + link.latency_s + busy
-        if a.op == "SB":  # the runtime keeps a sent gradient until its end-of-step flush
+        if a.op == "SB" and not link.copy_on_send:
+            # the runtime keeps a sent gradient until its end-of-step flush
             self.add_mem(r, t, nbytes)
             self.sent_grads[r] += nbytes
         self.events.append(Event(r, "send", str(a), start, arrive, "comm", a.mb, -1, int(nbytes),

@@ -166,3 +166,23 @@ def test_collective_latency_round_trips_and_prices_data_parallel():
     # a link given explicitly (the simulator's dp_link) is priced as collectives see it too
     assert dp_allreduce(back, 1, 4, 0, 1e6, "ring", link=back.intra).total_s == \
         pytest.approx(slow)
+
+
+def test_sent_gradients_are_held_only_where_the_transport_keeps_them():
+    """gloo and NCCL sends complete at the step's end, so the runtime keeps every gradient a
+    rank sent until then; same-host sockets copy a message out in the send call."""
+    from outcore.hardware.cluster import make_cluster, to_dict
+    g = gbuild("two", fwd_s=[1.0, 1.0], bwd_s=[2.0, 2.0], src=[0], dst=[1], edge_bytes=[40],
+               out_bytes=[0, 0], saved_bytes=[50, 50], batch_size=2)
+
+    def peaks(copy_on_send):
+        cl = make_cluster(2, bandwidth=2.0, latency=0.0, copy_on_send=copy_on_send)
+        p = make_plan(g, np.array([0, 1]), strategy="manual", devices=2, memory_bytes=None,
+                      microbatches=4, schedule="1f1b", cluster=flat_cluster_doc(to_dict(cl), 2))
+        return simulate(p, g).peak_bytes
+
+    held, copied = peaks(False), peaks(True)
+    # the last stage: one micro-batch in flight (50 saved + 40 received), plus on gloo the
+    # gradients of the three micro-batches it already sent back (3 x 40)
+    assert copied[1] == pytest.approx(90) and held[1] == pytest.approx(90 + 3 * 40)
+    assert copied[0] == held[0]
