@@ -34,10 +34,18 @@ def set_context(seed: int, step: int, chunk: int) -> None:
 
 
 def reseed(node: str) -> None:
-    """Seed the global generator for random node ``node`` in the current context."""
+    """Seed the generators random node ``node`` draws from (the CPU's, and the current CUDA
+    device's once CUDA is in use) in the current context.
+
+    ``torch.manual_seed`` would seed the same generators to the same value, but it also visits
+    every other backend: 57 us a call here against 0.9 us for the CPU generator alone, paid by
+    every dropout of every piece on every micro-batch."""
     seed, step, chunk = getattr(_context, "key", (0, 0, 0))
     digest = hashlib.blake2b(f"{seed}/{step}/{chunk}/{node}".encode(), digest_size=8).digest()
-    torch.manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+    value = int.from_bytes(digest, "little") & ((1 << 63) - 1)
+    torch.default_generator.manual_seed(value)
+    if torch.cuda.is_initialized():
+        torch.cuda.default_generators[torch.cuda.current_device()].manual_seed(value)
 
 
 torch.fx.wrap("reseed")
