@@ -379,11 +379,19 @@ def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
     if progress:
         progress(f"starting {p.devices} worker(s)", 0, 1)
     watcher = _MetricsWatcher(Path(job.cfg.metrics_out or root / "metrics.jsonl"), on_metrics)
-    results = run_local(train_worker, p.devices, (job.cfg, graph_to_dict(g), plan_to_dict(p)),
+    results = run_local(train_worker, p.devices, (_with_spin(job.cfg, p.devices),
+                                                   graph_to_dict(g), plan_to_dict(p)),
                         timeout_s=job.cfg.timeout_s, threads=job.cfg.threads,
                         poll=watcher.poll)
     watcher.poll()
     return _report(job.cfg, g, p, root, results)
+
+
+def _with_spin(cfg: TrainConfig, workers: int) -> TrainConfig:
+    """``cfg`` with the same-host receives' poll decided here, before the workers start (in a
+    worker the decision could count its starting siblings as other load)."""
+    from outcore.runtime.samehost import SPIN_AUTO_US
+    return replace(cfg, spin_us=SPIN_AUTO_US if cores_to_spare(workers) else 0.0)
 
 
 def _only_used_devices(g: Graph, p: Plan,

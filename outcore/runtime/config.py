@@ -37,6 +37,9 @@ class TrainConfig:
         threads: torch threads per worker.
         return_state: return every rank's final parameters (tests).
         fail_at_step: make ``fail_rank`` raise (or hang) at this step (fault tests).
+        spin_us: how long same-host receives poll before blocking, decided by the launching
+            process (``outcore.runtime.samehost.spin_s``); None: each worker decides;
+            ``OUTCORE_P2P_SPIN_US`` in the environment wins over both.
     """
 
     model: str
@@ -68,6 +71,7 @@ class TrainConfig:
     fail_mode: str = "raise"
     task: str | None = None  # what the targets are (runtime.data); None: from the model
     leaves: tuple[str, ...] = ()  # module paths or class names captured as single layers
+    spin_us: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

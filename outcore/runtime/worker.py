@@ -17,6 +17,7 @@ from outcore.plan.plan import align, from_dict as plan_from_dict
 from outcore.runtime import checkpoint, resume
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import ImageFolderData, SyntheticData, TextData, split
+from outcore.runtime.samehost import SPIN_ENV
 from outcore.runtime.trainer import Trainer
 from outcore.schedule import io as schedule_io
 from outcore.trace import Timeline, save_events
@@ -96,6 +97,8 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
         else torch.device("cpu")
     if cfg.on_nonfinite not in ("stop", "skip"):
         raise UsageError(f"unknown on_nonfinite {cfg.on_nonfinite!r}: choose stop or skip")
+    if cfg.spin_us is not None:  # the launcher's decision; the environment's wins
+        os.environ.setdefault(SPIN_ENV, f"{cfg.spin_us:g}")
     trainer, data = build_trainer(cfg, graph_doc, plan_doc, device)
     trainer.executor.guard_nonfinite = True
     begun = resume.begin(trainer, cfg)
