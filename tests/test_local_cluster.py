@@ -35,10 +35,10 @@ def test_background_load_counts_with_same_host_sockets(monkeypatch):
     free = local_cluster(2, True).intra
     assert free.latency_s < OVERSUBSCRIBED_LATENCY_S
     # collectives still travel over gloo's loopback: they keep its latency
-    assert free.collective().latency_s == link_preset("gloo-loopback").latency_s
+    assert free.latency_for_collectives == link_preset("gloo-loopback").latency_s
     monkeypatch.setenv("OUTCORE_HOST_LOAD", str(_local_cores()))
     busy = local_cluster(2, True).intra
-    assert busy.latency_s == busy.collective().latency_s == OVERSUBSCRIBED_LATENCY_S
+    assert busy.latency_s == busy.latency_for_collectives == OVERSUBSCRIBED_LATENCY_S
     # one worker: the runtime's per-piece cost comes from the probe too (not the fixed
     # 50 / 150 us, which over-charged small models' single-worker steps by up to 68 %)
     monkeypatch.setattr("outcore.job._runtime_overhead_s", lambda: (1e-6, 2e-6))

@@ -58,7 +58,7 @@ def grids(tp: int) -> list[tuple[int, int]]:
 def _link(cluster: Cluster, span: int) -> LinkSpec:
     """The slowest link a group of consecutive-or-strided ranks spanning ``span`` ranks
     crosses: intra-node when it fits in one node."""
-    return (cluster.intra if span <= cluster.devices_per_node else cluster.inter).collective()
+    return cluster.intra if span <= cluster.devices_per_node else cluster.inter
 
 
 def pair_comm_s(act_bytes: float, mid_bytes: float, rows: int, cols: int,

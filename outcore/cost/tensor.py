@@ -199,7 +199,6 @@ def layout_node_costs(g, layout, depth: int = 1) -> NodeCosts:
 
 def collective_s(c: Collective, link: LinkSpec, algorithm: str = "auto") -> float:
     """Seconds ``c`` takes over ``link``."""
-    link = link.collective()
     if c.kind == "all_reduce":
         return allreduce_s(c.nbytes, c.ranks, link, algorithm)
     return ring_reduce_scatter_s(c.nbytes, c.ranks, link)

@@ -2,7 +2,8 @@
 
 Notation (Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations
 in MPICH", IJHPCA 19(1), 2005, section 2): ``p`` processes, ``n`` bytes per process, ``alpha``
-latency per message, ``beta`` seconds per byte (1 / bandwidth). The reduction arithmetic
+latency per message (the link's ``latency_for_collectives``: collectives may travel another way
+than point-to-point messages), ``beta`` seconds per byte (1 / bandwidth). The reduction arithmetic
 (``gamma``) is left out: on GPUs it runs at device-memory speed, far above any link.
 
 * **ring** (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
@@ -50,14 +51,14 @@ def ring_allreduce_s(nbytes: float, n: int, link: LinkSpec) -> float:
     """Ring all-reduce time: ``2 (n-1)`` steps of ``nbytes / n`` each (Patarasuk & Yuan, 2009)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (n - 1) * (link.latency_s + nbytes / n / link.bandwidth)
+    return 2 * (n - 1) * (link.latency_for_collectives + nbytes / n / link.bandwidth)
 
 
 def ring_reduce_scatter_s(nbytes: float, n: int, link: LinkSpec) -> float:
     """Ring reduce-scatter (or all-gather) time: ``n - 1`` steps of ``nbytes / n`` each."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return (n - 1) * (link.latency_s + nbytes / n / link.bandwidth)
+    return (n - 1) * (link.latency_for_collectives + nbytes / n / link.bandwidth)
 
 
 def rhd_allreduce_s(nbytes: float, n: int, link: LinkSpec) -> float:
@@ -68,9 +69,9 @@ def rhd_allreduce_s(nbytes: float, n: int, link: LinkSpec) -> float:
         return 0.0
     p2 = 1 << (n.bit_length() - 1)
     beta = 1.0 / link.bandwidth
-    t = 2 * math.log2(p2) * link.latency_s + 2 * (p2 - 1) / p2 * nbytes * beta
+    t = 2 * math.log2(p2) * link.latency_for_collectives + 2 * (p2 - 1) / p2 * nbytes * beta
     if p2 != n:
-        t += 2 * (link.latency_s + nbytes * beta)
+        t += 2 * (link.latency_for_collectives + nbytes * beta)
     return t
 
 
@@ -151,13 +152,11 @@ def dp_allreduce(cluster: Cluster, group_ranks: int, dp: int, rank: int, nbytes:
     """
     if dp <= 1 or nbytes <= 0:
         return Phases()
-    cluster = cluster.for_collectives()
     if collective not in COLLECTIVES:
         raise UsageError(f"unknown data-parallel collective {collective!r}: use "
                          f"{', '.join(COLLECTIVES)}")
     if link is not None or cluster.size < group_ranks * dp:
-        fallback = link.collective() if link is not None else \
-            (cluster.inter if cluster.nodes > 1 else cluster.intra)
+        fallback = link or (cluster.inter if cluster.nodes > 1 else cluster.intra)
         return Phases(ring_allreduce_s(nbytes, dp, fallback))
     local, nodes = peer_layout(rank, group_ranks, dp, cluster.devices_per_node)
     node = cluster.node_of(rank)

@@ -82,11 +82,11 @@ class LinkSpec:
     def time(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bandwidth if nbytes > 0 else 0.0
 
-    def collective(self) -> "LinkSpec":
-        """This link as collectives see it."""
-        if self.collective_latency_s is None:
-            return self
-        return replace(self, latency_s=self.collective_latency_s, collective_latency_s=None)
+    @property
+    def latency_for_collectives(self) -> float:
+        """The per-message latency (alpha) of the collective cost models
+        (:mod:`outcore.hardware.collectives`)."""
+        return self.latency_s if self.collective_latency_s is None else self.collective_latency_s
 
 
 @dataclass(frozen=True)
@@ -132,13 +132,6 @@ class Cluster:
     def link(self, a: int, b: int) -> LinkSpec:
         """The link between devices ``a`` and ``b``."""
         return self.intra if self.node_of(a) == self.node_of(b) else self.inter
-
-    def for_collectives(self) -> "Cluster":
-        """The cluster as collectives see it (:meth:`LinkSpec.collective`)."""
-        intra, inter = self.intra.collective(), self.inter.collective()
-        if intra is self.intra and inter is self.inter:
-            return self
-        return replace(self, intra=intra, inter=inter)
 
     def with_memory(self, memory_bytes: float) -> "Cluster":
         return replace(self, device=replace(self.device, memory_bytes=memory_bytes))

@@ -255,8 +255,7 @@ def allreduce_s(g: Graph, assignment: np.ndarray, dp: DataParallel) -> float:
     from outcore.sim import ring_allreduce_s  # the simulator's alpha-beta ring model
 
     own = np.bincount(assignment, weights=g.param_bytes.astype(np.float64))
-    link = dp.link.collective()
-    return max((ring_allreduce_s(float(b), dp.replicas, link) for b in own), default=0.0)
+    return max((ring_allreduce_s(float(b), dp.replicas, dp.link) for b in own), default=0.0)
 
 
 def plan(ctx: Context, branches: Branches | None = None, dp: DataParallel | None = None

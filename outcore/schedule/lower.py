@@ -246,7 +246,7 @@ class _Sharding:
                 self.node_bytes[i] = float(g.param_bytes[i]) * k / len(owned)
         link = cluster.link(0, min(stages, cluster.size - 1)) if stages < cluster.size \
             else cluster.link(0, 1)
-        self.collective_s = lambda b: ring_reduce_scatter_s(b, self.depth, link.collective())
+        self.collective_s = lambda b: ring_reduce_scatter_s(b, self.depth, link)
 
     def cost_options(self) -> dict:
         return {"sharded_bytes": self.node_bytes, "depth": self.depth,

@@ -348,7 +348,7 @@ class _Engine:
                         max(max(self.ar_free[m], self.dp_free[m]) for m in group))
             nbytes = self.opt.bucket_bytes[a.bucket] if a.bucket < len(self.opt.bucket_bytes) \
                 else 0.0
-            link = self.cluster.link(min(group), max(group)).collective()
+            link = self.cluster.link(min(group), max(group))
             ring = self.opt.bucket_ring[a.bucket] if a.bucket < len(self.opt.bucket_ring) \
                 else 0  # a sharded bucket: its shards, over the groups that hold copies
             end = start + ring_allreduce_s(nbytes, ring or len(group), link)

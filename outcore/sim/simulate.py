@@ -128,8 +128,8 @@ def step_sync_s(cluster: Cluster, ranks: int) -> float:
     ranks: 183 us measured, 200 us charged)."""
     if ranks <= 1:
         return 0.0
-    link = (cluster.inter if cluster.nodes > 1 else cluster.intra).collective()
-    return 2 * math.ceil(math.log2(ranks)) * link.latency_s
+    link = cluster.inter if cluster.nodes > 1 else cluster.intra
+    return 2 * math.ceil(math.log2(ranks)) * link.latency_for_collectives
 
 
 # Memory traffic of one optimizer step, in bytes moved per parameter byte (and, for Adam, a
