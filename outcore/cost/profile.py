@@ -113,19 +113,18 @@ def _time_or_forward_only(n: Any, fn: Callable[..., Any],
         return time_node(fn, saved, params, device, warmup, repeat)
     except RuntimeError as first:
         try:
-            with torch.no_grad():
-                fwd = _timeit(lambda inp: fn(*inp[0], **inp[1]), warmup, repeat, device,
-                              lambda: _fresh_inputs(saved)[0])
+            times = time_node(fn, saved, params, device, warmup, repeat, backward=False)
         except RuntimeError:
             raise ModelError(f"profiling node {n.name} ({n.target}) failed: {first}") from first
         log.debug("node %s (%s) timed forward only: %s", n.name, n.target, first)
-        return fwd, 0.0
+        return times
 
 
 def time_node(fn: Callable[..., Any], saved: tuple[tuple[Any, ...], dict[str, Any]],
               params: list[nn.Parameter], device: torch.device, warmup: int,
-              repeat: int) -> tuple[float, float]:
-    """(forward seconds, backward seconds) of one node on its recorded inputs."""
+              repeat: int, *, backward: bool = True) -> tuple[float, float]:
+    """(forward seconds, backward seconds) of one node on its recorded inputs
+    (``backward=False``: the forward outside autograd, and no backward)."""
 
     def setup_fwd() -> Any:
         return _fresh_inputs(saved)[0]
@@ -134,6 +133,9 @@ def time_node(fn: Callable[..., Any], saved: tuple[tuple[Any, ...], dict[str, An
         args, kwargs = inp
         return fn(*args, **kwargs)
 
+    if not backward:
+        with torch.no_grad():
+            return _timeit(run_fwd, warmup, repeat, device, setup_fwd), 0.0
     with torch.enable_grad():
         fwd = _timeit(run_fwd, warmup, repeat, device, setup_fwd)
         probe = run_fwd(setup_fwd())

@@ -40,6 +40,7 @@ from torch.nn import functional as F
 
 from outcore.errors import UsageError
 from outcore.graph.tensor_pairs import TensorLayout, is_conv1d, out_features
+from outcore.runtime.values import local as _local
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +111,6 @@ class _GatherFromTP(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         lo = ctx.rank * ctx.width
         return grad[..., lo:lo + ctx.width].contiguous(), None
-
-
-def _local(t: torch.Tensor | None) -> torch.Tensor | None:
-    return t.to_local() if t is not None and hasattr(t, "to_local") else t
 
 
 def _mesh(w: torch.Tensor) -> Any:

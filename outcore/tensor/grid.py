@@ -37,6 +37,7 @@ from torch.nn import functional as F
 
 from outcore.errors import UsageError
 from outcore.graph.tensor_pairs import TensorLayout
+from outcore.runtime.values import local as _local
 from outcore.tensor.graph_split import _CopyToTP, _GatherFromTP, _ReduceFromTP
 
 log = logging.getLogger(__name__)
@@ -103,10 +104,6 @@ def _shard(linear: nn.Linear, mesh: Any, out_dim: str, in_dim: str) -> None:
         bplace = [Shard(0) if n == out_dim else Replicate() for n in names]
         linear.bias = nn.Parameter(DTensor.from_local(b.clone(), mesh, bplace, run_check=False),
                                    requires_grad=linear.bias.requires_grad)
-
-
-def _local(t: torch.Tensor | None) -> torch.Tensor | None:
-    return t.to_local() if t is not None and hasattr(t, "to_local") else t
 
 
 def _first_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
