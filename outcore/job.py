@@ -390,8 +390,8 @@ def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
 def _with_spin(cfg: TrainConfig, workers: int) -> TrainConfig:
     """``cfg`` with the same-host receives' poll decided here, before the workers start (in a
     worker the decision could count its starting siblings as other load)."""
-    from outcore.runtime.samehost import SPIN_AUTO_US
-    return replace(cfg, spin_us=SPIN_AUTO_US if cores_to_spare(workers) else 0.0)
+    from outcore.runtime.samehost import auto_spin_us
+    return replace(cfg, spin_us=auto_spin_us(workers))
 
 
 def _only_used_devices(g: Graph, p: Plan,

@@ -107,7 +107,8 @@ def contiguous_results(g: Graph, devices: int, *, memory_bytes: float | None = N
     if best is None:
         raise _no_fit(ctx, "contiguous", cands)
     fitting = sorted((c for c in cands if c.fits), key=lambda c: c.makespan_s)
-    trivial = [c for c in fitting[top:] if c.label in contiguous.trivial_labels(ctx.devices)]
+    plain = contiguous.trivial_labels(ctx.devices)
+    trivial = [c for c in fitting[top:] if c.label in plain]
     return [_result(ctx, "contiguous", c, notes[:1] + [f"chose {c.label}"])
             for c in fitting[:top] + trivial]
 

@@ -166,7 +166,7 @@ class RankExecutor:
         grad_bad = bool(grads) and not bool(torch.isfinite(torch.nn.utils.get_total_norm(
             [local(g.detach()) for g in grads], float("inf"))))
         # the step's loss travels in the same all-reduce (one collective per step, not two)
-        mine = float(sum(v.item() for v in self.losses.values())) if self.count_loss else 0.0
+        mine = self._loss_sum() if self.count_loss else 0.0
         flags = torch.tensor([float(loss_bad), float(grad_bad), mine], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
             t0 = time.perf_counter()
@@ -227,8 +227,12 @@ class RankExecutor:
         if self.guard_nonfinite and self.nonfinite is None:  # a rank without an OPT action
             self.check_finite()
         if self.losses:
-            result.loss = float(sum(v.item() for v in self.losses.values()))
+            result.loss = self._loss_sum()
         return result
+
+    def _loss_sum(self) -> float:
+        """This rank's loss of the step: its output pieces' losses over the micro-batches."""
+        return float(sum(v.item() for v in self.losses.values()))
 
     def _event(self, a: Action, start: float, end: float) -> Event:
         kind = {"SF": "send", "SB": "send", "RF": "recv", "RB": "recv", "AR": "allreduce",

@@ -276,7 +276,13 @@ def spin_s() -> float:
     if given:
         return float(given) * 1e-6
     local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
-    return SPIN_AUTO_US * 1e-6 if cores_to_spare(local) else 0.0
+    return auto_spin_us(local) * 1e-6
+
+
+def auto_spin_us(local_ranks: int) -> float:
+    """The poll for a job of ``local_ranks`` workers on this host: ``SPIN_AUTO_US`` when each
+    has a core of its own (the other processes' load counted), else none."""
+    return SPIN_AUTO_US if cores_to_spare(local_ranks) else 0.0
 
 
 def _configure(s: socket.socket) -> socket.socket:

@@ -209,6 +209,7 @@ class Trainer:
             self.messenger, loss_fn or default_loss, self.optimizer, self._buckets(),
             self.placeholders, self.device, on_step=self._after_optimizer, copies=self.copies,
             policies=self.policies, piece_params=piece_params, sharder=self.sharder)
+        # every shard of a tensor-parallel slot computes the same loss: count it once
         self.executor.count_loss = self.shard == 0
         self.buffer_groups = self._replicated_running_stats()
 
@@ -359,8 +360,7 @@ class Trainer:
             peak = 0
         loss = self.executor.step_loss  # summed over the ranks by the non-finite check
         if loss is None:
-            # every shard of a tensor-parallel slot computes the same loss: count it once
-            mine = result.loss if result.loss is not None and self.shard == 0 else 0.0
+            mine = result.loss if result.loss is not None and self.executor.count_loss else 0.0
             total = torch.tensor([mine], dtype=torch.float64)
             if dist.is_initialized() and self.world > 1:
                 dist.all_reduce(total)
