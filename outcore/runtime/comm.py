@@ -200,6 +200,10 @@ class Messenger:
             peers = {process_of(p) for p in self.order} | \
                 {process_of(d) for d in _wire_messages(schedule, rank, self.layouts)}
             self.links = connect_same_host(peers, timeout_s)
+        # schedule rank -> its process, for the peers a same-host link reaches
+        self.linked: dict[int, int] = {} if self.links is None else {
+            r: process_of(r) for r in range(len(schedule.actions))
+            if r != rank and self.links.has(process_of(r))}
         self.read_next = {peer: 0 for peer in self.order}  # same-host: next wire to read
 
     def _add_wire(self, w: tuple[MsgKey, ...]) -> None:
@@ -243,8 +247,9 @@ class Messenger:
                 if t.dtype == torch.bool:
                     t = t.to(torch.uint8)
                 wire.append(t if t.is_contiguous() else t.contiguous())
-        if self.links is not None and self.links.has(self.process_of(dst)):
-            self.links.send(self.process_of(dst), wire, self._tag(w[0], 0))
+        proc = self.linked.get(dst)
+        if proc is not None:
+            self.links.send(proc, wire, self._tag(w[0], 0))
             return
         for k, t in enumerate(wire):
             # the tensor stays referenced until the send completes
@@ -260,11 +265,11 @@ class Messenger:
         while self.next_post[peer] <= i:
             w = wires[self.next_post[peer]]
             bufs = self.wire_layout[w].empty(self.device)
-            src = self.process_of(peer)
-            if self.links is not None and self.links.has(src):
+            if peer in self.linked:
                 self.posted[w] = ([], bufs)  # read in order by recv (same-host link)
                 self.next_post[peer] += 1
                 continue
+            src = self.process_of(peer)
             works = [dist.irecv(buf, src, tag=self._tag(w[0], j)) for j, buf in enumerate(bufs)]
             self.posted[w] = (works, bufs)
             self.next_post[peer] += 1
@@ -286,7 +291,7 @@ class Messenger:
         w = self.order[peer][i]
         if w not in self.posted:
             self._post(key)
-        if self.links is not None and self.links.has(self.process_of(peer)):
+        if peer in self.linked:
             self._read_through(peer, i, src)
         works, bufs = self.posted.pop(w)
         for work in works:
@@ -310,13 +315,14 @@ class Messenger:
 
     def _read_through(self, peer: int, i: int, src: int) -> None:
         """Same-host link: read ``peer``'s wire messages up to its ``i``-th, in its order."""
-        wires = self.order[peer]
+        wires, proc = self.order[peer], self.linked[peer]
         while self.read_next[peer] <= i:
             w = wires[self.read_next[peer]]
             k = w[0]
-            self.links.recv_into(self.process_of(peer), self.posted[w][1], self._tag(k, 0),
-                                 f"receiving {'activations' if k[1] == 'F' else 'gradients'} "
-                                 f"of transfer {k[0]} micro-batch {k[2]} from rank {src} "
+            self.links.recv_into(proc, self.posted[w][1], self._tag(k, 0),
+                                 lambda k=k: f"receiving "
+                                 f"{'activations' if k[1] == 'F' else 'gradients'} of transfer "
+                                 f"{k[0]} micro-batch {k[2]} from rank {src} "
                                  f"(step {self.step_of()})")
             self.read_next[peer] += 1
 

@@ -265,7 +265,8 @@ class RankExecutor:
 
     def forward(self, p: int, mb: int) -> None:
         pm = self.modules[p]
-        self._random_context(p, mb)
+        if pm.random:
+            self._random_context(p, mb)
         values, leaves, copies = [], {}, []
         clone = pm.clone_inputs
         for name, (kind, a, b) in zip(pm.inputs, self.input_plan[p]):
@@ -316,7 +317,8 @@ class RankExecutor:
 
     def backward(self, p: int, mb: int) -> None:
         pm = self.modules[p]
-        self._random_context(p, mb)  # a checkpointed piece recomputes the same masks
+        if pm.random:
+            self._random_context(p, mb)  # a checkpointed piece recomputes the same masks
         produced = self.fwd_outputs.pop((p, mb))
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor | None] = []
@@ -337,9 +339,11 @@ class RankExecutor:
         if roots:
             if self.sharder is not None:
                 self.sharder.gather(p)
-            with self.param_off.resident(self.piece_params.get(p, []) if
-                                         self.policies.get(p) == "offload-params" else []):
-                torch.autograd.backward(roots, grads)
+            if self.policies.get(p) == "offload-params":
+                with self.param_off.resident(self.piece_params.get(p, [])):
+                    run_backward(roots, grads)
+            else:
+                run_backward(roots, grads)
             if self.sharder is not None:
                 self.sharder.release(p)
                 self.sharder.reduce_gradients(p)
@@ -444,6 +448,24 @@ class RankExecutor:
                 p.grad = like(p, flat[offset:offset + n].view_as(shard))
                 offset += n
         self.pending_ar.clear()
+
+
+_engine_backward = getattr(torch.autograd.graph, "_engine_run_backward", None)
+
+
+def run_backward(roots: list[torch.Tensor], grads: list[torch.Tensor | None]) -> None:
+    """``torch.autograd.backward(roots, grads)``. When every root is a plain tensor given a
+    gradient of its own shape (a piece's outputs and the gradients its consumers returned),
+    straight into autograd's engine: the public call's argument handling (subclass dispatch,
+    filling in and checking gradients) costs ~4.5 us a call here, paid by every backward piece
+    (issue 17). Anything else (a loss, a DTensor) goes through the public call."""
+    if _engine_backward is not None and all(
+            g is not None and type(r) is torch.Tensor and type(g) is torch.Tensor
+            and g.shape == r.shape and g.dtype == r.dtype for r, g in zip(roots, grads)):
+        _engine_backward(tuple(roots), tuple(grads), False, False, (),
+                         allow_unreachable=True, accumulate_grad=True)
+    else:
+        torch.autograd.backward(roots, grads)
 
 
 def like(p: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:

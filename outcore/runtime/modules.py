@@ -32,6 +32,7 @@ class PieceModule:
         model_outputs: fx node names among ``outputs`` that are the model's output.
         clone_inputs: inputs an in-place operation of the piece modifies (they are passed as
             copies, since autograd forbids in-place writes to a received leaf tensor).
+        random: whether the piece has random nodes (they draw from the step's context).
     """
 
     id: int
@@ -40,6 +41,7 @@ class PieceModule:
     outputs: list[str]
     model_outputs: list[str]
     clone_inputs: frozenset[str] = frozenset()
+    random: bool = True
 
 
 def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
@@ -106,12 +108,12 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
         outputs = list(out_values)
         graph.output(tuple(out_values[k] for k in outputs))
         module = fx.GraphModule(gm, graph, f"piece{piece.id}")
-        seed_random_nodes(module)  # dropout masks independent of placement
+        random = seed_random_nodes(module) > 0  # dropout masks independent of placement
         clone = frozenset(prefix + name for name in inputs
                           if any(_is_inplace(u, gm) for u in env[name].users))
         result.append(PieceModule(piece.id, module, [prefix + k for k in inputs],
                                   [prefix + k for k in outputs],
-                                  [prefix + k for k in model_outputs], clone))
+                                  [prefix + k for k in model_outputs], clone, random))
     return result
 
 

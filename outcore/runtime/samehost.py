@@ -31,7 +31,7 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -53,6 +53,10 @@ P2P_ENV = "OUTCORE_P2P"
 # spinning, 13.0-13.5 ms with 200-1000 us), and none on busy cores (spinning takes the core
 # the peer needs: 92 -> 202 ms at load 5-6)
 SPIN_ENV, SPIN_AUTO_US = "OUTCORE_P2P_SPIN_US", 200.0
+
+
+def _name(what: str | Callable[[], str]) -> str:
+    return what() if callable(what) else what
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
@@ -88,6 +92,7 @@ class SameHostLinks:
             s.setblocking(True)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
         self.out: dict[int, deque] = {p: deque() for p in socks}  # [memoryview, keep-alive]
+        self.queued = dict.fromkeys(socks, 0)  # bytes in each peer's queue
         self.by_fd = {s.fileno(): p for p, s in socks.items()}
         self.spin_s = spin_s
 
@@ -97,10 +102,13 @@ class SameHostLinks:
     def send(self, peer: int, tensors: list[torch.Tensor], tag: int) -> None:
         """Queue ``tensors`` (contiguous, CPU) as one message to ``peer`` and push what the
         kernel takes now; returns at once."""
-        views = [_bytes_of(t) for t in tensors if t.numel()]
+        kept = [t for t in tensors if t.numel()]
+        views = [_bytes_of(t) for t in kept]
+        size = sum(len(v) for v in views)
         q = self.out[peer]
-        q.append([memoryview(_HEADER.pack(tag, sum(len(v) for v in views))), None])
-        q.extend([v, t] for v, t in zip(views, [t for t in tensors if t.numel()]))
+        q.append([memoryview(_HEADER.pack(tag, size)), None])
+        q.extend([v, t] for v, t in zip(views, kept))
+        self.queued[peer] += _HEADER.size + size
         self._push(peer)
 
     def _push(self, peer: int) -> bool:
@@ -116,6 +124,10 @@ class SameHostLinks:
                 raise RuntimeFailure(f"rank {self.rank}: sending to rank {peer} over the "
                                      f"same-host link failed ({e}): the peer exited or failed; "
                                      "see its log") from e
+            self.queued[peer] -= n
+            if not self.queued[peer]:  # the usual case: the kernel took all of it
+                q.clear()
+                return True
             while n and q:
                 head = q[0][0]
                 if n >= len(head):
@@ -126,7 +138,8 @@ class SameHostLinks:
                     n = 0
         return True
 
-    def _wait_io(self, read_peer: int | None, deadline: float, what: str) -> None:
+    def _wait_io(self, read_peer: int | None, deadline: float,
+                 what: str | Callable[[], str]) -> None:
         """Block until ``read_peer``'s socket is readable or a queued send can progress
         (pushing it), or fail at ``deadline``."""
         while True:
@@ -136,7 +149,7 @@ class SameHostLinks:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RuntimeFailure(f"rank {self.rank}: timed out after {self.timeout_s:.0f} s "
-                                     f"{what} (same-host link): the peer is stuck or too slow; "
+                                     f"{_name(what)} (same-host link): the peer is stuck or too slow; "
                                      "raise the timeout or see the peer's log")
             r, w, _ = select.select(rlist, wlist, [], left)
             for s in w:
@@ -144,8 +157,10 @@ class SameHostLinks:
             if r or (read_peer is None and not w):
                 return
 
-    def recv_into(self, peer: int, bufs: list[torch.Tensor], tag: int, what: str) -> None:
-        """Read ``peer``'s next message into ``bufs`` (contiguous, CPU, sized as sent)."""
+    def recv_into(self, peer: int, bufs: list[torch.Tensor], tag: int,
+                  what: str | Callable[[], str]) -> None:
+        """Read ``peer``'s next message into ``bufs`` (contiguous, CPU, sized as sent).
+        ``what`` names the message in errors (a callable: formatted only on an error)."""
         header = bytearray(_HEADER.size)
         views = [memoryview(header)] + [_bytes_of(b) for b in bufs if b.numel()]
         expected = sum(len(v) for v in views[1:])
@@ -162,11 +177,11 @@ class SameHostLinks:
                 self._wait_io(peer, deadline, what)
                 continue
             except OSError as e:
-                raise RuntimeFailure(f"rank {self.rank}: {what} failed on the same-host link "
+                raise RuntimeFailure(f"rank {self.rank}: {_name(what)} failed on the same-host link "
                                      f"({e}): rank {peer} exited or failed; see its log") from e
             if n == 0:
                 raise RuntimeFailure(f"rank {self.rank}: rank {peer} closed its same-host link "
-                                     f"while {what}: it exited or failed; see its log")
+                                     f"while {_name(what)}: it exited or failed; see its log")
             if done < _HEADER.size <= done + n:
                 self._check(header, peer, tag, expected, what)
             done += n
@@ -177,11 +192,12 @@ class SameHostLinks:
                     views[0] = views[0][n:]
                     n = 0
 
-    def _check(self, header: bytearray, peer: int, tag: int, expected: int, what: str) -> None:
+    def _check(self, header: bytearray, peer: int, tag: int, expected: int,
+               what: str | Callable[[], str]) -> None:
         got_tag, got_bytes = _HEADER.unpack(header)
         if (got_tag, got_bytes) != (tag, expected):
             raise RuntimeFailure(
-                f"rank {self.rank}: {what}: rank {peer} sent message tag {got_tag} of "
+                f"rank {self.rank}: {_name(what)}: rank {peer} sent message tag {got_tag} of "
                 f"{got_bytes} bytes where tag {tag} of {expected} bytes was due; the two ranks "
                 "run different schedules (plan or outcore version)")
 

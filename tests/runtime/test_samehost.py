@@ -109,3 +109,39 @@ def test_receives_spin_only_when_every_worker_has_a_core(monkeypatch):
     assert spin_s() == 0.0
     monkeypatch.setenv(SPIN_ENV, "50")
     assert spin_s() == pytest.approx(50e-6)
+
+
+def test_sends_the_kernel_cannot_take_at_once_arrive_whole_and_in_order():
+    """Messages larger than the socket's buffer are queued and pushed in pieces (a send never
+    blocks); the reader gets every byte, in the sender's order, with the right tags."""
+    import socket
+    import threading
+
+    from outcore.runtime.samehost import SameHostLinks
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    tx, rx = SameHostLinks(0, {1: a}, 10.0), SameHostLinks(1, {0: b}, 10.0)
+    try:
+        msgs = [torch.arange(n, dtype=torch.float32) for n in (3, 3_000_000, 5, 2_000_000)]
+        for k, m in enumerate(msgs):
+            tx.send(1, [m, m[:2].clone()], k)
+        assert tx.out[1] and tx.queued[1] > 0  # the kernel did not take it all
+        got: list = []
+
+        def read():
+            for k, m in enumerate(msgs):
+                bufs = [torch.empty_like(m), torch.empty(2)]
+                rx.recv_into(0, bufs, k, lambda: "test message")
+                got.append(bufs)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        tx.flush()
+        reader.join(20)
+        assert not reader.is_alive()
+        assert tx.queued[1] == 0 and not tx.out[1]
+        assert len(got) == len(msgs)
+        for m, (whole, head) in zip(msgs, got):
+            assert torch.equal(whole, m) and torch.equal(head, m[:2])
+    finally:
+        a.close()
+        b.close()
