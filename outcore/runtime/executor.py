@@ -11,6 +11,7 @@ Sends, receives, all-reduces and the optimizer step are the schedule's other act
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -160,21 +161,20 @@ class RankExecutor:
 
     def check_finite(self) -> bool:
         """Whether any rank's loss or gradient of this step is NaN or infinite (a collective:
-        every rank calls it once per step). Max-norms, so large finite values never overflow."""
-        loss_bad = any(not torch.isfinite(v).all() for v in self.losses.values())
-        grads = [p.grad for p in self._grad_params() if p.grad is not None]
-        grad_bad = bool(grads) and not bool(torch.isfinite(torch.nn.utils.get_total_norm(
-            [local(g.detach()) for g in grads], float("inf"))))
+        every rank calls it once per step)."""
+        losses = [v.item() for v in self.losses.values()]  # scalars, read once
+        loss_bad = not all(math.isfinite(x) for x in losses)
+        grad_bad = any_nonfinite([local(p.grad) for p in self._grad_params()
+                                  if p.grad is not None])
         # the step's loss travels in the same all-reduce (one collective per step, not two)
-        mine = self._loss_sum() if self.count_loss else 0.0
-        flags = torch.tensor([float(loss_bad), float(grad_bad), mine], dtype=torch.float64)
+        flags = [float(loss_bad), float(grad_bad), float(sum(losses)) if self.count_loss else 0.0]
         if dist.is_initialized() and dist.get_world_size() > 1:
             t0 = time.perf_counter()
-            if self.device.type == "cuda":
-                flags = flags.to(self.device)
-            dist.all_reduce(flags)
+            summed = torch.tensor(flags, dtype=torch.float64,
+                                  device=self.device if self.device.type == "cuda" else "cpu")
+            dist.all_reduce(summed)
+            flags = summed.tolist()
             self.guard_s = time.perf_counter() - t0
-        flags = flags.tolist()
         self.nonfinite = (flags[0] > 0, flags[1] > 0)
         self.step_loss = flags[2]
         return any(self.nonfinite)
@@ -448,6 +448,28 @@ class RankExecutor:
                 p.grad = like(p, flat[offset:offset + n].view_as(shard))
                 offset += n
         self.pending_ar.clear()
+
+
+def any_nonfinite(tensors: list[torch.Tensor]) -> bool:
+    """Whether any of ``tensors`` holds a NaN or an infinity.
+
+    One multi-tensor kernel per device: the check PyTorch's ``GradScaler`` makes (its unscale
+    by 1.0 leaves every value as it is). A rank's many small gradients made a per-tensor check
+    the larger half of the optimizer action: 130 tensors of a 64-layer MLP, 244 us as a
+    max-norm, 26 us this way (measured here, issue 17). Falls back to the max-norm where the
+    kernel does not take a dtype."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_device.setdefault(t.device, []).append(t)
+    found = []
+    for device, ts in by_device.items():
+        flag = torch.zeros(1, device=device)
+        try:
+            torch._amp_foreach_non_finite_check_and_unscale_(ts, flag, torch.ones(1, device=device))
+        except (RuntimeError, AttributeError, NotImplementedError):
+            flag = (~torch.isfinite(torch.nn.utils.get_total_norm(ts, float("inf")))).float()
+        found.append(flag.reshape(1).to("cpu" if device.type != "cpu" else device))
+    return bool(found) and bool(torch.cat(found).any())
 
 
 _engine_backward = getattr(torch.autograd.graph, "_engine_run_backward", None)

@@ -56,6 +56,8 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
 def local(t: torch.Tensor) -> torch.Tensor:
     """This process's shard of a tensor-parallel parameter or gradient (a DTensor), else
     ``t``."""
+    if type(t) is torch.Tensor:  # the usual case, without a failing attribute lookup
+        return t
     return t.to_local() if hasattr(t, "to_local") else t
 
 

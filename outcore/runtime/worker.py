@@ -26,15 +26,22 @@ log = logging.getLogger(__name__)
 
 
 def make_optimizer(cfg: TrainConfig):
-    """``params -> optimizer`` for the configured optimizer."""
+    """``params -> optimizer`` for the configured optimizer.
+
+    Always the multi-tensor (``foreach``) implementation: PyTorch picks it by default on CUDA
+    only, and on CPU loops over the tensors in Python instead. For a rank's many small
+    tensors that loop is most of the step: 128 tensors of a 64-layer MLP, SGD with momentum
+    548 -> 351 us, Adam 1759 -> 1121 us (measured here, one thread; issue 17)."""
     name = cfg.optimizer.lower()
     if name == "adam":
-        return lambda ps: torch.optim.Adam(ps, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return lambda ps: torch.optim.Adam(ps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                           foreach=True)
     if name == "adamw":
-        return lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                            foreach=True)
     if name == "sgd":
         return lambda ps: torch.optim.SGD(ps, lr=cfg.lr, momentum=cfg.momentum,
-                                          weight_decay=cfg.weight_decay)
+                                          weight_decay=cfg.weight_decay, foreach=True)
     raise UsageError(f"unknown optimizer {cfg.optimizer!r}: choose adam, adamw or sgd")
 
 
