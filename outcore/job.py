@@ -210,7 +210,7 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     if local and devices > 1 and _same_host_transport():
         # CPU workers on one host exchange messages over Unix-domain sockets (issue 17);
         # collectives stay on gloo's loopback TCP
-        (latency, messages), collective = _samehost_costs_s(), link.latency_s
+        (latency, messages), collective = _samehost_costs_s(devices), link.latency_s
         samehost = True
     if cores and devices > 1 and not cores_to_spare(devices):
         # more workers than free cores (other processes' load counts): a message waits for
@@ -229,14 +229,17 @@ def _same_host_transport() -> bool:
     return sys.platform.startswith("linux") and os.environ.get(P2P_ENV, "").lower() != "gloo"
 
 
-@functools.lru_cache(maxsize=1)
-def _samehost_costs_s() -> tuple[float, tuple[float, float]]:
-    """The same-host link's one-way latency and the runtime's (send, receive) host time per
-    message, probed once per process (well under 1 s); the latency to 10 us (the probe is
-    noisy under load), the host times to 1 us."""
+@functools.lru_cache(maxsize=4)
+def _samehost_costs_s(devices: int = 2) -> tuple[float, tuple[float, float]]:
+    """The same-host link's latency and the runtime's (send, receive) host time per message,
+    probed once per process (well under 1 s), with the receives polling as ``devices``
+    workers' would (``samehost.auto_spin_us``). The latency is the probed one-way time less
+    the two host times (which the simulator charges on their own); all to 1 us."""
     from outcore.runtime.overhead import message_overhead_s, samehost_latency_s
+    from outcore.runtime.samehost import auto_spin_us
     send, recv = message_overhead_s()
-    return round(samehost_latency_s(), 5), (round(send, 6), round(recv, 6))
+    oneway = samehost_latency_s(auto_spin_us(devices) * 1e-6)
+    return round(max(oneway - send - recv, 1e-6), 6), (round(send, 6), round(recv, 6))
 
 
 @functools.lru_cache(maxsize=1)

@@ -103,13 +103,36 @@ def _measure(repeat: int, inner: int) -> tuple[float, float]:
     return fwd, bwd
 
 
-_ECHO = ("import socket, sys\n"
+_ECHO = ("import socket, sys, time\n"
          "s = socket.socket(fileno=int(sys.argv[1]))\n"
+         "spin = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0\n"
          "while True:\n"
-         "    d = s.recv(1 << 16)\n"
+         "    until = time.monotonic() + spin\n"
+         "    while True:\n"
+         "        try:\n"
+         "            d = s.recv(1 << 16, socket.MSG_DONTWAIT if spin else 0)\n"
+         "            break\n"
+         "        except BlockingIOError:\n"
+         "            if time.monotonic() > until:\n"
+         "                d = s.recv(1 << 16)\n"
+         "                break\n"
          "    if not d:\n"
          "        break\n"
          "    s.sendall(d)\n")
+
+
+def _echo_child(spin_s: float = 0.0):
+    """A socket to a tiny process that echoes what it reads (stands in for a peer worker;
+    polling ``spin_s`` before it blocks, as a worker's receive does)."""
+    import socket
+    import subprocess
+    import sys
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    child = subprocess.Popen([sys.executable, "-c", _ECHO, str(b.fileno()), str(spin_s)],
+                             pass_fds=[b.fileno()])
+    b.close()
+    a.settimeout(10.0)
+    return a, child
 
 
 def message_overhead_s(*, repeat: int = 5, inner: int = 100) -> tuple[float, float]:
@@ -141,29 +164,29 @@ def message_overhead_s(*, repeat: int = 5, inner: int = 100) -> tuple[float, flo
     return send_s, recv_s
 
 
-def samehost_latency_s(*, rounds: int = 200, nbytes: int = 520) -> float:
+def samehost_latency_s(spin_s: float = 0.0, *, rounds: int = 200, nbytes: int = 520) -> float:
     """Mean one-way time of a small message between two processes over a Unix-domain socket
     (half a ping-pong with a tiny echo process): the same-host link's latency, mostly the
-    receiver's wake-up. The mean, not the median: on loaded cores most hand-offs take ~6 us
-    and a few wait milliseconds for a core (measured: median 5-8 us, mean 45-145 us at load
-    5 on 2 cores), and a chain of messages pays their sum."""
+    receiver's wake-up. ``spin_s``: both ends poll that long before blocking, as workers'
+    receives do when every worker has a core (``outcore.runtime.samehost.spin_s``): 8-12 us one
+    way here against 17-25 us for blocking reads. The mean, not the median: on loaded cores
+    most hand-offs take ~6 us and a few wait milliseconds for a core (measured: median 5-8 us,
+    mean 45-145 us at load 5 on 2 cores), and a chain of messages pays their sum."""
     import socket
     import statistics
-    import subprocess
-    import sys
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    child = subprocess.Popen([sys.executable, "-c", _ECHO, str(b.fileno())],
-                             pass_fds=[b.fileno()])
-    b.close()
-    a.settimeout(10.0)
+    a, child = _echo_child(spin_s)
     msg, times = b"x" * nbytes, []
     try:
         for k in range(rounds + 10):
             t0 = time.perf_counter()
             a.sendall(msg)
-            got = 0
+            got, until = 0, time.monotonic() + spin_s
             while got < nbytes:
-                chunk = a.recv(nbytes - got)
+                try:
+                    chunk = a.recv(nbytes - got, socket.MSG_DONTWAIT
+                                   if time.monotonic() < until else 0)
+                except BlockingIOError:
+                    continue
                 if not chunk:
                     raise OSError("the echo process exited")
                 got += len(chunk)
