@@ -174,7 +174,8 @@ class Messenger:
         self.wire_layout: dict[tuple[MsgKey, ...], _Layout] = {}
         # sends: the wire message each of this rank's sends belongs to
         self.wire_of_send: dict[MsgKey, tuple[MsgKey, ...]] = {}
-        for wires in _wire_messages(schedule, rank, self.layouts).values():
+        sends = _wire_messages(schedule, rank, self.layouts)
+        for wires in sends.values():
             for w in wires:
                 self._add_wire(w)
                 self.wire_of_send.update((k, w) for k in w)
@@ -204,6 +205,19 @@ class Messenger:
         self.linked: dict[int, int] = {} if self.links is None else {
             r: process_of(r) for r in range(len(schedule.actions))
             if r != rank and self.links.has(process_of(r))}
+
+        def plain(w: tuple[MsgKey, ...], peer: int) -> bool:  # one tensor, same host
+            lay = self.wire_layout[w]
+            return peer in self.linked and len(w) == 1 and len(lay.metas) == 1 \
+                and not lay.has_bool
+
+        # such messages skip the general bookkeeping, decided here: sends (peer process,
+        # tag), receives (peer, its wire index, peer process, tag)
+        self.direct = {w[0]: (self.linked[dst], self._tag(w[0], 0))
+                       for dst, wires in sends.items() for w in wires if plain(w, dst)}
+        self.direct_recv = {w[0]: (peer, i, self.linked[peer], self._tag(w[0], 0))
+                            for peer, wires in self.order.items()
+                            for i, w in enumerate(wires) if plain(w, peer)}
         self.read_next = {peer: 0 for peer in self.order}  # same-host: next wire to read
 
     def _add_wire(self, w: tuple[MsgKey, ...]) -> None:
@@ -231,6 +245,10 @@ class Messenger:
     def send(self, key: MsgKey, dst: int, tensors: list[torch.Tensor]) -> None:
         """Start sending ``tensors`` as message ``key`` to ``dst`` (returns at once; a message
         that travels packed with the next sends goes when the last of them is given)."""
+        direct = self.direct.get(key)
+        if direct is not None and tensors[0].is_contiguous():  # one tensor, same host
+            self.links.send(direct[0], [tensors[0].detach()], direct[1])
+            return
         w = self.wire_of_send.get(key, (key,))
         if len(w) > 1:
             self.stash.extend(tensors)
@@ -285,6 +303,19 @@ class Messenger:
         if key in self.ready:
             self._release_sent(key)
             return self.ready.pop(key)
+        direct = self.direct_recv.get(key)
+        if direct is not None and self.read_next[direct[0]] == direct[1]:
+            # the next message on a same-host link, one tensor: read it straight in
+            peer, _, proc, tag = direct
+            w = (key,)
+            if w not in self.posted:
+                self._post(key)
+            bufs = self.posted.pop(w)[1]
+            self.links.recv_into(proc, bufs, tag, lambda: self._what(key, src))
+            self.read_next[peer] += 1
+            if key[1] == "B":
+                self._release_sent(key)
+            return bufs
         if key not in self.index:
             raise RuntimeFailure(f"rank {self.rank}: no rank sends message {key} here")
         peer, i = self.index[key]
@@ -320,11 +351,13 @@ class Messenger:
             w = wires[self.read_next[peer]]
             k = w[0]
             self.links.recv_into(proc, self.posted[w][1], self._tag(k, 0),
-                                 lambda k=k: f"receiving "
-                                 f"{'activations' if k[1] == 'F' else 'gradients'} of transfer "
-                                 f"{k[0]} micro-batch {k[2]} from rank {src} "
-                                 f"(step {self.step_of()})")
+                                 lambda k=k: self._what(k, src))
             self.read_next[peer] += 1
+
+    def _what(self, key: MsgKey, src: int) -> str:
+        """Message ``key`` from ``src``, named for an error."""
+        return (f"receiving {'activations' if key[1] == 'F' else 'gradients'} of transfer "
+                f"{key[0]} micro-batch {key[2]} from rank {src} (step {self.step_of()})")
 
     def _wait(self, work: Any, what: str) -> None:
         try:

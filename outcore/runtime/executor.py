@@ -298,8 +298,10 @@ class RankExecutor:
         elif policy == "offload-params":
             with self.param_off.resident(self.piece_params.get(p, [])):
                 outs = run(*values)
-        else:
+        elif clone:
             outs = run(*values)
+        else:  # the piece's own code: no hooks are ever put on a piece module
+            outs = pm.module.forward(*values)
         if self.sharder is not None:
             self.sharder.release(p)
         self.fwd_inputs[(p, mb)] = leaves

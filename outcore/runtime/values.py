@@ -7,6 +7,7 @@ are the same on every rank and are restored from here.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +41,16 @@ class ValueMeta:
     def tensor_leaves(self) -> list[LeafMeta]:
         return [x for x in self.leaves if isinstance(x, LeafMeta)]
 
+    @functools.cached_property
+    def one_tensor(self) -> bool:
+        """The value is a single tensor (most are)."""
+        return len(self.leaves) == 1 and isinstance(self.leaves[0], LeafMeta) \
+            and self.spec.is_leaf()
+
     def rebuild(self, tensors: list[torch.Tensor]) -> Any:
         """The value, from its tensor leaves (in order) and the recorded constants."""
+        if self.one_tensor:
+            return tensors[0]
         it = iter(tensors)
         leaves = [next(it) if isinstance(x, LeafMeta) else x for x in self.leaves]
         return tree_unflatten(leaves, self.spec)
@@ -49,6 +58,8 @@ class ValueMeta:
 
 def tensors_of(value: Any) -> list[torch.Tensor]:
     """Tensor leaves of a value, in pytree order."""
+    if isinstance(value, torch.Tensor):  # the usual value: one tensor, no pytree walk
+        return [value]
     leaves, _ = tree_flatten(value)
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
