@@ -31,7 +31,7 @@ from outcore.plan.policies import MemoryPolicies
 from outcore.plan.replicas import expand, expand_policies
 from outcore.schedule.build import build
 from outcore.schedule.check import check
-from outcore.schedule.costs import PieceCosts, mb_scale, piece_costs
+from outcore.schedule.costs import PieceCosts, loss_cost_s, mb_scale, piece_costs
 from outcore.schedule.ir import Action, Schedule
 
 __all__ = ["Lowered", "lower", "make_schedule", "place_allreduces", "shared_param_buckets",
@@ -281,6 +281,7 @@ def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatc
                         fwd_overhead_s=cluster.device.fwd_overhead_s,
                         bwd_overhead_s=cluster.device.bwd_overhead_s,
                         overhead_overlaps=cluster.device.host_overlap,
+                        loss_s=loss_cost_s(cluster.device),
                         **(shard.cost_options() if shard else {}))
 
     def link_time(a: int, b: int, nbytes: float) -> float:

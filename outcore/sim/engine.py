@@ -65,6 +65,7 @@ class SimOptions:
     optimizer_bytes_per_param_byte: float = 7.0
     optimizer_transient: float = 0.0  # working memory of the step, x the largest layer's params
     optimizer_per_tensor_s: float = 0.0  # fixed cost per parameter tensor
+    optimizer_per_step_s: float = 0.0  # fixed cost of a rank's step (one with parameters)
     bucket_bytes: tuple[float, ...] = ()
     dp_collective: str = "auto"
     dp_bucket_bytes: float = 0.0
@@ -303,8 +304,9 @@ class _Engine:
             self.add_mem(r, start, work)
         dur = float(c.param_bytes[r]) * self.opt.optimizer_bytes_per_param_byte / \
             self.cluster.device.mem_bandwidth
-        if c.param_tensors is not None:
-            dur += float(c.param_tensors[r]) * self.opt.optimizer_per_tensor_s
+        if c.param_tensors is not None and c.param_tensors[r] > 0:
+            dur += float(c.param_tensors[r]) * self.opt.optimizer_per_tensor_s + \
+                self.opt.optimizer_per_step_s
         self.events.append(Event(r, "optim", "OPT", start, start + dur, "compute"))
         if work:
             self.add_mem(r, start + dur, -work)

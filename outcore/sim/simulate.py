@@ -111,6 +111,8 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
                       else 0.0,
                       optimizer_per_tensor_s=optimizer_per_tensor_s(
                           plan.optimizer, cl.device.host_is_device),
+                      optimizer_per_step_s=optimizer_per_step_s(
+                          plan.optimizer, cl.device.host_is_device),
                       step_sync_s=step_sync_s(cl, max(plan.layout.ranks(plan.devices),
                                                       sched.num_ranks * dp)))
     tl = simulate_schedule(sched, costs, cl, opts)
@@ -147,20 +149,29 @@ _OPT_TRAFFIC = {"adam": (7.0, 7.0), "adamw": (7.0, 7.0), "sgd": (4.0, 2.0),
                 "sgd-momentum": (4.0, 2.0), "momentum": (4.0, 2.0)}
 
 
-# Fixed cost per parameter tensor of the runtime's OPT action on CPU: the step checks every
-# gradient for non-finite values, steps the multi-tensor (foreach) optimizer and clears the
-# gradients. Measured here (2026-11-26, quiet machine, one worker, the OPT action in the
-# trainer, less the traffic above; two runs each): SGD with momentum 7.9 us per tensor on the
-# 74-tensor transformer, 4.4 on the 130-tensor 64-layer MLP; Adam 15 / 11 us. (Before the
-# runtime used foreach optimizers and one multi-tensor check: SGD ~21 us, Adam ~33 us on the
-# same transformer.) GPU optimizers use fused multi-tensor kernels (a few us per tensor).
-_OPT_PER_TENSOR_S = {"adam": 13e-6, "adamw": 13e-6, "sgd": 6e-6, "sgd-momentum": 6e-6,
-                     "momentum": 6e-6}
+# Fixed costs of the runtime's OPT action on CPU, per step of a rank with parameters and per
+# parameter tensor: the step checks every gradient for non-finite values (one multi-tensor
+# kernel), steps the multi-tensor (foreach) optimizer and clears the gradients. Measured here
+# (2026-11-26, quiet machine, one worker, the OPT action in the trainer, 64-layer MLPs of
+# width 16 with 1, 16 and 64 layers: 4, 34 and 130 tensors; linear fits within 4 %): SGD with
+# momentum 99 us + 3.8 us per tensor, Adam 152 us + 10.3 us per tensor. (Before the runtime
+# used foreach optimizers and one multi-tensor check: SGD ~21 us, Adam ~33 us per tensor on a
+# 74-tensor transformer.) GPU optimizers use fused multi-tensor kernels (a few us per tensor).
+_OPT_PER_STEP_S = {"adam": 150e-6, "adamw": 150e-6, "sgd": 100e-6, "sgd-momentum": 100e-6,
+                   "momentum": 100e-6}
+_OPT_PER_TENSOR_S = {"adam": 10e-6, "adamw": 10e-6, "sgd": 4e-6, "sgd-momentum": 4e-6,
+                     "momentum": 4e-6}
 
 
 def optimizer_per_tensor_s(optimizer: str, host_is_device: bool) -> float:
     """Seconds per parameter tensor of an optimizer step (see ``_OPT_PER_TENSOR_S``)."""
-    return _OPT_PER_TENSOR_S.get(optimizer.lower(), 13e-6) if host_is_device else 2e-6
+    return _OPT_PER_TENSOR_S.get(optimizer.lower(), 10e-6) if host_is_device else 2e-6
+
+
+def optimizer_per_step_s(optimizer: str, host_is_device: bool) -> float:
+    """Fixed seconds of a rank's optimizer step on CPU (see ``_OPT_PER_STEP_S``); on an
+    accelerator a few kernel launches, within its per-tensor figure."""
+    return _OPT_PER_STEP_S.get(optimizer.lower(), 150e-6) if host_is_device else 0.0
 
 
 def optimizer_traffic(optimizer: str, host_is_device: bool) -> float:
