@@ -172,6 +172,9 @@ def main() -> int:
               "transfers; per action kind on rank 0: count per step, median us, mean us, share of step")
         kinds = row["kinds"][0]
         total = sum(v[2] for v in kinds.values())
+        own = sum(kinds[k][2] for k in ("F", "B", "send") if k in kinds)
+        print(f"  rank 0's own work per step (F + B + send, traced; independent of the peer's "
+              f"state): {own / max(row['traced_steps'], 1) * 1e3:.2f} ms")
         for kind, (count, med, tot) in sorted(kinds.items(), key=lambda kv: -kv[1][2]):
             steps = max(row["traced_steps"], 1)
             print(f"  {kind:10s} {count / steps:7.1f} {med * 1e6:9.1f} {tot / count * 1e6:9.1f} "
