@@ -67,23 +67,21 @@ def options(g: Graph, assignment: np.ndarray, devices: list[int], mode: str,
         for part in segments(nodes, k, g.saved_bytes[nodes]):
             seg_of[part] = len(segs)
             segs.append(part)
-    # bytes entering each segment from outside it (one tensor per producer)
-    inputs = np.zeros(len(segs))
-    seen: set[tuple[int, int]] = set()
-    for s_, d_, b in zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist()):
-        k = seg_of[d_]
-        if k >= 0 and seg_of[s_] != k and (s_, k) not in seen:
-            seen.add((s_, k))
-            inputs[k] += b
+    n_seg = len(segs)
+    inputs = _segment_inputs(g, seg_of, n_seg)
+    placed = seg_of >= 0
+
+    def per_segment(values: np.ndarray) -> np.ndarray:
+        return np.bincount(seg_of[placed], weights=np.asarray(values, dtype=np.float64)[placed],
+                           minlength=n_seg)
+
+    saved_s, fwd_s, bwd_s = per_segment(g.saved_bytes), per_segment(g.fwd_s), per_segment(g.bwd_s)
+    params_s = per_segment(g.param_bytes)
     out: list[_Option] = []
     for k, nodes in enumerate(segs):
         d = int(assignment[nodes[0]])
-        saved = float(g.saved_bytes[nodes].sum())
-        fwd = float(g.fwd_s[nodes].sum())
-        bwd = float(g.bwd_s[nodes].sum())
-        params = float(g.param_bytes[nodes].sum())
-        inp = inputs[k] + float(sum(g.out_bytes[v] for v in nodes if g.op_of(v) == "input"))
-        key = int(nodes[0])
+        saved, fwd, bwd = float(saved_s[k]), float(fwd_s[k]), float(bwd_s[k])
+        params, inp, key = float(params_s[k]), float(inputs[k]), int(nodes[0])
         if mode in ("auto", "checkpoint") and saved - inp > 0:
             out.append(_Option(d, nodes, "checkpoint", saved - inp, fwd, key))
         if mode in ("auto", "offload") and not host:
@@ -95,6 +93,24 @@ def options(g: Graph, assignment: np.ndarray, devices: list[int], mode: str,
                 out.append(_Option(d, nodes, "offload-params", params * (factor - 2), cost,
                                    key))
     return out
+
+
+def _segment_inputs(g: Graph, seg_of: np.ndarray, n_seg: int) -> np.ndarray:
+    """Bytes each segment keeps when checkpointed: what enters it from outside (one tensor
+    per producer: the first edge of each producer into it) and the model inputs it holds."""
+    k = seg_of[g.dst]
+    cross = (k >= 0) & (seg_of[g.src] != k)
+    src, k, nbytes = g.src[cross], k[cross], g.edge_bytes[cross].astype(np.float64)
+    inputs = np.zeros(n_seg)
+    if src.size:
+        _, first = np.unique(src.astype(np.int64) * max(n_seg, 1) + k, return_index=True)
+        inputs += np.bincount(k[first], weights=nbytes[first], minlength=n_seg)
+    if g.ops is not None:
+        held = np.flatnonzero(np.fromiter((op == "input" for op in g.ops), dtype=bool,
+                                          count=g.num_nodes) & (seg_of >= 0))
+        inputs += np.bincount(seg_of[held], weights=g.out_bytes[held].astype(np.float64),
+                              minlength=n_seg)
+    return inputs
 
 
 def choose(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Cluster,
