@@ -28,21 +28,28 @@ log = logging.getLogger(__name__)
 def make_optimizer(cfg: TrainConfig):
     """``params -> optimizer`` for the configured optimizer.
 
-    Always the multi-tensor (``foreach``) implementation: PyTorch picks it by default on CUDA
-    only, and on CPU loops over the tensors in Python instead. For a rank's many small
-    tensors that loop is most of the step: 128 tensors of a 64-layer MLP, SGD with momentum
-    548 -> 351 us, Adam 1759 -> 1121 us (measured here, one thread; issue 17)."""
+    The multi-tensor (``foreach``) implementation whenever the parameters are plain tensors:
+    PyTorch picks it by default on CUDA only, and on CPU loops over the tensors in Python
+    instead, which for a rank's many small tensors is most of the step (128 tensors of a
+    64-layer MLP: SGD with momentum 548 -> 351 us, Adam 1759 -> 1121 us, measured here, one
+    thread; issue 17). Tensor-parallel shards (DTensors) beside plain tensors keep PyTorch's
+    choice: its multi-tensor kernels take one kind or the other."""
     name = cfg.optimizer.lower()
-    if name == "adam":
-        return lambda ps: torch.optim.Adam(ps, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                           foreach=True)
-    if name == "adamw":
-        return lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                            foreach=True)
-    if name == "sgd":
-        return lambda ps: torch.optim.SGD(ps, lr=cfg.lr, momentum=cfg.momentum,
-                                          weight_decay=cfg.weight_decay, foreach=True)
-    raise UsageError(f"unknown optimizer {cfg.optimizer!r}: choose adam, adamw or sgd")
+    kinds = {"adam": lambda ps, fe: torch.optim.Adam(ps, lr=cfg.lr,
+                                                     weight_decay=cfg.weight_decay, foreach=fe),
+             "adamw": lambda ps, fe: torch.optim.AdamW(ps, lr=cfg.lr,
+                                                       weight_decay=cfg.weight_decay, foreach=fe),
+             "sgd": lambda ps, fe: torch.optim.SGD(ps, lr=cfg.lr, momentum=cfg.momentum,
+                                                   weight_decay=cfg.weight_decay, foreach=fe)}
+    if name not in kinds:
+        raise UsageError(f"unknown optimizer {cfg.optimizer!r}: choose adam, adamw or sgd")
+
+    def make(params):
+        params = list(params)
+        plain = not any(hasattr(p, "to_local") for p in params)
+        return kinds[name](params, True if plain else None)
+
+    return make
 
 
 def make_lr_scheduler(cfg: TrainConfig):
