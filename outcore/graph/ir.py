@@ -86,6 +86,19 @@ class Graph:
     def attr(self, i: int, key: str, default: Any = None) -> Any:
         return self.attrs[i].get(key, default) if self.attrs is not None else default
 
+    def nodes_with_op(self, op: str) -> np.ndarray:
+        """Indices of the nodes whose op is ``op`` (empty when ops were not recorded)."""
+        return self._nodes_by_op.get(op, np.zeros(0, dtype=np.int64))
+
+    @cached_property
+    def _nodes_by_op(self) -> dict[str, np.ndarray]:
+        if self.ops is None:
+            return {}
+        by_op: dict[str, list[int]] = {}
+        for i, op in enumerate(self.ops):
+            by_op.setdefault(op, []).append(i)
+        return {op: np.array(v, dtype=np.int64) for op, v in by_op.items()}
+
     @cached_property
     def index_of_id(self) -> dict[int, int]:
         """Map from user id to node index."""

@@ -105,11 +105,10 @@ def _segment_inputs(g: Graph, seg_of: np.ndarray, n_seg: int) -> np.ndarray:
     if src.size:
         _, first = np.unique(src.astype(np.int64) * max(n_seg, 1) + k, return_index=True)
         inputs += np.bincount(k[first], weights=nbytes[first], minlength=n_seg)
-    if g.ops is not None:
-        held = np.flatnonzero(np.fromiter((op == "input" for op in g.ops), dtype=bool,
-                                          count=g.num_nodes) & (seg_of >= 0))
-        inputs += np.bincount(seg_of[held], weights=g.out_bytes[held].astype(np.float64),
-                              minlength=n_seg)
+    held = g.nodes_with_op("input")
+    held = held[seg_of[held] >= 0]
+    inputs += np.bincount(seg_of[held], weights=g.out_bytes[held].astype(np.float64),
+                          minlength=n_seg)
     return inputs
 
 

@@ -124,8 +124,8 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     piece_of = pieces.piece_of
     fwd = np.bincount(piece_of, weights=g.fwd_s, minlength=n_p) * scale
     bwd = np.bincount(piece_of, weights=g.bwd_s, minlength=n_p) * scale
-    if loss_s is not None and g.ops is not None:
-        for v in (i for i, op in enumerate(g.ops) if op == "output"):
+    if loss_s is not None:
+        for v in g.nodes_with_op("output").tolist():
             f, b = loss_s(float(g.out_bytes[v]) * scale)
             fwd[piece_of[v]] += f
             bwd[piece_of[v]] += b
@@ -201,9 +201,8 @@ def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], scale: float
     inputs = np.zeros(n_p)
     for t in pieces.transfers:
         inputs[t.dst] += tbytes[t.id]
-    for v in range(g.num_nodes):
-        if g.op_of(v) == "input":
-            inputs[piece_of[v]] += g.out_bytes[v] * scale
+    held = g.nodes_with_op("input")
+    np.add.at(inputs, piece_of[held], g.out_bytes[held].astype(np.float64) * scale)
     for p, name in enumerate(pol):
         if name == "checkpoint":
             # recomputed activations, plus the gradient flowing in and out of the op
