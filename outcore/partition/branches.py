@@ -51,6 +51,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class Region:
     def num_branches(self) -> int:
         return len(self.branches)
 
-    @property
+    @cached_property
     def interior(self) -> np.ndarray:
         """All branch nodes (without feeders, with side branches), sorted."""
         return np.sort(np.concatenate(self.branches))
@@ -373,13 +374,17 @@ def _make_regions(f: np.ndarray, j: np.ndarray, rptr: np.ndarray, nodes: np.ndar
     seg_reg = reg[start]
     order = np.lexsort((nodes[start], seg_reg))  # per region, branches by first node
     bounds = np.searchsorted(seg_reg[order], np.arange(f.size + 1))
+    # each region's interior, sorted, for all regions at once (select_regions reads them all)
+    inside = nodes[np.lexsort((nodes, reg))]
     empty = np.zeros(0, np.int64)
     out = []
     for r in range(f.size):
         segs = order[bounds[r]:bounds[r + 1]].tolist()
         parts = tuple(nodes[start[x]:stop[x]] for x in segs)
-        out.append(Region(int(f[r]) if f[r] < n else VIRTUAL, int(j[r]) if j[r] < n else VIRTUAL,
-                          parts, (empty,) * len(parts), work[segs]))
+        region = Region(int(f[r]) if f[r] < n else VIRTUAL, int(j[r]) if j[r] < n else VIRTUAL,
+                        parts, (empty,) * len(parts), work[segs])
+        region.__dict__["interior"] = inside[rptr[r]:rptr[r + 1]]  # the cached property
+        out.append(region)
     return tuple(out)
 
 
@@ -396,7 +401,8 @@ def select_regions(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     interiors = [r.interior for r in regions]
     sizes = np.array([x.size for x in interiors])
     # outer (larger) regions first; ties: smaller fork index (virtual source first)
-    by_size = sorted(range(len(regions)), key=lambda i: (-sizes[i], regions[i].fork, i))
+    forks = np.fromiter((r.fork for r in regions), np.int64, len(regions))
+    by_size = np.lexsort((np.arange(len(regions)), forks, -sizes)).tolist()
     owner = np.full(n, -1, np.int64)
     parent = np.full(len(regions), -1, np.int64)
     for i in by_size:  # parent: the smallest larger region holding this one's first node
