@@ -472,10 +472,9 @@ def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     others become extra branches at the end of ``branches`` (``Region.side`` counts them).
     """
     n = g.num_nodes
-    blocked = bytearray(n)
+    blocked = np.zeros(n, np.uint8)
     for r in regions:
-        for v in r.interior.tolist():
-            blocked[v] = 1
+        blocked[r.interior] = 1
         for e in (r.fork, r.join):
             if e >= 0:
                 blocked[e] = 1
@@ -483,10 +482,11 @@ def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     w = _weights(g)
     out = []
     for r in regions:
-        feeders = [adj.closure(set(b.tolist()), blocked) for b in r.branches]
+        feeders = [adj.closure(b, blocked) for b in r.branches]
         branches = list(r.branches)
-        inside = set(r.interior.tolist()).union(*(set(f) for f in feeders))
-        side = adj.closure(inside | ({r.join} if r.join >= 0 else set()), blocked)
+        inside = np.concatenate([r.interior] + [np.array(f, np.int64) for f in feeders]
+                                + ([np.array([r.join], np.int64)] if r.join >= 0 else []))
+        side = adj.closure(inside, blocked)
         extra = []
         if side:
             owner = {v: i for i, b in enumerate(branches) for v in b.tolist()}
@@ -500,43 +500,78 @@ def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
         branches += [np.array(c, np.int64) for c in extra]
         fed = tuple(np.array(f, np.int64) for f in feeders + [[] for _ in extra])
         for f in fed:
-            for v in f.tolist():
-                blocked[v] = 1
+            blocked[f] = 1
         for c in extra:
-            for v in c:
-                blocked[v] = 1
+            blocked[c] = 1
         work = np.array([float(w[b].sum() + w[f].sum()) for b, f in zip(branches, fed)])
         out.append(Region(r.fork, r.join, tuple(branches), fed, work, len(extra)))
     return tuple(out)
 
 
+@njit
+def _closure_kernel(targets, blocked, mark, stamp, sp, si, pp, pi, stack, out):
+    """:meth:`_Adjacency.closure` on arrays. ``mark[v]``: ``stamp`` a target, ``stamp + 2`` a
+    target whose predecessors were pushed (a target listed twice pushes them once, so the
+    stack holds at most one entry per edge), ``stamp + 1`` a node of the result. Returns how
+    many nodes it wrote to ``out`` (unsorted)."""
+    for i in range(targets.size):
+        mark[targets[i]] = stamp
+    top = 0
+    for i in range(targets.size):
+        v = targets[i]
+        if mark[v] != stamp:
+            continue
+        mark[v] = stamp + 2
+        for j in range(pp[v], pp[v + 1]):
+            u = pi[j]
+            if blocked[u] == 0 and mark[u] != stamp and mark[u] != stamp + 2:
+                stack[top] = u
+                top += 1
+    found = 0
+    while top > 0:
+        top -= 1
+        u = stack[top]
+        if mark[u] >= stamp or blocked[u] != 0:  # a target, or already in the result
+            continue
+        ok = True
+        for j in range(sp[u], sp[u + 1]):
+            if mark[si[j]] < stamp:
+                ok = False
+                break
+        if ok:
+            mark[u] = stamp + 1
+            out[found] = u
+            found += 1
+            for j in range(pp[u], pp[u + 1]):
+                q = pi[j]
+                if mark[q] < stamp and blocked[q] == 0:
+                    stack[top] = q
+                    top += 1
+    return found
+
+
 class _Adjacency:
-    """Successor and predecessor lists as Python lists (the feeder walks are per node)."""
+    """Successor lists as Python lists (the side components' walks are per node), and the
+    feeder closure on the graph's arrays."""
 
     def __init__(self, g: Graph):
         self._sp, self._si = g.succ_ptr.tolist(), g.succ_idx.tolist()
-        self._pp, self._pi = g.pred_ptr.tolist(), g.pred_idx.tolist()
+        self._arrays = (g.succ_ptr, g.succ_idx, g.pred_ptr, g.pred_idx)
+        self._mark = np.full(g.num_nodes, -1, np.int64)
+        self._stamp = 0
+        self._stack = np.empty(g.num_edges + 1, np.int64)
+        self._out = np.empty(g.num_nodes + 1, np.int64)
 
     def succ(self, v: int) -> list[int]:
         return self._si[self._sp[v]:self._sp[v + 1]]
 
-    def pred(self, v: int) -> list[int]:
-        return self._pi[self._pp[v]:self._pp[v + 1]]
-
-    def closure(self, targets: set[int], blocked: bytearray) -> list[int]:
+    def closure(self, targets: np.ndarray, blocked: np.ndarray) -> list[int]:
         """Nodes not blocked nor in ``targets`` whose successors all lie in ``targets`` or in
         the result (grown upward from the targets' predecessors), sorted."""
-        cand: set[int] = set()
-        stack = sorted({u for v in targets for u in self.pred(v)
-                        if not blocked[u] and u not in targets})
-        while stack:
-            u = stack.pop()
-            if u in cand or blocked[u] or u in targets:
-                continue
-            if all(s in targets or s in cand for s in self.succ(u)):
-                cand.add(u)
-                stack.extend(p for p in self.pred(u) if p not in cand and not blocked[p])
-        return sorted(cand)
+        self._stamp += 3  # marks of earlier calls are all below the new stamp
+        found = _closure_kernel(np.asarray(targets, np.int64), blocked, self._mark,
+                                self._stamp, *self._arrays, self._stack, self._out)
+        return sorted(self._out[:found].tolist())
 
     def components(self, nodes: list[int]) -> list[list[int]]:
         """Weakly connected components of the sub-graph induced by ``nodes``, by first node."""
