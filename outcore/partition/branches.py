@@ -377,13 +377,18 @@ def _make_regions(f: np.ndarray, j: np.ndarray, rptr: np.ndarray, nodes: np.ndar
     # each region's interior, sorted, for all regions at once (select_regions reads them all)
     inside = nodes[np.lexsort((nodes, reg))]
     empty = np.zeros(0, np.int64)
+    # the loop below reads Python ints and slices only (15.7k regions on a 50k-node graph)
+    branch_work = work[order]
+    lo, hi = start[order].tolist(), stop[order].tolist()
+    forks = np.where(f < n, f, VIRTUAL).tolist()
+    joins = np.where(j < n, j, VIRTUAL).tolist()
+    b, rp = bounds.tolist(), rptr.tolist()
     out = []
     for r in range(f.size):
-        segs = order[bounds[r]:bounds[r + 1]].tolist()
-        parts = tuple(nodes[start[x]:stop[x]] for x in segs)
-        region = Region(int(f[r]) if f[r] < n else VIRTUAL, int(j[r]) if j[r] < n else VIRTUAL,
-                        parts, (empty,) * len(parts), work[segs])
-        region.__dict__["interior"] = inside[rptr[r]:rptr[r + 1]]  # the cached property
+        parts = tuple(nodes[lo[x]:hi[x]] for x in range(b[r], b[r + 1]))
+        region = Region(forks[r], joins[r], parts, (empty,) * len(parts),
+                        branch_work[b[r]:b[r + 1]].copy())
+        region.__dict__["interior"] = inside[rp[r]:rp[r + 1]]  # the cached property
         out.append(region)
     return tuple(out)
 

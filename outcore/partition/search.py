@@ -10,6 +10,7 @@ the plan's notes. No torch.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -41,7 +42,22 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Pla
     ``g.batch_size`` samples on each copy of the model. Raises :class:`InfeasibleError` when
     nothing fits; the device count and memory it suggests instead are ones this search has
     planned and found to fit (``check_suggestions``), never unchecked estimates.
+
+    While it runs, the objects that existed before it (the graph, a loaded model, torch's
+    modules) are left out of the garbage collector's scans (``gc.freeze``, undone at the end;
+    not when the caller froze objects itself): the search makes many short-lived objects,
+    and one full collection over everything took 40 ms of the 1 s search of a 50k-node graph.
     """
+    if gc.get_freeze_count():  # a search inside a search, or the caller's own freeze
+        return _searched(g, req, check_suggestions)
+    gc.freeze()
+    try:
+        return _searched(g, req, check_suggestions)
+    finally:
+        gc.unfreeze()
+
+
+def _searched(g: Graph, req: PlanRequest, check_suggestions: bool) -> Plan:
     if req.sp > 1:  # MPI4DL SP + LP: tiled prefix, then the ordinary search on the rest
         from outcore.partition.spatial import plan_spatial
         return plan_spatial(g, req, lambda graph, r: search(graph, r, check_suggestions=False))

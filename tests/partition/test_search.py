@@ -90,3 +90,31 @@ def test_trivial_splits_reach_the_simulator_whatever_the_emulator_says():
     labels = [r.notes[-1].removeprefix("chose ") for r in results]
     assert set(trivial_labels(4)) <= set(labels)
     assert len(labels) == len(set(labels)) and len(labels) <= 3
+
+
+def test_the_search_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
+    """The search freezes the objects that exist before it (so that full collections skip
+    them) and unfreezes them at the end, also when it fails; a caller's own freeze is kept."""
+    import gc
+
+    from outcore.graph.generators import make
+    from outcore.partition import search as search_module
+    g = make("transformer", 600, seed=1)
+    seen = []
+    inner = search_module._searched
+    monkeypatch.setattr(search_module, "_searched",
+                        lambda *a: seen.append(gc.get_freeze_count()) or inner(*a))
+    assert gc.get_freeze_count() == 0
+    outcore.plan(g, outcore.plan_request(2, None))
+    assert seen and seen[0] > 0  # the graph and everything before were frozen meanwhile
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(InfeasibleError):
+        outcore.plan(g, outcore.plan_request(2, 1.0, memory_policy="none"))
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        outcore.plan(g, outcore.plan_request(2, None))
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
