@@ -470,7 +470,7 @@ def any_nonfinite(tensors: list[torch.Tensor]) -> bool:
             torch._amp_foreach_non_finite_check_and_unscale_(ts, flag, torch.ones(1, device=device))
         except (RuntimeError, AttributeError, NotImplementedError):
             flag = (~torch.isfinite(torch.nn.utils.get_total_norm(ts, float("inf")))).float()
-        found.append(flag.reshape(1).to("cpu" if device.type != "cpu" else device))
+        found.append(flag.reshape(1).cpu())
     return bool(found) and bool(torch.cat(found).any())
 
 

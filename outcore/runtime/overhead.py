@@ -165,34 +165,29 @@ def message_overhead_s(*, repeat: int = 5, inner: int = 100) -> tuple[float, flo
 
 
 def samehost_latency_s(spin_s: float = 0.0, *, rounds: int = 200, nbytes: int = 520) -> float:
-    """Mean one-way time of a small message between two processes over a Unix-domain socket
-    (half a ping-pong with a tiny echo process): the same-host link's latency, mostly the
-    receiver's wake-up. ``spin_s``: both ends poll that long before blocking, as workers'
-    receives do when every worker has a core (``outcore.runtime.samehost.spin_s``): 8-12 us one
-    way here against 17-25 us for blocking reads. The mean, not the median: on loaded cores
-    most hand-offs take ~6 us and a few wait milliseconds for a core (measured: median 5-8 us,
-    mean 45-145 us at load 5 on 2 cores), and a chain of messages pays their sum."""
-    import socket
+    """Mean one-way time of a small message between two processes on the same-host transport
+    (half a ping-pong through the runtime's own :class:`~outcore.runtime.samehost.SameHostLinks`
+    with a tiny echo process that returns each message as it came): the send and receive
+    calls' host time and the receiver's wake-up. ``spin_s``: both ends poll that long before
+    blocking, as workers' receives do when every worker has a core
+    (``outcore.runtime.samehost.spin_s``). The mean, not the median: on loaded cores most
+    hand-offs take ~6 us and a few wait milliseconds for a core (measured: median 5-8 us, mean
+    45-145 us at load 5 on 2 cores), and a chain of messages pays their sum."""
     import statistics
-    a, child = _echo_child(spin_s)
-    msg, times = b"x" * nbytes, []
+
+    from outcore.runtime.samehost import SameHostLinks
+    sock, child = _echo_child(spin_s)
+    link = SameHostLinks(0, {1: sock}, 10.0, spin_s=spin_s)
+    msg, buf = torch.zeros(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+    times = []
     try:
         for k in range(rounds + 10):
             t0 = time.perf_counter()
-            a.sendall(msg)
-            got, until = 0, time.monotonic() + spin_s
-            while got < nbytes:
-                try:
-                    chunk = a.recv(nbytes - got, socket.MSG_DONTWAIT
-                                   if time.monotonic() < until else 0)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    raise OSError("the echo process exited")
-                got += len(chunk)
+            link.send(1, [msg], k)
+            link.recv_into(1, [buf], k, "probing the same-host latency (the echo: our message)")
             if k >= 10:
                 times.append((time.perf_counter() - t0) / 2)
     finally:
-        a.close()
+        link.close()
         child.wait(timeout=10)
     return statistics.fmean(times)
