@@ -202,17 +202,20 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     from outcore.hardware.presets import link_preset
     if torch.cuda.is_available():
         return make_cluster(devices)
+    from outcore.runtime.samehost import auto_spin_us
     link = link_preset("gloo-loopback")
     cores = local_cores() if local else None
     latency = link.latency_s
     messages = collective = None
     samehost = False
+    spare = not (cores and devices > 1) or cores_to_spare(devices)  # the load, read once
     if local and devices > 1 and _same_host_transport():
         # CPU workers on one host exchange messages over Unix-domain sockets (issue 17);
-        # collectives stay on gloo's loopback TCP
-        (latency, messages), collective = _samehost_costs_s(devices), link.latency_s
+        # collectives stay on gloo's loopback TCP; their receives poll as the workers' will
+        spin_us = auto_spin_us(devices, spare)
+        (latency, messages), collective = _samehost_costs_s(spin_us), link.latency_s
         samehost = True
-    if cores and devices > 1 and not cores_to_spare(devices):
+    if not spare:
         # more workers than free cores (other processes' load counts): a message waits for
         # its receiver to be scheduled (measured on 2 cores with a third busy process: 1.6-2 ms)
         latency = collective = OVERSUBSCRIBED_LATENCY_S
@@ -229,16 +232,15 @@ def _same_host_transport() -> bool:
     return sys.platform.startswith("linux") and os.environ.get(P2P_ENV, "").lower() != "gloo"
 
 
-@functools.lru_cache(maxsize=4)
-def _samehost_costs_s(devices: int = 2) -> tuple[float, tuple[float, float]]:
+@functools.lru_cache(maxsize=2)
+def _samehost_costs_s(spin_us: float) -> tuple[float, tuple[float, float]]:
     """The same-host link's latency and the runtime's (send, receive) host time per message,
-    probed once per process (well under 1 s), with the receives polling as ``devices``
-    workers' would (``samehost.auto_spin_us``). The latency is the probed one-way time less
+    probed once per process and poll (well under 1 s), the receives polling ``spin_us`` as
+    the workers' will (``samehost.auto_spin_us``). The latency is the probed one-way time less
     the two host times (which the simulator charges on their own); all to 1 us."""
     from outcore.runtime.overhead import message_overhead_s, samehost_latency_s
-    from outcore.runtime.samehost import auto_spin_us
     send, recv = message_overhead_s()
-    oneway = samehost_latency_s(auto_spin_us(devices) * 1e-6)
+    oneway = samehost_latency_s(spin_us * 1e-6)
     return round(max(oneway - send - recv, 1e-6), 6), (round(send, 6), round(recv, 6))
 
 

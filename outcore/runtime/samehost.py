@@ -295,10 +295,13 @@ def spin_s() -> float:
     return auto_spin_us(local) * 1e-6
 
 
-def auto_spin_us(local_ranks: int) -> float:
+def auto_spin_us(local_ranks: int, spare: bool | None = None) -> float:
     """The poll for a job of ``local_ranks`` workers on this host: ``SPIN_AUTO_US`` when each
-    has a core of its own (the other processes' load counted), else none."""
-    return SPIN_AUTO_US if cores_to_spare(local_ranks) else 0.0
+    has a core of its own (the other processes' load counted; ``spare``: that answer, when
+    the caller has read the load already), else none."""
+    if spare is None:
+        spare = cores_to_spare(local_ranks)
+    return SPIN_AUTO_US if spare else 0.0
 
 
 def _configure(s: socket.socket) -> socket.socket:
