@@ -1,7 +1,7 @@
 """Compiled inner loop of :func:`outcore.plan.pieces.cut`: hop levels and piece components.
 
-One pass in topological order gives ``hop(v)`` (the most boundaries on any path into ``v``);
-a union-find over the edges whose ends share key and hop gives the pieces (connected
+One pass in topological order gives ``hop(v)`` (the most boundaries on any path into ``v``), a
+pass in reverse moves the work that feeds a send to its earliest consumer's hop; a union-find over the edges whose ends share key and hop gives the pieces (connected
 components). Written in the subset of Python numba compiles (:mod:`outcore.graph._jit`); plain
 Python without numba, same results.
 """
@@ -32,23 +32,42 @@ def hop_levels(order, pred_ptr, pred_idx, succ_ptr, succ_idx, key, cut_after):
             if x > best:
                 best = x
         h[v] = best
-    # a source whose consumers all share its key and that need not send joins its earliest
-    # consumer's piece (the smallest consumer hop)
+    # A node that sends nothing may run in any piece of its device from its earliest hop to
+    # its earliest consumer's (the hop before it, across a key change). It runs as early as
+    # it can (filling the time its device would wait for messages) unless a message of its
+    # device departs in between that it does not feed: then it runs just in time, so that
+    # message leaves after only the work it needs (the first device of an RNN grid would
+    # otherwise run every time step of its first layer before its first message). Senders
+    # and sinks keep their earliest hop; a source whose consumers all share its key joins its
+    # earliest consumer's piece.
+    span = h.max() + 1 if n else 1
+    sends = np.sort(key[cut_after] * span + h[cut_after])  # (key, hop) of every sender
     out = h.copy()
-    for v in range(n):
-        if pred_ptr[v] == pred_ptr[v + 1] and succ_ptr[v] < succ_ptr[v + 1] and not cut_after[v]:
-            same = True
-            low = -1
-            for k in range(succ_ptr[v], succ_ptr[v + 1]):
-                w = succ_idx[k]
-                if key[w] != key[v]:
-                    same = False
-                    break
-                if low < 0 or h[w] < low:
-                    low = h[w]
-            if same:
-                out[v] = low
+    for i in range(n - 1, -1, -1):
+        v = order[i]
+        if cut_after[v] or succ_ptr[v] == succ_ptr[v + 1]:
+            continue
+        low = -1
+        same = True
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            w = succ_idx[k]
+            x = out[w]
+            if key[w] != key[v]:
+                x -= 1
+                same = False
+            if low < 0 or x < low:
+                low = x
+        if low > h[v] and (_sends_between(sends, key[v] * span + h[v], key[v] * span + low)
+                           or (same and pred_ptr[v] == pred_ptr[v + 1])):
+            out[v] = low
     return out
+
+
+@njit
+def _sends_between(sends, lo, hi):
+    """Whether a value of the sorted ``sends`` lies in ``[lo, hi)``."""
+    i = np.searchsorted(sends, lo)
+    return i < sends.shape[0] and sends[i] < hi
 
 
 @njit

@@ -28,9 +28,18 @@ def reference_cut(g, assignment, groups=None):
     hop = [0] * n
     for v in order:
         hop[v] = max([hop[u] + (key[u] != key[v] or sends[u]) for u in preds[v]], default=0)
-    for v in range(n):  # a source joins its earliest consumer's piece
-        if not preds[v] and succs[v] and not sends[v] and all(key[w] == key[v] for w in succs[v]):
-            hop[v] = min(hop[w] for w in succs[v])
+    senders = {(key[v], hop[v]) for v in range(n) if sends[v]}
+    earliest = list(hop)
+    for v in reversed(order):
+        # a node that sends nothing runs just in time for its earliest consumer when a message
+        # of its key departs in between; a source whose consumers share its key always does
+        if sends[v] or not succs[v]:
+            continue
+        low = min(hop[w] - (key[w] != key[v]) for w in succs[v])
+        between = any((key[v], h) in senders for h in range(earliest[v], low))
+        alone = not preds[v] and all(key[w] == key[v] for w in succs[v])
+        if low > earliest[v] and (between or alone):
+            hop[v] = low
     label = list(range(n))
 
     def find(x):

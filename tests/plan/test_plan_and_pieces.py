@@ -149,3 +149,33 @@ def test_a_weight_node_lives_with_its_consumers():
     p = make_plan(g, np.array([0, 0, 0, 0, 1]), strategy="manual", devices=2,
                   memory_bytes=None)
     np.testing.assert_array_equal(p.assignment, [0, 0, 0, 0, 1])  # param 3 feeds 2 and 4
+
+
+def test_a_message_departs_after_only_the_work_it_needs():
+    """RNN grid of three layers x T steps, layers 0 and 1 on device 0, layer 2 on device 1:
+    device 0's time steps are separate pieces (layer 0 of step t with layer 1 of step t), so
+    the message of step t leaves after step t, not after every step of layer 0."""
+    T = 6
+    src, dst = [], []
+    for layer in range(3):
+        src += [layer * T + t for t in range(T - 1)]  # along time
+        dst += [layer * T + t + 1 for t in range(T - 1)]
+    for layer in range(2):
+        src += [layer * T + t for t in range(T)]  # up the layers
+        dst += [(layer + 1) * T + t for t in range(T)]
+    g = build("grid", fwd_s=[1.0] * (3 * T), src=src, dst=dst, edge_bytes=[4] * len(src))
+    P = cut(g, np.array([0] * (2 * T) + [1] * T))
+    assert [p.nodes for p in P.pieces if p.device == 0] == [(t, T + t) for t in range(T)]
+    assert [len(P.outputs_of[p.id]) for p in P.pieces if p.device == 0] == [2] * (T - 1) + [1]
+
+
+def test_work_feeding_no_earlier_message_runs_as_early_as_it_can():
+    """Fork on device 0 to a branch on device 1 and a branch kept on device 0, joined on
+    device 0: device 0's own branch runs right after the fork's message leaves (while device 1
+    works), not after the other branch comes back."""
+    # 0 fork -> 1 (device 1) -> 3 join; 0 -> 2 (device 0's branch) -> 3 -> 4 -> 5 (device 1)
+    g = build("fork", fwd_s=[1.0] * 6, src=[0, 0, 1, 2, 3, 4], dst=[1, 2, 3, 3, 4, 5],
+              edge_bytes=[4] * 6)
+    P = cut(g, np.array([0, 1, 0, 0, 0, 1]))
+    hop = {v: p.hop for p in P.pieces for v in p.nodes}
+    assert hop[2] == hop[0] + 1 < hop[3]
