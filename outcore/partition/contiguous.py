@@ -12,7 +12,9 @@ makes those splits for several orders and balance criteria, so the search always
 * balance: equal **memory** (training state of the parameters plus the micro-batches' saved
   activations, the memory model of :mod:`outcore.partition.context`) or equal **time** (forward +
   backward);
-* device counts: K and the counts ParDNN tries below it (:func:`pardnn.device_counts`).
+* device counts: K and the counts ParDNN tries below it (:func:`pardnn.device_counts`);
+* each cut also once more only where it splits no shared parameter (the weight an unrolled RNN
+  layer reads at every time step), with the heaviest part as light as it can be.
 
 Each split is emulated and checked against the memory limit (:func:`result.evaluate`); the
 fastest that fits is the strategy's plan.
@@ -27,7 +29,7 @@ from outcore.partition._jit import njit
 from outcore.partition.context import Context
 from outcore.partition.result import Candidate, best_of, evaluate
 
-__all__ = ["breadth_first_order", "depth_first_order", "plan", "split"]
+__all__ = ["breadth_first_order", "depth_first_order", "plan", "shared_split", "split"]
 
 # above this many nodes only the graph's own order is tried (each split is one emulation)
 LARGE_GRAPH_NODES = 250_000
@@ -97,6 +99,76 @@ def split(order: np.ndarray, weight: np.ndarray, parts: int) -> np.ndarray:
     return a
 
 
+def shared_split(ctx: Context, order: np.ndarray, weight: np.ndarray, parts: int
+                 ) -> np.ndarray | None:
+    """``order`` cut into at most ``parts`` consecutive runs, only where the fewest shared
+    parameters have consumers on both sides, with the heaviest run as light as it can be.
+
+    A parameter read by many nodes (the weight of an unrolled RNN layer, read at every time
+    step) is a unit the plain cut should not split: cutting mid-layer puts the layer's later
+    time steps on the next device, which then waits for the first device's whole layer instead
+    of streaming step by step. None when no parameter is shared, or every position splits as
+    many (then this is :func:`split`)."""
+    g = ctx.g
+    shared = g.nodes_with_op("param")
+    n = order.size
+    if shared.size == 0 or parts <= 1 or n < 2:
+        return None
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    e = np.flatnonzero(np.isin(g.src, shared))
+    if e.size == 0:
+        return None
+    first = np.full(n, n, np.int64)
+    last = np.full(n, -1, np.int64)
+    np.minimum.at(first, g.src[e], pos[g.dst[e]])
+    np.maximum.at(last, g.src[e], pos[g.dst[e]])
+    many = np.flatnonzero(last > first)
+    if many.size == 0:
+        return None
+    # a cut at c (between positions c - 1 and c) splits a parameter read in (first, last]
+    open_ = np.zeros(n + 1, np.int64)
+    np.add.at(open_, first[many] + 1, 1)
+    np.add.at(open_, last[many] + 1, -1)
+    open_ = np.cumsum(open_)[1:n]
+    allowed = np.flatnonzero(open_ == open_.min()) + 1
+    if allowed.size == n - 1:
+        return None
+    w = np.asarray(weight, dtype=np.float64)[order]
+    prefix = np.concatenate(([0.0], np.cumsum(w)))
+    bounds = np.concatenate(([0], allowed, [n]))
+    cuts = _min_max_cuts(prefix[bounds], parts)
+    a = np.empty(n, np.int64)
+    a[order] = np.repeat(np.arange(len(cuts) - 1), np.diff(bounds[cuts]))
+    return a
+
+
+def _min_max_cuts(prefix: np.ndarray, parts: int) -> np.ndarray:
+    """Indices into the increasing ``prefix`` sums (first 0, last the total) of the cuts into
+    at most ``parts`` runs whose largest sum is least (bisection on that sum, greedy runs)."""
+    def greedy(cap: float) -> np.ndarray | None:
+        cuts = [0]
+        while cuts[-1] < prefix.size - 1 and len(cuts) <= parts:
+            j = int(np.searchsorted(prefix, prefix[cuts[-1]] + cap, side="right")) - 1
+            if j <= cuts[-1]:
+                return None
+            cuts.append(j)
+        return np.array(cuts) if cuts[-1] == prefix.size - 1 else None
+
+    lo, hi = float(prefix[-1]) / parts, float(prefix[-1])
+    best = greedy(hi)
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        got = greedy(mid)
+        if got is None:
+            lo = mid
+        else:
+            hi, best = mid, got
+        if hi - lo <= 1e-6 * hi:
+            break
+    return best
+
+
 def _weights(ctx: Context) -> dict[str, np.ndarray]:
     g = ctx.g
     memory = (g.param_bytes.astype(np.float64) * float(ctx.factor)
@@ -131,13 +203,14 @@ def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
     for oname, order in _orders(ctx).items():
         for wname, weight in _weights(ctx).items():
             for k in device_counts(ctx.devices):
-                a = split(order, weight, k)
-                key = a.tobytes()
-                if key in seen:
-                    continue
-                seen.add(key)
-                cands.append(evaluate(ctx.with_devices(k) if k < ctx.devices else ctx, a,
-                                      _label(oname, wname, k)))
+                for label, a in ((_label(oname, wname, k), split(order, weight, k)),
+                                 (_label(oname, wname, k) + ", shared parameters kept whole",
+                                  shared_split(ctx, order, weight, k))):
+                    if a is None or a.tobytes() in seen:
+                        continue
+                    seen.add(a.tobytes())
+                    cands.append(evaluate(ctx.with_devices(k) if k < ctx.devices else ctx, a,
+                                          label))
     best = best_of(cands)
     fitting = sum(c.fits for c in cands)
     notes = [f"{len(cands)} contiguous splits, {fitting} fit"]
