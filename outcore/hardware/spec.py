@@ -58,9 +58,11 @@ class DeviceSpec:
 
 
 # outcore's runtime cost per piece and micro-batch (forward, backward): Python, the module call,
-# the autograd call. Measured here with 16 pieces vs 1 of the same layers (about 107 us per
-# action on average; the backward's share is the autograd call, about 140 us).
-RUNTIME_OVERHEAD_S = (50e-6, 150e-6)
+# the autograd call, on a host not probed (a local CPU cluster carries its own probe). The
+# probe (`outcore.runtime.overhead.piece_overhead_s`) gives 3.1-3.2 us and 11.4-11.7 us on
+# this project's 2-core VM since the executor's fourth pass (issue 17; it was ~50 / ~150 us
+# when this default was set); kept at about 3x that for hosts busier than a tight loop.
+RUNTIME_OVERHEAD_S = (10e-6, 30e-6)
 
 
 @dataclass(frozen=True)
