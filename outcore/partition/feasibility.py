@@ -28,6 +28,22 @@ def node_floor_bytes(ctx: Context) -> tuple[float, int]:
     return float(need[i]), i
 
 
+def spread_floor_bytes(ctx: Context) -> float:
+    """The least per-device limit under which a placement on ``ctx.devices`` devices or fewer
+    could fit by the planners' memory model: the devices together must hold every parameter's
+    state, one micro-batch's saved activations, the largest output on its device and, on each
+    other device in use, at least the smallest output (a device in use holds one). Below it
+    every planner fails, which this proves at once."""
+    g = ctx.g
+    if g.num_nodes == 0:
+        return 0.0
+    out = np.asarray(g.out_bytes, np.float64)
+    base = (float(g.param_bytes.sum()) * float(ctx.factor) + float(g.saved_bytes.sum())
+            + float(out.max()))
+    least = float(out.min())
+    return min((base + (k - 1) * least) / k for k in range(1, ctx.devices + 1))
+
+
 def infeasible(ctx: Context, strategy: str, best_peak_bytes: float | None = None,
                *, inflight: str = "all", own_placement: bool = True) -> InfeasibleError:
     """An :class:`InfeasibleError` naming the fewest devices and least memory that would fit.

@@ -118,3 +118,51 @@ def test_the_search_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn", "nas", "unet"])
+def test_the_spread_floor_is_below_every_placement(family):
+    """No placement on K devices or fewer has its fullest device below
+    ``spread_floor_bytes`` (the planners' memory model, one micro-batch)."""
+    import numpy as np
+
+    from outcore.graph.generators import make
+    from outcore.partition.context import make_context
+    from outcore.partition.feasibility import spread_floor_bytes
+    g = make(family, 400, seed=2)
+    ctx = make_context(g, 4)
+    floor = spread_floor_bytes(ctx)
+    rng = np.random.default_rng(0)
+    for k in (1, 2, 3, 4):
+        for a in [rng.integers(0, k, g.num_nodes), np.arange(g.num_nodes) * k // g.num_nodes]:
+            assert ctx.memory(a, devices=4).max() >= floor
+    # one device's footprint over 4 is below the floor: exactly the fair share cannot fit
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
+    assert one / 4 < floor < one
+
+
+def test_a_limit_below_the_floor_is_not_asked_of_the_planners(monkeypatch):
+    """At exactly the fair share the planners are asked only where the limit is not below the
+    spread floor of the graph they place (a layout with more micro-batches keeps fewer
+    activations), and the refusal names what would fit."""
+    import numpy as np
+
+    from outcore.graph.generators import make
+    from outcore.partition import search as search_module
+    from outcore.partition.context import make_context
+    g = make("transformer", 300, seed=1)
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
+    asked = []
+    inner = search_module._partition
+
+    def partition(g, req, budget, name):
+        asked.append((budget, search_module._spread_floor(g, req, budget)[0]))
+        return inner(g, req, budget, name)
+
+    monkeypatch.setattr(search_module, "_partition", partition)
+    for policy in ("none", "auto"):
+        with pytest.raises(InfeasibleError, match="every planner") as e:
+            outcore.plan(g, outcore.plan_request(4, one / 4, memory_policy=policy,
+                                                 microbatches=1))
+        assert e.value.min_memory_bytes > one / 4
+    assert asked and all(budget >= floor for budget, floor in asked)
