@@ -140,3 +140,21 @@ def test_result_is_deterministic_and_never_slower_than_one_device():
     one = emulate(g, np.zeros(6, np.int64), cl, devices=3).makespan_s
     assert r1.makespan_s <= one
     assert r1.lower_bound_s <= r1.makespan_s
+
+
+def test_device_counts_below_the_memory_floor_are_not_tried():
+    """Under a limit that 2 devices cannot hold (1.25x the fair share of 4), ParDNN and the
+    contiguous splits try only 4 devices (and the 1-device reference), and still fit."""
+    from outcore.graph.generators import make
+    from outcore.partition import contiguous_results
+    g = make("transformer", 600, seed=1)
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
+    r = partition(g, 4, memory_bytes=1.25 * one / 4, strategy="pardnn")
+    assert any("K=2: not tried" in n for n in r.notes)
+    assert not any("K=2: step 1" in n for n in r.notes)
+    assert r.peak_bytes.max() <= 1.25 * one / 4
+    labels = [c.notes[-1] for c in contiguous_results(g, 4, memory_bytes=1.25 * one / 4)]
+    assert labels and not any(", 2 devices" in label for label in labels)
+    # without the limit both device counts are tried
+    free = partition(g, 4, strategy="pardnn")
+    assert any("K=2: step 1" in n for n in free.notes)
