@@ -113,6 +113,29 @@ def contiguous_results(g: Graph, devices: int, *, memory_bytes: float | None = N
             for c in fitting[:top] + trivial]
 
 
+def subgraph_results(g: Graph, devices: int, *, memory_bytes: float | None = None,
+                     cluster: Cluster | None = None, optimizer: str = "adam",
+                     microbatches: int = 1, within: float = 0.01) -> list[PartitionResult]:
+    """SUPER's best placement, and the next that fits when the emulator puts it within
+    ``within`` of the best (a different trunk choice the node-level emulator cannot tell apart;
+    on a 100k-node transformer two such ties simulated 7.66 and 7.86 s), fastest first, for a
+    caller that judges them with the simulator. Raises :class:`InfeasibleError` when none
+    fits."""
+    ctx = make_context(g, devices, cluster=cluster, optimizer=optimizer,
+                       microbatches=microbatches, memory_bytes=memory_bytes)
+    best, notes, cands = subgraph.plan(ctx)
+    if best is None:
+        raise _no_fit(ctx, "subgraph", cands)
+    out = [_result(ctx, "subgraph", best, notes)]
+    for c in sorted((c for c in cands if c.fits), key=lambda c: (c.makespan_s, c.label)):
+        if c.makespan_s > best.makespan_s * (1 + within):
+            break
+        if not np.array_equal(compact(c.assignment)[0], out[0].assignment):  # not relabelled
+            out.append(_result(ctx, "subgraph", c, notes[:-1] + [f"chose {c.label}"]))
+            break
+    return out
+
+
 def _baseline(ctx: Context, strategy: str, seed: int) -> tuple[np.ndarray, str]:
     if strategy == "round-robin":
         return baselines.round_robin(ctx), ""

@@ -431,12 +431,16 @@ def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) 
 
 
 def _to_simulate(placed: list, est: list[float]) -> set[int]:
-    """Indices of the placements to simulate: the contiguous splits and the fastest few of the
-    others by ``est`` (the emulator with port contention)."""
-    order = sorted(range(len(placed)), key=lambda k: (est[k], k))
-    others = [k for k in order if placed[k][0] != "contiguous"]
-    return set(others[:SIMULATED_PER_SEARCH]) | {k for k in order
-                                                 if placed[k][0] == "contiguous"}
+    """Indices of the placements to simulate: the contiguous splits, and the placements of the
+    few other planners whose first placement is fastest by ``est`` (the emulator with port
+    contention; a planner may offer a near-tie the emulator cannot tell apart)."""
+    first: dict[str, int] = {}
+    for k, (name, _) in enumerate(placed):
+        first.setdefault(name, k)
+    others = sorted((k for name, k in first.items() if name != "contiguous"),
+                    key=lambda k: (est[k], k))
+    names = {placed[k][0] for k in others[:SIMULATED_PER_SEARCH]} | {"contiguous"}
+    return {k for k, (name, _) in enumerate(placed) if name in names}
 
 
 def _placements(g: Graph, req: PlanRequest, budget: float | None, names: tuple[str, ...],
@@ -446,7 +450,7 @@ def _placements(g: Graph, req: PlanRequest, budget: float | None, names: tuple[s
     A planner that finds nothing under ``budget`` places under a relaxed limit (the tightest
     of 1.5x, 2x, 4x, 8x, unlimited that it can meet) when memory policies may close the gap.
     """
-    from outcore.partition import contiguous_results
+    from outcore.partition import contiguous_results, subgraph_results
 
     placed: list[tuple[str, object]] = []
     notes: list[str] = []
@@ -463,6 +467,11 @@ def _placements(g: Graph, req: PlanRequest, budget: float | None, names: tuple[s
             try:
                 if name == "contiguous":
                     results = contiguous_results(
+                        g, req.model_parallel_devices, memory_bytes=limit,
+                        cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
+                        microbatches=req.microbatches)
+                elif name == "subgraph":
+                    results = subgraph_results(
                         g, req.model_parallel_devices, memory_bytes=limit,
                         cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
                         microbatches=req.microbatches)

@@ -166,3 +166,20 @@ def test_a_limit_below_the_floor_is_not_asked_of_the_planners(monkeypatch):
                                                  microbatches=1))
         assert e.value.min_memory_bytes > one / 4
     assert asked and all(budget >= floor for budget, floor in asked)
+
+
+def test_super_offers_a_near_tie_to_the_simulator():
+    """SUPER's best placement and, when the emulator finds another within 1 %, that one too
+    (distinct assignments, fastest first); the search simulates both."""
+    import numpy as np
+
+    from outcore.graph.generators import make
+    from outcore.hardware.cluster import make_cluster
+    from outcore.partition import subgraph_results
+    g = make("nas", 600, seed=1)
+    rs = subgraph_results(g, 4, cluster=make_cluster(4, None, "150GB/s"))
+    assert len(rs) == 2
+    assert rs[0].makespan_s <= rs[1].makespan_s <= 1.01 * rs[0].makespan_s
+    assert not np.array_equal(rs[0].assignment, rs[1].assignment)
+    p = outcore.plan(g, outcore.plan_request(4, None, bandwidth="150GB/s"))
+    assert sum(n.startswith("subgraph: simulated") for n in p.notes) == 2
