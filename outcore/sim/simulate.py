@@ -101,17 +101,18 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
     low = lowered or lower(g, plan, microbatches=microbatches, schedule=schedule,
                            cluster=cluster, global_batch=global_batch)
     sched, costs, cl = low.schedule, low.costs, low.cluster
+    opt_scale = optimizer_scale(g, costs, cl)
     opts = SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())),
                       bucket_ring=tuple(sched.meta.get("bucket_ring", ())),
                       dp_collective=collective, dp_bucket_bytes=dp_bucket_bytes,
                       dp_fused=dp_fused,
-                      optimizer_bytes_per_param_byte=optimizer_traffic(
+                      optimizer_bytes_per_param_byte=opt_scale * optimizer_traffic(
                           plan.optimizer, cl.device.host_is_device),
                       optimizer_transient=2.0 if plan.optimizer.lower().startswith("adam")
                       else 0.0,
-                      optimizer_per_tensor_s=optimizer_per_tensor_s(
+                      optimizer_per_tensor_s=opt_scale * optimizer_per_tensor_s(
                           plan.optimizer, cl.device.host_is_device),
-                      optimizer_per_step_s=optimizer_per_step_s(
+                      optimizer_per_step_s=opt_scale * optimizer_per_step_s(
                           plan.optimizer, cl.device.host_is_device),
                       step_sync_s=step_sync_s(cl, max(plan.layout.ranks(plan.devices),
                                                       sched.num_ranks * dp)))
@@ -121,6 +122,26 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
         from outcore.sim.spatial import with_tile_ranks
         result = with_tile_ranks(result, plan, g, low)
     return result
+
+
+def optimizer_scale(g: Graph, costs: PieceCosts, cluster: Cluster) -> float:
+    """Measured over modelled optimizer action on this model, on CPU: the profiler times a
+    multi-tensor Adam step over all the parameters right after a forward + backward
+    (``meta['profile']['adam_step_s']``, :func:`outcore.cost.profile.time_optimizer_step`), the
+    model here prices the same step (its constants were fit on MLPs, whose backward leaves the
+    optimizer's step faster than a convolution's does); 1 without a CPU profile."""
+    prof = g.meta.get("profile") or {}
+    measured = prof.get("adam_step_s")
+    if not measured or not cluster.device.host_is_device or \
+            not str(prof.get("device", "")).startswith("cpu") or costs.param_tensors is None:
+        return 1.0
+    tensors = float(np.sum(costs.param_tensors))
+    if tensors <= 0:
+        return 1.0
+    modelled = (float(np.sum(costs.param_bytes)) * optimizer_traffic("adam", True)
+                / cluster.device.mem_bandwidth + tensors * optimizer_per_tensor_s("adam", True)
+                + optimizer_per_step_s("adam", True))
+    return float(np.clip(measured / modelled, 0.5, 4.0))
 
 
 def step_sync_s(cluster: Cluster, ranks: int) -> float:

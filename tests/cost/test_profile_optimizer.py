@@ -1,0 +1,50 @@
+"""The profiler times the runtime's optimizer action after a backward; the simulator scales its
+CPU optimizer model by it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from outcore.cost.profile import profile
+from outcore.graph.capture import capture
+from outcore.hardware.cluster import make_cluster
+from outcore.hardware.presets import device_preset
+from outcore.plan import make_plan
+from outcore.schedule.lower import lower
+from outcore.sim.simulate import optimizer_scale, simulate
+
+
+def _scale_and_step(g, cluster) -> tuple[float, float]:
+    """(the simulator's optimizer scale, the simulated iteration) of ``g`` on one device."""
+    p = make_plan(g, np.zeros(g.num_nodes, np.int64), strategy="single", devices=1,
+                  memory_bytes=None, cluster=cluster, optimizer="adam")
+    low = lower(g, p)
+    return optimizer_scale(g, low.costs, low.cluster), simulate(p, g).iteration_s
+
+
+def test_the_optimizer_step_is_timed_and_scales_the_model():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                        nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    g = profile(capture(net, x, path="export"), net, x, device="cpu", warmup=1, repeat=3)
+    measured = g.meta["profile"]["adam_step_s"]
+    assert measured > 0
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())  # lr 0
+    assert all(p.grad is None for p in net.parameters())
+    cpu = make_cluster(1, None, device=device_preset("cpu"))
+    scale, it = _scale_and_step(g, cpu)
+    assert 0.5 <= scale <= 4.0
+    # twice the measured step: twice the scale (until the clip), a longer iteration
+    slow = g.replace(meta={**g.meta, "profile": {**g.meta["profile"], "adam_step_s": 2 * measured}})
+    scale2, it2 = _scale_and_step(slow, cpu)
+    assert abs(scale2 - min(2 * scale, 4.0)) < 1e-9
+    assert it2 > it
+    # no CPU profile, or an accelerator: the model as it is
+    gpu = make_cluster(1, None, device=device_preset("a100"))
+    assert _scale_and_step(slow, gpu)[0] == 1.0
+    bare = g.replace(meta={k: v for k, v in g.meta.items() if k != "profile"})
+    assert _scale_and_step(bare, cpu)[0] == 1.0
