@@ -212,7 +212,7 @@ def time_optimizer_step(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     2x slower than repeated at once (resnet_k, 35 tensors: 0.85-0.91 ms against 0.54 ms here;
     not the data caches: after touching 16 MB, 0.60 ms). Adam with a zero learning rate: the
     weights do not change."""
-    from outcore.runtime.executor import any_nonfinite
+    from outcore.hardware.nonfinite import any_nonfinite
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:

@@ -1,4 +1,4 @@
-"""The optimizer action's check for NaN and inf (``executor.any_nonfinite``): one multi-tensor
+"""The optimizer action's check for NaN and inf (``outcore.hardware.nonfinite.any_nonfinite``): one multi-tensor
 kernel per device; it must find a single bad value in any dtype, pass large finite values,
 and leave every gradient as it was."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outcore.runtime.executor import any_nonfinite
+from outcore.hardware.nonfinite import any_nonfinite
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
