@@ -233,6 +233,28 @@ def time_optimizer_step(model: nn.Module, inputs: tuple[torch.Tensor, ...],
         model.zero_grad(set_to_none=True)
 
 
+def _time_nodes(g: Graph, gm: fx.GraphModule, fx_nodes: dict[str, fx.Node],
+                inputs: tuple[torch.Tensor, ...], dev: torch.device, warmup: int, repeat: int,
+                progress: Callable[[int, int], None] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward seconds of every node of ``g``, each timed alone on the inputs a
+    recorded run of ``gm`` gave it."""
+    rec = _EnvRecorder(gm)
+    with torch.no_grad():
+        rec.run(*inputs)
+    fwd = np.zeros(g.num_nodes)
+    bwd = np.zeros(g.num_nodes)
+    for i in range(g.num_nodes):
+        n = fx_nodes[g.name_of(i)]
+        if n.name in rec.inputs:
+            fn = _node_callable(gm, n)
+            params = list(fn.parameters()) if isinstance(fn, nn.Module) else []
+            fwd[i], bwd[i] = _time_or_forward_only(n, fn, rec.inputs[n.name], params, dev,
+                                                   warmup, repeat)
+        if progress:
+            progress(i + 1, g.num_nodes)
+    return fwd, bwd
+
+
 def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | None = None,
             warmup: int = 2, repeat: int = 5, leaves: tuple[str, ...] = (),
             progress: Callable[[int, int], None] | None = None,
@@ -252,8 +274,7 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
 
     Returns the graph with times filled, ``meta['costs'] = 'profiled'`` and
     ``meta['profile'] = {device, step_s, sum_s, ratio, ..., adam_step_s}`` (the optimizer action
-    over all parameters after a backward, :func:`time_optimizer_step`; the simulator scales
-    its optimizer model on CPU by it).
+    after a backward, :func:`time_optimizer_step`: the simulator scales its CPU model by it).
     """
     if "depth" in g.meta and g.meta.get("fine_nodes"):
         raise GraphError("profile a layer-level graph (captured without --depth), then collapse")
@@ -275,21 +296,7 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
     inputs = tuple(x.to(dev) for x in inputs)
     keep_heap()  # time the layers as the workers will run them (outcore.hardware.allocator)
     try:
-        rec = _EnvRecorder(gm)
-        with torch.no_grad():
-            rec.run(*inputs)
-        fwd = np.zeros(g.num_nodes)
-        bwd = np.zeros(g.num_nodes)
-        total = g.num_nodes
-        for i in range(total):
-            n = fx_nodes[g.name_of(i)]
-            if n.name in rec.inputs:
-                fn = _node_callable(gm, n)
-                params = list(fn.parameters()) if isinstance(fn, nn.Module) else []
-                fwd[i], bwd[i] = _time_or_forward_only(n, fn, rec.inputs[n.name], params, dev,
-                                                       warmup, repeat)
-            if progress:
-                progress(i + 1, total)
+        fwd, bwd = _time_nodes(g, gm, fx_nodes, inputs, dev, warmup, repeat, progress)
         step_s = time_step(model, inputs, dev, warmup, repeat)
         optimizer_s = time_optimizer_step(model, inputs, dev, warmup, repeat)
         call_s = backward_call_s(dev, warmup, repeat)
