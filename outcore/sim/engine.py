@@ -73,6 +73,14 @@ class SimOptions:
     dp_fused: bool = False
     step_sync_s: float = 0.0
 
+    def optimizer_s(self, param_bytes: float, tensors: float, mem_bandwidth: float) -> float:
+        """Seconds of a rank's optimizer action: its parameters' memory traffic and, when it
+        has parameter tensors, the fixed cost per tensor and per step."""
+        dur = param_bytes * self.optimizer_bytes_per_param_byte / mem_bandwidth
+        if tensors > 0:
+            dur += tensors * self.optimizer_per_tensor_s + self.optimizer_per_step_s
+        return dur
+
 
 def simulate_schedule(s: Schedule, costs: PieceCosts, cluster: Cluster,
                       options: SimOptions = SimOptions()) -> Timeline:
@@ -302,11 +310,9 @@ class _Engine:
         work = float(largest) * self.opt.optimizer_transient
         if work:
             self.add_mem(r, start, work)
-        dur = float(c.param_bytes[r]) * self.opt.optimizer_bytes_per_param_byte / \
-            self.cluster.device.mem_bandwidth
-        if c.param_tensors is not None and c.param_tensors[r] > 0:
-            dur += float(c.param_tensors[r]) * self.opt.optimizer_per_tensor_s + \
-                self.opt.optimizer_per_step_s
+        tensors = float(c.param_tensors[r]) if c.param_tensors is not None else 0.0
+        dur = self.opt.optimizer_s(float(c.param_bytes[r]), tensors,
+                                   self.cluster.device.mem_bandwidth)
         self.events.append(Event(r, "optim", "OPT", start, start + dur, "compute"))
         if work:
             self.add_mem(r, start + dur, -work)

@@ -138,9 +138,11 @@ def optimizer_scale(g: Graph, costs: PieceCosts, cluster: Cluster) -> float:
     tensors = float(np.sum(costs.param_tensors))
     if tensors <= 0:
         return 1.0
-    modelled = (float(np.sum(costs.param_bytes)) * optimizer_traffic("adam", True)
-                / cluster.device.mem_bandwidth + tensors * optimizer_per_tensor_s("adam", True)
-                + optimizer_per_step_s("adam", True))
+    adam = SimOptions(optimizer_bytes_per_param_byte=optimizer_traffic("adam", True),
+                      optimizer_per_tensor_s=optimizer_per_tensor_s("adam", True),
+                      optimizer_per_step_s=optimizer_per_step_s("adam", True))
+    modelled = adam.optimizer_s(float(np.sum(costs.param_bytes)), tensors,
+                                cluster.device.mem_bandwidth)
     return float(np.clip(measured / modelled, 0.5, 4.0))
 
 
