@@ -217,7 +217,7 @@ def time_optimizer_step(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         return 0.0
-    opt = torch.optim.Adam(params, lr=0.0, foreach=device.type == "cpu" or None)
+    opt = torch.optim.Adam(params, lr=0.0, foreach=True)  # as the runtime's, plain tensors
 
     def backward() -> None:
         _default_loss(model(*inputs)).backward()
