@@ -452,6 +452,7 @@ def _placements(g: Graph, req: PlanRequest, budget: float | None, names: tuple[s
     """
     from outcore.partition import contiguous_results, subgraph_results
 
+    several = {"contiguous": contiguous_results, "subgraph": subgraph_results}
     placed: list[tuple[str, object]] = []
     notes: list[str] = []
     first_error: InfeasibleError | None = None
@@ -465,13 +466,8 @@ def _placements(g: Graph, req: PlanRequest, budget: float | None, names: tuple[s
                 first_error = first_error or error
                 continue
             try:
-                if name == "contiguous":
-                    results = contiguous_results(
-                        g, req.model_parallel_devices, memory_bytes=limit,
-                        cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
-                        microbatches=req.microbatches)
-                elif name == "subgraph":
-                    results = subgraph_results(
+                if name in several:  # planners that offer several placements
+                    results = several[name](
                         g, req.model_parallel_devices, memory_bytes=limit,
                         cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
                         microbatches=req.microbatches)
