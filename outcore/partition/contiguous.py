@@ -196,14 +196,13 @@ def _label(order: str, weight: str, devices: int) -> str:
 
 def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
     """The fastest contiguous split that fits, the notes, and every split tried."""
-    from outcore.partition.feasibility import spread_floor_bytes
+    from outcore.partition.feasibility import holds_floor
     from outcore.partition.pardnn import device_counts
 
     cands: list[Candidate] = []
     seen: set[bytes] = set()
     # device counts that cannot hold the graph's memory floor are not split
-    counts = [k for k in device_counts(ctx.devices) if ctx.memory_bytes is None or k == 1
-              or ctx.memory_bytes >= spread_floor_bytes(ctx.with_devices(k))]
+    counts = [k for k in device_counts(ctx.devices) if k == 1 or holds_floor(ctx, k)]
     for oname, order in _orders(ctx).items():
         for wname, weight in _weights(ctx).items():
             for k in counts:

@@ -44,6 +44,13 @@ def spread_floor_bytes(ctx: Context) -> float:
     return min((base + (k - 1) * least) / k for k in range(1, ctx.devices + 1))
 
 
+def holds_floor(ctx: Context, devices: int) -> bool:
+    """Whether ``devices`` of the context's devices may hold the graph under its memory limit
+    (no limit, or the limit at least :func:`spread_floor_bytes` of that many devices)."""
+    return ctx.memory_bytes is None or \
+        ctx.memory_bytes >= spread_floor_bytes(ctx.with_devices(devices))
+
+
 def infeasible(ctx: Context, strategy: str, best_peak_bytes: float | None = None,
                *, inflight: str = "all", own_placement: bool = True) -> InfeasibleError:
     """An :class:`InfeasibleError` naming the fewest devices and least memory that would fit.

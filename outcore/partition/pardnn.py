@@ -37,7 +37,7 @@ from outcore.partition.pardnn_mapping import map_secondaries
 from outcore.partition.pardnn_memory import repair_memory
 from outcore.partition.pardnn_refine import refine
 from outcore.partition.pardnn_slicing import slice_graph
-from outcore.partition.feasibility import spread_floor_bytes
+from outcore.partition.feasibility import holds_floor
 from outcore.partition.pipeline import assignment_from_bounds, stage_bounds
 from outcore.partition.result import Candidate, best_of, evaluate
 from outcore.units import format_seconds
@@ -78,7 +78,7 @@ def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
             one = evaluate(sub, np.zeros(ctx.g.num_nodes, np.int64), "1 device")
             cands.append(_light(one))
             continue
-        if limited and ctx.memory_bytes < spread_floor_bytes(sub):
+        if not holds_floor(ctx, k):
             notes.append(f"K={k}: not tried, {k} devices cannot hold the graph's memory floor")
             continue
         sl = slice_graph(sub, k)
