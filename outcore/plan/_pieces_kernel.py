@@ -1,9 +1,10 @@
 """Compiled inner loop of :func:`outcore.plan.pieces.cut`: hop levels and piece components.
 
-One pass in topological order gives ``hop(v)`` (the most boundaries on any path into ``v``), a
-pass in reverse moves the work that feeds a send to its earliest consumer's hop; a union-find over the edges whose ends share key and hop gives the pieces (connected
-components). Written in the subset of Python numba compiles (:mod:`outcore.graph._jit`); plain
-Python without numba, same results.
+One pass in topological order gives ``hop(v)`` (the most boundaries on any path into ``v``); a
+pass in reverse moves a node that sends nothing to its earliest consumer's hop when a message
+of its device would otherwise wait for it; a union-find over the edges whose ends share key and
+hop gives the pieces (connected components). Written in the subset of Python numba compiles
+(:mod:`outcore.graph._jit`); plain Python without numba, same results.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The optimizer action's check for NaN and inf (``outcore.hardware.nonfinite.any_nonfinite``): one multi-tensor
-kernel per device; it must find a single bad value in any dtype, pass large finite values,
-and leave every gradient as it was."""
+"""The optimizer action's check for NaN and inf (``outcore.hardware.nonfinite.any_nonfinite``):
+one multi-tensor kernel per device; it must find a single bad value in any dtype, pass large
+finite values, and leave every gradient as it was."""
 
 from __future__ import annotations
 
