@@ -65,6 +65,12 @@ class DeviceSpec:
 RUNTIME_OVERHEAD_S = (10e-6, 30e-6)
 
 
+# the runtime's per-step sums (the non-finite check with the loss) travel over same-host sockets,
+# every rank to every other, when all of a job's ranks share one host and are at most this many
+# (n (n - 1) small messages); otherwise over the backend's all-reduce
+SAME_HOST_SUM_MAX_RANKS = 8
+
+
 @dataclass(frozen=True)
 class LinkSpec:
     """A communication link: ``time = latency_s + bytes / bandwidth``.

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from outcore.errors import RuntimeFailure
+from outcore.hardware.spec import SAME_HOST_SUM_MAX_RANKS
 from outcore.runtime.samehost import SameHostLinks, connect_same_host
 from outcore.runtime.values import LeafMeta
 from outcore.schedule.ir import Schedule
@@ -133,6 +134,11 @@ def _wire_messages(schedule: Schedule, sender: int, layouts: dict[tuple[int, str
     return out
 
 
+# the tag of the per-step sums on same-host links (read after every data message of the step:
+# a peer's messages arrive in its order)
+_SUM_TAG = 0x7FFFFFFF
+
+
 class Messenger:
     """Sends and receives one rank's messages for one schedule.
 
@@ -197,10 +203,15 @@ class Messenger:
         self.links: SameHostLinks | None = None
         if same_host is None:
             same_host = device.type == "cpu"
+        world = dist.get_world_size() if dist.is_initialized() else 1
         if same_host:
             peers = {process_of(p) for p in self.order} | \
                 {process_of(d) for d in _wire_messages(schedule, rank, self.layouts)}
+            if world <= SAME_HOST_SUM_MAX_RANKS:  # every rank, for the per-step sums
+                peers |= set(range(world))
             self.links = connect_same_host(peers, timeout_s)
+        # the per-step sums go over the links when they reach every other process of the job
+        self.sum_on_links = self.links is not None and len(self.links.socks) == world - 1
         # schedule rank -> its process, for the peers a same-host link reaches
         self.linked: dict[int, int] = {} if self.links is None else {
             r: process_of(r) for r in range(len(schedule.actions))
@@ -219,6 +230,39 @@ class Messenger:
                             for peer, wires in self.order.items()
                             for i, w in enumerate(wires) if plain(w, peer)}
         self.read_next = {peer: 0 for peer in self.order}  # same-host: next wire to read
+
+    def sum_over_ranks(self, values: list[float],
+                       what: str = "summing the step's checks") -> list[float]:
+        """``values`` summed over every process of the job (a collective: each calls it once,
+        after its step's last receive): over the same-host links when they reach every other
+        process (:meth:`SameHostLinks.sum_all`), else the backend's all-reduce."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return list(values)
+        if self.sum_on_links:
+            assert self.links is not None
+            return self.links.sum_all(torch.tensor(values, dtype=torch.float64), _SUM_TAG,
+                                      what).tolist()
+        summed = torch.tensor(values, dtype=torch.float64,
+                              device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(summed)
+        return summed.tolist()
+
+    def gather_over_ranks(self, values: list[float]) -> list[list[float]]:
+        """Every process's ``values`` (the same length on each), in rank order (a collective,
+        as :meth:`sum_over_ranks`; on the links, the sum of each rank's values placed in its
+        own slot of zeros, which adds nothing to them)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return [list(values)]
+        world, rank, n = dist.get_world_size(), dist.get_rank(), len(values)
+        if self.sum_on_links:
+            slots = [0.0] * (world * n)
+            slots[rank * n:(rank + 1) * n] = values
+            summed = self.sum_over_ranks(slots, "gathering the step's figures")
+            return [summed[r * n:(r + 1) * n] for r in range(world)]
+        mine = torch.tensor(values, dtype=torch.float64)
+        gathered = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+        return [g.tolist() for g in gathered]
 
     def _add_wire(self, w: tuple[MsgKey, ...]) -> None:
         if len(w) == 1:

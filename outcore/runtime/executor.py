@@ -171,10 +171,7 @@ class RankExecutor:
         flags = [float(loss_bad), float(grad_bad), float(sum(losses)) if self.count_loss else 0.0]
         if dist.is_initialized() and dist.get_world_size() > 1:
             t0 = time.perf_counter()
-            summed = torch.tensor(flags, dtype=torch.float64,
-                                  device=self.device if self.device.type == "cuda" else "cpu")
-            dist.all_reduce(summed)
-            flags = summed.tolist()
+            flags = self.msg.sum_over_ranks(flags)
             self.guard_s = time.perf_counter() - t0
         self.nonfinite = (flags[0] > 0, flags[1] > 0)
         self.step_loss = flags[2]

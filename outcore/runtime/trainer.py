@@ -361,10 +361,7 @@ class Trainer:
         loss = self.executor.step_loss  # summed over the ranks by the non-finite check
         if loss is None:
             mine = result.loss if result.loss is not None and self.executor.count_loss else 0.0
-            total = torch.tensor([mine], dtype=torch.float64)
-            if dist.is_initialized() and self.world > 1:
-                dist.all_reduce(total)
-            loss = float(total.item())
+            loss = float(self.messenger.sum_over_ranks([mine])[0])
         self.step_index += 1
         return StepReport(loss, peak, result.busy_s, result.events)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
-from outcore.hardware.spec import Cluster
+from outcore.hardware.spec import SAME_HOST_SUM_MAX_RANKS, Cluster
 from outcore.plan.plan import Plan
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import Schedule
@@ -147,12 +147,19 @@ def optimizer_scale(g: Graph, costs: PieceCosts, cluster: Cluster) -> float:
 
 
 def step_sync_s(cluster: Cluster, ranks: int) -> float:
-    """The runtime's one all-reduce of three numbers per step over all ``ranks`` processes
-    (the non-finite check with the loss; ``outcore.runtime.executor``): latency only, as
-    recursive doubling, ``2 ceil(lg p)`` latencies (gloo on this machine's loopback, 2
-    ranks: 183 us measured, 200 us charged)."""
+    """The runtime's one sum of three numbers per step over all ``ranks`` processes (the
+    non-finite check with the loss; ``outcore.runtime.comm.Messenger.sum_over_ranks``).
+
+    Local CPU workers on one host (a link that copies on send: the same-host sockets), at most
+    :data:`SAME_HOST_SUM_MAX_RANKS`: every rank sends to and reads from every other, one
+    latency and ``ranks - 1`` sends and receives of host time. Otherwise the backend's
+    all-reduce, latency only, as recursive doubling: ``2 ceil(lg p)`` latencies (gloo on this
+    machine's loopback, 2 ranks: 183 us measured, 200 us charged)."""
     if ranks <= 1:
         return 0.0
+    if cluster.nodes == 1 and cluster.intra.copy_on_send and ranks <= SAME_HOST_SUM_MAX_RANKS:
+        dev = cluster.device
+        return cluster.intra.latency_s + (ranks - 1) * (dev.send_overhead_s + dev.recv_overhead_s)
     link = cluster.inter if cluster.nodes > 1 else cluster.intra
     return 2 * math.ceil(math.log2(ranks)) * link.latency_for_collectives
 

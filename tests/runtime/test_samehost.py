@@ -40,6 +40,7 @@ def _train(ctx, cfg, graph_doc, plan_doc):
         losses.append(loss.item())
     links = trainer.messenger.links
     return {"rank": ctx.rank, "losses": losses, "links": sorted(links.socks) if links else [],
+            "sum_on_links": trainer.messenger.sum_on_links,
             "state": {k: v.detach().clone() for k, v in trainer.named_params.items()}}
 
 
@@ -56,6 +57,7 @@ def test_transport_equals_single_process(transport, monkeypatch):
     graph_doc, plan_doc, _ = docs_for(cfg, _pingpong, 2)
     results = run_local(_train, 2, (cfg, graph_doc, plan_doc), timeout_s=60)
     assert [r["links"] for r in results] == ([[1], [0]] if transport == "samehost" else [[], []])
+    assert [r["sum_on_links"] for r in results] == [transport == "samehost"] * 2
     assert_matches(results, *reference(cfg), rtol=1e-5)
 
 
@@ -145,3 +147,51 @@ def test_sends_the_kernel_cannot_take_at_once_arrive_whole_and_in_order():
     finally:
         a.close()
         b.close()
+
+
+def _chain3(g):
+    """Three stages in order: the first and the last exchange no message."""
+    return np.arange(g.num_nodes) * 3 // g.num_nodes
+
+
+def test_every_rank_is_linked_for_the_step_sums(monkeypatch):
+    """On one host each worker links to every other (not only its message peers), so that the
+    per-step sum (the non-finite check with the loss) travels over the links; training still
+    equals the single-process loop."""
+    monkeypatch.delenv(P2P_ENV, raising=False)
+    cfg = TrainConfig(model="outcore:mlp", batch_size=8, microbatches=2, steps=2,
+                      schedule="1f1b", optimizer="sgd", lr=1e-2, track_memory=False)
+    graph_doc, plan_doc, _ = docs_for(cfg, _chain3, 3)
+    results = run_local(_train, 3, (cfg, graph_doc, plan_doc), timeout_s=90)
+    assert [r["links"] for r in results] == [[1, 2], [0, 2], [0, 1]]
+    assert all(r["sum_on_links"] for r in results)
+    assert_matches(results, *reference(cfg), rtol=1e-5)
+
+
+def _sums(ctx):
+    from outcore.runtime.comm import _SUM_TAG
+    links = connect_same_host(range(ctx.world_size), timeout_s=10.0)
+    assert links is not None and sorted(links.socks) == [r for r in range(ctx.world_size)
+                                                          if r != ctx.rank]
+    mine = torch.tensor([0.1 * (ctx.rank + 1), float(ctx.rank == 2), 1e-17 * ctx.rank],
+                        dtype=torch.float64)
+    links.send((ctx.rank + 1) % ctx.world_size, [torch.arange(3.0)], 5)  # a data message first
+    got = torch.empty(3)
+    links.recv_into((ctx.rank - 1) % ctx.world_size, [got], 5, "the data message")
+    out = links.sum_all(mine, _SUM_TAG, "the sum")
+    ref = mine.clone()
+    dist.all_reduce(ref)
+    links.close()
+    return {"sum": out.tolist(), "gloo": ref.tolist(), "data": got.tolist()}
+
+
+def test_same_host_sum_equals_the_all_reduce_on_every_rank(monkeypatch):
+    """The links' sum, after a data message on the same links, is the all-reduce's, and every
+    rank gets the same bits (added in rank order)."""
+    monkeypatch.delenv(P2P_ENV, raising=False)
+    out = run_local(_sums, 3, (), timeout_s=60)
+    for r in out:
+        assert r["data"] == [0.0, 1.0, 2.0]
+        assert r["sum"] == pytest.approx(r["gloo"], rel=1e-12, abs=1e-30)
+        assert r["sum"] == out[0]["sum"]  # bit for bit
+    assert out[0]["sum"][1] == 1.0
