@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -116,9 +117,15 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
     trainer, data = build_trainer(cfg, graph_doc, plan_doc, device)
     trainer.executor.guard_nonfinite = True
     begun = resume.begin(trainer, cfg)
+    # the model, the pieces and torch's own objects live as long as the worker: left out of the
+    # garbage collector's scans while steps run (a step makes many short-lived objects; the
+    # transformer's 2-stage pipeline: 5.05 -> 4.78 ms a step), as the search does
+    gc.collect()
+    gc.freeze()
     try:
         return _train_steps(ctx, cfg, trainer, data, begun)
     finally:
+        gc.unfreeze()
         if begun.lock is not None:
             begun.lock.release()
 
