@@ -33,7 +33,7 @@ class TrainConfig:
             optimizer update and go on).
         timeout_s: longest wait for any message, collective or worker.
         track_memory: measure each rank's peak tensor memory (on the first two steps and
-            every tenth; other steps repeat the latest measurement, named in the metrics).
+            every hundredth; other steps repeat the latest measurement, named in the metrics).
         threads: torch threads per worker.
         return_state: return every rank's final parameters (tests).
         fail_at_step: make ``fail_rank`` raise (or hang) at this step (fault tests).

@@ -63,6 +63,13 @@ def make_lr_scheduler(cfg: TrainConfig):
     raise UsageError(f"unknown lr schedule {cfg.lr_schedule!r}: choose none, cosine or step")
 
 
+# after the first two steps, peak memory is measured on every MEASURE_EVERY-th step only: on CPU
+# the tracker sees every tensor PyTorch creates, and a measured step of the transformer's 2-stage
+# pipeline took ~3x an ordinary one (one step in ten measured: 5.98 ms a step on average, 4.98
+# median; benchmarks/step_wall.py)
+MEASURE_EVERY = 100
+
+
 def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[str, Any],
                   device: torch.device):
     """Resolve the model, build it with the seed, and make this rank's :class:`Trainer`."""
@@ -151,7 +158,7 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
                 _barrier(ctx, cfg.timeout_s, trainer.messenger)
             t0 = time.perf_counter()
             last = step == cfg.steps - 1
-            measure = cfg.track_memory and (step < start + 2 or step % 10 == 0)
+            measure = cfg.track_memory and (step < start + 2 or step % MEASURE_EVERY == 0)
             report = trainer.step(inputs, targets, trace=last and cfg.trace_dir is not None,
                                   track_memory=measure)
             step_s = time.perf_counter() - t0
@@ -166,7 +173,7 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
             last_events = report.events
             bad = trainer.executor.nonfinite or (False, False)
             if metrics_file is not None:
-                record = {"step": step, "loss": report.loss, "step_s": step_s,
+                record = {"step": step, "time": time.time(), "loss": report.loss, "step_s": step_s,
                           "samples_per_s": cfg.batch_size / step_s, "peak_bytes": peaks,
                           "peak_measured_at": measured_at, "busy_s": busy}
                 if any(bad):

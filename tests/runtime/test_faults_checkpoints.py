@@ -111,3 +111,7 @@ def test_metrics_file_has_one_object_per_step(tmp_path):
         assert len(m["peak_bytes"]) == 2 and all(b > 0 for b in m["peak_bytes"])
         assert m["samples_per_s"] == pytest.approx(8 / m["step_s"])
     assert [m["loss"] for m in lines] == pytest.approx(res[0]["losses"])
+    # when each record was written: after its step, so at least a step apart
+    stamps = [m["time"] for m in lines]
+    assert all(b - a >= m["step_s"] for a, b, m in zip(stamps, stamps[1:], lines[1:]))
+    assert abs(stamps[-1] - time.time()) < 600
