@@ -176,15 +176,17 @@ def _default_loss(out: Any) -> torch.Tensor:
                if isinstance(t, torch.Tensor) and t.is_floating_point())  # type: ignore[return-value]
 
 
-def _split_timeit(fwd: Callable[[], Any], bwd: Callable[[Any], None], warmup: int,
-                  repeat: int, device: torch.device) -> tuple[float, float]:
-    """Median seconds of ``x = fwd()`` and of ``bwd(x)``, timed in turn in one loop (each
-    forward right after the last backward, as training runs them)."""
+def _split_timeit(fwd: Callable[[Any], Any], bwd: Callable[[Any], None], warmup: int,
+                  repeat: int, device: torch.device,
+                  setup: Callable[[], Any] = lambda: None) -> tuple[float, float]:
+    """Median seconds of ``x = fwd(setup())`` and of ``bwd(x)``, timed in turn in one loop
+    (each forward right after the last backward, as training runs them); setup is not timed."""
     f_times, b_times = [], []
     for k in range(warmup + repeat):
+        arg = setup()
         _sync(device)
         t0 = time.perf_counter()
-        x = fwd()
+        x = fwd(arg)
         _sync(device)
         t1 = time.perf_counter()
         bwd(x)
@@ -205,23 +207,23 @@ def time_step(model: nn.Module, inputs: tuple[torch.Tensor, ...], device: torch.
     def backward(loss: torch.Tensor) -> None:
         loss.backward()
 
-    fwd, bwd = _split_timeit(lambda: _default_loss(model(*inputs)), backward, warmup, repeat,
-                             device)
+    fwd, bwd = _split_timeit(lambda _: _default_loss(model(*inputs)), backward, warmup,
+                             repeat, device)
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
         out = tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v,
                        model(*inputs))
 
-    def loss_only() -> Any:
-        return _default_loss(tree_map(lambda v: v.clone().requires_grad_(True)
-                                      if isinstance(v, torch.Tensor) and v.is_floating_point()
-                                      else v, out))
+    def fresh_output() -> Any:
+        return tree_map(lambda v: v.clone().requires_grad_(True) if isinstance(v, torch.Tensor)
+                        and v.is_floating_point() else v, out)
 
     def loss_backward(loss: Any) -> None:
         if isinstance(loss, torch.Tensor) and loss.requires_grad:
             loss.backward()
 
-    loss_f, loss_b = _split_timeit(loss_only, loss_backward, warmup, repeat, device)
+    loss_f, loss_b = _split_timeit(_default_loss, loss_backward, warmup, repeat, device,
+                                   fresh_output)
     return max(fwd - loss_f, 0.5 * fwd), max(bwd - loss_b, 0.5 * bwd)
 
 
