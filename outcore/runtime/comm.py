@@ -242,8 +242,7 @@ class Messenger:
             assert self.links is not None
             return self.links.sum_all(torch.tensor(values, dtype=torch.float64), _SUM_TAG,
                                       what).tolist()
-        summed = torch.tensor(values, dtype=torch.float64,
-                              device=self.device if self.device.type == "cuda" else "cpu")
+        summed = self._collective_tensor(values)
         dist.all_reduce(summed)
         return summed.tolist()
 
@@ -259,10 +258,15 @@ class Messenger:
             slots[rank * n:(rank + 1) * n] = values
             summed = self.sum_over_ranks(slots, "gathering the step's figures")
             return [summed[r * n:(r + 1) * n] for r in range(world)]
-        mine = torch.tensor(values, dtype=torch.float64)
+        mine = self._collective_tensor(values)
         gathered = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(gathered, mine)
         return [g.tolist() for g in gathered]
+
+    def _collective_tensor(self, values: list[float]) -> torch.Tensor:
+        """``values`` as a tensor the backend's collectives take (NCCL: on this rank's GPU)."""
+        return torch.tensor(values, dtype=torch.float64,
+                            device=self.device if self.device.type == "cuda" else "cpu")
 
     def _add_wire(self, w: tuple[MsgKey, ...]) -> None:
         if len(w) == 1:
