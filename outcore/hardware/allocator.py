@@ -13,14 +13,22 @@ The setting stays for the rest of the process: glibc cannot be put back to its a
 threshold once one is set (setting 128 KiB back made the same layers 2x *slower* than the
 default, 100 ms), and a process that profiles a model usually goes on to train it. Elsewhere
 than glibc (macOS, musl) nothing changes and :func:`keep_heap` returns False.
+
+Python's own heap has a like cost: its garbage collector's full collections scan every object,
+and the search and the training steps make many short-lived ones among a large, long-lived
+graph, model and torch. :func:`frozen_objects` leaves the objects that exist when such work
+starts out of the scans while it runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import gc
+from collections.abc import Iterator
 
-__all__ = ["keep_heap"]
+__all__ = ["frozen_objects", "keep_heap"]
 
 # mallopt parameters (glibc malloc.h) and the values outcore sets: the largest an int holds
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -44,3 +52,25 @@ def keep_heap() -> bool:
     if fn is None:
         return False
     return bool(fn(_M_MMAP_THRESHOLD, _KEEP)) and bool(fn(_M_TRIM_THRESHOLD, _KEEP))
+
+
+@contextlib.contextmanager
+def frozen_objects(*, collect: bool = False) -> Iterator[None]:
+    """Within the block, the objects that exist when it starts are left out of the garbage
+    collector's scans (``gc.freeze``), and put back at its end; nothing changes when objects
+    are frozen already (the caller's own freeze, or a block inside another). ``collect``:
+    collect first, so that no garbage of before the block is kept while it runs.
+
+    The search makes many short-lived objects, and one full collection over everything took
+    40 ms of the 1 s search of a 50k-node graph; a training step too (the transformer's 2-stage
+    pipeline: 5.05 -> 4.78 ms a step with the worker's objects frozen)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    if collect:
+        gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
