@@ -32,19 +32,36 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timeit(fn: Callable[[], Any], warmup: int, repeat: int, device: torch.device,
-            setup: Callable[[], Any] | None = None) -> float:
-    """Median seconds of ``fn(setup())`` over ``repeat`` runs; setup is not timed."""
-    times = []
+def _split_timeit(fwd: Callable[[Any], Any], bwd: Callable[[Any], None], warmup: int,
+                  repeat: int, device: torch.device,
+                  setup: Callable[[], Any] = lambda: None) -> tuple[float, float]:
+    """Median seconds of ``x = fwd(setup())`` and of ``bwd(x)``, timed in turn in one loop
+    (each forward right after the last backward, as training runs them); setup is not timed."""
+    f_times, b_times = [], []
     for k in range(warmup + repeat):
-        arg = setup() if setup else None
+        arg = setup()
         _sync(device)
         t0 = time.perf_counter()
-        fn(arg) if setup else fn()
+        x = fwd(arg)
+        _sync(device)
+        t1 = time.perf_counter()
+        bwd(x)
         _sync(device)
         if k >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            f_times.append(t1 - t0)
+            b_times.append(time.perf_counter() - t1)
+    return statistics.median(f_times), statistics.median(b_times)
+
+
+def _timeit(fn: Callable[[], Any], warmup: int, repeat: int, device: torch.device,
+            setup: Callable[[], Any] | None = None) -> float:
+    """Median seconds of ``fn(setup())`` (``fn()`` without setup) over ``repeat`` runs; setup
+    is not timed."""
+    def run(arg: Any) -> None:
+        fn(arg) if setup else fn()
+
+    return _split_timeit(run, lambda _: None, warmup, repeat, device,
+                         setup or (lambda: None))[0]
 
 
 class _Fixed:
@@ -174,27 +191,6 @@ def backward_call_s(device: torch.device, warmup: int, repeat: int) -> float:
 def _default_loss(out: Any) -> torch.Tensor:
     return sum(t.float().pow(2).mean() for t in tree_leaves(out)
                if isinstance(t, torch.Tensor) and t.is_floating_point())  # type: ignore[return-value]
-
-
-def _split_timeit(fwd: Callable[[Any], Any], bwd: Callable[[Any], None], warmup: int,
-                  repeat: int, device: torch.device,
-                  setup: Callable[[], Any] = lambda: None) -> tuple[float, float]:
-    """Median seconds of ``x = fwd(setup())`` and of ``bwd(x)``, timed in turn in one loop
-    (each forward right after the last backward, as training runs them); setup is not timed."""
-    f_times, b_times = [], []
-    for k in range(warmup + repeat):
-        arg = setup()
-        _sync(device)
-        t0 = time.perf_counter()
-        x = fwd(arg)
-        _sync(device)
-        t1 = time.perf_counter()
-        bwd(x)
-        _sync(device)
-        if k >= warmup:
-            f_times.append(t1 - t0)
-            b_times.append(time.perf_counter() - t1)
-    return statistics.median(f_times), statistics.median(b_times)
 
 
 def time_step(model: nn.Module, inputs: tuple[torch.Tensor, ...], device: torch.device,
