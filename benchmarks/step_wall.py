@@ -4,8 +4,9 @@ step costs around it (the barrier before it, the step's figures after it, the da
 For each model and micro-batch count: ``outcore.train`` for ``--steps`` steps; the wall time
 per step is the mean interval between consecutive ``time`` stamps of ``metrics.jsonl`` after
 ``--skip`` steps (every tenth step measures peak memory and runs slower: it is in the mean, as
-in any run), beside the median step the report gives. Small models in pipeline stages over 2
-workers, where the runtime's fixed costs per step are a large share of a step.
+in any run), beside the median step the report gives. Small models in pipeline stages over up
+to 2 workers (the pipeline planner may use one; the table says how many), where the runtime's
+fixed costs per step are a large share of a step.
 
     PYTHONPATH=. .venv/bin/python benchmarks/step_wall.py
     PYTHONPATH=. .venv/bin/python benchmarks/step_wall.py --models mlp --mbs 1 --steps 300
