@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch.autograd.graph import get_gradient_edge
 
 from outcore.errors import RuntimeFailure
 from outcore.hardware.nonfinite import any_nonfinite
@@ -30,7 +31,7 @@ from outcore.runtime.modules import PieceModule
 from outcore.plan.replicas import copy_of, fx_name
 from outcore.runtime.randomness import set_context as set_random_context
 from outcore.runtime.values import ValueMeta, local, tensors_of
-from outcore.schedule.ir import Action, Schedule
+from outcore.schedule.ir import RECV_POST_AHEAD, Action, Schedule
 from outcore.trace import Event
 
 log = logging.getLogger(__name__)
@@ -136,14 +137,27 @@ class RankExecutor:
         self.transfer_metas = [[(n, metas[fx_name(n)], self._grad_positions(n),
                                  metas[fx_name(n)].tensor_leaves()) for n in ns]
                                for ns in self.transfer_names]
+        # per output this rank sends: its reads per micro-batch (sends and local consumers);
+        # after the last, the executor drops it and its backward starts from its gradient edge
+        reads: dict[str, int] = {}
+        for t in transfers:
+            if not t.local and self.transfer_src[t.id] == self.rank:
+                for name in self.transfer_names[t.id]:
+                    reads[name] = reads.get(name, 0) + 1
+        for p, plan in self.input_plan.items():
+            for name, (kind, _, _) in zip(self.modules[p].inputs, plan):
+                if kind == "local" and name in reads:
+                    reads[name] += 1
+        self.reads_of_sent = reads
         # per action: the call that runs it, and what to post ahead when it starts
         acts = s.actions[self.rank]
         self.calls = [self._bind(a) for a in acts]
         self.ahead: list[tuple[tuple[Any, ...], tuple[tuple[int, int], ...]]] = []
+        ahead = RECV_POST_AHEAD
         for k in range(len(acts)):
-            window = acts[k:k + 4]
-            keys = tuple((a.transfer, a.op[1], a.mb) for a in (window if k == 0 else window[3:])
-                         if a.op in ("RF", "RB"))
+            window = acts[k:k + ahead + 1]
+            keys = tuple((a.transfer, a.op[1], a.mb) for a in
+                         (window if k == 0 else window[ahead:]) if a.op in ("RF", "RB"))
             fetch = tuple((a.piece, a.mb) for a in window if a.op == "B"
                           and self.policies.get(a.piece) == "offload-activations")
             self.ahead.append((keys, fetch))
@@ -192,6 +206,7 @@ class RankExecutor:
         self.fwd_inputs: dict[tuple[int, int], dict[str, Any]] = {}
         self.fwd_outputs: dict[tuple[int, int], dict[str, Any]] = {}
         self.local: dict[tuple[str, int], Any] = {}
+        self.reads_left: dict[tuple[str, int], int] = {}
         self.received: dict[tuple[int, str, int], Any] = {}
         self.grad_acc: dict[tuple[str, int], list[torch.Tensor | None]] = {}
         self.send_grads: dict[tuple[int, int], dict[str, list[torch.Tensor]]] = {}
@@ -273,8 +288,11 @@ class RankExecutor:
                 values.append(self.inputs[a + mb][b])
                 copies.append(False)
                 continue
-            v = self.received[(a, name, mb)] if kind == "recv" else \
-                _detach_tree(self.local[(name, mb)], b)
+            if kind == "recv":
+                v = self.received[(a, name, mb)]
+            else:
+                v = _detach_tree(self.local[(name, mb)], b)
+                self._read(name, mb)
             leaves[name] = v
             copies.append(name in clone)
             values.append(v)
@@ -312,8 +330,12 @@ class RankExecutor:
                 loss = self.loss_fn(value, target) / (self.s.microbatches * self.copies)
                 self.losses[chunk] = loss.detach()
                 produced[name] = loss
-            else:
-                self.local[(name, mb)] = value
+                continue
+            self.local[(name, mb)] = value
+            reads = self.reads_of_sent.get(name)
+            if reads:  # sent: held only until its last read (Megatron-LM frees it likewise)
+                self.reads_left[(name, mb)] = reads
+                produced[name] = _Roots(value)
 
     def backward(self, p: int, mb: int) -> None:
         pm = self.modules[p]
@@ -332,8 +354,13 @@ class RankExecutor:
             acc = self.grad_acc.pop((name, mb), None)
             if acc is None:
                 continue
-            for t, g in zip(tensors_of(value), acc):
-                if g is not None and t.requires_grad:
+            for t, g in zip(value.roots if type(value) is _Roots else tensors_of(value), acc):
+                if g is None or t is None:
+                    continue
+                if type(t) is _Edge:
+                    roots.append(t)
+                    grads.append(g)
+                elif t.requires_grad:
                     roots.append(t)
                     grads.append(like(t, g) if not hasattr(g, "to_local") else g)
         if roots:
@@ -387,6 +414,21 @@ class RankExecutor:
         for name in self.transfer_names[t]:  # a DTensor (a tied split weight): its shard
             tensors += [local(x) for x in tensors_of(self.local[(name, mb)])]
         self.msg.send((t, "F", mb), self.transfer_dst[t], tensors)
+        for name in self.transfer_names[t]:
+            self._read(name, mb)
+
+    def _read(self, name: str, mb: int) -> None:
+        """One of a sent output's reads is done; after its last, drop the executor's hold
+        (the messenger holds it until sent, autograd only what it saved)."""
+        key = (name, mb)
+        left = self.reads_left.get(key)
+        if left is None:
+            return
+        if left > 1:
+            self.reads_left[key] = left - 1
+        else:
+            del self.reads_left[key]
+            del self.local[key]
 
     def recv_activations(self, t: int, mb: int) -> None:
         tensors = self.msg.recv((t, "F", mb), self.transfer_src[t])
@@ -453,19 +495,43 @@ class RankExecutor:
 _engine_backward = getattr(torch.autograd.graph, "_engine_run_backward", None)
 
 
-def run_backward(roots: list[torch.Tensor], grads: list[torch.Tensor | None]) -> None:
-    """``torch.autograd.backward(roots, grads)``. When every root is a plain tensor given a
-    gradient of its own shape (a piece's outputs and the gradients its consumers returned),
-    straight into autograd's engine: the public call's argument handling (subclass dispatch,
-    filling in and checking gradients) costs ~4.5 us a call here, paid by every backward piece
-    (issue 17). Anything else (a loss, a DTensor) goes through the public call."""
+class _Edge:
+    """Where a dropped output's gradient enters autograd (its gradient edge), with the
+    output's shape and dtype to check the gradient against."""
+
+    __slots__ = ("edge", "shape", "dtype")
+
+    def __init__(self, t: torch.Tensor):
+        self.edge = get_gradient_edge(t)
+        self.shape, self.dtype = t.shape, t.dtype
+
+
+class _Roots:
+    """A sent output's backward roots, without its data: per tensor leaf an :class:`_Edge`
+    (a plain tensor that requires grad), the tensor itself (a DTensor: its gradient is made
+    like it) or None."""
+
+    __slots__ = ("roots",)
+
+    def __init__(self, value: Any):
+        self.roots = [(_Edge(t) if type(t) is torch.Tensor else t) if t.requires_grad else None
+                      for t in tensors_of(value)]
+
+
+def run_backward(roots: list[Any], grads: list[torch.Tensor | None]) -> None:
+    """``torch.autograd.backward(roots, grads)`` (a root is a tensor or an :class:`_Edge`).
+    When every root is a plain tensor or edge given a gradient of its shape (a piece's outputs
+    and the gradients its consumers returned), straight into autograd's engine: the public
+    call's argument handling (subclass dispatch, filling in and checking gradients) costs
+    ~4.5 us a call here, paid by every backward piece (issue 17). Anything else (a loss, a
+    DTensor) goes through the public call."""
     if _engine_backward is not None and all(
-            g is not None and type(r) is torch.Tensor and type(g) is torch.Tensor
+            g is not None and type(g) is torch.Tensor and type(r) in (torch.Tensor, _Edge)
             and g.shape == r.shape and g.dtype == r.dtype for r, g in zip(roots, grads)):
-        _engine_backward(tuple(roots), tuple(grads), False, False, (),
-                         allow_unreachable=True, accumulate_grad=True)
+        _engine_backward(tuple(r.edge if type(r) is _Edge else r for r in roots), tuple(grads),
+                         False, False, (), allow_unreachable=True, accumulate_grad=True)
     else:
-        torch.autograd.backward(roots, grads)
+        torch.autograd.backward([r.edge if type(r) is _Edge else r for r in roots], grads)
 
 
 def like(p: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:

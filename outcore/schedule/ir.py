@@ -28,6 +28,9 @@ SENDS = ("SF", "SB")
 RECVS = ("RF", "RB")
 COLLECTIVE = ("AR",)
 OPS = COMPUTE + SENDS + RECVS + COLLECTIVE + ("OPT",)
+# a rank posts each receive (and allocates its buffer) when it reaches the action this many
+# places before it (the first ones at the start of the step), so the data flows meanwhile
+RECV_POST_AHEAD = 3
 
 _PATTERN = re.compile(r"^(?:(\d+)(F|B)(\d+)|t(\d+)(SF|RF|SB|RB)(\d+)|AR(\d+)|OPT)$")
 
