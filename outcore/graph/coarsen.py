@@ -82,6 +82,21 @@ def _merged_params(g: Graph, nodes: np.ndarray) -> dict:
     return out
 
 
+def _saved_inputs(g: Graph, member_idx: list[int], group: np.ndarray, names: list[str],
+                  index: dict[str, int]) -> list[str]:
+    """The blocks whose outputs a block's members save (``attrs['saved_inputs']``)."""
+    if g.attrs is None:
+        return []
+    b = int(group[member_idx[0]])
+    out: list[str] = []
+    for i in member_idx:
+        for producer in g.attrs[i].get("saved_inputs", ()):
+            j = index.get(producer)
+            if j is not None and int(group[j]) != b and names[group[j]] not in out:
+                out.append(names[group[j]])
+    return out
+
+
 def collapse(g: Graph, depth: int | None) -> Graph:
     """The block graph of ``g`` at ``depth`` (``None``: ``g`` itself).
 
@@ -114,8 +129,10 @@ def collapse(g: Graph, depth: int | None) -> Graph:
     first = np.full(k, g.num_nodes, dtype=np.int64)
     np.minimum.at(first, group, np.arange(g.num_nodes))
     members: list[list[int]] = [[] for _ in range(k)]
+    member_idx: list[list[int]] = [[] for _ in range(k)]
     for i, b in enumerate(group.tolist()):
         members[b].append(int(g.ids[i]))
+        member_idx[b].append(i)
     out_bytes = np.zeros(k)
     for b in range(k):
         if len(members[b]) == 1:
@@ -123,6 +140,7 @@ def collapse(g: Graph, depth: int | None) -> Graph:
         else:
             out_bytes[b] = sum(leaving[b].values())
     types = g.meta.get("module_types", {})
+    index = {g.name_of(j): j for j in range(g.num_nodes)} if g.attrs is not None else {}
     ops, modules, attrs = [], [], []
     for b in range(k):
         i = int(first[b])
@@ -136,7 +154,11 @@ def collapse(g: Graph, depth: int | None) -> Graph:
             key = block_key(g.module_of(i), depth) or ""
             ops.append(types.get(key, "block") if key else "model")
             modules.append(key)
-            extra = _merged_params(g, np.flatnonzero(group == b))
+            extra = _merged_params(g, np.array(member_idx[b]))
+        extra.pop("saved_inputs", None)
+        saved_in = _saved_inputs(g, member_idx[b], group, names, index)
+        if saved_in:
+            extra["saved_inputs"] = saved_in
         extra["members"] = members[b]
         attrs.append(extra)
     return build(

@@ -100,6 +100,24 @@ class Graph:
         return {op: np.array(v, dtype=np.int64) for op, v in by_op.items()}
 
     @cached_property
+    def saved_input_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(savers, producers)``: node ``savers[j]`` is the first to save the output of its
+        input ``producers[j]`` for its backward (``attrs['saved_inputs']``, recorded by the
+        capture; empty for graphs without it)."""
+        savers: list[int] = []
+        producers: list[int] = []
+        if self.attrs is not None and self.names is not None:
+            index: dict[str, int] | None = None
+            for v, a in enumerate(self.attrs):
+                for name in a.get("saved_inputs", ()):
+                    if index is None:
+                        index = {n: i for i, n in enumerate(self.names)}
+                    if name in index:
+                        savers.append(v)
+                        producers.append(index[name])
+        return np.array(savers, dtype=np.int64), np.array(producers, dtype=np.int64)
+
+    @cached_property
     def index_of_id(self) -> dict[int, int]:
         """Map from user id to node index."""
         return {int(v): i for i, v in enumerate(self.ids.tolist())}

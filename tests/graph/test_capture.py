@@ -160,3 +160,18 @@ def test_shared_module_params_counted_once():
     assert [int(g.param_bytes[i]) for i in calls] == [80, 0]
     assert g.attr(calls[1], "shared_params") == ["lin.weight", "lin.bias"]
     assert collapse(g, 1).num_nodes == g.num_nodes  # the two calls stay two blocks
+
+
+def test_saved_inputs_are_recorded_and_a_sliced_input_counts_at_its_own_size():
+    net = torch.nn.Sequential(torch.nn.Linear(32, 512), torch.nn.Linear(512, 32))
+    batch = torch.randn(512, 32)
+    g = capture(net, batch[:128])  # a view of a 4x larger storage
+    saved = {g.name_of(v): int(g.saved_bytes[v]) for v in range(g.num_nodes)}
+    assert saved["_0"] == 128 * 32 * 4  # its input, not the whole batch's storage
+    assert saved["_1"] == 128 * 512 * 4
+    assert g.attr(1, "saved_inputs") == ["input_1"] and g.attr(2, "saved_inputs") == ["_0"]
+    savers, producers = g.saved_input_pairs
+    assert savers.tolist() == [1, 2] and producers.tolist() == [0, 1]
+    # collapsed to one block: it saves the model input; _1 saving _0 is inside the block
+    whole = collapse(g, 0)
+    assert [a.get("saved_inputs") for a in whole.attrs] == [None, ["input_1"], None]

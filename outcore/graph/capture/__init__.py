@@ -267,11 +267,18 @@ class _Recorder(fx.Interpreter):
         self.dtypes: dict[str, str] = {}
         self.flops: dict[str, int] = {}
         self.in_shapes: dict[str, Any] = {}
+        # per node, the input nodes whose output it is the first to save (on another device
+        # that tensor is the received copy: the memory model counts it once)
+        self.saved_inputs: dict[str, list[str]] = {}
+        self.input_storages: dict[Any, str] = {}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = StorageWeakRef(t.untyped_storage())
         if key not in self.seen and self.current:
             self.seen[key] = (self.current, t.untyped_storage().nbytes())
+            producer = self.input_storages.get(key)
+            if producer is not None:
+                self.saved_inputs.setdefault(self.current, []).append(producer)
         return t
 
     def saved_by_node(self, exclude: set[Any]) -> dict[str, int]:
@@ -288,6 +295,9 @@ class _Recorder(fx.Interpreter):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             self.in_shapes[n.name] = [list(t.shape) for t in tree_leaves((args, kwargs))
                                       if isinstance(t, torch.Tensor)]
+        self.input_storages = {
+            StorageWeakRef(t.untyped_storage()): inp.name for inp in n.all_input_nodes
+            for t in tree_leaves(self.env.get(inp)) if isinstance(t, torch.Tensor)}
         counter = FlopCounterMode(display=False)
         with counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             result = super().run_node(n)
@@ -301,7 +311,21 @@ class _Recorder(fx.Interpreter):
         return result
 
 
+def _compact(x: Any) -> Any:
+    """``x``, or a copy of it if it views part of a larger storage."""
+    try:
+        if isinstance(x, torch.Tensor) and x.untyped_storage().nbytes() > \
+                x.numel() * x.element_size():
+            return x.clone()
+    except (RuntimeError, NotImplementedError):  # no storage (sparse, ...)
+        pass
+    return x
+
+
 def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bool) -> _Recorder:
+    # an input that views a larger tensor (a micro-batch sliced off an example batch) would be
+    # counted at its whole storage where a layer saves it: record on compact copies
+    inputs = tuple(_compact(x) for x in inputs)
     state = list(gm.parameters()) + list(gm.buffers())
     rec = _Recorder(gm)
     with torch.enable_grad():
@@ -494,6 +518,8 @@ def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,
             extra["in_shapes"] = rec.in_shapes[n.name]
         if n.name in rec.flops:
             extra["flops"] = rec.flops[n.name]
+        if n.name in rec.saved_inputs:
+            extra["saved_inputs"] = rec.saved_inputs[n.name]
         computed = _computed_sizes(n)
         if computed:
             extra["computed_sizes"] = computed
