@@ -134,6 +134,8 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     else:
         fwd, bwd = fwd + fwd_overhead_s, bwd + bwd_overhead_s
     saved = np.bincount(piece_of, weights=g.saved_bytes, minlength=n_p) * scale
+    rank_of_piece = np.array([p.device for p in pieces.pieces], dtype=np.int64)
+    saved -= _saved_received(g, piece_of, rank_of_piece, n_p) * scale
     transient = np.zeros(n_p)
     np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) * scale)
     tbytes = np.array([t.bytes for t in pieces.transfers], dtype=np.float64) * scale
@@ -144,7 +146,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     # accumulated into .grad: the largest layer's parameters, once
     grad_tmp = np.zeros(n_p)
     np.maximum.at(grad_tmp, piece_of, g.param_bytes.astype(np.float64))
-    t_bwd = transient + grad_tmp
+    t_bwd = _backward_working(g, piece_of, n_p) * scale + grad_tmp
     static_piece = piece_params * factor
     if any(p != "none" for p in pol):
         _apply_policies(g, pieces, pol, scale, tbytes, host_bandwidth, host_is_device, fwd, bwd,
@@ -153,7 +155,6 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth, factor,
                gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece, piece_params,
                grad_tmp)
-    rank_of_piece = np.array([p.device for p in pieces.pieces], dtype=np.int64)
     static = np.bincount(rank_of_piece, weights=static_piece, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
     params = np.bincount(rank_of_piece, weights=piece_params, minlength=num_ranks) \
@@ -170,6 +171,52 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
             tensors = np.array([len(h) for h in held], dtype=np.float64)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
                       pol, largest, tensors)
+
+
+def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int) -> np.ndarray:
+    """Per piece, the working memory of its backward above what it holds when the backward
+    starts: at each node (in reverse topological order), the gradient of its output (unless
+    that is a received one, counted where it is received) and of its inputs from the same
+    piece, less the saved activations the backward has freed already (those of the piece's
+    later nodes). The largest over the nodes; measured on CPU for a ResNet (one piece): the
+    peak rises 1.0 MiB above the end of the forward, where the largest output is 2 MiB."""
+    n = g.num_nodes
+    if not n or not n_p:
+        return np.zeros(n_p)
+    from outcore.graph.algorithms import topological_order
+    pos = np.empty(n, dtype=np.int64)
+    pos[topological_order(g)] = np.arange(n)
+    same = piece_of[g.src] == piece_of[g.dst]
+    internal = np.zeros(n, dtype=bool)
+    internal[g.src[same]] = True
+    grads_in = np.zeros(n)
+    np.maximum.at(grads_in, g.dst[same], g.edge_bytes[same].astype(np.float64))
+    order = np.lexsort((-pos, piece_of))  # per piece, its nodes from last to first
+    saved = g.saved_bytes[order].astype(np.float64)
+    before = np.cumsum(saved) - saved  # saved bytes of the nodes earlier in this order ...
+    first = np.searchsorted(piece_of[order], np.arange(n_p))  # ... less other pieces'
+    before -= (np.cumsum(saved) - saved)[np.minimum(first, n - 1)][piece_of[order]]
+    work = np.where(internal[order], g.out_bytes[order], 0) + grads_in[order] - before
+    out = np.zeros(n_p)
+    np.maximum.at(out, piece_of[order], work)
+    return out
+
+
+def _saved_received(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray,
+                    n_p: int) -> np.ndarray:
+    """Per piece, the saved bytes that are tensors it receives from another rank: the
+    received copy is what autograd saves, held from its receive (counted there) to the
+    backward, so the piece's saved activations must not count it again."""
+    savers, producers = g.saved_input_pairs
+    if not savers.size or not n_p:
+        return np.zeros(n_p)
+    p_s, p_u = piece_of[savers], piece_of[producers]
+    cross = rank_of_piece[p_s] != rank_of_piece[p_u]
+    if not cross.any():
+        return np.zeros(n_p)
+    s, u = savers[cross], producers[cross]
+    dup = np.minimum(g.out_bytes[u], g.saved_bytes[s]).astype(np.float64)
+    return np.bincount(piece_of[s], weights=dup, minlength=n_p)
 
 
 def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, factor: float,

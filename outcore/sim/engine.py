@@ -13,9 +13,11 @@ port (pipeline sends are not slowed by them); otherwise it is a flat ring over o
 
 Memory per rank: parameters and optimizer state throughout; a piece's saved activations from its
 forward until its backward of the same micro-batch; received activations and gradients from
-their arrival until the consuming backward ends; one working buffer during each compute; the
-gradients a rank sends, from the send until its step ends (the runtime waits on those sends at
-the end of the step, and gloo frees nothing before the wait).
+their receive's post (``RECV_POST_AHEAD`` actions before it, as the runtime posts it) until
+the gradients of those activations are sent / the consuming backward ends; one working buffer
+during each compute; the gradients of a piece's received inputs from its backward until they
+are sent (same-host sockets copy them out in the send call), or until the step ends (the
+runtime waits on gloo and NCCL sends at the end of the step, and they free nothing before).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 from outcore.errors import ScheduleError
 from outcore.hardware.spec import Cluster, LinkSpec
 from outcore.schedule.costs import PieceCosts
-from outcore.schedule.ir import Action, Schedule
+from outcore.schedule.ir import RECV_POST_AHEAD, Action, Schedule
 from outcore.hardware.collectives import dp_allreduce as dp_phases, ring_allreduce_s  # noqa: F401
 from outcore.trace import Event, Timeline
 
@@ -93,6 +95,7 @@ class _Engine:
         self.s, self.c, self.cluster, self.opt = s, costs, cluster, opt
         R = s.num_ranks
         self.pc = [0] * R
+        self.reached: list[list[float]] = [[] for _ in range(R)]  # when each action was reached
         self.events: list[Event] = []
         self.mem: list[list[tuple[float, float]]] = [[(0.0, float(costs.static_bytes[r]))]
                                                      for r in range(R)]
@@ -108,7 +111,14 @@ class _Engine:
         self.ar_end: dict[int, float] = {}
         self.ar_free = [0.0] * R
         self.ar_waiters: dict[int, list[int]] = {}
-        self.held: dict[tuple[int, int], float] = {}  # (piece, mb) -> received bytes to free
+        # received bytes to free: ("F", transfer, mb) at the gradients' send, (piece, mb) at
+        # the piece's backward
+        self.held: dict[tuple, float] = {}
+        # per piece, the gradients of its received inputs (made by its backward, then sent)
+        self.in_grad = np.zeros(len(s.pieces.pieces))
+        for tr in s.pieces.transfers:
+            if not tr.local:
+                self.in_grad[tr.dst] += float(costs.transfer_bytes[tr.id])
         self.dp_free = [0.0] * R
         # (node, port) -> when the data-parallel traffic through that network port ends
         self.dp_port: dict[tuple[int, int], float] = {}
@@ -182,8 +192,11 @@ class _Engine:
     def step(self, r: int, t: float) -> None:
         """Run rank ``r``'s actions from time ``t`` until it blocks or finishes."""
         acts = self.s.actions[r]
+        reached = self.reached[r]
         while self.pc[r] < len(acts):
             a = acts[self.pc[r]]
+            if len(reached) == self.pc[r]:
+                reached.append(t)
             nxt = self.execute(r, a, t)
             if nxt is None:  # blocked; someone will wake us
                 return
@@ -215,8 +228,9 @@ class _Engine:
         self.add_mem(r, end, -work)
         if a.op == "F":
             self.add_mem(r, end, c.saved_bytes[a.piece])
-        else:
-            self.add_mem(r, end, -c.saved_bytes[a.piece] - self.held.pop((a.piece, a.mb), 0.0))
+        else:  # the gradients of its received inputs stay until they are sent
+            self.add_mem(r, end, self.in_grad[a.piece] - c.saved_bytes[a.piece]
+                         - self.held.pop((a.piece, a.mb), 0.0))
             if self.opt.dp > 1 and self.last_b.get(a.piece) == a.mb:
                 self.pieces_left[r] -= 1
                 if not self.opt.dp_fused:
@@ -280,9 +294,12 @@ class _Engine:
             if arrive > since:  # the rank waits for this message
                 self.events.append(Event(r, "recv", str(a), since, arrive, "comm", a.mb, -1,
                                          int(nbytes), s.peer(r, a)))
-            self.add_mem(r, arrive, nbytes)
-            consumer = tr.dst if a.op == "RF" else tr.src
-            self.held[(consumer, a.mb)] = self.held.get((consumer, a.mb), 0.0) + nbytes
+            # the buffer exists from the receive's post (RECV_POST_AHEAD actions before it)
+            self.add_mem(r, self.reached[r][max(self.pc[r] - RECV_POST_AHEAD, 0)], nbytes)
+            # activations are dropped when their gradients are sent; gradients after the
+            # backward that consumes them
+            key = ("F", a.transfer, a.mb) if a.op == "RF" else (tr.src, a.mb)
+            self.held[key] = self.held.get(key, 0.0) + nbytes
             return max(t, arrive) + self.cluster.device.recv_overhead_s
         if a.op == "AR":
             return self.collective(r, a, t)
@@ -328,10 +345,12 @@ class _Engine:
         self.port_out[out_port] = start + busy
         self.port_in[in_port] = start + busy
         arrive = start + link.latency_s + busy
-        if a.op == "SB" and not link.copy_on_send:
-            # the runtime keeps a sent gradient until its end-of-step flush
-            self.add_mem(r, t, nbytes)
-            self.sent_grads[r] += nbytes
+        if a.op == "SB":  # the activations received for these gradients go
+            self.add_mem(r, t, -self.held.pop(("F", a.transfer, a.mb), 0.0))
+            if link.copy_on_send:  # the gradients too: copied out in the send call
+                self.add_mem(r, t, -nbytes)
+            else:  # the runtime keeps a sent gradient until its end-of-step flush
+                self.sent_grads[r] += nbytes
         self.events.append(Event(r, "send", str(a), start, arrive, "comm", a.mb, -1, int(nbytes),
                                  dst))
         key = (a.transfer, a.op[1], a.mb)

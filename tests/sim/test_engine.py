@@ -182,7 +182,22 @@ def test_sent_gradients_are_held_only_where_the_transport_keeps_them():
         return simulate(p, g).peak_bytes
 
     held, copied = peaks(False), peaks(True)
-    # the last stage: one micro-batch in flight (50 saved + 40 received), plus on gloo the
-    # gradients of the three micro-batches it already sent back (3 x 40)
-    assert copied[1] == pytest.approx(90) and held[1] == pytest.approx(90 + 3 * 40)
+    # the last stage: one micro-batch in flight (50 saved + 40 received) and the next one's
+    # receive buffer (posted three actions ahead: RF F B SB RF); on gloo also the gradients it
+    # already sent back: 2 x 40 while the third micro-batch runs, 3 x 40 during the last (which
+    # has no next buffer)
+    assert copied[1] == pytest.approx(130)
+    assert held[1] == pytest.approx(max(130 + 2 * 40, 90 + 3 * 40))
     assert copied[0] == held[0]
+
+
+def test_backward_working_memory_counts_what_the_backward_has_not_freed_yet():
+    from outcore.schedule.costs import _backward_working
+    g = gbuild("chain", fwd_s=[1.0] * 3, bwd_s=[1.0] * 3, src=[0, 1], dst=[1, 2],
+               edge_bytes=[10, 20], out_bytes=[10, 20, 5], saved_bytes=[10, 20, 5])
+    # from the last node: 2 makes its input's gradient (20; its own output's gradient is the
+    # piece's, received); 1 holds its output's and input's gradients (20 + 10) with node 2's
+    # 5 saved bytes freed; 0 has freed 25 and holds 10
+    assert _backward_working(g, np.zeros(3, dtype=np.int64), 1).tolist() == [25.0]
+    # one piece per node: only each node's own gradients (no internal consumer, no input)
+    assert _backward_working(g, np.arange(3), 3).tolist() == [0.0, 0.0, 0.0]
