@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from outcore.cost.memory import state_factor
+from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
@@ -46,12 +47,14 @@ class PieceCosts:
 
     Attributes:
         fwd_s, bwd_s: ``[pieces]`` forward and backward seconds of one micro-batch.
-        saved_bytes: ``[pieces]`` activations kept from a piece's forward until its backward.
+        saved_bytes: ``[pieces]`` activations kept from a piece's forward until its backward
+            (less the received tensors its layers save: those are counted as received).
         transient_bytes: ``[pieces]`` working memory while the forward runs (largest output).
-        transient_bwd_bytes: ``[pieces]`` working memory while the backward runs: the largest
-            output and a fresh gradient of the largest layer's parameters (before it is
-            accumulated into ``.grad``), plus recomputed or prefetched activations and fetched
-            parameters under a memory policy.
+        transient_bwd_bytes: ``[pieces]`` working memory while the backward runs above what
+            the piece holds when it starts: the gradients held at its costliest node less the
+            saved activations already freed (:func:`_backward_working`), and a fresh gradient
+            of the largest layer's parameters (before it is accumulated into ``.grad``), plus
+            recomputed or prefetched activations and fetched parameters under a memory policy.
         transfer_bytes: ``[transfers]`` bytes of one micro-batch's tensors.
         static_bytes: ``[ranks]`` parameters × optimizer state factor kept on the device.
         param_bytes: ``[ranks]`` parameter bytes (what the optimizer updates).
@@ -183,7 +186,6 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int) -> np.ndarray:
     n = g.num_nodes
     if not n or not n_p:
         return np.zeros(n_p)
-    from outcore.graph.algorithms import topological_order
     pos = np.empty(n, dtype=np.int64)
     pos[topological_order(g)] = np.arange(n)
     same = piece_of[g.src] == piece_of[g.dst]
