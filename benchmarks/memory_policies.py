@@ -10,6 +10,11 @@ where it is) and pinned / non-blocking transfers cannot exist — those rows say
 pretend. Checkpointing is what saves memory here.
 
     .venv/bin/python benchmarks/memory_policies.py [--steps 3] [--models resnet50,vgg19]
+    .venv/bin/python benchmarks/memory_policies.py --models resnet11,resnet29,amoebanet,\
+        wide_resnet,transformer --out benchmarks/results/memory_policies_zoo
+
+The zoo models (batch 16) run one piece, the same nodes in about sqrt(n) pieces without a
+policy, and those pieces checkpointed: the memory model's fidelity for a rank cut into pieces.
 
 Writes ``benchmarks/results/memory_policies.{json,md}``.
 """
@@ -28,7 +33,20 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODELS = {"resnet50": ("torchvision:resnet50", (8, 3, 224, 224)),
-          "vgg19": ("torchvision:vgg19", (4, 3, 224, 224))}
+          "vgg19": ("torchvision:vgg19", (4, 3, 224, 224)),
+          # zoo models at batch 16 (seconds each): plain pieces and checkpointing beside one
+          # piece, for the memory model's fidelity
+          "resnet11": ("outcore:resnet_k:depth=11,width=8", None),
+          "resnet29": ("outcore:resnet_k:depth=29,width=8", None),
+          "amoebanet": ("outcore:amoebanet", None),
+          "wide_resnet": ("outcore:wide_resnet", None),
+          "transformer": ("outcore:transformer", None)}
+# the variants of a zoo model: one piece, the same work in sqrt(n) pieces without a policy,
+# and those pieces checkpointed
+ZOO_VARIANTS = (("baseline", "none"), ("pieces", "pieces"), ("checkpointing", "checkpoint"))
+SEED_VARIANTS = (("baseline", "none"), ("naive offload", "offload-activations"),
+                 ("pinned", None), ("non-blocking", None), ("pinned + non-blocking", None),
+                 ("checkpointing", "checkpoint"))
 
 
 def policies_for(g, kind: str):
@@ -36,12 +54,12 @@ def policies_for(g, kind: str):
     if kind == "none":
         return None
     order = np.arange(g.num_nodes)
-    if kind == "checkpoint":
+    if kind in ("checkpoint", "pieces"):
         segs = segments(order, max(1, int(round(np.sqrt(g.num_nodes)))), g.saved_bytes)
         group = np.full(g.num_nodes, -1)
         for k, s in enumerate(segs):
             group[s] = k
-        return MemoryPolicies(group, ("checkpoint",) * len(segs))
+        return MemoryPolicies(group, (kind if kind == "checkpoint" else "none",) * len(segs))
     return MemoryPolicies(np.zeros(g.num_nodes, dtype=np.int64), (kind,))
 
 
@@ -93,15 +111,14 @@ def main() -> None:
     rows = []
     for name in args.models.split(","):
         model_name, shape = MODELS[name]
-        spec = resolve_model(model_name, input_shape=shape)
+        spec = resolve_model(model_name, input_shape=shape,
+                             **({} if shape else {"batch_size": 16}))
         torch.manual_seed(0)
         model = spec.build()
         g = outcore.capture(model, spec.example_inputs, name=name)
         g = outcore.profile(g, model, spec.example_inputs, warmup=1, repeat=3)
         del model
-        for label, kind in (("baseline", "none"), ("naive offload", "offload-activations"),
-                            ("pinned", None), ("non-blocking", None),
-                            ("pinned + non-blocking", None), ("checkpointing", "checkpoint")):
+        for label, kind in ZOO_VARIANTS if shape is None else SEED_VARIANTS:
             if kind is None:
                 rows.append({"model": name, "variant": label, "note":
                              "needs an accelerator (pinned host memory, copy streams): n/a"})
@@ -110,21 +127,23 @@ def main() -> None:
             r.update(model=name, variant=label, policy=kind)
             rows.append(r)
             print(f"{name} {label}: {r['step_s']:.2f} s (predicted {r['predicted_step_s']:.2f}),"
-                  f" peak {r['peak_bytes'] / 2**20:.0f} MiB (predicted "
-                  f"{r['predicted_peak_bytes'] / 2**20:.0f})", flush=True)
+                  f" peak {r['peak_bytes'] / 2**20:.1f} MiB (predicted "
+                  f"{r['predicted_peak_bytes'] / 2**20:.1f})", flush=True)
     lines = ["| model | variant | step time | predicted | peak memory | predicted | "
-             "vs baseline (time, memory) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "memory error | vs baseline (time, memory) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     base = {}
     for r in rows:
         if "note" in r:
-            lines.append(f"| {r['model']} | {r['variant']} | — | — | — | — | {r['note']} |")
+            lines.append(f"| {r['model']} | {r['variant']} | — | — | — | — | — | {r['note']} |")
             continue
         if r["variant"] == "baseline":
             base[r["model"]] = r
         b = base[r["model"]]
         lines.append(f"| {r['model']} | {r['variant']} | {r['step_s']:.2f} s | "
-                     f"{r['predicted_step_s']:.2f} s | {r['peak_bytes'] / 2**20:.0f} MiB | "
-                     f"{r['predicted_peak_bytes'] / 2**20:.0f} MiB | "
+                     f"{r['predicted_step_s']:.2f} s | {r['peak_bytes'] / 2**20:.1f} MiB | "
+                     f"{r['predicted_peak_bytes'] / 2**20:.1f} MiB | "
+                     f"{r['predicted_peak_bytes'] / r['peak_bytes'] - 1:+.1%} | "
                      f"{r['step_s'] / b['step_s']:.2f}x, {r['peak_bytes'] / b['peak_bytes']:.2f}x |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(rows, indent=1))

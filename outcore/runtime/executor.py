@@ -1,8 +1,9 @@
 """Execute one rank's action list for one training step.
 
 ``F(p, m)``: run piece ``p`` on micro-batch ``m``; its inputs come from the data (model inputs),
-from another piece of this rank (detached, so each piece keeps its own autograd graph), or from a
-received message; the loss of a piece holding the model output is ``loss_fn(output, target) / M``.
+from another piece of this rank (detached, so each piece keeps its own autograd graph, and not
+held once read unless a layer saved it), or from a received message; the loss of a piece holding
+the model output is ``loss_fn(output, target) / M``.
 ``B(p, m)``: one ``torch.autograd.backward`` over the piece's outputs with the gradients its
 consumers returned (and its loss); the gradients of its inputs then go back to their producers.
 Sends, receives, all-reduces and the optimizer step are the schedule's other actions.
@@ -19,12 +20,12 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from torch.autograd.graph import get_gradient_edge
 
 from outcore.errors import RuntimeFailure
 from outcore.hardware.nonfinite import any_nonfinite
 from torch.utils.checkpoint import checkpoint
 
+from outcore.runtime.boundary import Edge, Roots, entry_tree, run_backward
 from outcore.runtime.comm import Messenger
 from outcore.runtime.offload import ActivationOffloader, ParamOffloader, frozen_running_stats
 from outcore.runtime.modules import PieceModule
@@ -137,8 +138,9 @@ class RankExecutor:
         self.transfer_metas = [[(n, metas[fx_name(n)], self._grad_positions(n),
                                  metas[fx_name(n)].tensor_leaves()) for n in ns]
                                for ns in self.transfer_names]
-        # per output this rank sends: its reads per micro-batch (sends and local consumers);
-        # after the last, the executor drops it and its backward starts from its gradient edge
+        # per output another piece reads: its reads per micro-batch (sends and local
+        # consumers); after the last, the executor drops it and its backward starts from its
+        # gradient edge
         reads: dict[str, int] = {}
         for t in transfers:
             if not t.local and self.transfer_src[t.id] == self.rank:
@@ -146,8 +148,8 @@ class RankExecutor:
                     reads[name] = reads.get(name, 0) + 1
         for p, plan in self.input_plan.items():
             for name, (kind, _, _) in zip(self.modules[p].inputs, plan):
-                if kind == "local" and name in reads:
-                    reads[name] += 1
+                if kind == "local":
+                    reads[name] = reads.get(name, 0) + 1
         self.reads_of_sent = reads
         # per action: the call that runs it, and what to post ahead when it starts
         acts = s.actions[self.rank]
@@ -203,7 +205,8 @@ class RankExecutor:
         (``copies * microbatches`` chunks; micro-batch ``m`` of copy ``c`` is chunk
         ``c * M + m``); only the ranks holding the model's inputs / output need them."""
         self.inputs, self.targets = inputs, targets
-        self.fwd_inputs: dict[tuple[int, int], dict[str, Any]] = {}
+        self.fwd_inputs: dict[tuple[int, int], dict[str, list[Any]]] = {}
+        self.anchor = torch.zeros((), requires_grad=True)  # see Entry
         self.fwd_outputs: dict[tuple[int, int], dict[str, Any]] = {}
         self.local: dict[tuple[str, int], Any] = {}
         self.reads_left: dict[tuple[str, int], int] = {}
@@ -290,10 +293,10 @@ class RankExecutor:
                 continue
             if kind == "recv":
                 v = self.received[(a, name, mb)]
+                leaves[name] = [t if t.requires_grad else None for t in tensors_of(v)]
             else:
-                v = _detach_tree(self.local[(name, mb)], b)
+                v, leaves[name] = entry_tree(self.local[(name, mb)], b, self.anchor)
                 self._read(name, mb)
-            leaves[name] = v
             copies.append(name in clone)
             values.append(v)
         policy = self.policies.get(p, "none")
@@ -335,7 +338,7 @@ class RankExecutor:
             reads = self.reads_of_sent.get(name)
             if reads:  # sent: held only until its last read (Megatron-LM frees it likewise)
                 self.reads_left[(name, mb)] = reads
-                produced[name] = _Roots(value)
+                produced[name] = Roots(value)
 
     def backward(self, p: int, mb: int) -> None:
         pm = self.modules[p]
@@ -354,10 +357,10 @@ class RankExecutor:
             acc = self.grad_acc.pop((name, mb), None)
             if acc is None:
                 continue
-            for t, g in zip(value.roots if type(value) is _Roots else tensors_of(value), acc):
+            for t, g in zip(value.roots if type(value) is Roots else tensors_of(value), acc):
                 if g is None or t is None:
                     continue
-                if type(t) is _Edge:
+                if type(t) is Edge:
                     roots.append(t)
                     grads.append(g)
                 elif t.requires_grad:
@@ -375,9 +378,8 @@ class RankExecutor:
                 self.sharder.release(p)
                 self.sharder.reduce_gradients(p)
         self.act_off.release(p, mb)
-        for name, leaf_value in self.fwd_inputs.pop((p, mb)).items():
-            tensors = tensors_of(leaf_value)
-            gs = [t.grad if t.requires_grad else None for t in tensors]
+        for name, holders in self.fwd_inputs.pop((p, mb)).items():
+            gs = [h.grad if h is not None else None for h in holders]
             route = self.grad_route[p].get(name)
             if route is None:
                 continue
@@ -492,48 +494,6 @@ class RankExecutor:
         self.pending_ar.clear()
 
 
-_engine_backward = getattr(torch.autograd.graph, "_engine_run_backward", None)
-
-
-class _Edge:
-    """Where a dropped output's gradient enters autograd (its gradient edge), with the
-    output's shape and dtype to check the gradient against."""
-
-    __slots__ = ("edge", "shape", "dtype")
-
-    def __init__(self, t: torch.Tensor):
-        self.edge = get_gradient_edge(t)
-        self.shape, self.dtype = t.shape, t.dtype
-
-
-class _Roots:
-    """A sent output's backward roots, without its data: per tensor leaf an :class:`_Edge`
-    (a plain tensor that requires grad), the tensor itself (a DTensor: its gradient is made
-    like it) or None."""
-
-    __slots__ = ("roots",)
-
-    def __init__(self, value: Any):
-        self.roots = [(_Edge(t) if type(t) is torch.Tensor else t) if t.requires_grad else None
-                      for t in tensors_of(value)]
-
-
-def run_backward(roots: list[Any], grads: list[torch.Tensor | None]) -> None:
-    """``torch.autograd.backward(roots, grads)`` (a root is a tensor or an :class:`_Edge`).
-    When every root is a plain tensor or edge given a gradient of its shape (a piece's outputs
-    and the gradients its consumers returned), straight into autograd's engine: the public
-    call's argument handling (subclass dispatch, filling in and checking gradients) costs
-    ~4.5 us a call here, paid by every backward piece (issue 17). Anything else (a loss, a
-    DTensor) goes through the public call."""
-    if _engine_backward is not None and all(
-            g is not None and type(g) is torch.Tensor and type(r) in (torch.Tensor, _Edge)
-            and g.shape == r.shape and g.dtype == r.dtype for r, g in zip(roots, grads)):
-        _engine_backward(tuple(r.edge if type(r) is _Edge else r for r in roots), tuple(grads),
-                         False, False, (), allow_unreachable=True, accumulate_grad=True)
-    else:
-        torch.autograd.backward([r.edge if type(r) is _Edge else r for r in roots], grads)
-
-
 def like(p: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
     """``shard`` as a gradient of ``p``: a DTensor on ``p``'s mesh when ``p`` is one."""
     if not hasattr(p, "to_local"):
@@ -546,15 +506,3 @@ def _copy_tree(value: Any) -> Any:
     """``value`` with every tensor cloned (autograd-tracked)."""
     from torch.utils._pytree import tree_map
     return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, value)
-
-
-def _detach_tree(value: Any, meta: ValueMeta) -> Any:
-    """A copy of ``value`` whose differentiable tensors are fresh autograd leaves."""
-    tensors = tensors_of(value)
-    leaves = []
-    for t, m in zip(tensors, meta.tensor_leaves()):
-        x = t.detach()
-        if m.differentiable and t.requires_grad:
-            x.requires_grad_(True)
-        leaves.append(x)
-    return meta.rebuild(leaves)

@@ -152,7 +152,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     t_bwd = _backward_working(g, piece_of, n_p) * scale + grad_tmp
     static_piece = piece_params * factor
     if any(p != "none" for p in pol):
-        _apply_policies(g, pieces, pol, scale, tbytes, host_bandwidth, host_is_device, fwd, bwd,
+        _apply_policies(g, pieces, pol, scale, host_bandwidth, host_is_device, fwd, bwd,
                         saved, transient, t_bwd, grad_tmp, static_piece, piece_params)
     if sharded_bytes is not None and depth > 1:
         _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth, factor,
@@ -181,16 +181,16 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int) -> np.ndarray:
     starts: at each node (in reverse topological order), the gradient of its output (unless
     that is a received one, counted where it is received) and of its inputs from the same
     piece, less the saved activations the backward has freed already (those of the piece's
-    later nodes). The largest over the nodes; measured on CPU for a ResNet (one piece): the
-    peak rises 1.0 MiB above the end of the forward, where the largest output is 2 MiB."""
+    later nodes); an output with several consumers holds three gradients while they are
+    summed. The largest over the nodes; measured on CPU for a ResNet (one piece): the peak
+    rises 1.0 MiB above the end of the forward, where the largest output is 2 MiB; for a
+    downsampling block alone, 4 MiB above (its 2 MiB input feeds two convolutions)."""
     n = g.num_nodes
     if not n or not n_p:
         return np.zeros(n_p)
     pos = np.empty(n, dtype=np.int64)
     pos[topological_order(g)] = np.arange(n)
     same = piece_of[g.src] == piece_of[g.dst]
-    internal = np.zeros(n, dtype=bool)
-    internal[g.src[same]] = True
     grads_in = np.zeros(n)
     np.maximum.at(grads_in, g.dst[same], g.edge_bytes[same].astype(np.float64))
     order = np.lexsort((-pos, piece_of))  # per piece, its nodes from last to first
@@ -198,22 +198,32 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int) -> np.ndarray:
     before = np.cumsum(saved) - saved  # saved bytes of the nodes earlier in this order ...
     first = np.searchsorted(piece_of[order], np.arange(n_p))  # ... less other pieces'
     before -= (np.cumsum(saved) - saved)[np.minimum(first, n - 1)][piece_of[order]]
-    work = np.where(internal[order], g.out_bytes[order], 0) + grads_in[order] - before
+    # an output two consumers return gradients for: the gradient held, the one arriving and
+    # their sum (added out of place), less one when it came from another piece (held there)
+    consumers = np.bincount(g.src[same], minlength=n)
+    outside = np.zeros(n, dtype=np.int64)
+    outside[g.src[~same]] = 1
+    factor = np.where(consumers + outside >= 2, 3 - outside, np.minimum(consumers, 1))
+    work = factor[order] * g.out_bytes[order].astype(np.float64) + grads_in[order] - before
     out = np.zeros(n_p)
     np.maximum.at(out, piece_of[order], work)
     return out
 
 
 def _saved_received(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray,
-                    n_p: int) -> np.ndarray:
+                    n_p: int, *, same_rank: bool = False) -> np.ndarray:
     """Per piece, the saved bytes that are tensors it receives from another rank: the
     received copy is what autograd saves, held from its receive (counted there) to the
-    backward, so the piece's saved activations must not count it again."""
+    backward, so the piece's saved activations must not count it again. With ``same_rank``,
+    those it takes from other pieces of its own rank instead (a checkpointed piece keeps them
+    rather than recomputing them)."""
     savers, producers = g.saved_input_pairs
     if not savers.size or not n_p:
         return np.zeros(n_p)
     p_s, p_u = piece_of[savers], piece_of[producers]
     cross = rank_of_piece[p_s] != rank_of_piece[p_u]
+    if same_rank:
+        cross = ~cross & (p_s != p_u)
     if not cross.any():
         return np.zeros(n_p)
     s, u = savers[cross], producers[cross]
@@ -240,30 +250,51 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
         bwd[p] += gather + (scatter_s(b) if scatter_s is not None else 0.0)
 
 
+def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
+    """Per piece, the bytes a checkpointed piece keeps that nothing else holds: the tensors it
+    takes from pieces of its own rank and the model inputs it holds, each tensor once per rank
+    (counted at its first checkpointed consumer, which holds it longest: its backward runs
+    last) and not when a layer without a policy saves it already. Tensors received from another
+    rank are held as received (the simulator counts them there)."""
+    n_p, piece_of = len(pieces.pieces), pieces.piece_of
+    device = np.array([p.device for p in pieces.pieces], dtype=np.int64)
+    ckpt = np.array([name == "checkpoint" for name in pol], dtype=bool)
+    savers, producers = g.saved_input_pairs
+    plain = ~ckpt[piece_of[savers]] if savers.size else np.zeros(0, bool)
+    seen = set(zip(device[piece_of[savers[plain]]].tolist(), producers[plain].tolist()))
+    inputs = np.zeros(n_p)
+    held = g.nodes_with_op("input")
+    kept = [(int(piece_of[v]), int(v)) for v in held.tolist()]
+    kept += [(t.dst, u) for t in pieces.transfers if t.local for u in t.tensors]
+    for p, u in sorted(kept):
+        if ckpt[p] and (int(device[p]), u) not in seen:
+            seen.add((int(device[p]), u))
+            inputs[p] += float(g.out_bytes[u])
+    return inputs
+
+
 def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], scale: float,
-                    tbytes: np.ndarray, host_bandwidth: float, host_is_device: bool,
+                    host_bandwidth: float, host_is_device: bool,
                     fwd: np.ndarray, bwd: np.ndarray, saved: np.ndarray, transient: np.ndarray,
                     t_bwd: np.ndarray, grad_tmp: np.ndarray, static_piece: np.ndarray,
                     piece_params: np.ndarray) -> None:
     """Apply the pieces' memory policies to their costs in place (see the module docstring)."""
     n_p, piece_of = len(pieces.pieces), pieces.piece_of
-    inputs = np.zeros(n_p)
-    for t in pieces.transfers:
-        inputs[t.dst] += tbytes[t.id]
-    held = g.nodes_with_op("input")
-    np.add.at(inputs, piece_of[held], g.out_bytes[held].astype(np.float64) * scale)
+    inputs = _kept_inputs(g, pieces, pol) * scale
+    rank_of_piece = np.array([p.device for p in pieces.pieces], dtype=np.int64)
+    own = _saved_received(g, piece_of, rank_of_piece, n_p, same_rank=True) * scale
     for p, name in enumerate(pol):
         if name == "checkpoint":
-            # recomputed activations, plus the gradient flowing in and out of the op
-            # being differentiated (measured: about three of the largest outputs)
-            t_bwd[p] = 3 * transient[p] + saved[p] + grad_tmp[p]
+            # the recompute brings back what the forward saved (but the inputs, kept) and
+            # runs with one working buffer; the backward then works as it would have
+            t_bwd[p] = saved[p] - own[p] + max(transient[p], t_bwd[p])
             bwd[p] += fwd[p]
-            saved[p] = min(inputs[p], saved[p])
+            saved[p] = inputs[p]
         elif name == "offload-activations" and not host_is_device:
             copy_s = saved[p] / host_bandwidth
             fwd[p] = max(fwd[p], copy_s)
             bwd[p] = max(bwd[p], copy_s)
-            t_bwd[p] = 3 * transient[p] + saved[p] + grad_tmp[p]
+            t_bwd[p] = saved[p] + max(transient[p], t_bwd[p])  # fetched back, then as usual
             saved[p] = 0.0
         elif name == "offload-params" and not host_is_device:
             copy_s = piece_params[p] / host_bandwidth

@@ -62,3 +62,45 @@ def test_checkpointing_lowers_measured_peak():
             torch.testing.assert_close(run["buffers"][k], ref, rtol=1e-5, atol=1e-6, msg=k)
     assert low["peak_bytes"][0] < 0.7 * base["peak_bytes"][0], (low["peak_bytes"],
                                                                  base["peak_bytes"])
+
+
+def _segmented(policy: str):
+    """Every node in about sqrt(n) segments of equal saved bytes, each under ``policy``
+    (``none`` still cuts the rank's work into that many pieces)."""
+    def policies(g, a):
+        group = np.full(g.num_nodes, -1)
+        segs = segments(np.arange(g.num_nodes), int(np.sqrt(g.num_nodes)), g.saved_bytes)
+        for k, seg in enumerate(segs):
+            group[seg] = k
+        return MemoryPolicies(group, (policy,) * len(segs))
+    return policies
+
+
+def test_pieces_of_one_rank_hold_what_the_simulator_predicts():
+    """Six pieces on one rank, plain and checkpointed: the measured peak is within 10 % of the
+    simulator's. A piece's input from a piece of the same rank is not held once read unless a
+    layer saves it (the plain pieces measured 21.1 MiB against 15.6 MiB in one piece while
+    autograd leaves held them), and a checkpointed piece's backward holds its recomputed
+    activations and the three gradients of its downsampling block's forked input (predicted
+    11.2 MiB against 16.2 MiB measured before both were modelled)."""
+    from outcore.job import local_cluster
+    from outcore.plan.plan import make_plan
+    from outcore.sim.simulate import simulate
+
+    cfg = TrainConfig(model="outcore:resnet_k:depth=11,width=8", batch_size=16,
+                      microbatches=1, steps=2, track_memory=True)
+    one = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1)
+    whole = run_local(train_worker, 1, (cfg, one[0], one[1]), timeout_s=60)[0]["peak_bytes"][0]
+    for policy in ("none", "checkpoint"):
+        graph_doc, plan_doc, g = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1,
+                                          policies=_segmented(policy))
+        a = np.zeros(g.num_nodes, dtype=np.int64)
+        plan = make_plan(g, a, strategy="manual", devices=1, memory_bytes=None,
+                         microbatches=1, policies=_segmented(policy)(g, a))
+        assert len(set(plan.policies.group_of.tolist())) >= 5
+        predicted = simulate(plan, g, cluster=local_cluster(1, True)).peak_bytes[0]
+        measured = run_local(train_worker, 1, (cfg, graph_doc, plan_doc),
+                             timeout_s=60)[0]["peak_bytes"][0]
+        assert abs(measured / predicted - 1) <= 0.10, (policy, measured, predicted)
+        if policy == "none":
+            assert measured <= 1.05 * whole, (measured, whole)

@@ -1,4 +1,4 @@
-"""The executor's backward call (``executor.run_backward``) gives what
+"""The executor's backward call (``boundary.run_backward``) gives what
 ``torch.autograd.backward`` gives, on its fast path (plain tensors with gradients of their
 shape and dtype, straight into the engine) and on the public path it falls back to."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outcore.runtime import executor
-from outcore.runtime.executor import run_backward
+from outcore.runtime import boundary
+from outcore.runtime.boundary import run_backward
 
 
 def _graph(seed: int):
@@ -23,9 +23,9 @@ def _graph(seed: int):
 def test_gradients_equal_the_public_call(fast, monkeypatch):
     calls = []
     if fast:
-        real = executor._engine_backward
+        real = boundary._engine_backward
         assert real is not None, "this torch has no engine entry point: the fast path is gone"
-        monkeypatch.setattr(executor, "_engine_backward",
+        monkeypatch.setattr(boundary, "_engine_backward",
                             lambda *a, **k: calls.append(1) or real(*a, **k))
     w1, x1, roots1 = _graph(0)
     w2, x2, roots2 = _graph(0)
