@@ -132,7 +132,9 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
     Each round prices the options of every overflowing device once (they depend only on the
     placement, so they are cached across rounds), applies on every overflowing device the
     cheapest ones until the bytes they free exceed its overflow by ``margin`` of the limit,
-    and simulates once: a handful of simulations instead of one per device and round.
+    and simulates once: a handful of simulations instead of one per device and round. The
+    options a round took on a device whose simulated peak they did not lower are undone (and
+    not tried again; checkpointing a segment whose recompute outweighs what it frees).
 
     With ``give_up_above_s``, a plan whose simulation without policies already takes that
     long is returned as it is (not fitting): policies only add time (recompute, copies), so it
@@ -162,6 +164,7 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
                 if sim.peak_bytes[d] > limit]
         if not over:
             return current, sim
+        taken: dict[int, list[np.ndarray]] = {}  # per device, the segments this round takes
         for d in over:
             if d not in priced:
                 opts = [o for o in options(g, plan.assignment, [d], mode, cluster,
@@ -180,14 +183,31 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
                 group_of[o.nodes] = len(policies)
                 policies.append(o.policy)
                 used[o.nodes] = True
+                taken.setdefault(d, []).append(o.nodes)
                 freed += o.freed_bytes * (1 if o.policy == "offload-params" else inflight)
                 if freed >= need:
                     break
-        current = plan.replace(policies=MemoryPolicies(group_of.copy(), tuple(policies)))
-        sim = simulate(current, g, cluster=cluster)
+        trial = plan.replace(policies=_compact(group_of, policies))
+        after = simulate(trial, g, cluster=cluster)
+        worse = [d for d in taken if after.peak_bytes[d] >= sim.peak_bytes[d]]
+        if worse:  # undone on a device whose peak they did not lower (not tried again)
+            for d in worse:
+                for seg in taken[d]:
+                    group_of[seg] = -1
+            trial = plan.replace(policies=_compact(group_of, policies))
+            after = simulate(trial, g, cluster=cluster)
+        current, sim = trial, after
     if sim.fits:
         return current, sim
     raise _too_big(sim.peak_bytes, limit, "memory policies did not converge: add devices")
+
+
+def _compact(group_of: np.ndarray, policies: list[str]) -> MemoryPolicies:
+    """The policies of the groups that still have nodes, renumbered in order."""
+    kept = np.unique(group_of[group_of >= 0])
+    renumber = np.full(len(policies) + 1, -1, dtype=np.int64)
+    renumber[kept] = np.arange(kept.size)
+    return MemoryPolicies(renumber[group_of], tuple(policies[k] for k in kept.tolist()))
 
 
 def _too_big(peaks: np.ndarray, limit: float, fix: str) -> InfeasibleError:
