@@ -152,6 +152,7 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
     """
     if world_size < 1:
         raise LaunchError(f"need at least one worker, got {world_size}")
+    _check_main_guard()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     private = tempfile.mkdtemp(prefix="outcore-rdzv-")  # mode 0700: only this user
@@ -190,6 +191,27 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
     finally:
         _stop(procs)
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _check_main_guard() -> None:
+    """Refuse to start workers from a script without a main guard. Spawned workers import the
+    script that started the run (as ``__mp_main__``); one that starts the run at its top level
+    would start it again in every worker, and each would die with Python's bootstrapping
+    error while this process saw only "exited with code 1"."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or mp.parent_process() is not None or not str(path).endswith(".py"):
+        return  # interactive, python -c, a notebook, or a worker itself
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            source = f.read()
+    except OSError:
+        return
+    if "__main__" not in source:
+        raise errors_mod.UsageError(
+            f"{path} starts a run at its top level: local workers are started as new "
+            "processes that import this script, so each would start the run again. Put the "
+            "call under `if __name__ == \"__main__\":` (see the README's Python API)")
 
 
 def _wait(procs: list[Any], results: Any, outputs: dict[int, Any],

@@ -72,8 +72,9 @@ def test_torchrun_and_mpirun_train_the_same(tmp_path):
 
 def test_a_script_without_a_main_guard_is_told_why(tmp_path):
     """Local workers are spawned: a script calling outcore without ``if __name__ ==
-    "__main__":`` re-runs in each worker, whose own launch fails; the worker's error names the
-    missing guard (multiprocessing's message), not "can only join a started process"."""
+    "__main__":`` would re-run in each worker, whose own launch fails (the parent saw only
+    "worker 0 exited with code 1"); the launch refuses before it starts a worker and names the
+    missing guard, not "can only join a started process"."""
     script = tmp_path / "unguarded.py"
     script.write_text("from outcore.runtime.launch import run_local\n"
                       "def hello(ctx):\n    return ctx.rank\n"
@@ -83,3 +84,10 @@ def test_a_script_without_a_main_guard_is_told_why(tmp_path):
     assert r.returncode != 0
     assert "__main__" in r.stderr and "can only join a started process" not in r.stderr, \
         r.stderr[-2000:]
+    assert "starts a run at its top level" in r.stderr and "exited with code" not in r.stderr
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text(script.read_text().replace(
+        "print(", 'if __name__ == "__main__":\n    print('))
+    r = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "[0]", r.stderr[-2000:]
