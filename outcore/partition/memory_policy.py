@@ -194,6 +194,8 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
             for d in worse:
                 for seg in taken[d]:
                     group_of[seg] = -1
+            if len(worse) == len(taken):  # back where the round started: nothing to simulate
+                continue
             trial = plan.replace(policies=_compact(group_of, policies))
             after = simulate(trial, g, cluster=cluster)
         current, sim = trial, after
