@@ -254,14 +254,22 @@ def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     """Per piece, the bytes a checkpointed piece keeps that nothing else holds: the tensors it
     takes from pieces of its own rank and the model inputs it holds, each tensor once per rank
     (counted at its first checkpointed consumer, which holds it longest: its backward runs
-    last) and not when a layer without a policy saves it already. Tensors received from another
-    rank are held as received (the simulator counts them there)."""
+    last) and not when a layer without a policy saves it already (its consumer, or its producer
+    when that saves its output). Tensors received from another rank are held as received (the
+    simulator counts them there)."""
     n_p, piece_of = len(pieces.pieces), pieces.piece_of
     device = np.array([p.device for p in pieces.pieces], dtype=np.int64)
     ckpt = np.array([name == "checkpoint" for name in pol], dtype=bool)
     savers, producers = g.saved_input_pairs
     plain = ~ckpt[piece_of[savers]] if savers.size else np.zeros(0, bool)
     seen = set(zip(device[piece_of[savers[plain]]].tolist(), producers[plain].tolist()))
+    # a layer that saves its own output (a ReLU; what it saves beyond the inputs it is the
+    # first to save covers its output) holds it already, unless it is checkpointed itself
+    own = g.saved_bytes.astype(np.float64)
+    if savers.size:
+        np.subtract.at(own, savers, np.minimum(g.out_bytes[producers], g.saved_bytes[savers]))
+    holds = (own >= g.out_bytes) & (g.out_bytes > 0) & ~ckpt[piece_of]
+    seen |= set(zip(device[piece_of[holds]].tolist(), np.flatnonzero(holds).tolist()))
     inputs = np.zeros(n_p)
     held = g.nodes_with_op("input")
     kept = [(int(piece_of[v]), int(v)) for v in held.tolist()]

@@ -215,3 +215,25 @@ def test_an_output_with_two_consumers_holds_three_gradients_while_they_are_summe
     # simulator counts it there), so node 0 adds the one arriving from 1 and the sum; node 2's
     # piece makes only its input's gradient, held as such
     assert _backward_working(g, np.array([0, 0, 1, 0]), 2).tolist() == [200.0, 0.0]
+
+
+def test_a_checkpointed_piece_keeps_each_input_once_and_not_what_its_producer_holds():
+    from outcore.plan.pieces import cut
+    from outcore.schedule.costs import piece_costs
+    # 0 -> 1 -> 2 -> 3 and 1 -> 3; 0 saves its output (a ReLU), 1 and 2 save nothing of
+    # their own; pieces {0}, {1}, {2, 3} (policy groups), the last two checkpointed
+    g = gbuild("kept", fwd_s=[1.0] * 4, bwd_s=[1.0] * 4, src=[0, 1, 2, 1], dst=[1, 2, 3, 3],
+               edge_bytes=[100, 30, 7, 30], out_bytes=[100, 30, 7, 5],
+               saved_bytes=[100, 0, 0, 2])
+    pieces = cut(g, np.zeros(4, dtype=np.int64), np.array([0, 1, 2, 2]))
+    pol = ("none", "checkpoint", "checkpoint")
+    c = piece_costs(g, pieces, 1, policies=pol)
+    p1, p2 = int(pieces.piece_of[1]), int(pieces.piece_of[2])
+    # {1} keeps 0's output, which 0 holds as its saved output: nothing more; {2, 3} keeps 1's
+    # output (30), taken by its two nodes but one tensor
+    assert c.saved_bytes[p1] == 0.0 and c.saved_bytes[p2] == 30.0
+    # the recompute of {2, 3} brings back its 2 saved bytes (none of them an input it keeps),
+    # then its backward works as the plain piece's would (and at least one working buffer)
+    plain = piece_costs(g, pieces, 1)
+    assert c.bwd_transient[p2] == pytest.approx(2.0 + max(plain.transient_bytes[p2],
+                                                          plain.bwd_transient[p2]))
