@@ -6,8 +6,9 @@ any path into ``v`` — a device change, or leaving a node whose output another 
 (such a node ends its piece, so its message departs at once) — the pieces are the connected
 components of nodes with equal ``(device, hop)``. Every edge between pieces goes from a lower hop
 to a higher one, so the piece graph is acyclic even when a device holds nodes on both sides of
-another device's nodes; a device's pieces are ordered by hop. Pieces are numbered in (hop, first node) order, a topological
-order of the piece graph.
+another device's nodes; a device's pieces are ordered by hop. Pieces are numbered in (hop, first
+node) order, a topological order of the piece graph. A tensor crosses to a device once
+(:func:`_relayed`): the first of the device's pieces that take it receives it and hands it on.
 """
 
 from __future__ import annotations
@@ -139,13 +140,49 @@ def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,
     bounds = starts.tolist()
     pieces = tuple(Piece(k, dev_of[k], hop_of[k], tuple(flat[bounds[k]:bounds[k + 1]]),
                          grp_of[k]) for k in range(rank.size))
-    transfers = _transfers(g, piece_of, pieces)
+    transfers = _transfers(g, piece_of, pieces, relay=whole is None)
     return Pieces(pieces, transfers, piece_of)
 
 
-def _transfers(g: Graph, piece_of: np.ndarray, pieces: tuple[Piece, ...]) -> tuple[Transfer, ...]:
+def _relayed(a: np.ndarray, b: np.ndarray, prod: np.ndarray, nbytes: np.ndarray,
+             pieces: tuple[Piece, ...]) -> tuple[np.ndarray, ...]:
+    """``(src piece, dst piece, producer, bytes)`` rows with each tensor crossing to a device
+    once: of the pieces of one device that take the same tensor from another device, the
+    first (lowest id) receives it, at the largest of their edges, and passes it on to the
+    others as a local transfer (its piece module outputs the input as it is). Without this,
+    a trunk tensor that 16 head branches on one device consume crossed 16 times, and each copy
+    was held until its gradient went back (SUPER on a 10k-node transformer: 8.7 GiB received
+    for 2.7 GiB of distinct tensors). The new local edges go from a lower piece id to a
+    higher one (pieces are numbered in hop order, and the pieces of one device that take one
+    tensor directly share a hop or follow it), so the piece graph stays acyclic."""
+    dev = np.array([p.device for p in pieces], dtype=np.int64)
+    remote = np.flatnonzero(dev[a] != dev[b])
+    if remote.size < 2:
+        return a, b, prod, nbytes
+    key = prod[remote] * (int(dev.max()) + 1) + dev[b[remote]]
+    o = np.lexsort((b[remote], key))  # per (tensor, device): its consumer pieces, first first
+    rows, key = remote[o], key[o]
+    first = np.ones(rows.size, dtype=bool)
+    first[1:] = key[1:] != key[:-1]
+    group = np.cumsum(first) - 1
+    carrier = rows[first][group]  # the row of each group's first consumer piece
+    if np.array_equal(carrier, rows):
+        return a, b, prod, nbytes
+    a, nbytes = a.copy(), nbytes.copy()
+    largest = np.zeros(int(group[-1]) + 1, dtype=nbytes.dtype)
+    np.maximum.at(largest, group, nbytes[rows])
+    nbytes[rows[first]] = largest
+    later = rows[~first]
+    a[later] = b[carrier[~first]]  # handed on by the first consumer piece, on its device
+    o = np.lexsort((prod, b, a))
+    return a[o], b[o], prod[o], nbytes[o]
+
+
+def _transfers(g: Graph, piece_of: np.ndarray, pieces: tuple[Piece, ...], *,
+               relay: bool = True) -> tuple[Transfer, ...]:
     """One transfer per (source piece, destination piece) pair of crossing edges, in that
-    order; its tensors are the distinct producers, each counted once at its largest edge."""
+    order; its tensors are the distinct producers, each counted once at its largest edge.
+    With ``relay``, a tensor crosses to a device once (:func:`_relayed`)."""
     ps, pd = piece_of[g.src], piece_of[g.dst]
     crossing = np.flatnonzero(ps != pd)
     if not crossing.size:
@@ -158,6 +195,8 @@ def _transfers(g: Graph, piece_of: np.ndarray, pieces: tuple[Piece, ...]) -> tup
     new = np.ones(a.size, dtype=bool)
     new[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1]) | (prod[1:] != prod[:-1])
     a, b, prod, nbytes = a[new], b[new], prod[new], nbytes[new]
+    if relay:
+        a, b, prod, nbytes = _relayed(a, b, prod, nbytes, pieces)
     head = np.ones(a.size, dtype=bool)
     head[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
     starts = np.flatnonzero(head)

@@ -105,6 +105,11 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
             users = nodes[name].users
             if any(piece_of_name.get(prefix + u.name) != piece.id for u in users):
                 out_values[name] = env[name]
+        for tid in pieces.outputs_of[piece.id]:  # inputs it hands on (plan.pieces._relayed)
+            for i in pieces.transfers[tid].tensors:
+                name = fx_name(names[i])
+                if name not in member_set and name not in out_values:
+                    out_values[name] = env[name]
         outputs = list(out_values)
         graph.output(tuple(out_values[k] for k in outputs))
         module = fx.GraphModule(gm, graph, f"piece{piece.id}")

@@ -1,5 +1,6 @@
 """The compiled cut (hop levels + union-find, vectorised members and transfers) against a plain
-reference: the definition in ``outcore.plan.pieces`` written out with Python loops."""
+reference: the definition in ``outcore.plan.pieces`` written out with Python loops, including
+the relay of a tensor several pieces of one device take from another device."""
 
 from __future__ import annotations
 
@@ -66,8 +67,22 @@ def reference_cut(g, assignment, groups=None):
         if a != b:
             d = crossing.setdefault((a, b), {})
             d[int(g.src[e])] = max(d.get(int(g.src[e]), 0), int(g.edge_bytes[e]))
+    # a tensor crosses to a device once: the first of that device's pieces taking it from
+    # another device receives it (at the largest of their edges) and hands it on locally
+    takers = {}
+    for (a, b), t in crossing.items():
+        for u, nbytes in t.items():
+            if pieces[a][0] != pieces[b][0]:
+                takers.setdefault((u, pieces[b][0]), []).append((b, a, nbytes))
+    for (u, _), rows in takers.items():
+        rows.sort()
+        first_b, _, _ = rows[0]
+        crossing[(rows[0][1], first_b)][u] = max(nbytes for _, _, nbytes in rows)
+        for b, a, nbytes in rows[1:]:
+            del crossing[(a, b)][u]
+            crossing.setdefault((first_b, b), {})[u] = nbytes
     transfers = [(a, b, tuple(sorted(t)), sum(t.values()), pieces[a][0] == pieces[b][0])
-                 for (a, b), t in sorted(crossing.items())]
+                 for (a, b), t in sorted(crossing.items()) if t]
     return pieces, transfers
 
 

@@ -46,3 +46,32 @@ def test_a_sent_output_is_dropped_once_read_and_both_stages_match_the_prediction
     for measured, predicted in zip(r.peak_bytes, r.predicted["peak_bytes"]):
         assert abs(measured / predicted - 1) <= 0.10, (r.peak_bytes, r.predicted["peak_bytes"])
     assert r.peak_bytes[0] < 1.5 * 2**20  # not 4 held outputs (1 MiB) above the rest
+
+
+def test_a_tensor_two_pieces_of_one_rank_take_crosses_once_and_trains_exactly():
+    """The diamond's fork ``h`` (rank 0) feeds both branches, placed on rank 1 as two pieces
+    (they join on rank 0): ``h`` crosses once, to the first branch's piece, which hands it to
+    the other; both branches' gradients of ``h`` go back in one message. Losses and every
+    parameter equal single-process training (1e-5 relative), under 1F1B and GPipe."""
+    from outcore.plan.pieces import cut
+    from outcore.runtime.config import TrainConfig
+    from outcore.runtime.launch import run_local
+    from outcore.runtime.worker import train_worker
+    from tests.runtime.helpers import assert_matches, docs_for, reference
+
+    def branches_on_1(g):
+        return [int(g.name_of(v).startswith(("left", "right"))) for v in range(g.num_nodes)]
+
+    for schedule in ("1f1b", "gpipe"):
+        cfg = TrainConfig(model="outcore:diamond", batch_size=8, microbatches=2, steps=2,
+                          schedule=schedule, return_state=True, track_memory=False)
+        graph_doc, plan_doc, g = docs_for(cfg, branches_on_1, 2)
+        P = cut(g, branches_on_1(g))
+        h = [g.name_of(v) for v in range(g.num_nodes)].index("tanh")
+        on_1 = [p.id for p in P.pieces if p.device == 1]
+        assert len(on_1) == 2  # the two branches
+        into_1 = [t for t in P.transfers if h in t.tensors and P.pieces[t.dst].device == 1]
+        assert sorted((t.src, t.dst, t.local) for t in into_1) == \
+            [(P.piece_of[h], on_1[0], False), (on_1[0], on_1[1], True)]
+        results = run_local(train_worker, 2, (cfg, graph_doc, plan_doc), timeout_s=60)
+        assert_matches(results, *reference(cfg))
