@@ -257,28 +257,34 @@ def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     last) and not when a layer without a policy saves it already (its consumer, or its producer
     when that saves its output). Tensors received from another rank are held as received (the
     simulator counts them there)."""
-    n_p, piece_of = len(pieces.pieces), pieces.piece_of
+    n_p, piece_of, n = len(pieces.pieces), pieces.piece_of, g.num_nodes
     device = np.array([p.device for p in pieces.pieces], dtype=np.int64)
     ckpt = np.array([name == "checkpoint" for name in pol], dtype=bool)
+    held = g.nodes_with_op("input").astype(np.int64)
+    local = [(t.dst, u) for t in pieces.transfers if t.local for u in t.tensors]
+    P = np.concatenate([piece_of[held], np.array([d for d, _ in local], dtype=np.int64)])
+    U = np.concatenate([held, np.array([u for _, u in local], dtype=np.int64)])
+    take = ckpt[P]
+    P, U = P[take], U[take]
+    if not P.size:
+        return np.zeros(n_p)
+    key = device[P] * n + U
+    # held already: by a layer without a policy that saves it, or by its producer when that
+    # saves its output (a ReLU: what it saves beyond the inputs it first saves covers its
+    # output) and is not checkpointed itself
     savers, producers = g.saved_input_pairs
     plain = ~ckpt[piece_of[savers]] if savers.size else np.zeros(0, bool)
-    seen = set(zip(device[piece_of[savers[plain]]].tolist(), producers[plain].tolist()))
-    # a layer that saves its own output (a ReLU; what it saves beyond the inputs it is the
-    # first to save covers its output) holds it already, unless it is checkpointed itself
     own = g.saved_bytes.astype(np.float64)
     if savers.size:
         np.subtract.at(own, savers, np.minimum(g.out_bytes[producers], g.saved_bytes[savers]))
     holds = (own >= g.out_bytes) & (g.out_bytes > 0) & ~ckpt[piece_of]
-    seen |= set(zip(device[piece_of[holds]].tolist(), np.flatnonzero(holds).tolist()))
-    inputs = np.zeros(n_p)
-    held = g.nodes_with_op("input")
-    kept = [(int(piece_of[v]), int(v)) for v in held.tolist()]
-    kept += [(t.dst, u) for t in pieces.transfers if t.local for u in t.tensors]
-    for p, u in sorted(kept):
-        if ckpt[p] and (int(device[p]), u) not in seen:
-            seen.add((int(device[p]), u))
-            inputs[p] += float(g.out_bytes[u])
-    return inputs
+    covered = holds[U] & (device[piece_of[U]] == device[P])
+    covered |= np.isin(key, device[piece_of[savers[plain]]] * n + producers[plain])
+    o = np.lexsort((U, P))
+    o = o[~covered[o]]  # uncovered, by consumer piece
+    _, first = np.unique(key[o], return_index=True)  # each tensor once per rank, first piece
+    keep = o[first]
+    return np.bincount(P[keep], weights=g.out_bytes[U[keep]].astype(np.float64), minlength=n_p)
 
 
 def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], scale: float,
