@@ -325,6 +325,8 @@ class RankExecutor:
             self.sharder.release(p)
         self.fwd_inputs[(p, mb)] = leaves
         produced = dict(zip(pm.outputs, outs))
+        for k, name in pm.handed_on:  # the input as given, not a copy an in-place op wrote
+            produced[name] = values[k]
         self.fwd_outputs[(p, mb)] = produced
         for name, value in produced.items():
             if name in pm.model_outputs:

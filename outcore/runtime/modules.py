@@ -33,6 +33,10 @@ class PieceModule:
         clone_inputs: inputs an in-place operation of the piece modifies (they are passed as
             copies, since autograd forbids in-place writes to a received leaf tensor).
         random: whether the piece has random nodes (they draw from the step's context).
+        handed_on: ``(input position, name)`` of the inputs it outputs as they are, for
+            pieces of its rank that take the same tensor (``plan.pieces._relayed``); the
+            executor hands on the input it was given (an in-place layer of this piece may
+            have written into its copy).
     """
 
     id: int
@@ -42,6 +46,7 @@ class PieceModule:
     model_outputs: list[str]
     clone_inputs: frozenset[str] = frozenset()
     random: bool = True
+    handed_on: tuple[tuple[int, str], ...] = ()
 
 
 def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
@@ -116,9 +121,10 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
         random = seed_random_nodes(module) > 0  # dropout masks independent of placement
         clone = frozenset(prefix + name for name in inputs
                           if any(_is_inplace(u, gm) for u in env[name].users))
+        handed = tuple((inputs.index(k), prefix + k) for k in outputs if k in inputs)
         result.append(PieceModule(piece.id, module, [prefix + k for k in inputs],
                                   [prefix + k for k in outputs],
-                                  [prefix + k for k in model_outputs], clone, random))
+                                  [prefix + k for k in model_outputs], clone, random, handed))
     return result
 
 

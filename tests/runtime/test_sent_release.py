@@ -75,3 +75,34 @@ def test_a_tensor_two_pieces_of_one_rank_take_crosses_once_and_trains_exactly():
             [(P.piece_of[h], on_1[0], False), (on_1[0], on_1[1], True)]
         results = run_local(train_worker, 2, (cfg, graph_doc, plan_doc), timeout_s=60)
         assert_matches(results, *reference(cfg))
+
+
+def test_a_tensor_handed_on_is_the_one_received_even_when_its_first_taker_writes_into_it():
+    """``h`` goes to rank 1's ``relu_`` piece first (it is earlier in the cut), which hands it on
+    to the ``h * 2 + t`` piece; the ReLU writes into its own copy, so the piece hands on the
+    tensor it was given, and ``h * 2`` sees ``h`` as eager PyTorch does (before the ReLU).
+    Losses and every parameter equal single-process training."""
+    from outcore.plan.pieces import cut
+    from outcore.runtime.config import TrainConfig
+    from outcore.runtime.launch import run_local
+    from outcore.runtime.worker import train_worker
+    from tests.runtime.helpers import assert_matches, docs_for, reference
+
+    on_1 = {"w", "tanh", "mul_1", "add", "relu_", "a"}
+
+    def place(g):
+        return [int(g.name_of(v) in on_1) for v in range(g.num_nodes)]
+
+    cfg = TrainConfig(model="tests/runtime/relay_inplace_model.py:make", batch_size=8,
+                      microbatches=2, steps=2, return_state=True, track_memory=False)
+    graph_doc, plan_doc, g = docs_for(cfg, place, 2)
+    P = cut(g, place(g))
+    names = [g.name_of(v) for v in range(g.num_nodes)]
+    h = names.index("mul")
+    relu_piece = P.piece_of[names.index("relu_")]
+    x_piece = P.piece_of[names.index("mul_1")]
+    into_1 = sorted((t.src, t.dst, t.local) for t in P.transfers
+                    if h in t.tensors and P.pieces[t.dst].device == 1)
+    assert into_1 == [(P.piece_of[h], relu_piece, False), (relu_piece, x_piece, True)]
+    results = run_local(train_worker, 2, (cfg, graph_doc, plan_doc), timeout_s=60)
+    assert_matches(results, *reference(cfg))
