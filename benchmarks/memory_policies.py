@@ -50,16 +50,12 @@ SEED_VARIANTS = (("baseline", "none"), ("naive offload", "offload-activations"),
 
 
 def policies_for(g, kind: str):
-    from outcore.plan.policies import MemoryPolicies, segments
+    from outcore.plan.policies import MemoryPolicies, segmented
     if kind == "none":
         return None
-    order = np.arange(g.num_nodes)
     if kind in ("checkpoint", "pieces"):
-        segs = segments(order, max(1, int(round(np.sqrt(g.num_nodes)))), g.saved_bytes)
-        group = np.full(g.num_nodes, -1)
-        for k, s in enumerate(segs):
-            group[s] = k
-        return MemoryPolicies(group, (kind if kind == "checkpoint" else "none",) * len(segs))
+        return segmented(g.saved_bytes, kind if kind == "checkpoint" else "none",
+                         max(1, int(round(np.sqrt(g.num_nodes)))))
     return MemoryPolicies(np.zeros(g.num_nodes, dtype=np.int64), (kind,))
 
 

@@ -82,8 +82,8 @@ def _merged_params(g: Graph, nodes: np.ndarray) -> dict:
     return out
 
 
-def _saved_inputs(g: Graph, member_idx: list[int], group: np.ndarray, names: list[str],
-                  index: dict[str, int]) -> list[str]:
+def _saved_inputs(g: Graph, member_idx: list[int], group: np.ndarray, names: list[str]
+                  ) -> list[str]:
     """The blocks whose outputs a block's members save (``attrs['saved_inputs']``)."""
     if g.attrs is None:
         return []
@@ -91,7 +91,7 @@ def _saved_inputs(g: Graph, member_idx: list[int], group: np.ndarray, names: lis
     out: list[str] = []
     for i in member_idx:
         for producer in g.attrs[i].get("saved_inputs", ()):
-            j = index.get(producer)
+            j = g.index_of_name.get(producer)
             if j is not None and int(group[j]) != b and names[group[j]] not in out:
                 out.append(names[group[j]])
     return out
@@ -140,7 +140,6 @@ def collapse(g: Graph, depth: int | None) -> Graph:
         else:
             out_bytes[b] = sum(leaving[b].values())
     types = g.meta.get("module_types", {})
-    index = {g.name_of(j): j for j in range(g.num_nodes)} if g.attrs is not None else {}
     ops, modules, attrs = [], [], []
     for b in range(k):
         i = int(first[b])
@@ -156,7 +155,7 @@ def collapse(g: Graph, depth: int | None) -> Graph:
             modules.append(key)
             extra = _merged_params(g, np.array(member_idx[b]))
         extra.pop("saved_inputs", None)
-        saved_in = _saved_inputs(g, member_idx[b], group, names, index)
+        saved_in = _saved_inputs(g, member_idx[b], group, names)
         if saved_in:
             extra["saved_inputs"] = saved_in
         extra["members"] = members[b]

@@ -107,15 +107,17 @@ class Graph:
         savers: list[int] = []
         producers: list[int] = []
         if self.attrs is not None and self.names is not None:
-            index: dict[str, int] | None = None
             for v, a in enumerate(self.attrs):
                 for name in a.get("saved_inputs", ()):
-                    if index is None:
-                        index = {n: i for i, n in enumerate(self.names)}
-                    if name in index:
+                    if name in self.index_of_name:
                         savers.append(v)
-                        producers.append(index[name])
+                        producers.append(self.index_of_name[name])
         return np.array(savers, dtype=np.int64), np.array(producers, dtype=np.int64)
+
+    @cached_property
+    def index_of_name(self) -> dict[str, int]:
+        """Map from node name (:meth:`name_of`) to node index."""
+        return {self.name_of(i): i for i in range(self.num_nodes)}
 
     @cached_property
     def index_of_id(self) -> dict[int, int]:

@@ -70,6 +70,18 @@ def none(n: int) -> MemoryPolicies:
     return MemoryPolicies(np.full(n, -1, dtype=np.int64), ())
 
 
+def segmented(saved_bytes: np.ndarray, policy: str, count: int) -> MemoryPolicies:
+    """Every node (in index order) in ``count`` consecutive segments of near-equal saved
+    bytes, each its own group under ``policy`` (``none`` still cuts a rank's work into that
+    many pieces)."""
+    n = len(saved_bytes)
+    group = np.full(n, -1, dtype=np.int64)
+    segs = segments(np.arange(n), count, saved_bytes)
+    for k, seg in enumerate(segs):
+        group[seg] = k
+    return MemoryPolicies(group, (policy,) * len(segs))
+
+
 def segments(nodes: np.ndarray, count: int, weights: np.ndarray | None = None
              ) -> list[np.ndarray]:
     """Split an ordered node list into ``count`` consecutive segments of near-equal total

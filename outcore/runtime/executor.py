@@ -150,7 +150,7 @@ class RankExecutor:
             for name, (kind, _, _) in zip(self.modules[p].inputs, plan):
                 if kind == "local":
                     reads[name] = reads.get(name, 0) + 1
-        self.reads_of_sent = reads
+        self.reads_of = reads
         # per action: the call that runs it, and what to post ahead when it starts
         acts = s.actions[self.rank]
         self.calls = [self._bind(a) for a in acts]
@@ -337,8 +337,8 @@ class RankExecutor:
                 produced[name] = loss
                 continue
             self.local[(name, mb)] = value
-            reads = self.reads_of_sent.get(name)
-            if reads:  # sent: held only until its last read (Megatron-LM frees it likewise)
+            reads = self.reads_of.get(name)
+            if reads:  # held only until its last read (Megatron-LM frees stage outputs so)
                 self.reads_left[(name, mb)] = reads
                 produced[name] = Roots(value)
 
@@ -422,8 +422,9 @@ class RankExecutor:
             self._read(name, mb)
 
     def _read(self, name: str, mb: int) -> None:
-        """One of a sent output's reads is done; after its last, drop the executor's hold
-        (the messenger holds it until sent, autograd only what it saved)."""
+        """One of an output's reads (a send, a local consumer's forward) is done; after its
+        last, drop the executor's hold (the messenger holds it until sent, autograd only what
+        it saved)."""
         key = (name, mb)
         left = self.reads_left.get(key)
         if left is None:

@@ -137,7 +137,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     else:
         fwd, bwd = fwd + fwd_overhead_s, bwd + bwd_overhead_s
     saved = np.bincount(piece_of, weights=g.saved_bytes, minlength=n_p) * scale
-    rank_of_piece = np.array([p.device for p in pieces.pieces], dtype=np.int64)
+    rank_of_piece = pieces.device_of
     saved -= _saved_received(g, piece_of, rank_of_piece, n_p) * scale
     transient = np.zeros(n_p)
     np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) * scale)
@@ -227,8 +227,13 @@ def _saved_received(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray,
     if not cross.any():
         return np.zeros(n_p)
     s, u = savers[cross], producers[cross]
-    dup = np.minimum(g.out_bytes[u], g.saved_bytes[s]).astype(np.float64)
-    return np.bincount(piece_of[s], weights=dup, minlength=n_p)
+    return np.bincount(piece_of[s], weights=_input_share(g, s, u), minlength=n_p)
+
+
+def _input_share(g: Graph, savers: np.ndarray, producers: np.ndarray) -> np.ndarray:
+    """Of each saver's saved bytes, those that are its input's tensor (the producer's output,
+    at most what the saver saves)."""
+    return np.minimum(g.out_bytes[producers], g.saved_bytes[savers]).astype(np.float64)
 
 
 def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, factor: float,
@@ -257,8 +262,7 @@ def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     last) and not when a layer without a policy saves it already (its consumer, or its producer
     when that saves its output). Tensors received from another rank are held as received (the
     simulator counts them there)."""
-    n_p, piece_of, n = len(pieces.pieces), pieces.piece_of, g.num_nodes
-    device = np.array([p.device for p in pieces.pieces], dtype=np.int64)
+    n_p, piece_of, n, device = len(pieces.pieces), pieces.piece_of, g.num_nodes, pieces.device_of
     ckpt = np.array([name == "checkpoint" for name in pol], dtype=bool)
     held = g.nodes_with_op("input").astype(np.int64)
     local = [(t.dst, u) for t in pieces.transfers if t.local for u in t.tensors]
@@ -276,7 +280,7 @@ def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     plain = ~ckpt[piece_of[savers]] if savers.size else np.zeros(0, bool)
     own = g.saved_bytes.astype(np.float64)
     if savers.size:
-        np.subtract.at(own, savers, np.minimum(g.out_bytes[producers], g.saved_bytes[savers]))
+        np.subtract.at(own, savers, _input_share(g, savers, producers))
     holds = (own >= g.out_bytes) & (g.out_bytes > 0) & ~ckpt[piece_of]
     covered = holds[U] & (device[piece_of[U]] == device[P])
     covered |= np.isin(key, device[piece_of[savers[plain]]] * n + producers[plain])
@@ -295,13 +299,12 @@ def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], scale: float
     """Apply the pieces' memory policies to their costs in place (see the module docstring)."""
     n_p, piece_of = len(pieces.pieces), pieces.piece_of
     inputs = _kept_inputs(g, pieces, pol) * scale
-    rank_of_piece = np.array([p.device for p in pieces.pieces], dtype=np.int64)
-    own = _saved_received(g, piece_of, rank_of_piece, n_p, same_rank=True) * scale
+    kept_saved = _saved_received(g, piece_of, pieces.device_of, n_p, same_rank=True) * scale
     for p, name in enumerate(pol):
         if name == "checkpoint":
             # the recompute brings back what the forward saved (but the inputs, kept) and
             # runs with one working buffer; the backward then works as it would have
-            t_bwd[p] = saved[p] - own[p] + max(transient[p], t_bwd[p])
+            t_bwd[p] = saved[p] - kept_saved[p] + max(transient[p], t_bwd[p])
             bwd[p] += fwd[p]
             saved[p] = inputs[p]
         elif name == "offload-activations" and not host_is_device:

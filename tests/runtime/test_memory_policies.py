@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from outcore.plan.policies import MemoryPolicies, segments
+from outcore.plan.policies import MemoryPolicies, segmented, segments
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
@@ -41,15 +41,8 @@ def test_checkpointing_lowers_measured_peak():
     cfg = TrainConfig(model="outcore:resnet_k:depth=29,width=8", batch_size=16,
                       microbatches=1, steps=2, return_state=True, track_memory=True)
 
-    def all_checkpointed(g, a):
-        group = np.full(g.num_nodes, -1)
-        segs = segments(np.arange(g.num_nodes), int(np.sqrt(g.num_nodes)), g.saved_bytes)
-        for k, seg in enumerate(segs):
-            group[seg] = k
-        return MemoryPolicies(group, ("checkpoint",) * len(segs))
-
     plain = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1)
-    ckpt = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1, policies=all_checkpointed)
+    ckpt = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1, policies=_segmented("checkpoint"))
     base = run_local(train_worker, 1, (cfg, plain[0], plain[1]), timeout_s=60)[0]
     low = run_local(train_worker, 1, (cfg, ckpt[0], ckpt[1]), timeout_s=60)[0]
     np.testing.assert_allclose(low["losses"], base["losses"], rtol=1e-5)
@@ -65,15 +58,8 @@ def test_checkpointing_lowers_measured_peak():
 
 
 def _segmented(policy: str):
-    """Every node in about sqrt(n) segments of equal saved bytes, each under ``policy``
-    (``none`` still cuts the rank's work into that many pieces)."""
-    def policies(g, a):
-        group = np.full(g.num_nodes, -1)
-        segs = segments(np.arange(g.num_nodes), int(np.sqrt(g.num_nodes)), g.saved_bytes)
-        for k, seg in enumerate(segs):
-            group[seg] = k
-        return MemoryPolicies(group, (policy,) * len(segs))
-    return policies
+    """Every node in about sqrt(n) segments of equal saved bytes, each under ``policy``."""
+    return lambda g, a: segmented(g.saved_bytes, policy, int(np.sqrt(g.num_nodes)))
 
 
 def test_pieces_of_one_rank_hold_what_the_simulator_predicts():

@@ -67,7 +67,7 @@ def test_a_tensor_two_pieces_of_one_rank_take_crosses_once_and_trains_exactly():
                           schedule=schedule, return_state=True, track_memory=False)
         graph_doc, plan_doc, g = docs_for(cfg, branches_on_1, 2)
         P = cut(g, branches_on_1(g))
-        h = [g.name_of(v) for v in range(g.num_nodes)].index("tanh")
+        h = g.index_of_name["tanh"]
         on_1 = [p.id for p in P.pieces if p.device == 1]
         assert len(on_1) == 2  # the two branches
         into_1 = [t for t in P.transfers if h in t.tensors and P.pieces[t.dst].device == 1]
@@ -97,10 +97,9 @@ def test_a_tensor_handed_on_is_the_one_received_even_when_its_first_taker_writes
                       microbatches=2, steps=2, return_state=True, track_memory=False)
     graph_doc, plan_doc, g = docs_for(cfg, place, 2)
     P = cut(g, place(g))
-    names = [g.name_of(v) for v in range(g.num_nodes)]
-    h = names.index("mul")
-    relu_piece = P.piece_of[names.index("relu_")]
-    x_piece = P.piece_of[names.index("mul_1")]
+    h = g.index_of_name["mul"]
+    relu_piece = P.piece_of[g.index_of_name["relu_"]]
+    x_piece = P.piece_of[g.index_of_name["mul_1"]]
     into_1 = sorted((t.src, t.dst, t.local) for t in P.transfers
                     if h in t.tensors and P.pieces[t.dst].device == 1)
     assert into_1 == [(P.piece_of[h], relu_piece, False), (relu_piece, x_piece, True)]
