@@ -221,7 +221,8 @@ def local_cluster(devices: int, local: bool) -> Cluster:
         latency = collective = OVERSUBSCRIBED_LATENCY_S
     return make_cluster(devices, None, link.bandwidth, latency, device="cpu", host_cores=cores,
                         overhead_s=_runtime_overhead_s(), message_overhead_s=messages,
-                        collective_latency=collective, copy_on_send=samehost)
+                        collective_latency=collective, copy_on_send=samehost,
+                        cold_start_s=_cold_start_s())
 
 
 def _same_host_transport() -> bool:
@@ -251,6 +252,13 @@ def _runtime_overhead_s() -> tuple[float, float]:
     from outcore.runtime.overhead import piece_overhead_s
     fwd, bwd = piece_overhead_s()
     return round(fwd, 6), round(bwd, 6)
+
+
+@functools.lru_cache(maxsize=1)
+def _cold_start_s() -> float:
+    """A CPU worker's re-warming after a wait, probed once per process (about 0.1 s), to 1 us."""
+    from outcore.runtime.overhead import cold_start_s
+    return round(cold_start_s(), 6)
 
 
 def train(model: str, devices: int = 1, *, memory: str | float | None = None,

@@ -27,7 +27,7 @@ def make_cluster(devices: int, memory: str | float | None = None,
                  overhead_s: tuple[float, float] | None = None,
                  message_overhead_s: tuple[float, float] | None = None,
                  collective_latency: str | float | None = None,
-                 copy_on_send: bool = False) -> Cluster:
+                 copy_on_send: bool = False, cold_start_s: float = 0.0) -> Cluster:
     """A flat cluster of ``devices`` devices from user-facing units.
 
     Args:
@@ -43,7 +43,9 @@ def make_cluster(devices: int, memory: str | float | None = None,
     :func:`outcore.runtime.overhead.message_overhead_s`), default none.
     ``collective_latency``: the link's latency for collectives when they travel another way
     than point-to-point messages (default: ``latency``); ``copy_on_send``: the transport copies
-    a message out in the send call (see :class:`~outcore.hardware.spec.LinkSpec`).
+    a message out in the send call (see :class:`~outcore.hardware.spec.LinkSpec`);
+    ``cold_start_s``: a CPU worker's re-warming after a wait (``DeviceSpec.cold_start_s``,
+    measured by :func:`outcore.runtime.overhead.cold_start_s`), default none.
     """
     mem = float(parse_bytes(memory)) if memory is not None else math.inf
     if mem <= 0:
@@ -54,7 +56,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
     # an accelerator preset's host work overlaps its device work (a CPU's is its compute)
     overlap = spec is not None and not spec.host_is_device
     spec = replace(spec or DeviceSpec("generic", mem, 1e13, 1e12),
-                   fwd_overhead_s=fwd_o, bwd_overhead_s=bwd_o, host_overlap=overlap)
+                   fwd_overhead_s=fwd_o, bwd_overhead_s=bwd_o, host_overlap=overlap,
+                   cold_start_s=float(cold_start_s))
     if message_overhead_s:
         spec = replace(spec, send_overhead_s=message_overhead_s[0],
                        recv_overhead_s=message_overhead_s[1])
@@ -72,7 +75,7 @@ def _device_dict(d: DeviceSpec) -> dict[str, Any]:
             "host_is_device": d.host_is_device, "fwd_overhead_s": d.fwd_overhead_s,
             "bwd_overhead_s": d.bwd_overhead_s, "host_overlap": d.host_overlap,
             "send_overhead_s": d.send_overhead_s, "recv_overhead_s": d.recv_overhead_s,
-            "extra": dict(d.extra)}
+            "cold_start_s": d.cold_start_s, "extra": dict(d.extra)}
 
 
 def to_dict(c: Cluster) -> dict[str, Any]:
@@ -137,7 +140,8 @@ def _from_flat(c: dict[str, Any], devices: int, mem: float) -> Cluster:
                       fwd_overhead_s=float(c.get("fwd_overhead_s", 0.0)),
                       bwd_overhead_s=float(c.get("bwd_overhead_s", 0.0)),
                       send_overhead_s=float(c.get("send_overhead_s", 0.0)),
-                      recv_overhead_s=float(c.get("recv_overhead_s", 0.0)))
+                      recv_overhead_s=float(c.get("recv_overhead_s", 0.0)),
+                      cold_start_s=float(c.get("cold_start_s", 0.0)))
     return flat_cluster(devices, memory_bytes=mem, bandwidth=float(c.get("bandwidth", 16e9)),
                         latency_s=float(c.get("latency_s", 25e-6)), device=spec,
                         host_cores=int(cores) if cores else None)

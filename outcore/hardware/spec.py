@@ -38,6 +38,11 @@ class DeviceSpec:
         send_overhead_s, recv_overhead_s: host time of one point-to-point message's send
             and receive calls in outcore's runtime (the sender's next action waits for it; the
             wire's own time is the link's), probed by ``outcore.runtime.overhead``.
+        cold_start_s: on a CPU worker, a forward, backward or optimizer step that starts after
+            the rank waited (for a message, or for the step to begin) runs slower while the
+            core's caches and predictors warm up again: up to this many seconds more, and at
+            most ``COLD_START_FRACTION`` of the action's own time (probed by
+            ``outcore.runtime.overhead.cold_start_s``; 0: not modelled).
     """
 
     name: str
@@ -54,6 +59,7 @@ class DeviceSpec:
     host_overlap: bool = False
     send_overhead_s: float = 0.0
     recv_overhead_s: float = 0.0
+    cold_start_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -63,6 +69,14 @@ class DeviceSpec:
 # this project's 2-core VM since the executor's fourth pass (issue 17; it was ~50 / ~150 us
 # when this default was set); kept at about 3x that for hosts busier than a tight loop.
 RUNTIME_OVERHEAD_S = (10e-6, 30e-6)
+
+# An action that starts after its worker waited runs at most this much slower than warm, and
+# no more than ``DeviceSpec.cold_start_s`` (measured on the 2-core VM, 2026-11-27: the zoo MLP's
+# first forward of a step 1.5x its later ones; the transformer's pieces after a receive
+# 1.2-1.5x; half a ResNet's Adam step after 1 ms asleep 1.44x, +0.21 ms). A wait shorter
+# than ``COLD_START_IDLE_S`` (the send and receive calls' own host time) leaves it warm.
+COLD_START_FRACTION = 0.5
+COLD_START_IDLE_S = 20e-6
 
 
 # the runtime's per-step sums (the non-finite check with the loss) travel over same-host sockets,

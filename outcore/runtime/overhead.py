@@ -104,6 +104,55 @@ def _measure(repeat: int, inner: int) -> tuple[float, float]:
     return fwd, bwd
 
 
+def cold_start_s(*, rounds: int = 30, idle_s: float = 2e-3,
+                 threads: int | None = 1) -> float:
+    """Seconds a ~1 ms training step on this CPU takes longer right after its process slept
+    ``idle_s`` (waiting for a message, as pipelined workers do) than right after another step:
+    the caches and branch predictors the wait let go cold (``DeviceSpec.cold_start_s``).
+
+    The step is a small convolution + linear network's forward, backward and multi-tensor
+    Adam step (the runtime's three kinds of compute); medians of ``rounds`` pairs, under the
+    allocator setting workers run with. Measured on the project's 2-core VM: 0.09-0.23 ms.
+    """
+    import statistics
+
+    from outcore.hardware.allocator import keep_heap
+    keep_heap()
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.Flatten(),
+            torch.nn.Linear(8 * 16 * 16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        x = torch.randn(4, 8, 16, 16, generator=gen)
+        opt = torch.optim.Adam(net.parameters(), lr=0.0, foreach=True)
+
+        def step() -> float:
+            t0 = time.perf_counter()
+            with torch.enable_grad():
+                net(x).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return time.perf_counter() - t0
+
+        for _ in range(5):
+            step()
+        warm, cold = [], []
+        for _ in range(rounds):
+            step()
+            warm.append(step())
+            time.sleep(idle_s)
+            cold.append(step())
+    finally:
+        torch.set_num_threads(before)
+    extra = max(statistics.median(cold) - statistics.median(warm), 0.0)
+    log.info("runtime probe: a step after %.1f ms asleep +%.1f us", idle_s * 1e3, extra * 1e6)
+    return extra
+
+
 _ECHO = ("import socket, sys, time\n"
          "s = socket.socket(fileno=int(sys.argv[1]))\n"
          "spin = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0\n"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from outcore.errors import ScheduleError
-from outcore.hardware.spec import Cluster, LinkSpec
+from outcore.hardware.spec import COLD_START_FRACTION, COLD_START_IDLE_S, Cluster, LinkSpec
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import RECV_POST_AHEAD, Action, Schedule
 from outcore.hardware.collectives import dp_allreduce as dp_phases, ring_allreduce_s  # noqa: F401
@@ -142,6 +142,9 @@ class _Engine:
         self.sync_ranks = sum(any(a.op == "OPT" for a in acts) for acts in s.actions)
         self.sync_at: dict[int, float] = {}
         self.sync_end: float | None = None
+        # when each rank's last compute ended (a compute after a wait starts cold)
+        self.warm_until = [-np.inf] * R
+        self.cold_s = cluster.device.cold_start_s if cluster.device.host_is_device else 0.0
 
     # ------------------------------------------------------------------ helpers
     def wake(self, r: int, t: float) -> None:
@@ -153,6 +156,14 @@ class _Engine:
         if cl.size >= max(a, b) + 1 and cl.node_of(a) != cl.node_of(b):
             return ("nic", cl.node_of(a)), ("nic", cl.node_of(b)), cl.inter
         return ("dev", a), ("dev", b), cl.intra
+
+    def cold(self, r: int, t: float, dur: float) -> float:
+        """Extra seconds of a compute of ``dur`` starting at ``t`` on rank ``r``: re-warming
+        the core after a wait (``DeviceSpec.cold_start_s``; the step's first compute follows
+        the step's start, which the runtime's ranks wait for)."""
+        if self.cold_s <= 0 or t - self.warm_until[r] <= COLD_START_IDLE_S:
+            return 0.0
+        return min(COLD_START_FRACTION * dur, self.cold_s)
 
     def add_mem(self, r: int, t: float, delta: float) -> None:
         if delta:
@@ -213,6 +224,7 @@ class _Engine:
         c = self.c
         if a.op in ("F", "B"):
             dur = float(c.fwd_s[a.piece] if a.op == "F" else c.bwd_s[a.piece])
+            dur += self.cold(r, t, dur)
             if self.cores is not None:  # ranks share host cores: the end depends on others
                 self._start_shared(r, a, t, dur)
                 return None
@@ -222,6 +234,7 @@ class _Engine:
     def _finish_compute(self, r: int, a: Action, t: float, end: float) -> float:
         """Account a forward or backward that ran from ``t`` to ``end``."""
         c = self.c
+        self.warm_until[r] = end
         self.events.append(Event(r, a.op, str(a), t, end, "compute", a.mb, a.piece))
         work = c.transient_bytes[a.piece] if a.op == "F" else c.bwd_transient[a.piece]
         self.add_mem(r, t, work)
@@ -330,6 +343,8 @@ class _Engine:
         tensors = float(c.param_tensors[r]) if c.param_tensors is not None else 0.0
         dur = self.opt.optimizer_s(float(c.param_bytes[r]), tensors,
                                    self.cluster.device.mem_bandwidth)
+        dur += self.cold(r, start, dur)
+        self.warm_until[r] = start + dur
         self.events.append(Event(r, "optim", "OPT", start, start + dur, "compute"))
         if work:
             self.add_mem(r, start + dur, -work)

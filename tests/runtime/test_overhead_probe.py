@@ -24,3 +24,15 @@ def test_measured_overheads_travel_with_the_cluster():
     assert (back.device.fwd_overhead_s, back.device.bwd_overhead_s) == (3e-5, 7e-5)
     default = make_cluster(2, "1GiB", device="cpu")
     assert (default.device.fwd_overhead_s, default.device.bwd_overhead_s) == RUNTIME_OVERHEAD_S
+
+
+def test_the_cold_start_probe_is_bounded_and_travels_with_the_cluster():
+    """The re-warming after a wait is measured (non-negative, far below the ~1 ms step it is
+    measured on) and kept through the plan file's cluster record."""
+    from outcore.runtime.overhead import cold_start_s
+    extra = cold_start_s(rounds=6, idle_s=1e-3)
+    assert math.isfinite(extra) and 0.0 <= extra < 5e-3
+    cl = make_cluster(2, "1GiB", device="cpu", cold_start_s=8e-5)
+    assert cl.device.cold_start_s == 8e-5
+    assert from_dict(to_dict(cl), devices=2, memory_bytes=2**30).device.cold_start_s == 8e-5
+    assert make_cluster(2, "1GiB", device="cpu").device.cold_start_s == 0.0

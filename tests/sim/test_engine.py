@@ -119,6 +119,36 @@ def test_ranks_sharing_host_cores_slow_each_other_down():
     assert spans["0F0"] == pytest.approx((0.0, 2.5))
 
 
+def test_a_cpu_worker_computes_cold_after_a_wait_and_warm_back_to_back():
+    """On CPU workers (``DeviceSpec.cold_start_s``) a compute that starts after its rank waited
+    (for a message, or for the step to begin) takes min(COLD_START_FRACTION x its time,
+    cold_start_s) longer; one that follows another compute, or a message already there, does
+    not. GPipe by hand with fwd 1 s, bwd 2 s, 0.5 s messages and 0.3 s to re-warm."""
+    def run(host_is_device):
+        g = gbuild("two", fwd_s=[1.0, 1.0], bwd_s=[2.0, 2.0], src=[0], dst=[1],
+                   edge_bytes=[1], out_bytes=[0, 0], saved_bytes=[50, 50], batch_size=2)
+        p = make_plan(g, np.array([0, 1]), strategy="manual", devices=2, memory_bytes=None,
+                      microbatches=2, schedule="gpipe", cluster=flat_cluster_doc(
+                          {"bandwidth": 2.0, "latency_s": 0.0, "cold_start_s": 0.3,
+                           "host_is_device": host_is_device}, 2))
+        return simulate(p, g)
+
+    def close(got, want):
+        assert [x[0] for x in got] == [x[0] for x in want]
+        np.testing.assert_allclose([x[1:] for x in got], [x[1:] for x in want], atol=1e-9)
+
+    r = run(True)
+    # rank 0 starts the step cold; its second forward follows its first
+    close(spans(r, 0), [("0F0", 0, 1.3), ("0F1", 1.3, 2.3), ("0B0", 6.6, 8.9),
+                        ("0B1", 8.9, 10.9)])
+    # rank 1 waits for its first message (arrives 1.8): cold; the second is there at 2.8
+    close(spans(r, 1), [("1F0", 1.8, 3.1), ("1F1", 3.1, 4.1), ("1B0", 4.1, 6.1),
+                        ("1B1", 6.1, 8.1)])
+    assert r.iteration_s == pytest.approx(10.9)
+    # an accelerator's kernels do not run on the host core that waited: no re-warming
+    assert run(False).iteration_s == pytest.approx(10)
+
+
 def flat_cluster_doc(doc, devices):
     """A flat cluster from a plan's (outcore-plan/1) cluster record."""
     return _cluster_from_dict(doc, devices=devices, memory_bytes=None)
