@@ -171,6 +171,8 @@ class ImageFolderData:
 
 def split(value: Any, parts: int) -> list[Any]:
     """Split every tensor leaf of ``value`` into ``parts`` equal chunks along dim 0."""
+    if parts == 1:  # one micro-batch: the batch itself (a step's host work, on every step)
+        return [value]
     leaves, spec = tree_flatten(value)
     chunks = []
     for x in leaves:

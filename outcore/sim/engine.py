@@ -60,6 +60,9 @@ class SimOptions:
         step_sync_s: the runtime's one small all-reduce per step (the non-finite check, which
             carries the loss): every rank's ``OPT`` waits until all ranks reach theirs, then
             this long. 0: no such synchronisation (one process).
+        step_host_s: the runtime's host work around a rank's actions each step (splitting the
+            batch into micro-batches, setting up the step, reading the loss), charged before
+            the rank's first action.
     """
 
     dp: int = 1
@@ -74,6 +77,7 @@ class SimOptions:
     bucket_ring: tuple[int, ...] = ()
     dp_fused: bool = False
     step_sync_s: float = 0.0
+    step_host_s: float = 0.0
 
     def optimizer_s(self, param_bytes: float, tensors: float, mem_bandwidth: float) -> float:
         """Seconds of a rank's optimizer action: its parameters' memory traffic and, when it
@@ -173,7 +177,7 @@ class _Engine:
     def run(self) -> Timeline:
         s = self.s
         for r in range(s.num_ranks):
-            self.wake(r, 0.0)
+            self.wake(r, self.opt.step_host_s)
         while self.queue:
             t, _, r, version = heapq.heappop(self.queue)
             if version >= 0:

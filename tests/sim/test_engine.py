@@ -9,6 +9,7 @@ from outcore.graph import build as gbuild
 from outcore.hardware.spec import LinkSpec
 from outcore.plan import make_plan
 from outcore.sim import ring_allreduce_s, simulate
+from outcore.sim.simulate import step_host_s
 from outcore.hardware.cluster import from_dict as _cluster_from_dict
 
 
@@ -138,15 +139,22 @@ def test_a_cpu_worker_computes_cold_after_a_wait_and_warm_back_to_back():
         np.testing.assert_allclose([x[1:] for x in got], [x[1:] for x in want], atol=1e-9)
 
     r = run(True)
+    h = step_host_s(flat_cluster_doc({"bandwidth": 2.0, "host_is_device": True}, 2), 2)
+    assert h > 0  # a CPU rank's host work before its first action (the same on both)
     # rank 0 starts the step cold; its second forward follows its first
-    close(spans(r, 0), [("0F0", 0, 1.3), ("0F1", 1.3, 2.3), ("0B0", 6.6, 8.9),
-                        ("0B1", 8.9, 10.9)])
+    close(spans(r, 0), [("0F0", h, h + 1.3), ("0F1", h + 1.3, h + 2.3),
+                        ("0B0", h + 6.6, h + 8.9), ("0B1", h + 8.9, h + 10.9)])
     # rank 1 waits for its first message (arrives 1.8): cold; the second is there at 2.8
-    close(spans(r, 1), [("1F0", 1.8, 3.1), ("1F1", 3.1, 4.1), ("1B0", 4.1, 6.1),
-                        ("1B1", 6.1, 8.1)])
-    assert r.iteration_s == pytest.approx(10.9)
-    # an accelerator's kernels do not run on the host core that waited: no re-warming
+    close(spans(r, 1), [("1F0", h + 1.8, h + 3.1), ("1F1", h + 3.1, h + 4.1),
+                        ("1B0", h + 4.1, h + 6.1), ("1B1", h + 6.1, h + 8.1)])
+    assert r.iteration_s == pytest.approx(h + 10.9)
+    # an accelerator's kernels do not run on the host core that waited: no re-warming, and
+    # the host prepares the step while the device finishes the last
     assert run(False).iteration_s == pytest.approx(10)
+    assert step_host_s(flat_cluster_doc({"bandwidth": 2.0}, 2), 2) == 0.0
+    # more micro-batches to split, more host work
+    cpu = flat_cluster_doc({"bandwidth": 2.0, "host_is_device": True}, 2)
+    assert step_host_s(cpu, 8) > step_host_s(cpu, 1)
 
 
 def flat_cluster_doc(doc, devices):
