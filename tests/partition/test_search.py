@@ -114,8 +114,15 @@ def test_the_search_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
-        outcore.plan(g, outcore.plan_request(2, None))
-        assert gc.get_freeze_count() == frozen
+        calls = []
+        with monkeypatch.context() as m:  # the search neither freezes nor unfreezes then
+            m.setattr(gc, "freeze", lambda: calls.append("freeze"))
+            m.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
+            outcore.plan(g, outcore.plan_request(2, None))
+        assert calls == []
+        # a frozen object the plan lets go of leaves the count (seen: 2 of 2 million, after
+        # other tests' objects); none is put back into the collector's generations
+        assert 0.99 * frozen <= gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 
