@@ -256,7 +256,8 @@ def _runtime_overhead_s() -> tuple[float, float]:
 
 @functools.lru_cache(maxsize=1)
 def _cold_start_s() -> float:
-    """A CPU worker's re-warming after a wait, probed once per process (about 0.1 s), to 1 us."""
+    """A CPU worker's re-warming after a wait, probed once per process, to 1 us (about 0.15 s;
+    0.8 s when nothing in the process has stepped an optimizer yet: its one-time imports)."""
     from outcore.runtime.overhead import cold_start_s
     return round(cold_start_s(), 6)
 

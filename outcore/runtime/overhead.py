@@ -112,7 +112,8 @@ def cold_start_s(*, rounds: int = 30, idle_s: float = 2e-3,
 
     The step is a small convolution + linear network's forward, backward and multi-tensor
     Adam step (the runtime's three kinds of compute); medians of ``rounds`` pairs, under the
-    allocator setting workers run with. Measured on the project's 2-core VM: 0.09-0.23 ms.
+    allocator setting workers run with. Measured on the project's 2-core VM: 0.06-0.12 ms
+    (after 1 ms asleep ~0.06 ms, after 3 ms 0.13-0.20 ms: the figure grows with the wait).
     """
     import statistics
 
