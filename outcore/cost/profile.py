@@ -73,12 +73,27 @@ class _Fixed:
         self.value = value
 
 
+class _NoGrad:
+    """A recorded input that does not require grad in training (it depends on no parameter:
+    the model's input, or what is computed from it alone): timed without its gradient, as a
+    training step's backward does not compute it (a first convolution's backward on an image
+    computes the weight's gradient only)."""
+
+    def __init__(self, value: torch.Tensor):
+        self.value = value
+
+
+_DETACHING = {"detach", "detach_"}
+
+
 class _EnvRecorder(fx.Interpreter):
-    """Runs the graph and keeps every node's real inputs (detached) for isolated timing."""
+    """Runs the graph and keeps every node's real inputs (detached) for isolated timing, and
+    whether each value would require grad in a training step (``grad``)."""
 
     def __init__(self, gm: fx.GraphModule):
         super().__init__(gm)
         self.inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self.grad: dict[fx.Node, bool] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op in ("call_module", "call_function", "call_method"):
@@ -88,9 +103,27 @@ class _EnvRecorder(fx.Interpreter):
                     return _Fixed(v)
                 # a copy: a later in-place op of the forward must not change what this node
                 # is timed on (T5's bucket indices grow past the embedding otherwise)
-                return v.detach().clone() if isinstance(v, torch.Tensor) else v
+                if not isinstance(v, torch.Tensor):
+                    return v
+                copy = v.detach().clone()
+                return copy if self.grad.get(a, True) else _NoGrad(copy)
             self.inputs[n.name] = (fx.map_arg(n.args, value), fx.map_arg(n.kwargs, value))
-        return super().run_node(n)
+        out = super().run_node(n)
+        self.grad[n] = self._needs_grad(n, out)
+        return out
+
+    def _needs_grad(self, n: fx.Node, out: Any) -> bool:
+        if n.op in ("placeholder", "get_attr"):  # data inputs are never trained; parameters
+            return isinstance(out, torch.Tensor) and out.requires_grad
+        if n.op == "call_method" and n.target in _DETACHING or \
+                n.op == "call_function" and getattr(n.target, "__name__", "") in _DETACHING:
+            return False
+        if n.op == "call_module" and any(
+                p.requires_grad for p in self.module.get_submodule(str(n.target)).parameters()):
+            return True
+        found: list[bool] = []
+        fx.map_arg((n.args, n.kwargs), lambda a: found.append(self.grad.get(a, True)))
+        return any(found)
 
 
 def _node_callable(gm: fx.GraphModule, n: fx.Node) -> Callable[..., Any]:
@@ -108,6 +141,8 @@ def _fresh_inputs(saved: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, l
     def make(v: Any) -> Any:
         if isinstance(v, _Fixed):
             return v.value
+        if isinstance(v, _NoGrad):
+            return v.value.clone()
         if isinstance(v, torch.Tensor) and v.is_floating_point():
             leaf = v.detach().clone().requires_grad_(True)
             leaves.append(leaf)

@@ -33,3 +33,26 @@ def test_an_op_autograd_refuses_on_grad_inputs_is_timed_forward_only():
     assert cumsum and all(g.fwd_s[i] > 0 and g.bwd_s[i] == 0 for i in cumsum)
     linears = [i for i in range(g.num_nodes) if g.op_of(i) == "linear"]
     assert linears and all(g.bwd_s[i] > 0 for i in linears if g.module_of(i) == "out")
+
+
+class Scaled(nn.Module):
+    """Scales its input before the first layer: nothing before ``lin`` needs a gradient in
+    training (the data is not trained), so neither the scaling's backward nor the first
+    layer's gradient with respect to its input is ever computed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.out = nn.Linear(64, 64), nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.lin(x * 2.0)))
+
+
+def test_nodes_are_timed_without_the_gradients_training_does_not_compute():
+    net, x = Scaled(), torch.randn(32, 64)
+    g = profile(capture(net, x), net, x, device="cpu", warmup=1, repeat=3)
+    by_name = {g.name_of(i): i for i in range(g.num_nodes)}
+    scale = next(n for n in by_name if n.startswith("mul"))
+    assert g.fwd_s[by_name[scale]] > 0 and g.bwd_s[by_name[scale]] == 0
+    # the layers after the data still have their backward (weights, and the input of `out`)
+    assert g.bwd_s[by_name["lin"]] > 0 and g.bwd_s[by_name["out"]] > 0
