@@ -115,9 +115,9 @@ class _EnvRecorder(fx.Interpreter):
     def _needs_grad(self, n: fx.Node, out: Any) -> bool:
         if n.op in ("placeholder", "get_attr"):  # data inputs are never trained; parameters
             return isinstance(out, torch.Tensor) and out.requires_grad
-        if n.op == "call_method" and n.target in _DETACHING or \
-                n.op == "call_function" and getattr(n.target, "__name__", "") in _DETACHING:
-            return False
+        if n.op == "call_method" and n.target in _DETACHING or n.op == "call_function" and \
+                str(getattr(n.target, "__name__", "")).split(".")[0] in _DETACHING:
+            return False  # x.detach(), torch.detach, aten.detach.default
         if n.op == "call_module" and any(
                 p.requires_grad for p in self.module.get_submodule(str(n.target)).parameters()):
             return True
