@@ -14,7 +14,8 @@ one gradient per operand of its product, each costing as much as the forward: 2�
 element-wise / normalisation / pooling op computes one gradient: 1× forward. A weighted layer
 whose input needs no gradient (the first layer) computes the weight gradient only: 1×. A node
 nothing upstream of which needs a gradient (no parameters on any path from the inputs) has no
-backward. (The profiler makes every input require grad, so for those few nodes it measures more.)
+backward (the profiler times each node on inputs that need a gradient by the same rule,
+:func:`needs_grad`).
 
 *Bytes* moved by the forward are inputs + output + parameters (from ``in_shapes``, ``out_bytes``,
 ``param_bytes``; normalisations and softmax read their input twice); the backward of a weighted
@@ -82,6 +83,7 @@ _ITEMSIZE = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "
              "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8}
 _HALF = frozenset({"float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
 _NON_DIFF = frozenset({"int64", "long", "int32", "int16", "int8", "uint8", "bool"})
+_DETACHING = frozenset({"detach", "detach_"})  # ops whose output leaves autograd
 
 
 @dataclass(frozen=True)
@@ -255,7 +257,8 @@ def needs_grad(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     """Per node: (its output needs a gradient, one of its inputs needs a gradient).
 
     An output needs a gradient when the node owns parameters or an input does (the graph's inputs
-    do not; integer and boolean outputs never do). Without op names every node is assumed to.
+    do not; integer and boolean outputs, and a ``detach``'s, never do). Without op names every
+    node is assumed to.
     """
     n = g.num_nodes
     out_grad = np.zeros(n, dtype=bool)
@@ -267,7 +270,7 @@ def needs_grad(g: Graph) -> tuple[np.ndarray, np.ndarray]:
         in_grad[i] = bool(out_grad[preds].any()) if preds.size else False
         op = g.ops[i]
         differentiable = str(g.attr(i, "dtype", "float32")) not in _NON_DIFF
-        out_grad[i] = differentiable and op != "input" and (
+        out_grad[i] = differentiable and op != "input" and op not in _DETACHING and (
             in_grad[i] or g.param_bytes[i] > 0 or op == "param")
     return out_grad, in_grad
 

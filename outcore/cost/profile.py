@@ -19,6 +19,7 @@ import torch.fx as fx
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
+from outcore.cost.analytical import needs_grad
 from outcore.errors import GraphError, ModelError
 from outcore.graph.capture import retrace
 from outcore.graph.ir import Graph
@@ -83,17 +84,15 @@ class _NoGrad:
         self.value = value
 
 
-_DETACHING = {"detach", "detach_"}
-
-
 class _EnvRecorder(fx.Interpreter):
-    """Runs the graph and keeps every node's real inputs (detached) for isolated timing, and
-    whether each value would require grad in a training step (``grad``)."""
+    """Runs the graph and keeps every node's real inputs (detached) for isolated timing;
+    ``grad``: whether each named value needs a gradient in a training step
+    (:func:`outcore.cost.analytical.needs_grad`; a value not named there is assumed to)."""
 
-    def __init__(self, gm: fx.GraphModule):
+    def __init__(self, gm: fx.GraphModule, grad: dict[str, bool] | None = None):
         super().__init__(gm)
         self.inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-        self.grad: dict[fx.Node, bool] = {}
+        self.grad = grad or {}
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op in ("call_module", "call_function", "call_method"):
@@ -106,24 +105,9 @@ class _EnvRecorder(fx.Interpreter):
                 if not isinstance(v, torch.Tensor):
                     return v
                 copy = v.detach().clone()
-                return copy if self.grad.get(a, True) else _NoGrad(copy)
+                return copy if self.grad.get(a.name, True) else _NoGrad(copy)
             self.inputs[n.name] = (fx.map_arg(n.args, value), fx.map_arg(n.kwargs, value))
-        out = super().run_node(n)
-        self.grad[n] = self._needs_grad(n, out)
-        return out
-
-    def _needs_grad(self, n: fx.Node, out: Any) -> bool:
-        if n.op in ("placeholder", "get_attr"):  # data inputs are never trained; parameters
-            return isinstance(out, torch.Tensor) and out.requires_grad
-        if n.op == "call_method" and n.target in _DETACHING or n.op == "call_function" and \
-                str(getattr(n.target, "__name__", "")).split(".")[0] in _DETACHING:
-            return False  # x.detach(), torch.detach, aten.detach.default
-        if n.op == "call_module" and any(
-                p.requires_grad for p in self.module.get_submodule(str(n.target)).parameters()):
-            return True
-        found: list[bool] = []
-        fx.map_arg((n.args, n.kwargs), lambda a: found.append(self.grad.get(a, True)))
-        return any(found)
+        return super().run_node(n)
 
 
 def _node_callable(gm: fx.GraphModule, n: fx.Node) -> Callable[..., Any]:
@@ -292,7 +276,8 @@ def _time_nodes(g: Graph, gm: fx.GraphModule, fx_nodes: dict[str, fx.Node],
                 progress: Callable[[int, int], None] | None) -> tuple[np.ndarray, np.ndarray]:
     """Forward and backward seconds of every node of ``g``, each timed alone on the inputs a
     recorded run of ``gm`` gave it."""
-    rec = _EnvRecorder(gm)
+    out_grad, _ = needs_grad(g)
+    rec = _EnvRecorder(gm, {g.name_of(i): bool(out_grad[i]) for i in range(g.num_nodes)})
     with torch.no_grad():
         rec.run(*inputs)
     fwd = np.zeros(g.num_nodes)

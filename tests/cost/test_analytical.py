@@ -161,6 +161,16 @@ def test_nodes_with_nothing_to_differentiate_have_no_backward():
     assert e.bwd_s[2] == pytest.approx(roofline_s(lin.bwd_flops, lin.bwd_bytes, 1, SPEC))
 
 
+def test_a_detached_value_needs_no_gradient_downstream():
+    ops = ["input", "linear", "detach", "relu", "output"]
+    g = build("chain", fwd_s=[0.0] * 5, src=[0, 1, 2, 3], dst=[1, 2, 3, 4],
+              edge_bytes=[64, 32, 32, 32], out_bytes=[64, 32, 32, 32, 32],
+              param_bytes=[0, 144, 0, 0, 0], ops=ops)
+    out_grad, in_grad = needs_grad(g)
+    assert out_grad.tolist() == [False, True, False, False, False]
+    assert in_grad.tolist() == [False, False, True, False, False]
+
+
 def test_collapsed_graph_falls_back_and_warns(graphs, caplog):
     g = collapse(graphs["outcore:resnet_k"], 1)
     with caplog.at_level(logging.WARNING, logger="outcore.cost.analytical"):
