@@ -206,14 +206,14 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     link = link_preset("gloo-loopback")
     cores = local_cores() if local else None
     latency = link.latency_s
-    messages = collective = None
+    messages = collective = per_byte = None
     samehost = False
     spare = not (cores and devices > 1) or cores_to_spare(devices)  # the load, read once
     if local and devices > 1 and _same_host_transport():
         # CPU workers on one host exchange messages over Unix-domain sockets (issue 17);
         # collectives stay on gloo's loopback TCP; their receives poll as the workers' will
         spin_us = auto_spin_us(devices, spare)
-        (latency, messages), collective = _samehost_costs_s(spin_us), link.latency_s
+        (latency, messages, per_byte), collective = _samehost_costs_s(spin_us), link.latency_s
         samehost = True
     if not spare:
         # more workers than free cores (other processes' load counts): a message waits for
@@ -222,7 +222,7 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     return make_cluster(devices, None, link.bandwidth, latency, device="cpu", host_cores=cores,
                         overhead_s=_runtime_overhead_s(), message_overhead_s=messages,
                         collective_latency=collective, copy_on_send=samehost,
-                        cold_start_s=_cold_start_s())
+                        cold_start_s=_cold_start_s(), message_byte_s=per_byte)
 
 
 def _same_host_transport() -> bool:
@@ -234,15 +234,27 @@ def _same_host_transport() -> bool:
 
 
 @functools.lru_cache(maxsize=2)
-def _samehost_costs_s(spin_us: float) -> tuple[float, tuple[float, float]]:
-    """The same-host link's latency and the runtime's (send, receive) host time per message,
-    probed once per process and poll (well under 1 s), the receives polling ``spin_us`` as
-    the workers' will (``samehost.auto_spin_us``). The latency is the probed one-way time less
-    the two host times (which the simulator charges on their own); all to 1 us."""
+def _samehost_costs_s(spin_us: float
+                      ) -> tuple[float, tuple[float, float], tuple[float, float]]:
+    """The same-host link's latency, the runtime's (send, receive) host time per message and
+    what each byte adds to them, probed once per process and poll (about 0.3 s), the receives
+    polling ``spin_us`` as the workers' will (``samehost.auto_spin_us``): a small message and
+    one of ``SAMEHOST_PROBE_BYTES``. The latency is the probed one-way time less the two host
+    times (which the simulator charges on their own); times to 1 us."""
     from outcore.runtime.overhead import message_overhead_s, samehost_latency_s
-    send, recv = message_overhead_s()
-    oneway = samehost_latency_s(spin_us * 1e-6)
-    return round(max(oneway - send - recv, 1e-6), 6), (round(send, 6), round(recv, 6))
+    spin = spin_us * 1e-6
+    send, recv = message_overhead_s(spin_s=spin)
+    big_send, big_recv = message_overhead_s(spin_s=spin, nbytes=SAMEHOST_PROBE_BYTES)
+    extra = SAMEHOST_PROBE_BYTES - 512
+    per_byte = (max(big_send - send, 0.0) / extra, max(big_recv - recv, 0.0) / extra)
+    oneway = samehost_latency_s(spin)
+    return (round(max(oneway - send - recv, 1e-6), 6), (round(send, 6), round(recv, 6)),
+            (float(f"{per_byte[0]:.3g}"), float(f"{per_byte[1]:.3g}")))
+
+
+# the larger message of the same-host probe: well within a socket's buffer, large enough that
+# its copies outweigh the calls' noise (128 KiB: 9-13 us more than a small one here)
+SAMEHOST_PROBE_BYTES = 128 * 1024
 
 
 @functools.lru_cache(maxsize=1)

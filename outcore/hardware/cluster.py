@@ -27,7 +27,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
                  overhead_s: tuple[float, float] | None = None,
                  message_overhead_s: tuple[float, float] | None = None,
                  collective_latency: str | float | None = None,
-                 copy_on_send: bool = False, cold_start_s: float = 0.0) -> Cluster:
+                 copy_on_send: bool = False, cold_start_s: float = 0.0,
+                 message_byte_s: tuple[float, float] | None = None) -> Cluster:
     """A flat cluster of ``devices`` devices from user-facing units.
 
     Args:
@@ -40,7 +41,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
     measured by :func:`outcore.runtime.overhead.piece_overhead_s`), else ``RUNTIME_OVERHEAD_S``;
     on an accelerator preset it overlaps the device's work (``DeviceSpec.host_overlap``).
     ``message_overhead_s``: the runtime's host time per message (send, receive; measured by
-    :func:`outcore.runtime.overhead.message_overhead_s`), default none.
+    :func:`outcore.runtime.overhead.message_overhead_s`), default none; ``message_byte_s``:
+    what each byte of a message adds to them (send, receive), default none.
     ``collective_latency``: the link's latency for collectives when they travel another way
     than point-to-point messages (default: ``latency``); ``copy_on_send``: the transport copies
     a message out in the send call (see :class:`~outcore.hardware.spec.LinkSpec`);
@@ -61,6 +63,8 @@ def make_cluster(devices: int, memory: str | float | None = None,
     if message_overhead_s:
         spec = replace(spec, send_overhead_s=message_overhead_s[0],
                        recv_overhead_s=message_overhead_s[1])
+    if message_byte_s:
+        spec = replace(spec, send_byte_s=message_byte_s[0], recv_byte_s=message_byte_s[1])
     return flat_cluster(devices, memory_bytes=mem, bandwidth=parse_bandwidth(bandwidth),
                         latency_s=parse_seconds(latency), device=spec, host_cores=host_cores,
                         collective_latency_s=None if collective_latency is None
@@ -75,7 +79,8 @@ def _device_dict(d: DeviceSpec) -> dict[str, Any]:
             "host_is_device": d.host_is_device, "fwd_overhead_s": d.fwd_overhead_s,
             "bwd_overhead_s": d.bwd_overhead_s, "host_overlap": d.host_overlap,
             "send_overhead_s": d.send_overhead_s, "recv_overhead_s": d.recv_overhead_s,
-            "cold_start_s": d.cold_start_s, "extra": dict(d.extra)}
+            "cold_start_s": d.cold_start_s, "send_byte_s": d.send_byte_s,
+            "recv_byte_s": d.recv_byte_s, "extra": dict(d.extra)}
 
 
 def to_dict(c: Cluster) -> dict[str, Any]:
@@ -141,7 +146,9 @@ def _from_flat(c: dict[str, Any], devices: int, mem: float) -> Cluster:
                       bwd_overhead_s=float(c.get("bwd_overhead_s", 0.0)),
                       send_overhead_s=float(c.get("send_overhead_s", 0.0)),
                       recv_overhead_s=float(c.get("recv_overhead_s", 0.0)),
-                      cold_start_s=float(c.get("cold_start_s", 0.0)))
+                      cold_start_s=float(c.get("cold_start_s", 0.0)),
+                      send_byte_s=float(c.get("send_byte_s", 0.0)),
+                      recv_byte_s=float(c.get("recv_byte_s", 0.0)))
     return flat_cluster(devices, memory_bytes=mem, bandwidth=float(c.get("bandwidth", 16e9)),
                         latency_s=float(c.get("latency_s", 25e-6)), device=spec,
                         host_cores=int(cores) if cores else None)

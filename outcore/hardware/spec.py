@@ -38,6 +38,9 @@ class DeviceSpec:
         send_overhead_s, recv_overhead_s: host time of one point-to-point message's send
             and receive calls in outcore's runtime (the sender's next action waits for it; the
             wire's own time is the link's), probed by ``outcore.runtime.overhead``.
+        send_byte_s, recv_byte_s: host seconds per byte those calls add (CPU workers on
+            same-host sockets: the kernel copies a message through the calling thread, about
+            10 GB/s each way here; 0: the transport copies on its own, as GPUs' DMA does).
         cold_start_s: on a CPU worker, a forward, backward or optimizer step that starts after
             the rank waited (for a message, or for the step to begin) runs slower while the
             core's caches and predictors warm up again: up to this many seconds more, and at
@@ -60,6 +63,8 @@ class DeviceSpec:
     send_overhead_s: float = 0.0
     recv_overhead_s: float = 0.0
     cold_start_s: float = 0.0
+    send_byte_s: float = 0.0
+    recv_byte_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -294,8 +294,9 @@ class _Engine:
 
     def _execute_other(self, r: int, a: Action, t: float) -> float | None:
         c, s = self.c, self.s
+        dev = self.cluster.device
         if a.op in ("SF", "SB"):  # the send call's host time, then the message leaves
-            t += self.cluster.device.send_overhead_s
+            t += dev.send_overhead_s + dev.send_byte_s * float(c.transfer_bytes[a.transfer])
             self.send(r, a, t)
             return t
         if a.op in ("RF", "RB"):
@@ -317,7 +318,7 @@ class _Engine:
             # backward that consumes them
             key = ("F", a.transfer, a.mb) if a.op == "RF" else (tr.src, a.mb)
             self.held[key] = self.held.get(key, 0.0) + nbytes
-            return max(t, arrive) + self.cluster.device.recv_overhead_s
+            return max(t, arrive) + dev.recv_overhead_s + dev.recv_byte_s * nbytes
         if a.op == "AR":
             return self.collective(r, a, t)
         # OPT: wait for this rank's all-reduces (shared parameters, replicas, data parallel)

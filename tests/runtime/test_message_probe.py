@@ -11,6 +11,14 @@ def test_message_host_time_is_microseconds():
     assert 0 < send_s < 1e-3 and 0 < recv_s < 1e-3, (send_s, recv_s)
 
 
+def test_a_large_message_costs_the_host_more_than_a_small_one():
+    """A megabyte is copied through each end's calls (at tens of GB/s at most: >= 20 us more
+    than a small message takes)."""
+    small = message_overhead_s(repeat=1, inner=60)
+    large = message_overhead_s(repeat=1, inner=60, nbytes=1 << 20)
+    assert large[0] + large[1] > small[0] + small[1] + 20e-6, (small, large)
+
+
 def test_same_host_latency_is_measured_between_two_processes():
     one_way_s = samehost_latency_s(rounds=50)
     assert 0 < one_way_s < 0.05, one_way_s
