@@ -1,7 +1,9 @@
 """Measure per-node forward and backward time on the device at hand.
 
-Each fx node is timed in isolation on the real inputs it sees in a forward pass of the example
-input: forward with autograd recording, then backward from a random output gradient (median of
+On a host device each fx node is timed where it runs, inside whole training steps of the traced
+model (:mod:`outcore.cost.profile_in_step`). On an accelerator (or where such a step fails) each
+node is timed in isolation on the real inputs it sees in a forward pass of the example input:
+forward with autograd recording, then backward from a random output gradient (median of
 ``repeat`` runs after ``warmup``). The sum of node times is checked against a timed whole-model
 training step; the ratio is stored in ``graph.meta['profile']``.
 """
@@ -20,6 +22,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from outcore.cost.analytical import needs_grad
+from outcore.cost.profile_in_step import step_loss, time_nodes_in_step
 from outcore.errors import GraphError, ModelError
 from outcore.graph.capture import retrace
 from outcore.graph.ir import Graph
@@ -207,11 +210,6 @@ def backward_call_s(device: torch.device, warmup: int, repeat: int) -> float:
                    max(repeat, 5), device, setup)
 
 
-def _default_loss(out: Any) -> torch.Tensor:
-    return sum(t.float().pow(2).mean() for t in tree_leaves(out)
-               if isinstance(t, torch.Tensor) and t.is_floating_point())  # type: ignore[return-value]
-
-
 def time_step(model: nn.Module, inputs: tuple[torch.Tensor, ...], device: torch.device,
               warmup: int, repeat: int) -> tuple[float, float]:
     """Median seconds of the forward and of the backward of one whole training step of
@@ -222,7 +220,7 @@ def time_step(model: nn.Module, inputs: tuple[torch.Tensor, ...], device: torch.
     def backward(loss: torch.Tensor) -> None:
         loss.backward()
 
-    fwd, bwd = _split_timeit(lambda _: _default_loss(model(*inputs)), backward, warmup,
+    fwd, bwd = _split_timeit(lambda _: step_loss(model(*inputs)), backward, warmup,
                              repeat, device)
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
@@ -237,7 +235,7 @@ def time_step(model: nn.Module, inputs: tuple[torch.Tensor, ...], device: torch.
         if isinstance(loss, torch.Tensor) and loss.requires_grad:
             loss.backward()
 
-    loss_f, loss_b = _split_timeit(_default_loss, loss_backward, warmup, repeat, device,
+    loss_f, loss_b = _split_timeit(step_loss, loss_backward, warmup, repeat, device,
                                    fresh_output)
     return max(fwd - loss_f, 0.5 * fwd), max(bwd - loss_b, 0.5 * bwd)
 
@@ -258,7 +256,7 @@ def time_optimizer_step(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     opt = torch.optim.Adam(params, lr=0.0, foreach=True)  # as the runtime's, plain tensors
 
     def backward() -> None:
-        _default_loss(model(*inputs)).backward()
+        step_loss(model(*inputs)).backward()
 
     def step(_: Any) -> None:
         any_nonfinite([p.grad for p in params if p.grad is not None])
@@ -292,6 +290,25 @@ def _time_nodes(g: Graph, gm: fx.GraphModule, fx_nodes: dict[str, fx.Node],
         if progress:
             progress(i + 1, g.num_nodes)
     return fwd, bwd
+
+
+def _node_times(g: Graph, gm: fx.GraphModule, fx_nodes: dict[str, fx.Node],
+                inputs: tuple[torch.Tensor, ...], dev: torch.device, warmup: int, repeat: int,
+                progress: Callable[[int, int], None] | None
+                ) -> tuple[np.ndarray, np.ndarray, str]:
+    """Every node's forward and backward seconds, and how they were timed: inside whole
+    training steps on a host device (``"in_step"``, :mod:`outcore.cost.profile_in_step`), each
+    node alone on an accelerator or where a step of the traced module fails (``"alone"``)."""
+    if dev.type == "cpu":
+        names = [g.name_of(i) for i in range(g.num_nodes)]
+        try:
+            fwd, bwd = time_nodes_in_step(gm, names, inputs, warmup, repeat, progress)
+            return fwd, bwd, "in_step"
+        except Exception as e:  # noqa: BLE001 - any failure: the lone timing still works
+            log.info("timing the nodes inside a step failed (%s: %s); timing each alone",
+                     type(e).__name__, e)
+    fwd, bwd = _time_nodes(g, gm, fx_nodes, inputs, dev, warmup, repeat, progress)
+    return fwd, bwd, "alone"
 
 
 def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | None = None,
@@ -336,10 +353,10 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
     inputs = tuple(x.to(dev) for x in inputs)
     keep_heap()  # time the layers as the workers will run them (outcore.hardware.allocator)
     try:
-        fwd, bwd = _time_nodes(g, gm, fx_nodes, inputs, dev, warmup, repeat, progress)
+        fwd, bwd, timed = _node_times(g, gm, fx_nodes, inputs, dev, warmup, repeat, progress)
         step_fwd_s, step_bwd_s = time_step(model, inputs, dev, warmup, repeat)
         optimizer_s = time_optimizer_step(model, inputs, dev, warmup, repeat)
-        call_s = backward_call_s(dev, warmup, repeat)
+        call_s = backward_call_s(dev, warmup, repeat) if timed == "alone" else 0.0
         bwd = np.where(bwd > 0, np.maximum(bwd - call_s, 0.25 * bwd), 0.0)
     except ModelError:
         raise
@@ -363,7 +380,8 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
             "profile": {"device": str(dev), "step_s": step_s, "step_fwd_s": step_fwd_s,
                         "step_bwd_s": step_bwd_s, "sum_s": sum_s, "ratio": ratio,
                         "scale_fwd": scale_fwd, "scale_bwd": scale_bwd,
-                        "backward_call_s": call_s, "warmup": warmup, "repeat": repeat,
+                        "backward_call_s": call_s, "nodes_timed": timed,
+                        "warmup": warmup, "repeat": repeat,
                         "adam_step_s": optimizer_s}}
     log.info("profiled %d nodes on %s: sum of nodes %.4fs, whole step %.4fs (ratio %.2f, "
              "forward times scaled by %.2f, backward by %.2f)", g.num_nodes, dev, sum_s,
