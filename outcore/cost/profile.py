@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from outcore.cost.analytical import needs_grad
-from outcore.cost.profile_in_step import step_loss, time_nodes_in_step
+from outcore.cost.profile_in_step import affordable, step_loss, time_nodes_in_step
 from outcore.errors import GraphError, ModelError
 from outcore.graph.capture import retrace
 from outcore.graph.ir import Graph
@@ -213,15 +213,21 @@ def backward_call_s(device: torch.device, warmup: int, repeat: int) -> float:
 def time_step(model: nn.Module, inputs: tuple[torch.Tensor, ...], device: torch.device,
               warmup: int, repeat: int) -> tuple[float, float]:
     """Median seconds of the forward and of the backward of one whole training step of
-    ``model`` on ``inputs``, each forward right after the last backward as the runtime runs
-    them, without the loss this timing needs (the simulator charges the runtime's own loss on
-    its own: ``outcore.schedule.costs.loss_cost_s``)."""
+    ``model`` on ``inputs`` (``repeat`` steps or more: ``profile_in_step.affordable``), each
+    forward right after the last backward as the runtime runs them, without the loss this
+    timing needs (the simulator charges the runtime's own loss on its own:
+    ``outcore.schedule.costs.loss_cost_s``)."""
 
     def backward(loss: torch.Tensor) -> None:
         loss.backward()
 
-    fwd, bwd = _split_timeit(lambda _: step_loss(model(*inputs)), backward, warmup,
-                             repeat, device)
+    def forward(_: Any) -> torch.Tensor:
+        return step_loss(model(*inputs))
+
+    fwd, bwd = _split_timeit(forward, backward, warmup, 1, device)  # sizes the timed runs
+    runs = affordable(repeat, fwd + bwd)
+    if runs > 1:
+        fwd, bwd = _split_timeit(forward, backward, 0, runs, device)
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
         out = tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v,

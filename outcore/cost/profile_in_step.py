@@ -28,7 +28,8 @@ import torch.fx as fx
 from torch.utils._pytree import tree_leaves
 
 # timed steps: ``repeat`` at least; more, up to STEPS, while they take under BUDGET_S together
-# (a small model's step is cheaper than timing two of its nodes alone; a large one's is not)
+# (a small model's step is cheaper than timing two of its nodes alone; a large one's is not;
+# a median of 3 steps was 19 % high once on a loaded machine: the zoo AmoebaNet at 2 samples)
 STEPS, BUDGET_S = 10, 0.25
 
 _clock = time.perf_counter
@@ -56,6 +57,12 @@ def _stamp(x: Any, i: int) -> Any:
 
 def _start() -> None:
     _forward.append((_clock(), -1))
+
+
+def affordable(repeat: int, run_s: float) -> int:
+    """Timed runs of ``run_s`` seconds each: ``repeat`` at least, more (up to ``STEPS``) while
+    they take under ``BUDGET_S`` together (medians of more runs ride out a loaded moment)."""
+    return min(max(repeat, int(BUDGET_S / max(run_s, 1e-9))), max(repeat, STEPS))
 
 
 def _instrumented(gm: fx.GraphModule, names: list[str]) -> fx.GraphModule:
@@ -127,9 +134,8 @@ def time_nodes_in_step(gm: fx.GraphModule, names: list[str], inputs: tuple[Any, 
             finished = _clock()
             gm.zero_grad(set_to_none=True)
             k += 1
-            if k == warmup:  # the steps a quarter second buys, within [repeat, STEPS]
-                affordable = int(BUDGET_S / max(finished - started, 1e-9))
-                steps = warmup + min(max(repeat, affordable), max(repeat, STEPS))
+            if k == warmup:
+                steps = warmup + affordable(repeat, finished - started)
             if k <= warmup:
                 continue
             f = np.zeros(n)
