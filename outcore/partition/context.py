@@ -221,10 +221,16 @@ def make_context(g: Graph, devices: int, *, cluster: Cluster | None = None,
     lat, inv = link_matrices(cluster, devices)
     # a cut starts a new piece on the receiving device, whose forward and backward each pay the
     # runtime's fixed per-piece cost: planners see it as link latency (half each way), so they
-    # do not cut the graph into pieces smaller than that cost
+    # do not cut the graph into pieces smaller than that cost; the send and receive calls' host
+    # time (a fixed part and one per byte, CPU workers) delays a message as the link does, and
+    # planners see it as link latency and bandwidth too
     d = cluster.device
     piece_cost = 0.5 * (d.fwd_overhead_s + d.bwd_overhead_s)
-    if piece_cost > 0:
-        lat = np.where(np.eye(devices, dtype=bool), lat, lat + piece_cost)
+    host = piece_cost + d.send_overhead_s + d.recv_overhead_s
+    off = ~np.eye(devices, dtype=bool)
+    if host > 0:
+        lat = np.where(off, lat + host, lat)
+    if d.send_byte_s + d.recv_byte_s > 0:
+        inv = np.where(off, inv + d.send_byte_s + d.recv_byte_s, inv)
     return Context(g, devices, cluster, state_factor(optimizer), int(microbatches),
                    memory_bytes, lat, inv)
