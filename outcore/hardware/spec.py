@@ -79,7 +79,10 @@ RUNTIME_OVERHEAD_S = (10e-6, 30e-6)
 # no more than ``DeviceSpec.cold_start_s`` (measured on the 2-core VM, 2026-11-27: the zoo MLP's
 # first forward of a step 1.5x its later ones; the transformer's pieces after a receive
 # 1.2-1.5x; half a ResNet's Adam step after 1 ms asleep 1.44x, +0.21 ms). A wait shorter
-# than ``COLD_START_IDLE_S`` (the send and receive calls' own host time) leaves it warm.
+# than ``COLD_START_IDLE_S`` leaves it warm. A message call's own host time after a compute is
+# about that long (18-26 us for a small one, probed since 2026-11-27), so a compute after a send
+# or a receive is charged too, as measured: a pipeline piece's module call 1.15-1.40x after
+# messages, the same call repeated at once 1.0x (the zoo ResNet, 2 workers).
 COLD_START_FRACTION = 0.5
 COLD_START_IDLE_S = 20e-6
 
