@@ -95,14 +95,9 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
 
 
 def _with_threads(threads: int | None, fn: Callable[[], Any]) -> Any:
-    import torch
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
+    from outcore.hardware.probe import torch_threads
+    with torch_threads(threads or None):
         return fn()
-    finally:
-        torch.set_num_threads(before)
 
 
 def plan_request(devices: int, memory: str | float | None = None, **options: Any

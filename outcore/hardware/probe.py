@@ -62,7 +62,8 @@ def _best_s(fn: Callable[[], Any], device: torch.device, *, repeat: int, inner: 
 
 
 @contextmanager
-def _threads(n: int | None) -> Iterator[None]:
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` torch threads (None: as they are), then restore the count."""
     before = torch.get_num_threads()
     if n is not None:
         torch.set_num_threads(n)
@@ -163,7 +164,7 @@ def measure(device: str = "cpu", *, threads: int | None = None, name: str | None
     """
     dev = torch.device(device)
     keep_heap()  # measure as the workers run (outcore.hardware.allocator)
-    with _threads(threads), torch.no_grad():
+    with torch_threads(threads), torch.no_grad():
         n_threads = torch.get_num_threads()
         sizes = (256, 512) if quick else (256, 512, 1024)
         flops = matmul_flops(dev, sizes, repeat=3 if quick else 5)

@@ -23,6 +23,7 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
+from outcore.hardware.probe import torch_threads
 from outcore.runtime.boundary import entry_tree
 from outcore.runtime.randomness import set_context as set_random_context
 from outcore.runtime.values import LeafMeta, ValueMeta
@@ -51,14 +52,8 @@ def piece_overhead_s(*, repeat: int = 5, inner: int = 200,
     ``torch.autograd.backward`` over the piece's output with its incoming gradient, plus
     reading its input's gradient, minus the bare layer's backward inside a larger graph.
     """
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        with torch.enable_grad():
-            return _measure(repeat, inner)
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(threads), torch.enable_grad():
+        return _measure(repeat, inner)
 
 
 def _measure(repeat: int, inner: int) -> tuple[float, float]:
@@ -119,10 +114,7 @@ def cold_start_s(*, rounds: int = 30, idle_s: float = 2e-3,
 
     from outcore.hardware.allocator import keep_heap
     keep_heap()
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         gen = torch.Generator().manual_seed(0)
         net = torch.nn.Sequential(
             torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
@@ -147,8 +139,6 @@ def cold_start_s(*, rounds: int = 30, idle_s: float = 2e-3,
             warm.append(step())
             time.sleep(idle_s)
             cold.append(step())
-    finally:
-        torch.set_num_threads(before)
     extra = max(statistics.median(cold) - statistics.median(warm), 0.0)
     log.info("runtime probe: a step after %.1f ms asleep +%.1f us", idle_s * 1e3, extra * 1e6)
     return extra
@@ -214,24 +204,22 @@ def message_overhead_s(*, repeat: int = 2, inner: int = 60, nbytes: int = 512,
             net(x).sum().backward()
 
     sends, recvs = [], []
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the workers run (idle helper threads would spin meanwhile)
     try:
-        for k in range(repeat * inner + 10):
-            compute()
-            t0 = time.perf_counter()
-            link.send(1, [t], k)
-            t1 = time.perf_counter()
-            compute()  # the echo is back meanwhile
-            compute()
-            t2 = time.perf_counter()
-            link.recv_into(1, [buf], k, "probing")
-            t3 = time.perf_counter()
-            if k >= 10:
-                sends.append(t1 - t0)
-                recvs.append(t3 - t2)
+        with torch_threads(1):  # as the workers run (idle helper threads would spin meanwhile)
+            for k in range(repeat * inner + 10):
+                compute()
+                t0 = time.perf_counter()
+                link.send(1, [t], k)
+                t1 = time.perf_counter()
+                compute()  # the echo is back meanwhile
+                compute()
+                t2 = time.perf_counter()
+                link.recv_into(1, [buf], k, "probing")
+                t3 = time.perf_counter()
+                if k >= 10:
+                    sends.append(t1 - t0)
+                    recvs.append(t3 - t2)
     finally:
-        torch.set_num_threads(before)
         link.close()
         child.kill()
         child.wait()
