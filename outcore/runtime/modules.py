@@ -119,13 +119,47 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
         graph.output(tuple(out_values[k] for k in outputs))
         module = fx.GraphModule(gm, graph, f"piece{piece.id}")
         random = seed_random_nodes(module) > 0  # dropout masks independent of placement
-        clone = frozenset(prefix + name for name in inputs
-                          if any(_is_inplace(u, gm) for u in env[name].users))
+        clone = frozenset(prefix + name for name in inputs if _written(env[name], gm))
         handed = tuple((inputs.index(k), prefix + k) for k in outputs if k in inputs)
         result.append(PieceModule(piece.id, module, [prefix + k for k in inputs],
                                   [prefix + k for k in outputs],
                                   [prefix + k for k in model_outputs], clone, random, handed))
     return result
+
+
+def _written(n: fx.Node, gm: fx.GraphModule) -> bool:
+    """Whether an in-place operation of the piece writes into ``n``'s value: directly, or
+    through an element or view of it (``topk(...)[0] /= s`` on a received tuple: autograd
+    forbids writing into a leaf or a view of one)."""
+    todo, seen = [n], {n}
+    while todo:
+        v = todo.pop()
+        for u in v.users:
+            if _is_inplace(u, gm):
+                return True
+            if u not in seen and u.args and u.args[0] is v and _aliases(u):
+                seen.add(u)
+                todo.append(u)
+    return False
+
+
+# methods and functions that may return a view of (or an element of) their first argument
+_VIEWS = frozenset({
+    "getitem", "__getitem__", "view", "view_as", "reshape", "reshape_as", "transpose", "permute",
+    "t", "squeeze", "unsqueeze", "expand", "expand_as", "narrow", "select", "flatten",
+    "unflatten", "chunk", "split", "tensor_split", "unbind", "as_strided", "diagonal", "detach",
+    "movedim", "moveaxis", "swapaxes", "swapdims", "unfold", "contiguous", "view_as_real",
+    "view_as_complex", "real", "imag", "alias"})
+
+
+def _aliases(n: fx.Node) -> bool:
+    """Whether ``n``'s result may share memory with its first argument."""
+    if isinstance(n.target, torch._ops.OpOverload):  # ATen: the schema says
+        return any(r.alias_info is not None for r in n.target._schema.returns)
+    if n.op not in ("call_function", "call_method"):
+        return False
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return name in _VIEWS
 
 
 def _is_inplace(n: fx.Node, gm: fx.GraphModule) -> bool:

@@ -1,6 +1,7 @@
 """An in-place ATen op (``aten.add_`` of an exported graph) on a tensor received from another
-rank: the piece gets a copy (autograd forbids writing into the received leaf), and 2 ranks
-train like one process (losses and every parameter within 1e-5 after SGD steps)."""
+rank, directly or through an alias of it (an element of a received tuple, a view): the piece
+gets a copy (autograd forbids writing into the received leaf), and 2 ranks train like one
+process (losses and every parameter within 1e-5 after SGD steps)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ from tests.runtime.helpers import assert_matches, reference
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
 MODEL = "tests/runtime/inplace_model.py:make"
+ALIAS_MODEL = "tests/runtime/inplace_alias_model.py:make"
+
+
+def _config(model: str) -> TrainConfig:
+    return TrainConfig(model=model, batch_size=8, microbatches=2, steps=3, optimizer="sgd",
+                       lr=0.1, momentum=0.0, return_state=True, track_memory=False, timeout_s=30)
 
 
 def test_in_place_add_of_a_received_tensor_on_two_ranks_equals_single_process():
@@ -34,6 +41,25 @@ def test_in_place_add_of_a_received_tensor_on_two_ranks_equals_single_process():
     adds = [i for i in range(g.num_nodes) if g.op_of(i) == "add_"]
     assert adds and all(a[i] == 1 for i in adds)
     assert any(a[int(s)] == 0 and int(d) in adds for s, d in zip(g.src, g.dst))
+    plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
+                     schedule="1f1b")
+    results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
+    assert_matches(results, *reference(cfg), rtol=1e-5)
+
+
+def test_in_place_write_through_an_alias_of_a_received_tensor_equals_single_process():
+    cfg = _config(ALIAS_MODEL)
+    spec, model = build_model(ALIAS_MODEL, batch_size=8, seed=cfg.seed)
+    g = capture(model, split(spec.example_inputs, 2)[0], name=ALIAS_MODEL, path="export")
+    g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
+    # rank 0: the input, fc1, topk and fc2; rank 1 takes topk's tuple and fc2's output and
+    # writes into them through getitem (div_) and view + transpose (mul_)
+    ops = [g.op_of(i) for i in range(g.num_nodes)]
+    a = np.array([0 if ops[i] in ("input", "topk") or g.module_of(i) in ("fc1", "fc2") else 1
+                  for i in range(g.num_nodes)])
+    edges = {(ops[int(s)], ops[int(d)]) for s, d in zip(g.src, g.dst) if a[s] == 0 != a[d]}
+    assert ("topk", "getitem") in edges and ("linear", "view") in edges, edges
+    assert {"div_", "mul_"} <= {ops[i] for i in range(g.num_nodes) if a[i] == 1}
     plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
                      schedule="1f1b")
     results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)

@@ -161,10 +161,10 @@ def test_ecosystem_models_train_equally_on_one_and_two_ranks():
     results = run_local(train_all, 2, (jobs,), timeout_s=3000)
     for run, _, _ in jobs:
         model = run.removesuffix(TP)
-        for r in results:
+        for rank, r in enumerate(results):
             got = r[run]
-            if isinstance(got, str):
-                failures[run] = f"2 ranks: {got}"
+            if isinstance(got, str):  # every rank's reason: a peer's timeout hides the cause
+                failures[run] = failures.get(run, "2 ranks:") + f" [rank {rank}] {got}"
             elif not np.allclose(got, one_rank[model], rtol=1e-4, atol=0) or \
                     not np.all(np.isfinite(got)):
                 failures[run] = f"losses differ: 2 ranks {got}, 1 rank {one_rank[model]}"

@@ -1,0 +1,28 @@
+"""In-place writes into a piece input through an alias of it: an element of a tuple
+(``topk``'s values, normalised with ``/=``, as Mixtral's router does) and a view
+(``mul_`` on a transposed view of a layer's output). Cut so that ``topk`` and ``fc2`` run on
+one rank and the aliasing and writing on another, autograd would refuse to write into the
+received leaves."""
+
+import torch
+from torch import nn
+
+
+class WriteThroughAlias(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        w, _ = torch.topk(h, 8, dim=-1)
+        w /= w.sum(-1, keepdim=True)
+        v = self.fc2(h).view(-1, 2, 4).transpose(1, 2)
+        v.mul_(2.0)
+        return self.head(w + v.reshape(-1, 8))
+
+
+def make():
+    return WriteThroughAlias(), torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
