@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from outcore.graph.mutation import writes_first_arg
 from outcore.plan.pieces import Pieces
 from outcore.plan.replicas import fx_name
 from outcore.runtime.randomness import seed_random_nodes
@@ -135,7 +136,7 @@ def _written(n: fx.Node, gm: fx.GraphModule) -> bool:
     while todo:
         v = todo.pop()
         for u in v.users:
-            if _is_inplace(u, gm):
+            if writes_first_arg(u, gm):
                 return True
             if u not in seen and u.args and u.args[0] is v and _aliases(u):
                 seen.add(u)
@@ -160,20 +161,6 @@ def _aliases(n: fx.Node) -> bool:
         return False
     name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
     return name in _VIEWS
-
-
-def _is_inplace(n: fx.Node, gm: fx.GraphModule) -> bool:
-    """Whether ``n`` may write into its first argument."""
-    if n.kwargs.get("inplace"):
-        return True
-    if n.op == "call_module":
-        return bool(getattr(gm.get_submodule(str(n.target)), "inplace", False))
-    if isinstance(n.target, torch._ops.OpOverload):  # ATen (torch.export): the schema says
-        args = n.target._schema.arguments
-        return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
-    name = getattr(n.target, "__name__", str(n.target))
-    return name.endswith("_") and not name.endswith("__") or name in ("iadd", "isub", "imul",
-                                                                       "itruediv", "setitem")
 
 
 def _identity(x):

@@ -26,3 +26,27 @@ class WriteThroughAlias(nn.Module):
 
 def make():
     return WriteThroughAlias(), torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+
+
+class WriteAfterRead(nn.Module):
+    """``h`` is read by ``mul`` before ``relu_`` writes it and by ``fc3`` after (timm's
+    DropPath writes ``random_tensor.div_(keep_prob)`` and reads it after, likewise); the
+    readers may sit in other pieces than the writer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 8)
+        self.fc3 = nn.Linear(32, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        a = self.fc2(h * 2.0)
+        h.relu_()
+        b = self.fc3(h)
+        return self.head(a + b)
+
+
+def make_write_after_read():
+    return WriteAfterRead(), torch.randn(8, 16, generator=torch.Generator().manual_seed(0))

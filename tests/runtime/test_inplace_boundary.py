@@ -64,3 +64,26 @@ def test_in_place_write_through_an_alias_of_a_received_tensor_equals_single_proc
                      schedule="1f1b")
     results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
     assert_matches(results, *reference(cfg), rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["export", "fx"])
+def test_readers_before_and_after_an_in_place_write_in_other_pieces(path):
+    # fc1 and relu_ on rank 0 (one piece: both feed rank 1 at once), both readers (h * 2 before
+    # the write, fc3 after it) on rank 1: rank 1 must get h as it was before relu_ for the
+    # first, and after it for the second
+    model = "tests/runtime/inplace_alias_model.py:make_write_after_read"
+    cfg = _config(model)
+    spec, net = build_model(model, batch_size=8, seed=cfg.seed)
+    g = capture(net, split(spec.example_inputs, 2)[0], name=model, path=path)
+    g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
+    ops = [g.op_of(i) for i in range(g.num_nodes)]
+    a = np.array([1 if ops[i] == "mul" or g.module_of(i) in ("fc2", "fc3") else 0
+                  for i in range(g.num_nodes)])
+    relu = ops.index("relu_")
+    fc3 = next(i for i in range(g.num_nodes) if g.module_of(i) == "fc3" and ops[i] == "linear")
+    assert a[relu] == 0 and a[fc3] == 1
+    assert (relu, fc3) in set(zip(g.src.tolist(), g.dst.tolist()))
+    plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
+                     schedule="1f1b")
+    results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
+    assert_matches(results, *reference(cfg), rtol=1e-5)

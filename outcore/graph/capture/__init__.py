@@ -25,6 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from outcore.errors import CaptureError, ModelError, UsageError
 from outcore.graph.coarsen import collapse
 from outcore.graph.ir import Graph, build
+from outcore.graph.mutation import thread_in_place
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def trace(model: nn.Module, leaves: Iterable[str] = (), n_inputs: int | None = N
         try:
             graph = tracer.trace(model, concrete_args=concrete or None)
             _drop_concrete_placeholders(graph, concrete)
+            thread_in_place(graph, tracer.root)  # later readers of a written tensor
         except Exception as e:  # any tracing failure: find the module it happened in
             culprit = _innermost_module(e, names)
             if culprit is None or culprit == "" or culprit in leaf_set:

@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils._pytree import tree_unflatten
 
 from outcore.errors import CaptureError
+from outcore.graph.mutation import thread_in_place
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     _move_attrs_to_first_use(graph)
     _first_names(model, graph)
     graph.eliminate_dead_code(is_impure_node=_is_impure)
+    thread_in_place(graph, model)  # later readers of a tensor written in place
     gm = fx.GraphModule(_attr_root(model, unlifted, graph), graph, type(model).__name__)
     _register_buffers(gm, model, graph)
     gm.recompile()

@@ -1,0 +1,83 @@
+"""In-place operations in a traced graph: which nodes write into their first argument, and the
+order they impose on later readers.
+
+An fx graph records ``random_tensor.div_(keep_prob); return x * random_tensor`` (timm's
+DropPath) with ``mul`` reading ``bernoulli_``'s node, not ``div_``'s: in one process the
+program order makes ``mul`` see the divided tensor, but cut into pieces, a piece that reads the
+tensor from elsewhere (or a copy a writing piece made) would see it undivided.
+:func:`thread_in_place` makes the order an edge of the graph: every reader after an in-place op
+reads the op's result (the same tensor), so the partition, the profiler and the runtime all
+see it. Writes through a view (``x.view(...).mul_(2)``, then ``x`` read) stay ordered only
+inside one piece.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+__all__ = ["setitem_", "thread_in_place", "writes_first_arg"]
+
+# Python operators that write into their first argument; all but setitem return it
+_WRITING_OPERATORS = ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand",
+                      "ior", "ixor", "ilshift", "irshift", "imatmul", "setitem")
+
+
+def writes_first_arg(n: fx.Node, root: nn.Module) -> bool:
+    """Whether ``n`` may write into a tensor it is given (its first argument, as a rule)."""
+    if n.op not in ("call_function", "call_method", "call_module"):
+        return False
+    if n.kwargs.get("inplace"):
+        return True
+    if n.op == "call_module":
+        try:
+            return bool(getattr(root.get_submodule(str(n.target)), "inplace", False))
+        except AttributeError:
+            return False
+    if isinstance(n.target, torch._ops.OpOverload):  # ATen (torch.export): the schema says
+        args = n.target._schema.arguments
+        return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__") or name in _WRITING_OPERATORS
+
+
+def setitem_(x, index, value):
+    """``x[index] = value``, returning ``x`` (what a traced ``operator.setitem`` becomes, so that
+    later readers of ``x`` can read it)."""
+    x[index] = value
+    return x
+
+
+def _returns_first_arg(n: fx.Node) -> bool:
+    """Whether ``n``'s result is the tensor it wrote (``x.add_(1)`` is ``x``)."""
+    if n.target == "__setitem__":
+        return False
+    if isinstance(n.target, torch._ops.OpOverload):
+        rets = n.target._schema.returns
+        return len(rets) == 1 and rets[0].alias_info is not None and rets[0].alias_info.is_write
+    return True
+
+
+def thread_in_place(graph: fx.Graph, root: nn.Module) -> int:
+    """Make every node that reads a tensor after an in-place op wrote it read the op's result.
+
+    Only direct writes (the written tensor is the op's first argument) are threaded; a traced
+    ``x[i] = v`` becomes :func:`setitem_`, which returns ``x``. Returns how many uses were
+    moved."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    moved = 0
+    for w in list(graph.nodes):
+        if w.op == "call_function" and w.target is operator.setitem:
+            w.target = setitem_
+        if not w.args or not isinstance(w.args[0], fx.Node) or not writes_first_arg(w, root) \
+                or not _returns_first_arg(w):
+            continue
+        x = w.args[0]
+        for r in list(x.users):
+            if r is not w and order[r] > order[w]:
+                r.replace_input_with(x, w)
+                moved += 1
+    return moved
