@@ -9,6 +9,7 @@ uses are dropped after initialisation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ from outcore.graph.mutation import writes_first_arg
 from outcore.plan.pieces import Pieces
 from outcore.plan.replicas import fx_name
 from outcore.runtime.randomness import seed_random_nodes
+from outcore.runtime.values import ValueMeta
 
 
 @dataclass
@@ -50,8 +52,8 @@ class PieceModule:
     handed_on: tuple[tuple[int, str], ...] = ()
 
 
-def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
-                        rank: int) -> list[PieceModule]:
+def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces, rank: int,
+                        metas: Mapping[str, ValueMeta]) -> list[PieceModule]:
     """Piece modules of ``rank``, in piece order.
 
     Args:
@@ -60,6 +62,8 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
             name, prefixed ``c<k>/`` in the copies of a replicated plan.
         pieces: the cut of the placed graph.
         rank: this rank.
+        metas: every fx node's value (:func:`outcore.runtime.values.value_metas`): which
+            share memory with their inputs.
 
     A piece's ``inputs``/``outputs`` are graph node names (with the copy prefix); inside the
     module everything is addressed by fx names.
@@ -120,7 +124,8 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
         graph.output(tuple(out_values[k] for k in outputs))
         module = fx.GraphModule(gm, graph, f"piece{piece.id}")
         random = seed_random_nodes(module) > 0  # dropout masks independent of placement
-        clone = frozenset(prefix + name for name in inputs if _written(env[name], gm))
+        clone = frozenset(prefix + name for name in inputs
+                          if _written(nodes[name], member_set, gm, metas))
         handed = tuple((inputs.index(k), prefix + k) for k in outputs if k in inputs)
         result.append(PieceModule(piece.id, module, [prefix + k for k in inputs],
                                   [prefix + k for k in outputs],
@@ -128,39 +133,26 @@ def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces,
     return result
 
 
-def _written(n: fx.Node, gm: fx.GraphModule) -> bool:
-    """Whether an in-place operation of the piece writes into ``n``'s value: directly, or
-    through an element or view of it (``topk(...)[0] /= s`` on a received tuple: autograd
-    forbids writing into a leaf or a view of one)."""
+def _written(n: fx.Node, members: set[str], gm: fx.GraphModule,
+             metas: Mapping[str, ValueMeta]) -> bool:
+    """Whether an in-place operation of the piece (its ``members``) writes into ``n``'s value:
+    directly, or through a value that shares its memory (an element of a received tuple, a
+    view, ``nn.Identity``, dropout with p = 0: ``value_metas`` saw which share it). Autograd
+    forbids writing into a leaf or a view of one, and the value's other readers must not see
+    the write."""
     todo, seen = [n], {n}
     while todo:
         v = todo.pop()
         for u in v.users:
+            if u.name not in members:
+                continue
             if writes_first_arg(u, gm):
                 return True
-            if u not in seen and u.args and u.args[0] is v and _aliases(u):
+            meta = metas.get(u.name)
+            if u not in seen and meta is not None and meta.aliases_input:
                 seen.add(u)
                 todo.append(u)
     return False
-
-
-# methods and functions that may return a view of (or an element of) their first argument
-_VIEWS = frozenset({
-    "getitem", "__getitem__", "view", "view_as", "reshape", "reshape_as", "transpose", "permute",
-    "t", "squeeze", "unsqueeze", "expand", "expand_as", "narrow", "select", "flatten",
-    "unflatten", "chunk", "split", "tensor_split", "unbind", "as_strided", "diagonal", "detach",
-    "movedim", "moveaxis", "swapaxes", "swapdims", "unfold", "contiguous", "view_as_real",
-    "view_as_complex", "real", "imag", "alias"})
-
-
-def _aliases(n: fx.Node) -> bool:
-    """Whether ``n``'s result may share memory with its first argument."""
-    if isinstance(n.target, torch._ops.OpOverload):  # ATen: the schema says
-        return any(r.alias_info is not None for r in n.target._schema.returns)
-    if n.op not in ("call_function", "call_method"):
-        return False
-    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-    return name in _VIEWS
 
 
 def _identity(x):

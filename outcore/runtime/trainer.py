@@ -175,7 +175,7 @@ class Trainer:
         self.schedule, self.costs, self.pieces = low.schedule, low.costs, low.pieces
         metas = value_metas(gm, micro_inputs)
         big_names = [low.graph.name_of(i) for i in range(low.graph.num_nodes)]
-        modules = build_piece_modules(gm, big_names, low.pieces, self.slot)
+        modules = build_piece_modules(gm, big_names, low.pieces, self.slot, metas)
         self.spatial = None  # spatial parallelism: the tiled layers (outcore.spatial.stage)
         if plan.spatial is not None:
             from outcore.spatial.stage import attach

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 
@@ -29,10 +30,13 @@ class LeafMeta:
 
 @dataclass(frozen=True)
 class ValueMeta:
-    """Structure of one node's value: pytree spec, per-leaf tensor meta or constant."""
+    """Structure of one node's value: pytree spec, per-leaf tensor meta or constant; and
+    whether a tensor of it shares memory with one of the node's inputs (a view, an element of
+    a tuple, ``nn.Identity``, dropout with p = 0: an in-place write into it writes the input)."""
 
     spec: TreeSpec
     leaves: tuple[LeafMeta | Any, ...]
+    aliases_input: bool = False
 
     @property
     def tensor_positions(self) -> list[int]:
@@ -79,13 +83,28 @@ class _MetaRecorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
-        value = result if n.op != "output" else result
-        leaves, spec = tree_flatten(value)
+        leaves, spec = tree_flatten(result)
         self.meta[n.name] = ValueMeta(spec, tuple(
             # a tensor-parallel shard (DTensor) travels as its local tensor
             LeafMeta(tuple(local(x).shape), x.dtype, bool(x.requires_grad))
-            if isinstance(x, torch.Tensor) else x for x in leaves))
+            if isinstance(x, torch.Tensor) else x for x in leaves), self._aliases(n, leaves))
         return result
+
+    def _aliases(self, n: fx.Node, leaves: list[Any]) -> bool:
+        if n.op not in ("call_function", "call_method", "call_module"):
+            return False
+        mine = {_storage(x) for x in leaves if isinstance(x, torch.Tensor)}
+        mine.discard(None)
+        return bool(mine) and any(_storage(t) in mine for inp in n.all_input_nodes
+                                  for t in tensors_of(self.env.get(inp)))
+
+
+def _storage(t: torch.Tensor) -> Any:
+    """A key of ``t``'s memory, or None (no storage: a DTensor, a sparse tensor)."""
+    try:
+        return StorageWeakRef(local(t).untyped_storage())
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
 
 
 def value_metas(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> dict[str, ValueMeta]:

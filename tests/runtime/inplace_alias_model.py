@@ -50,3 +50,27 @@ class WriteAfterRead(nn.Module):
 
 def make_write_after_read():
     return WriteAfterRead(), torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+
+
+class AliasingLayers(nn.Module):
+    """Layers that return their input (``nn.Identity``; dropout with p = 0, in the traced and
+    the exported graph alike), followed by in-place ReLUs: timm's ResNet writes its identity
+    DropBlock's output in place so."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(16, 32)
+        self.ident = nn.Identity()
+        self.drop = nn.Dropout(0.0)
+        self.act = nn.ReLU(inplace=True)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        u = self.act(self.ident(self.fc1(x)))
+        v = torch.relu_(self.drop(self.fc2(x)))
+        return self.head(u + v)
+
+
+def make_aliasing_layers():
+    return AliasingLayers(), torch.randn(8, 16, generator=torch.Generator().manual_seed(0))

@@ -87,3 +87,20 @@ def test_readers_before_and_after_an_in_place_write_in_other_pieces(path):
                      schedule="1f1b")
     results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
     assert_matches(results, *reference(cfg), rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["export", "fx"])
+def test_in_place_write_after_a_layer_that_returns_its_received_input(path):
+    model = "tests/runtime/inplace_alias_model.py:make_aliasing_layers"
+    cfg = _config(model)
+    spec, net = build_model(model, batch_size=8, seed=cfg.seed)
+    g = capture(net, split(spec.example_inputs, 2)[0], name=model, path=path)
+    g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
+    # the linears on rank 0; identity, dropout and the in-place ReLUs on rank 1
+    a = np.array([0 if g.op_of(i) == "input" or g.module_of(i) in ("fc1", "fc2") else 1
+                  for i in range(g.num_nodes)])
+    assert "dropout" in [g.op_of(i) for i in range(g.num_nodes) if a[i] == 1]
+    plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
+                     schedule="1f1b")
+    results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
+    assert_matches(results, *reference(cfg), rtol=1e-5)
