@@ -17,7 +17,9 @@ err_console = Console(stderr=True, highlight=False)
 
 MODEL_HELP = ("the model: torchvision:<builder> (e.g. torchvision:resnet50), outcore:<zoo model>"
               " (resnet_k, wide_resnet, amoebanet, transformer, lstm_lm, mlp, diamond, "
-              "two_tower; options after a colon: outcore:resnet_k:depth=110), or "
+              "two_tower; options after a colon: outcore:resnet_k:depth=110), timm:<name> "
+              "(timm:vit_tiny_patch16_224:image_size=64), hf:<Hugging Face model type> (tiny "
+              "random config; hf:llama:num_hidden_layers=4; docs/models.md), or "
               "path/to/file.py:function returning a module or (module, example_input)")
 
 
