@@ -31,6 +31,7 @@ plans on it rescaled to its micro-batch (:func:`outcore.graph.batch.at_microbatc
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,6 +219,18 @@ def _choice(dp: int, mode: str, R: int, M: int, samples: int, req: PlanRequest,
                         memory_floor_bytes=own + totals.saved_bytes * scale / (stages * req.sp))
 
 
+def _no_layout_fits(req: PlanRequest, choices: list[LayoutChoice]) -> InfeasibleError:
+    """The refusal when every layout's memory floor exceeds the limit, with estimates of the
+    memory and the devices that would fit from the lowest floor (the search's caller checks
+    them by planning: :func:`outcore.partition.search.checked_refusal`)."""
+    floor = min(c.floor(req.memory_policy) for c in choices)
+    mem = req.memory_bytes
+    devices = max(math.ceil(req.devices * floor / mem), req.devices + 1) if mem else None
+    return InfeasibleError(f"no layout of {req.devices} devices fits {format_bytes(mem or 0)} "
+                           "per device, even with more micro-batches: add devices or raise "
+                           "--memory", min_devices=devices, min_memory_bytes=floor)
+
+
 def search_layouts(g: Graph, req: PlanRequest) -> Plan:
     """The fastest plan over every layout :func:`candidate_layouts` allows (see the module
     docstring for the passes and the pruning); ``plan.extra["candidates"]`` records them all."""
@@ -245,9 +258,7 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
     if not best:
         if errors:
             raise errors[0]
-        raise InfeasibleError(f"no layout of {req.devices} devices fits "
-                              f"{format_bytes(req.memory_bytes or 0)} per device, even with "
-                              "more micro-batches: add devices or raise --memory")
+        raise _no_layout_fits(req, choices)
     _, plan, chosen = best
     for rec in records:
         if rec is chosen:

@@ -190,3 +190,15 @@ def test_super_offers_a_near_tie_to_the_simulator():
     assert not np.array_equal(rs[0].assignment, rs[1].assignment)
     p = outcore.plan(g, outcore.plan_request(4, None, bandwidth="150GB/s"))
     assert sum(n.startswith("subgraph: simulated") for n in p.notes) == 2
+
+
+def test_layout_search_refusal_names_checked_devices_and_memory(mlp):
+    # every layout's memory floor exceeds the limit: the refusal still names what fits
+    req = outcore.plan_request(2, "8KiB", microbatches="auto", search_layout=True)
+    with pytest.raises(InfeasibleError, match="no layout of 2 devices") as info:
+        outcore.plan(mlp, req)
+    e = info.value
+    assert "(checked)" in str(e) and e.min_memory_bytes
+    roomier = outcore.plan(mlp, req.replace(memory_bytes=e.min_memory_bytes,
+                                            cluster=req.cluster.with_memory(e.min_memory_bytes)))
+    assert max(roomier.predicted["peak_bytes"]) <= e.min_memory_bytes
