@@ -52,12 +52,18 @@ def setitem_(x, index, value):
 
 
 def _returns_first_arg(n: fx.Node) -> bool:
-    """Whether ``n``'s result is the tensor it wrote (``x.add_(1)`` is ``x``)."""
+    """Whether ``n``'s result is the tensor it wrote (``x.add_(1)`` is ``x``): ATen ops by
+    their schema; torch's functions, operators and tensor methods by the ``_`` convention; a
+    user's function whose name ends in ``_`` may return anything, so it is not threaded."""
     if n.target == "__setitem__":
         return False
     if isinstance(n.target, torch._ops.OpOverload):
         rets = n.target._schema.returns
         return len(rets) == 1 and rets[0].alias_info is not None and rets[0].alias_info.is_write
+    if n.op == "call_function":
+        module = getattr(n.target, "__module__", None) or ""
+        return module.split(".")[0] in ("torch", "_operator", "operator") \
+            or n.target is setitem_
     return True
 
 

@@ -60,3 +60,19 @@ def test_an_in_place_module_counts_as_a_write():
     relu = next(n for n in gm.graph.nodes if n.op == "call_module" and n.target == "1")
     assert writes_first_arg(relu, gm)
     assert not writes_first_arg(next(n for n in gm.graph.nodes if n.target == "0"), gm)
+
+
+def plus_one_(x):
+    """A user's function named like an in-place op that is not one."""
+    return x + 1
+
+
+def test_a_users_function_named_like_an_in_place_op_is_not_threaded():
+    g = fx.Graph()
+    x = g.placeholder("x")
+    f = g.call_function(plus_one_, (x,))
+    after = g.call_function(torch.neg, (x,))
+    g.output((f, after))
+    assert thread_in_place(g, nn.Module()) == 0 and after.args == (x,)
+    out = fx.GraphModule(nn.Module(), g)(torch.zeros(2))
+    assert out[1].tolist() == [0, 0]
