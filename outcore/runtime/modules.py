@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from outcore.graph.mutation import writes_first_arg
+from outcore.graph.capture.mutation import writes_first_arg
 from outcore.plan.pieces import Pieces
 from outcore.plan.replicas import fx_name
 from outcore.runtime.randomness import seed_random_nodes

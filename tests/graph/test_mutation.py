@@ -9,7 +9,7 @@ import torch.fx as fx
 from torch import nn
 
 from outcore.graph.capture import trace
-from outcore.graph.mutation import setitem_, thread_in_place, writes_first_arg
+from outcore.graph.capture.mutation import setitem_, thread_in_place, writes_first_arg
 
 
 class DropPathLike(nn.Module):

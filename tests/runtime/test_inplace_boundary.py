@@ -24,34 +24,35 @@ MODEL = "tests/runtime/inplace_model.py:make"
 ALIAS_MODEL = "tests/runtime/inplace_alias_model.py:make"
 
 
-def _config(model: str) -> TrainConfig:
-    return TrainConfig(model=model, batch_size=8, microbatches=2, steps=3, optimizer="sgd",
-                       lr=0.1, momentum=0.0, return_state=True, track_memory=False, timeout_s=30)
-
-
-def test_in_place_add_of_a_received_tensor_on_two_ranks_equals_single_process():
-    cfg = TrainConfig(model=MODEL, batch_size=8, microbatches=2, steps=3, optimizer="sgd",
+def _captured(model: str, path: str) -> tuple[TrainConfig, object]:
+    """The run's config and the model's graph (1 / 2 ms per node), at the micro-batch size."""
+    cfg = TrainConfig(model=model, batch_size=8, microbatches=2, steps=3, optimizer="sgd",
                       lr=0.1, momentum=0.0, return_state=True, track_memory=False, timeout_s=30)
-    spec, model = build_model(MODEL, batch_size=8, seed=cfg.seed)
-    g = capture(model, split(spec.example_inputs, 2)[0], name=MODEL, path="export")
-    g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
-    # fc1 (its weights and matmul) on rank 0, everything else on rank 1: rank 1's add_ writes
-    # into fc1's output, received from rank 0
-    a = np.array([0 if g.module_of(i) == "fc1" else 1 for i in range(g.num_nodes)])
-    adds = [i for i in range(g.num_nodes) if g.op_of(i) == "add_"]
-    assert adds and all(a[i] == 1 for i in adds)
-    assert any(a[int(s)] == 0 and int(d) in adds for s, d in zip(g.src, g.dst))
+    spec, net = build_model(model, batch_size=8, seed=cfg.seed)
+    g = capture(net, split(spec.example_inputs, 2)[0], name=model, path=path)
+    return cfg, g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
+
+
+def _trains_like_one_process(cfg: TrainConfig, g, a: np.ndarray) -> None:
     plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
                      schedule="1f1b")
     results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
     assert_matches(results, *reference(cfg), rtol=1e-5)
 
 
+def test_in_place_add_of_a_received_tensor_on_two_ranks_equals_single_process():
+    cfg, g = _captured(MODEL, "export")
+    # fc1 (its weights and matmul) on rank 0, everything else on rank 1: rank 1's add_ writes
+    # into fc1's output, received from rank 0
+    a = np.array([0 if g.module_of(i) == "fc1" else 1 for i in range(g.num_nodes)])
+    adds = [i for i in range(g.num_nodes) if g.op_of(i) == "add_"]
+    assert adds and all(a[i] == 1 for i in adds)
+    assert any(a[int(s)] == 0 and int(d) in adds for s, d in zip(g.src, g.dst))
+    _trains_like_one_process(cfg, g, a)
+
+
 def test_in_place_write_through_an_alias_of_a_received_tensor_equals_single_process():
-    cfg = _config(ALIAS_MODEL)
-    spec, model = build_model(ALIAS_MODEL, batch_size=8, seed=cfg.seed)
-    g = capture(model, split(spec.example_inputs, 2)[0], name=ALIAS_MODEL, path="export")
-    g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
+    cfg, g = _captured(ALIAS_MODEL, "export")
     # rank 0: the input, fc1, topk and fc2; rank 1 takes topk's tuple and fc2's output and
     # writes into them through getitem (div_) and view + transpose (mul_)
     ops = [g.op_of(i) for i in range(g.num_nodes)]
@@ -60,22 +61,14 @@ def test_in_place_write_through_an_alias_of_a_received_tensor_equals_single_proc
     edges = {(ops[int(s)], ops[int(d)]) for s, d in zip(g.src, g.dst) if a[s] == 0 != a[d]}
     assert ("topk", "getitem") in edges and ("linear", "view") in edges, edges
     assert {"div_", "mul_"} <= {ops[i] for i in range(g.num_nodes) if a[i] == 1}
-    plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
-                     schedule="1f1b")
-    results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
-    assert_matches(results, *reference(cfg), rtol=1e-5)
+    _trains_like_one_process(cfg, g, a)
 
 
 @pytest.mark.parametrize("path", ["export", "fx"])
 def test_readers_before_and_after_an_in_place_write_in_other_pieces(path):
-    # fc1 and relu_ on rank 0 (one piece: both feed rank 1 at once), both readers (h * 2 before
-    # the write, fc3 after it) on rank 1: rank 1 must get h as it was before relu_ for the
-    # first, and after it for the second
-    model = "tests/runtime/inplace_alias_model.py:make_write_after_read"
-    cfg = _config(model)
-    spec, net = build_model(model, batch_size=8, seed=cfg.seed)
-    g = capture(net, split(spec.example_inputs, 2)[0], name=model, path=path)
-    g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
+    # fc1 and relu_ on rank 0, both readers (h * 2 before the write, fc3 after it) on rank 1:
+    # rank 1 must get h as it was before relu_ for the first, and after it for the second
+    cfg, g = _captured("tests/runtime/inplace_alias_model.py:make_write_after_read", path)
     ops = [g.op_of(i) for i in range(g.num_nodes)]
     a = np.array([1 if ops[i] == "mul" or g.module_of(i) in ("fc2", "fc3") else 0
                   for i in range(g.num_nodes)])
@@ -83,24 +76,14 @@ def test_readers_before_and_after_an_in_place_write_in_other_pieces(path):
     fc3 = next(i for i in range(g.num_nodes) if g.module_of(i) == "fc3" and ops[i] == "linear")
     assert a[relu] == 0 and a[fc3] == 1
     assert (relu, fc3) in set(zip(g.src.tolist(), g.dst.tolist()))
-    plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
-                     schedule="1f1b")
-    results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
-    assert_matches(results, *reference(cfg), rtol=1e-5)
+    _trains_like_one_process(cfg, g, a)
 
 
 @pytest.mark.parametrize("path", ["export", "fx"])
 def test_in_place_write_after_a_layer_that_returns_its_received_input(path):
-    model = "tests/runtime/inplace_alias_model.py:make_aliasing_layers"
-    cfg = _config(model)
-    spec, net = build_model(model, batch_size=8, seed=cfg.seed)
-    g = capture(net, split(spec.example_inputs, 2)[0], name=model, path=path)
-    g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
+    cfg, g = _captured("tests/runtime/inplace_alias_model.py:make_aliasing_layers", path)
     # the linears on rank 0; identity, dropout and the in-place ReLUs on rank 1
     a = np.array([0 if g.op_of(i) == "input" or g.module_of(i) in ("fc1", "fc2") else 1
                   for i in range(g.num_nodes)])
     assert "dropout" in [g.op_of(i) for i in range(g.num_nodes) if a[i] == 1]
-    plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
-                     schedule="1f1b")
-    results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
-    assert_matches(results, *reference(cfg), rtol=1e-5)
+    _trains_like_one_process(cfg, g, a)

@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils._pytree import tree_unflatten
 
 from outcore.errors import CaptureError
-from outcore.graph.mutation import thread_in_place
+from outcore.graph.capture.mutation import thread_in_place
 
 log = logging.getLogger(__name__)
 
