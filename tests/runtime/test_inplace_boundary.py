@@ -10,6 +10,7 @@ import pytest
 
 from outcore.graph.capture import capture
 from outcore.graph.io import to_dict as graph_doc
+from outcore.graph.ir import Graph
 from outcore.plan.plan import make_plan, to_dict as plan_doc
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import split
@@ -24,7 +25,7 @@ MODEL = "tests/runtime/inplace_model.py:make"
 ALIAS_MODEL = "tests/runtime/inplace_alias_model.py:make"
 
 
-def _captured(model: str, path: str) -> tuple[TrainConfig, object]:
+def _captured(model: str, path: str) -> tuple[TrainConfig, Graph]:
     """The run's config and the model's graph (1 / 2 ms per node), at the micro-batch size."""
     cfg = TrainConfig(model=model, batch_size=8, microbatches=2, steps=3, optimizer="sgd",
                       lr=0.1, momentum=0.0, return_state=True, track_memory=False, timeout_s=30)
@@ -33,7 +34,7 @@ def _captured(model: str, path: str) -> tuple[TrainConfig, object]:
     return cfg, g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
 
 
-def _trains_like_one_process(cfg: TrainConfig, g, a: np.ndarray) -> None:
+def _trains_like_one_process(cfg: TrainConfig, g: Graph, a: np.ndarray) -> None:
     plan = make_plan(g, a, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
                      schedule="1f1b")
     results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)

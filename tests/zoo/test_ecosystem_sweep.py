@@ -118,19 +118,18 @@ def _docs(model: str) -> tuple[dict, dict, dict, dict | None, dict, float]:
     g = profile(g, net, micro, device="cpu", warmup=0, repeat=1)
     took = time.perf_counter() - t0
     assert g.meta["costs"] == "profiled" and float(g.fwd_s.sum()) > 0
-    plans = []
-    for k in (1, 2):
-        a = np.minimum(np.arange(g.num_nodes) * k // g.num_nodes, k - 1)
-        plans.append(plan_doc(make_plan(g, a, strategy="manual", devices=k, memory_bytes=None,
-                                        microbatches=MICRO, schedule="1f1b")))
+    n = g.num_nodes
+    # one rank; two halves; alternating ranks (every edge between two ranks: each node a piece)
+    one, halves, cut = (plan_doc(make_plan(g, a, strategy="manual", devices=k, memory_bytes=None,
+                                           microbatches=MICRO, schedule="1f1b"))
+                        for a, k in ((np.zeros(n, dtype=np.int64), 1),
+                                     (np.minimum(np.arange(n) * 2 // n, 1), 2),
+                                     (np.arange(n) % 2, 2)))
     tg, layout = tensor_graph(g, 2, LinkSpec(bandwidth=1e9, latency_s=0.0))
-    tp = plan_doc(make_plan(tg, np.zeros(g.num_nodes, dtype=np.int64), strategy="manual",
+    tp = plan_doc(make_plan(tg, np.zeros(n, dtype=np.int64), strategy="manual",
                             devices=2, memory_bytes=None, microbatches=MICRO, schedule="1f1b",
                             layout=Layout(tp=2))) if layout.split_modules else None
-    alternate = np.arange(g.num_nodes) % 2  # every edge between two ranks: each node a piece
-    cut = plan_doc(make_plan(g, alternate, strategy="manual", devices=2, memory_bytes=None,
-                             microbatches=MICRO, schedule="1f1b"))
-    return graph_doc(g), plans[0], plans[1], tp, cut, took
+    return graph_doc(g), one, halves, tp, cut, took
 
 
 def _train(cfg: TrainConfig, gdoc: dict, pdoc: dict) -> list[float]:

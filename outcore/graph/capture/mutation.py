@@ -52,11 +52,10 @@ def setitem_(x, index, value):
 
 
 def _returns_first_arg(n: fx.Node) -> bool:
-    """Whether ``n``'s result is the tensor it wrote (``x.add_(1)`` is ``x``): ATen ops by
+    """Whether ``n``'s result is the tensor it wrote (``x.add_(1)`` is ``x``; asked only of
+    nodes that write, and a traced ``x[i] = v`` is :func:`setitem_` by then): ATen ops by
     their schema; torch's functions, operators and tensor methods by the ``_`` convention; a
     user's function whose name ends in ``_`` may return anything, so it is not threaded."""
-    if n.target == "__setitem__":
-        return False
     if isinstance(n.target, torch._ops.OpOverload):
         rets = n.target._schema.returns
         return len(rets) == 1 and rets[0].alias_info is not None and rets[0].alias_info.is_write
