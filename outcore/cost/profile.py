@@ -338,7 +338,8 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
 
     Returns the graph with times filled, ``meta['costs'] = 'profiled'`` and
     ``meta['profile'] = {device, step_s, sum_s, ratio, ..., adam_step_s}`` (the optimizer action
-    after a backward, :func:`time_optimizer_step`: the simulator scales its CPU model by it).
+    after a backward, :func:`time_optimizer_step`, with ``adam_param_bytes`` and
+    ``adam_tensors``, what it updated: the simulator scales its CPU model by it).
     """
     if "depth" in g.meta and g.meta.get("fine_nodes"):
         raise GraphError("profile a layer-level graph (captured without --depth), then collapse")
@@ -365,6 +366,7 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
         # one: calibrating to the eager step under-predicted every run of it by 1.2-1.4x)
         step_fwd_s, step_bwd_s = time_step(gm, inputs, dev, warmup, repeat)
         optimizer_s = time_optimizer_step(model, inputs, dev, warmup, repeat)
+        stepped = [p for p in model.parameters() if p.requires_grad]
         call_s = backward_call_s(dev, warmup, repeat) if timed == "alone" else 0.0
         bwd = np.where(bwd > 0, np.maximum(bwd - call_s, 0.25 * bwd), 0.0)
     except ModelError:
@@ -391,7 +393,10 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
                         "scale_fwd": scale_fwd, "scale_bwd": scale_bwd,
                         "backward_call_s": call_s, "nodes_timed": timed,
                         "warmup": warmup, "repeat": repeat,
-                        "adam_step_s": optimizer_s}}
+                        "adam_step_s": optimizer_s,
+                        # what that step updated: the whole model, one copy
+                        "adam_param_bytes": sum(p.numel() * p.element_size() for p in stepped),
+                        "adam_tensors": len(stepped)}}
     log.info("profiled %d nodes on %s: sum of nodes %.4fs, whole step %.4fs (ratio %.2f, "
              "forward times scaled by %.2f, backward by %.2f)", g.num_nodes, dev, sum_s,
              step_s, ratio, scale_fwd, scale_bwd)

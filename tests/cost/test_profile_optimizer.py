@@ -12,16 +12,19 @@ from outcore.graph.capture import capture
 from outcore.hardware.cluster import make_cluster
 from outcore.hardware.presets import device_preset
 from outcore.plan import make_plan
+from outcore.plan.layout import Layout
 from outcore.schedule.lower import lower
 from outcore.sim.simulate import optimizer_scale, simulate
 
 
-def _scale_and_step(g, cluster) -> tuple[float, float]:
-    """(the simulator's optimizer scale, the simulated iteration) of ``g`` on one device."""
-    p = make_plan(g, np.zeros(g.num_nodes, np.int64), strategy="single", devices=1,
-                  memory_bytes=None, cluster=cluster, optimizer="adam")
+def _scale_and_step(g, cluster, dp: int = 1) -> tuple[float, float]:
+    """(the simulator's optimizer scale, the simulated iteration) of ``g`` on one device, or
+    on ``dp`` data-parallel copies of it."""
+    layout = Layout.replicate("mp", 1, dp=dp) if dp > 1 else Layout()
+    p = make_plan(g, np.zeros(g.num_nodes, np.int64), strategy="single", devices=dp,
+                  memory_bytes=None, cluster=cluster, optimizer="adam", layout=layout)
     low = lower(g, p)
-    return optimizer_scale(g, low.costs, low.cluster), simulate(p, g).iteration_s
+    return optimizer_scale(g, low.costs, low.cluster, low.copies), simulate(p, g).iteration_s
 
 
 def test_the_optimizer_step_is_timed_and_scales_the_model():
@@ -48,3 +51,29 @@ def test_the_optimizer_step_is_timed_and_scales_the_model():
     assert _scale_and_step(slow, gpu)[0] == 1.0
     bare = g.replace(meta={k: v for k, v in g.meta.items() if k != "profile"})
     assert _scale_and_step(bare, cpu)[0] == 1.0
+
+
+def _profiled_mlp():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    return profile(capture(net, x, path="export"), net, x, device="cpu", warmup=1, repeat=3), net
+
+
+def test_data_parallel_copies_are_priced_against_one_copy_of_the_model():
+    """The profiled step updated one copy of the model: every data-parallel copy steps its
+    own, at the one-copy scale (pricing both copies' parameters against it halved it)."""
+    g, net = _profiled_mlp()
+    prof = g.meta["profile"]
+    assert prof["adam_tensors"] == len(list(net.parameters()))
+    assert prof["adam_param_bytes"] == sum(p.numel() * 4 for p in net.parameters())
+    cpu = make_cluster(2, None, device=device_preset("cpu"))
+    one, _ = _scale_and_step(g, cpu)
+    two, _ = _scale_and_step(g, cpu, dp=2)
+    assert two == one
+    # a profile from before the profiler recorded what it stepped: the plan's parameters over
+    # its copies give the same scale
+    old = g.replace(meta={**g.meta, "profile": {k: v for k, v in prof.items()
+                                                 if k not in ("adam_tensors",
+                                                              "adam_param_bytes")}})
+    assert _scale_and_step(old, cpu, dp=2)[0] == one
