@@ -25,6 +25,14 @@ def test_train_uses_the_micro_batches_the_plan_chose(tmp_path):
     assert report.config.microbatches == report.plan.microbatches
     assert report.plan.graph["batch_size"] * report.plan.microbatches == 8
     assert max(report.peak_bytes) <= memory
+    # predicted on the model as captured at the chosen micro-batch (what it trained), not on
+    # the whole batch's costs scaled down
+    from outcore.graph.io import load
+    trained = load(tmp_path / "auto" / "graph.json")
+    assert trained.batch_size == report.plan.graph["batch_size"]
+    again = outcore.simulate(report.plan, trained)
+    assert report.predicted["iteration_s"] == pytest.approx(again.iteration_s, rel=1e-9)
+    assert report.predicted["peak_bytes"] == pytest.approx(again.peak_bytes, rel=1e-9)
     fixed = outcore.train(UNET, 1, memory=memory, costs="estimate:cpu", steps=2,
                           microbatches=report.plan.microbatches,
                           run_dir=str(tmp_path / "fixed"), trace=False)
