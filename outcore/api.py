@@ -317,4 +317,6 @@ def microbatch_graph(g: Graph, p: Plan) -> Graph:
     search chose how to split its batch (``outcore.graph.batch.at_microbatch``)."""
     from outcore.graph.batch import at_microbatch
     size = p.graph.get("batch_size")
-    return g if not size or size == g.batch_size else at_microbatch(g, int(size))
+    if not size or size == g.batch_size:
+        return g
+    return at_microbatch(g, int(size), float(p.cluster_or_default().device.launch_s))

@@ -271,9 +271,14 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
             f"{chosen['layout']} (memory policy {chosen['memory_policy']})")
     if plan.layout.tp > 1:  # the chosen layout's split, for its note on the 2-D grid
         from outcore.cost.tensor import plan_layout
-        plan = with_grid_note(plan, plan_layout(at_microbatch(g, chosen["samples"]),
-                                                plan.layout.tp), req)
+        small = at_microbatch(g, chosen["samples"], _fixed_s(req))
+        plan = with_grid_note(plan, plan_layout(small, plan.layout.tp), req)
     return plan.replace(extra={**plan.extra, "candidates": records}).with_notes(*tp_notes, note)
+
+
+def _fixed_s(req: PlanRequest) -> float:
+    """What a node's time keeps at any micro-batch size: the device's launch cost."""
+    return float(req.cluster.device.launch_s)
 
 
 def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy: str,
@@ -302,7 +307,7 @@ def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy:
             extra_left -= 1
         try:
             creq = c.request(req, policy)
-            p = _search(tensor_costed(at_microbatch(g, c.samples), creq), creq)
+            p = _search(tensor_costed(at_microbatch(g, c.samples, _fixed_s(req)), creq), creq)
         except InfeasibleError as e:
             errors.append(e)
             rec["outcome"] = f"no plan: {str(e).split(';')[0]}"

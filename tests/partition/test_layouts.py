@@ -31,6 +31,27 @@ def test_rescaled_graph_scales_activations_and_time_not_parameters(unet):
     assert divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(12, at_most=5) == [1, 2, 3, 4]
 
 
+def test_a_fixed_cost_per_node_does_not_shrink_with_the_samples(unet):
+    """Up to ``fixed_s`` of each node's forward and backward stays at any micro-batch size
+    (the device's launch cost); the rest scales with the samples."""
+    fixed = 20e-6
+    quarter = at_microbatch(unet, unet.batch_size // 4, fixed)
+    for whole, part in ((unet.fwd_s, quarter.fwd_s), (unet.bwd_s, quarter.bwd_s)):
+        kept = np.minimum(whole, fixed)
+        np.testing.assert_allclose(part, kept + (whole - kept) / 4)
+        assert (part >= whole / 4).all() and (part <= whole).all()
+    tiny = unet.fwd_s <= fixed
+    assert tiny.any() and (~tiny).any()  # the graph has both kinds of node
+    np.testing.assert_array_equal(quarter.fwd_s[tiny], unet.fwd_s[tiny])
+    # the plan's graph at its micro-batch uses the launch cost of the plan's device
+    p = outcore.plan(unet, outcore.plan_request(1, None, microbatches="auto", device="cpu"))
+    p = p.replace(graph={**p.graph, "batch_size": unet.batch_size // 4})  # as if it chose 4
+    small = outcore.api.microbatch_graph(unet, p)
+    assert small.batch_size == unet.batch_size // 4
+    launch = p.cluster_or_default().device.launch_s
+    np.testing.assert_allclose(small.fwd_s, at_microbatch(unet, small.batch_size, launch).fwd_s)
+
+
 def test_unet_under_60_percent_of_its_footprint_plans_with_microbatches(unet):
     """The issue's held-out case: one CPU device (as the issue trained it), 59 % of the plain
     footprint. A fixed single micro-batch does not fit even with memory policies (on a CPU only
