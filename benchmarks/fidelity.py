@@ -17,6 +17,8 @@ the end of the cell.
 
     PYTHONPATH=. .venv/bin/python benchmarks/fidelity.py                  # the full matrix (long)
     PYTHONPATH=. .venv/bin/python benchmarks/fidelity.py --models mlp --workers 1 2 --mbs 1 4
+    PYTHONPATH=. .venv/bin/python benchmarks/fidelity.py --models hf:mixtral hf:llama --mbs 1 2 \
+        --batch 8 --out fidelity_hf                                    # models users bring
 
 Writes ``benchmarks/results/fidelity.{json,md}``.
 """
@@ -47,7 +49,7 @@ def cell(model: str, workers: int, mbs: int, args) -> dict:
         try:
             r = outcore.train(model, workers, batch_size=args.batch, microbatches=mbs,
                               steps=steps, costs=args.costs, run_dir=run_dir, trace=False,
-                              timeout_s=120.0)
+                              timeout_s=120.0, memory=args.memory)
         except Exception as e:  # a cell that cannot run is reported, not fatal
             return {"error": str(e).splitlines()[0][:160]}
         # a short step settles over tens of steps (its caches, the allocator): run the cell
@@ -85,7 +87,11 @@ def summary(rows: list[dict], cores: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=list(MODELS),
+                    help="zoo cells (%s) or any model name (hf:mixtral, timm:resnet18)"
+                         % ", ".join(MODELS))
+    ap.add_argument("--out", default="fidelity",
+                    help="results file name under benchmarks/results (default: fidelity)")
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--mbs", nargs="+", type=int, default=[1, 4, 8])
     ap.add_argument("--batch", type=int, default=16)
@@ -94,13 +100,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="train each cell at least this long (up to %d steps), rerunning a "
                          "cell whose --steps were shorter" % MAX_STEPS)
     ap.add_argument("--costs", default="profile")
+    ap.add_argument("--memory", default=None,
+                    help="per-device memory limit (7MiB): makes the plan split a model that "
+                         "would run faster on one device")
     args = ap.parse_args(argv)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     rows = []
     for name in args.models:
         for w in args.workers:
             for m in args.mbs:
-                res = cell(MODELS[name], w, m, args)
+                res = cell(MODELS.get(name, name), w, m, args)
                 res.update(model=name, workers=w, microbatches=m)
                 rows.append(res)
                 if "error" in res:
@@ -117,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in lines:
         print(line)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fidelity.json").write_text(json.dumps({"cores": cores, "rows": rows}, indent=1))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"cores": cores, "rows": rows}, indent=1))
     md = ["| model | workers | micro-batches | step measured (ms) | predicted (ms) | time error | "
           "fastest step (ms) | its error | load | "
           "peak measured (MiB) | predicted (MiB) | memory error |", "|---" * 12 + "|"]
@@ -132,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['min_time_error']:+.0%} | {r['load_1min']:.1f} | "
                   f"{r['measured_peak_bytes'] / 2**20:.2f} | "
                   f"{r['predicted_peak_bytes'] / 2**20:.2f} | {r['memory_error']:+.0%} |")
-    (RESULTS / "fidelity.md").write_text("\n".join(md + [""] + lines) + "\n")
+    (RESULTS / f"{args.out}.md").write_text("\n".join(md + [""] + lines) + "\n")
     return 0
 
 
