@@ -62,7 +62,8 @@ def estimate(g: Graph, device: str | DeviceSpec = "cpu") -> Graph:
 def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
                 batch_size: int | None = None, seed: int = 0, costs: str = "estimate:cpu",
                 split: int = 1, threads: int | None = None, device: str | None = None,
-                repeat: int = 3, warmup: int = 1, progress: Callable[[str, int, int], None] | None = None,
+                repeat: int = 3, warmup: int = 1,
+                progress: Callable[[str, int, int], None] | None = None,
                 leaves: tuple[str, ...] = ()) -> Graph:
     """A model name's costed layer graph: resolve, build with ``seed``, capture, cost.
 
