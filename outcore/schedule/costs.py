@@ -60,10 +60,13 @@ class PieceCosts:
         param_bytes: ``[ranks]`` parameter bytes (what the optimizer updates).
         piece_param_bytes: ``[pieces]`` parameter bytes of each piece (its gradient bucket).
         policies: ``[pieces]`` memory policy of each piece.
-        largest_param_bytes: ``[ranks]`` parameters of the largest layer on each rank (the
-            optimizer's working memory scales with it).
+        largest_param_bytes: ``[ranks]`` parameters of the largest layer on each rank.
         param_tensors: ``[ranks]`` parameter tensors each rank's optimizer updates (CPU
             optimizers pay a fixed cost per tensor).
+        grad_bytes: ``[pieces]`` the part of ``static_bytes`` that is gradients made by the
+            piece's first backward of a step and freed when the optimizer has stepped (the
+            runtime clears them, ``zero_grad(set_to_none=True)``); 0 for pieces under a memory
+            policy or sharded, whose state the policy accounts.
     """
 
     fwd_s: np.ndarray
@@ -78,6 +81,7 @@ class PieceCosts:
     policies: tuple[str, ...] = ()
     largest_param_bytes: np.ndarray | None = None
     param_tensors: np.ndarray | None = None
+    grad_bytes: np.ndarray | None = None
 
     @property
     def bwd_transient(self) -> np.ndarray:
@@ -154,7 +158,10 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     if any(p != "none" for p in pol):
         _apply_policies(g, pieces, pol, scale, host_bandwidth, host_is_device, fwd, bwd,
                         saved, transient, t_bwd, grad_tmp, static_piece, piece_params)
+    plain = np.array([p == "none" for p in pol], dtype=bool)
+    grads = np.where(plain, piece_params, 0.0) if n_p else np.zeros(0)
     if sharded_bytes is not None and depth > 1:
+        grads = np.zeros(n_p)
         _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth, factor,
                gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece, piece_params,
                grad_tmp)
@@ -173,7 +180,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 held[rank_of_piece[piece_of[v]]].update(names)
             tensors = np.array([len(h) for h in held], dtype=np.float64)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
-                      pol, largest, tensors)
+                      pol, largest, tensors, grads)
 
 
 def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int) -> np.ndarray:

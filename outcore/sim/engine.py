@@ -68,7 +68,7 @@ class SimOptions:
     dp: int = 1
     dp_link: LinkSpec | None = None
     optimizer_bytes_per_param_byte: float = 7.0
-    optimizer_transient: float = 0.0  # working memory of the step, x the largest layer's params
+    optimizer_transient: float = 0.0  # working memory of the step, x the rank's parameters
     optimizer_per_tensor_s: float = 0.0  # fixed cost per parameter tensor
     optimizer_per_step_s: float = 0.0  # fixed cost of a rank's step (one with parameters)
     bucket_bytes: tuple[float, ...] = ()
@@ -101,8 +101,16 @@ class _Engine:
         self.pc = [0] * R
         self.reached: list[list[float]] = [[] for _ in range(R)]  # when each action was reached
         self.events: list[Event] = []
-        self.mem: list[list[tuple[float, float]]] = [[(0.0, float(costs.static_bytes[r]))]
-                                                     for r in range(R)]
+        # gradients: made by each piece's first backward of the step, freed once the
+        # optimizer has stepped (the rest of the static state stays)
+        self.grads = costs.grad_bytes if costs.grad_bytes is not None \
+            else np.zeros(len(s.pieces.pieces))
+        self.grads_live = [0.0] * R
+        self.grads_made: set[int] = set()
+        later = np.bincount(np.asarray(s.pieces.device_of, np.int64), weights=self.grads,
+                            minlength=R) if len(self.grads) else np.zeros(R)
+        self.mem: list[list[tuple[float, float]]] = [
+            [(0.0, float(costs.static_bytes[r] - later[r]))] for r in range(R)]
         self.arrival: dict[tuple[int, str, int], float] = {}
         self.waiting: dict[tuple[int, str, int], int] = {}
         self.blocked_since: dict[int, float] = {}
@@ -248,6 +256,10 @@ class _Engine:
         else:  # the gradients of its received inputs stay until they are sent
             self.add_mem(r, end, self.in_grad[a.piece] - c.saved_bytes[a.piece]
                          - self.held.pop((a.piece, a.mb), 0.0))
+            if a.piece not in self.grads_made:  # its parameters' .grad, until the step
+                self.grads_made.add(a.piece)
+                self.add_mem(r, end, float(self.grads[a.piece]))
+                self.grads_live[r] += float(self.grads[a.piece])
             if self.opt.dp > 1 and self.last_b.get(a.piece) == a.mb:
                 self.pieces_left[r] -= 1
                 if not self.opt.dp_fused:
@@ -341,8 +353,7 @@ class _Engine:
         if self.ar_held[r]:
             self.add_mem(r, start, -self.ar_held[r])
             self.ar_held[r] = 0.0
-        largest = c.largest_param_bytes[r] if c.largest_param_bytes is not None else 0.0
-        work = float(largest) * self.opt.optimizer_transient
+        work = float(c.param_bytes[r]) * self.opt.optimizer_transient
         if work:
             self.add_mem(r, start, work)
         tensors = float(c.param_tensors[r]) if c.param_tensors is not None else 0.0
@@ -353,6 +364,9 @@ class _Engine:
         self.events.append(Event(r, "optim", "OPT", start, start + dur, "compute"))
         if work:
             self.add_mem(r, start + dur, -work)
+        if self.grads_live[r]:  # zero_grad(set_to_none=True)
+            self.add_mem(r, start + dur, -self.grads_live[r])
+            self.grads_live[r] = 0.0
         return start + dur if start + dur > t else t
 
     def send(self, r: int, a: Action, t: float) -> None:

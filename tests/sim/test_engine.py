@@ -275,3 +275,27 @@ def test_a_checkpointed_piece_keeps_each_input_once_and_not_what_its_producer_ho
     plain = piece_costs(g, pieces, 1)
     assert c.bwd_transient[p2] == pytest.approx(2.0 + max(plain.transient_bytes[p2],
                                                           plain.bwd_transient[p2]))
+
+
+def test_gradients_exist_from_a_piece_s_first_backward_until_the_optimizer_has_stepped():
+    """Adam keeps weights, two moments and (during the step) gradients: the gradients appear at
+    each piece's first backward of the step and go when the optimizer has stepped (the runtime
+    clears them); its multi-tensor step holds one temporary the size of the parameters."""
+    from outcore.sim.simulate import ADAM_WORKING
+    g = gbuild("p", fwd_s=[1.0, 1.0], bwd_s=[1.0, 1.0], src=[0], dst=[1], edge_bytes=[1],
+               out_bytes=[0, 0], saved_bytes=[50, 50], param_bytes=[100, 0], batch_size=2)
+    p = make_plan(g, np.array([0, 0]), strategy="manual", devices=1, memory_bytes=None,
+                  microbatches=2, optimizer="adam",
+                  cluster=flat_cluster_doc({"bandwidth": 2.0, "latency_s": 0.0}, 1))
+    r = simulate(p, g)
+    times, held = r.timeline.memory[0]
+    assert held[0] == pytest.approx(300)  # weights and moments; no gradients yet
+    (opt,) = [e for e in r.timeline.events if e.kind == "optim"]
+    during = held[np.searchsorted(times, opt.start_s, side="right") - 1]
+    assert during == pytest.approx(400 + ADAM_WORKING * 100)  # gradients and the temporary
+    assert held[-1] == pytest.approx(300)  # cleared after the step
+    # the first backward leaves the gradients; the second micro-batch's backward starts beside
+    # them, its saved activations, its 1 B input gradient and a fresh 100 B weight gradient
+    (b0,) = [e for e in r.timeline.events if e.label == "0B0"]
+    assert held[np.searchsorted(times, b0.end_s, side="right") - 1] == pytest.approx(400)
+    assert r.peak_bytes[0] == pytest.approx(400 + 2 * 50 + 1 + 100) == max(held)
