@@ -143,6 +143,11 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     saved = np.bincount(piece_of, weights=g.saved_bytes, minlength=n_p) * scale
     rank_of_piece = pieces.device_of
     saved -= _saved_received(g, piece_of, rank_of_piece, n_p) * scale
+    if loss_s is not None:  # the runtime's loss keeps the output's log-probabilities
+        # (cross-entropy) or its difference from the target (MSE) for its backward: hf:llama's
+        # 256 KiB of logits were the whole gap between its measured peak and the prediction
+        for v in g.nodes_with_op("output").tolist():
+            saved[piece_of[v]] += float(g.out_bytes[v]) * scale
     transient = np.zeros(n_p)
     np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) * scale)
     tbytes = np.array([t.bytes for t in pieces.transfers], dtype=np.float64) * scale

@@ -299,3 +299,15 @@ def test_gradients_exist_from_a_piece_s_first_backward_until_the_optimizer_has_s
     (b0,) = [e for e in r.timeline.events if e.label == "0B0"]
     assert held[np.searchsorted(times, b0.end_s, side="right") - 1] == pytest.approx(400)
     assert r.peak_bytes[0] == pytest.approx(400 + 2 * 50 + 1 + 100) == max(held)
+
+
+def test_the_runtime_s_loss_keeps_a_tensor_the_size_of_the_output_until_its_backward():
+    """Cross-entropy saves the log-probabilities, MSE the difference: the piece holding the
+    model's output holds that many more bytes from its forward to its backward."""
+    from outcore.schedule.lower import lower
+    g = gbuild("head", fwd_s=[1.0, 1.0], bwd_s=[1.0, 1.0], src=[0], dst=[1],
+               edge_bytes=[1000], out_bytes=[1000, 1000], saved_bytes=[10, 0],
+               ops=["linear", "output"], batch_size=2)
+    p = make_plan(g, np.array([0, 0]), strategy="manual", devices=1, memory_bytes=None,
+                  cluster=flat_cluster_doc({"bandwidth": 2.0, "latency_s": 0.0}, 1))
+    assert lower(g, p).costs.saved_bytes.tolist() == [10 + 1000]

@@ -49,7 +49,7 @@ def test_unet_through_the_api_with_a_pipeline(tmp_path):
     g = outcore.model_graph(UNET, costs="estimate:cpu", batch_size=4)
     one = outcore.plan(g, 2, sp=2, sp_join="mid_1", strategy="pipeline")
     assert one.stages == 1      # no limit: the decoder stays on the spatial stage
-    memory = 0.8 * max(one.predicted["peak_bytes"])
+    memory = 0.85 * max(one.predicted["peak_bytes"])  # under it: the decoder moves on
     report = outcore.train(UNET, 3, memory=memory, sp=2, sp_join="mid_1",
                            strategy="pipeline", costs="estimate:cpu", batch_size=4, steps=3,
                            optimizer="sgd", lr=0.1, run_dir=str(tmp_path / "run"), trace=False)
