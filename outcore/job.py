@@ -169,14 +169,15 @@ def prepare(job: Job, *, local: bool = True,
     return g, p
 
 
-def _predicted_on(p: Plan, g: Graph) -> Plan:
-    """``p`` with its prediction simulated on ``g``, the model captured and costed at the plan's
-    micro-batch. The search weighed micro-batch counts on the whole batch's graph with its
-    times scaled linearly (``graph.batch.at_microbatch``), which leaves out what does not
-    shrink with the samples (every op's fixed cost): hf:mixtral at dp 2 was predicted at
-    7.4 ms from there, 9.1 ms on its own capture at 4 samples (11.6 ms measured)."""
+def _predicted_on(p: Plan, g: Graph, schedule_file: str | None = None) -> Plan:
+    """``p`` with its prediction simulated on ``g`` (with ``schedule_file``'s action lists if
+    given), the graph the job trains. After the layout search: the search weighed micro-batch
+    counts on the whole batch's graph rescaled (``graph.batch.at_microbatch``), which misses
+    part of what does not shrink with the samples; hf:mixtral at dp 2 was predicted at 7.4 ms
+    from there, 9.1 ms on its own capture at 4 samples (11.6 ms measured)."""
     from outcore.api import simulate
-    return p.replace(predicted={**p.predicted, **simulate(p, g).to_dict()})
+    return p.replace(predicted={**p.predicted,
+                                **simulate(p, g, schedule_file=schedule_file).to_dict()})
 
 
 def _replanned(g: Graph, req: PlanRequest, chosen: Plan) -> Plan:
@@ -441,7 +442,6 @@ def _only_used_devices(g: Graph, p: Plan,
     extra = p.layout.sp - 1   # spatial plans: the extra tile ranks come after the stages
     if p.layout.replicated or used >= p.devices - extra:
         return p
-    from outcore.api import simulate
     why = (f"the plan uses {used + extra} of {p.devices} devices ({p.strategy} found no faster "
            f"plan on more); starting {used + extra} worker(s)")
     log.info(why)
@@ -453,7 +453,7 @@ def _only_used_devices(g: Graph, p: Plan,
     if p.spatial is not None:
         small = small.replace(spatial=replace(p.spatial, stage=int(
             assignment[p.spatial.indices(g)[0]])))
-    return small.replace(predicted={**p.predicted, **simulate(small, g).to_dict()})
+    return _predicted_on(small, g)
 
 
 def _save_artifacts(job: Job, g: Graph, p: Plan) -> None:
@@ -591,8 +591,4 @@ def _job_main(ctx: Any, job: Job) -> TrainReport | None:
 
 def _with_schedule_file(cfg: TrainConfig, g: Graph, p: Plan) -> Plan:
     """With a schedule file, the prediction is that file's action lists, simulated."""
-    if not cfg.schedule_file:
-        return p
-    from outcore.api import simulate
-    return p.replace(predicted={**p.predicted,
-                                **simulate(p, g, schedule_file=cfg.schedule_file).to_dict()})
+    return _predicted_on(p, g, cfg.schedule_file) if cfg.schedule_file else p

@@ -32,7 +32,7 @@ def at_microbatch(g: Graph, samples: int, fixed_s: float = 0.0) -> Graph:
     device's ``launch_s``: dispatch and kernel launch); up to that much of each time stays,
     the rest scales. Linear scaling alone priced 2 of 16 samples at 0.13-0.26x of their
     profiled time on the zoo MLP, transformer and hf:mixtral, 5.7 us kept per node 0.5-0.6x
-    (a conv net at 0.66x and 0.75x; measured 2026-11-27).
+    (the zoo ResNet: 0.66x linear, 0.75x kept; measured 2026-11-27).
 
     Raises :class:`UsageError` when the graph does not say its batch size.
     """

@@ -60,7 +60,6 @@ class PieceCosts:
         param_bytes: ``[ranks]`` parameter bytes (what the optimizer updates).
         piece_param_bytes: ``[pieces]`` parameter bytes of each piece (its gradient bucket).
         policies: ``[pieces]`` memory policy of each piece.
-        largest_param_bytes: ``[ranks]`` parameters of the largest layer on each rank.
         param_tensors: ``[ranks]`` parameter tensors each rank's optimizer updates (CPU
             optimizers pay a fixed cost per tensor).
         grad_bytes: ``[pieces]`` the part of ``static_bytes`` that is gradients made by the
@@ -79,7 +78,6 @@ class PieceCosts:
     piece_param_bytes: np.ndarray
     transient_bwd_bytes: np.ndarray | None = None
     policies: tuple[str, ...] = ()
-    largest_param_bytes: np.ndarray | None = None
     param_tensors: np.ndarray | None = None
     grad_bytes: np.ndarray | None = None
 
@@ -174,10 +172,8 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         if n_p else np.zeros(num_ranks)
     params = np.bincount(rank_of_piece, weights=piece_params, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
-    largest = np.zeros(num_ranks)
     tensors = np.zeros(num_ranks)
     if n_p:
-        np.maximum.at(largest, rank_of_piece, grad_tmp)
         if g.attrs is not None:
             held: list[set[str]] = [set() for _ in range(num_ranks)]
             for v in range(g.num_nodes):
@@ -185,7 +181,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 held[rank_of_piece[piece_of[v]]].update(names)
             tensors = np.array([len(h) for h in held], dtype=np.float64)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
-                      pol, largest, tensors, grads)
+                      pol, tensors, grads)
 
 
 def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int) -> np.ndarray:
