@@ -25,11 +25,10 @@ def test_a_traced_allreduce_ends_when_it_completes_not_when_its_call_returns(tmp
         assert reduces
         last = max(reduces, key=lambda e: e.end_s)
         # the optimizer action's event starts once the all-reduces have completed (waiting
-        # for them is not its work) ...
+        # for them is not its work); how soon after is the machine's scheduling, not asserted
+        # (a loaded CI machine took 1.7 ms): the test below pins the completion with a peer
+        # that launches late on purpose
         assert opt.start_s >= last.end_s - 1e-6
-        # ... and the all-reduce's event reaches its completion: before, it ended when the
-        # launching call returned, a few microseconds into a transfer of a millisecond or so
-        assert opt.start_s - last.end_s < last.duration_s
     kinds = {c["kind"]: c for c in report.comm}
     assert kinds["allreduce"]["measured_s"] > 0
 
@@ -66,3 +65,48 @@ def test_the_completion_stamp_comes_from_the_work_s_future():
     assert ex._completed(call, Action("OPT"), t0) is call
     early = Event(0, "allreduce", "AR3", 0.009, 1.0, "comm")
     assert ex._completed(early, Action("AR", bucket=3), t0) is early
+
+
+def test_a_real_gloo_allreduce_is_stamped_when_the_late_peer_has_joined():
+    """The executor's own all-reduce on a real gloo group of two (threads of this process):
+    the peer launches 50 ms after this rank's call returned, so the transfer cannot complete
+    sooner, and the completion stamp (what a traced event ends at) must be that late."""
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from outcore.runtime.executor import RankExecutor
+
+    store = dist.HashStore()
+    groups: dict[int, dist.ProcessGroup] = {}
+    makers = [threading.Thread(target=lambda r=r: groups.__setitem__(
+        r, dist.ProcessGroupGloo(store, r, 2))) for r in range(2)]
+    for t in makers:
+        t.start()
+    for t in makers:
+        t.join(timeout=30)
+    assert set(groups) == {0, 1}, "could not make a gloo group of two threads"
+    param = torch.nn.Parameter(torch.ones(1024))
+    param.grad = torch.full((1024,), 2.0)
+    ex = object.__new__(RankExecutor)  # only the all-reduce and its bookkeeping are exercised
+    ex.sharded_buckets, ex.pending_ar, ex.ar_done, ex.trace = set(), [], {}, True
+    ex.bucket_groups = {5: (groups[0], [param])}
+    ex.allreduce(5)
+    launched = time.perf_counter()
+
+    def late_peer() -> None:
+        time.sleep(0.05)
+        groups[1].allreduce([torch.full((1024,), 3.0)]).wait()
+
+    peer = threading.Thread(target=late_peer)
+    peer.start()
+    (work, flat, _, _), = ex.pending_ar
+    work.wait()
+    peer.join(timeout=30)
+    deadline = time.perf_counter() + 5  # the callback runs on gloo's thread, just after
+    while 5 not in ex.ar_done and time.perf_counter() < deadline:
+        time.sleep(0.001)
+    assert torch.equal(flat, torch.full((1024,), 5.0))
+    assert ex.ar_done[5] - launched >= 0.05
