@@ -35,9 +35,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from outcore.cost.memory import state_factor
 from outcore.errors import InfeasibleError, UsageError
-from outcore.graph.algorithms import critical_path
+from outcore.graph.algorithms import longest_to_sinks
 from outcore.graph.batch import at_microbatch, divisors
 from outcore.graph.ir import Graph
 from outcore.plan.plan import Plan
@@ -115,22 +117,43 @@ def _modes(req: PlanRequest, stages: int) -> list[tuple[str, int]]:
     return out
 
 
-@dataclass(frozen=True)
 class _Totals:
     """What the bounds of one tensor-parallel degree's layouts read off its costed graph (of
-    the global batch): one rank's work and critical path, parameter state, saved activations."""
+    the global batch): one rank's work and critical path, parameter state, saved activations.
 
-    work_s: float
-    path_s: float
-    params_bytes: float
-    saved_bytes: float
+    ``fixed_s`` is what every node's forward and backward cost at any micro-batch size (the
+    device's launch cost, as :func:`~outcore.graph.batch.at_microbatch` keeps it): a layout
+    that runs the model ``n`` times per iteration (copies x micro-batches) does ``n`` times
+    that part of the work and the rest once, and its critical path is the rescaled graph's.
+    """
 
+    def __init__(self, g: Graph, optimizer: str, fixed_s: float = 0.0) -> None:
+        fwd, bwd = np.asarray(g.fwd_s, np.float64), np.asarray(g.bwd_s, np.float64)
+        self._g = g
+        self._fixed = np.minimum(fwd, fixed_s) + np.minimum(bwd, fixed_s)
+        self._rest = fwd + bwd - self._fixed
+        self.work_s = float((fwd + bwd).sum())
+        self.fixed_work_s = float(self._fixed.sum())
+        self.params_bytes = float(g.param_bytes.sum()) * state_factor(optimizer)
+        self.saved_bytes = float(g.saved_bytes.sum())
+        self._paths: dict[float, float] = {}
 
-def _totals(g: Graph, optimizer: str) -> _Totals:
-    return _Totals(work_s=float((g.fwd_s + g.bwd_s).sum()),
-                   path_s=critical_path(g, g.fwd_s + g.bwd_s)[0] if g.num_nodes else 0.0,
-                   params_bytes=float(g.param_bytes.sum()) * state_factor(optimizer),
-                   saved_bytes=float(g.saved_bytes.sum()))
+    @property
+    def path_s(self) -> float:
+        return self.path_at(1.0)
+
+    def work_at(self, runs: int) -> float:
+        """Work of ``runs`` runs of the model that together process the global batch once."""
+        return self.fixed_work_s * runs + (self.work_s - self.fixed_work_s)
+
+    def path_at(self, scale: float) -> float:
+        """Critical path (forward + backward) of one micro-batch of ``scale`` x the batch."""
+        if scale not in self._paths:
+            g = self._g
+            self._paths[scale] = (float(longest_to_sinks(
+                g, self._fixed + self._rest * scale, np.zeros(g.num_edges)).max())
+                if g.num_nodes else 0.0)
+        return self._paths[scale]
 
 
 def tensor_degrees(g: Graph, req: PlanRequest) -> tuple[dict[int, _Totals], list[str]]:
@@ -148,7 +171,10 @@ def tensor_degrees(g: Graph, req: PlanRequest) -> tuple[dict[int, _Totals], list
     notes: list[str] = []
     for t in options:
         try:
-            totals[t] = _totals(tensor_costed(g, req.replace(tp=t)), req.optimizer)
+            # a split layer's launch cost is not the one the rescaling keeps (it divides
+            # the node's time by tp): its bound scales the whole time, which stays below it
+            totals[t] = _Totals(tensor_costed(g, req.replace(tp=t)), req.optimizer,
+                                _fixed_s(req) if t == 1 else 0.0)
         except InfeasibleError as e:
             if req.tp is not None:
                 raise
@@ -172,8 +198,9 @@ def candidate_layouts(g: Graph, req: PlanRequest,
     if not req.whole_batch:
         M = int(req.microbatches)
         copies = req.dp * (req.replica_options()[0] if req.parallel != "mp" else 1)
+        totals = degrees[req.tp]  # of one micro-batch: every run does all of its work
         return [_choice(req.dp, req.parallel, req.replica_options()[0], M, B, req,
-                        degrees[req.tp], 1.0, req.depth or 1, req.tp, work_scale=M * copies)]
+                        totals, 1.0, req.depth or 1, req.tp, work_s=totals.work_s * M * copies)]
     out: list[LayoutChoice] = []
     for tp, totals in degrees.items():
         for dp in (divisors(req.devices) if req.search_layout else [req.dp]):
@@ -192,7 +219,8 @@ def candidate_layouts(g: Graph, req: PlanRequest,
                         continue
                     for depth in _depths(req, dp, mode):
                         out.append(_choice(dp, mode, R, M, per_copy // M, req, totals,
-                                           (per_copy // M) / B, depth, tp))
+                                           (per_copy // M) / B, depth, tp,
+                                           work_s=totals.work_at(copies * M)))
     return out
 
 
@@ -206,15 +234,16 @@ def _depths(req: PlanRequest, dp: int, mode: str) -> list[int]:
 
 def _choice(dp: int, mode: str, R: int, M: int, samples: int, req: PlanRequest,
             totals: _Totals, scale: float, depth: int, tp: int, *,
-            work_scale: float = 1.0) -> LayoutChoice:
-    """One layout with its bounds; ``totals`` are one tensor-parallel rank's (of ``tp``)."""
+            work_s: float) -> LayoutChoice:
+    """One layout with its bounds; ``totals`` are one tensor-parallel rank's (of ``tp``),
+    ``work_s`` that rank's work over the iteration, ``scale`` a micro-batch's share of the
+    graph's batch."""
     stages = max(req.devices // (dp * tp * req.sp), 1)
     R = R if mode != "mp" else 1
     own = totals.params_bytes * R / (stages * req.sp * depth)
     return LayoutChoice(dp=dp, parallel=mode, replicas=R, microbatches=M, samples=samples,
                         tp=tp, sp=req.sp, depth=depth,
-                        time_bound_s=max(totals.work_s * work_scale * tp / req.devices,
-                                         totals.path_s * scale),
+                        time_bound_s=max(work_s * tp / req.devices, totals.path_at(scale)),
                         params_floor_bytes=own,
                         memory_floor_bytes=own + totals.saved_bytes * scale / (stages * req.sp))
 

@@ -100,3 +100,26 @@ def test_layout_search_is_no_slower_than_the_plain_layout(family):
     outcomes = [r["outcome"] for r in p.extra["candidates"]]
     assert outcomes.count("chosen") == 1 and len(outcomes) > 5
     assert p.notes[-1].startswith("layout search:")
+
+
+@pytest.mark.parametrize("family", ["nas", "transformer"])
+def test_every_layout_s_time_bound_is_below_its_simulated_plan(family):
+    """A layout's bound prunes it unplanned, so it must never exceed what its plan takes: every
+    run of the model (copies x micro-batches) pays each node's fixed cost again, and a
+    micro-batch's critical path is its rescaled graph's. The bound grows with the runs (the
+    search prunes the long tails of micro-batch counts by it) and is met by some plans."""
+    from outcore.graph.generators import make
+    g = make(family, 200, seed=2).replace(batch_size=8)
+    req = outcore.plan_request(4, None, device="a100", bandwidth="300GB/s", latency="5us",
+                               microbatches="auto", search_layout=True)
+    records = outcore.plan(g, req).extra["candidates"]
+    planned = [r for r in records if r.get("iteration_s")]
+    assert len(planned) >= 4
+    for r in planned:
+        assert r["time_bound_s"] <= r["iteration_s"] * (1 + 1e-9), r
+    one = [r for r in records if (r["dp"], r["parallel"]) == (1, "mp")]
+    bounds = [r["time_bound_s"] for r in sorted(one, key=lambda r: r["microbatches"])]
+    # 8 runs of 1 sample pay 8 launch costs per node, 4 of 2 samples 4: a bound of work /
+    # devices and the critical path would not grow
+    assert bounds[-1] > bounds[-2] * 1.1
+    assert min(r["iteration_s"] / r["time_bound_s"] for r in planned) < 1.5
