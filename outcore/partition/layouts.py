@@ -271,6 +271,7 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
         raise UsageError(f"the batch of {g.batch_size} samples does not split over any layout "
                          f"of {req.devices} devices: make the batch a multiple of the devices, "
                          "or pass --microbatches and --dp")
+    graphs = _Rescaled(g, _fixed_s(req))
     records: list[dict[str, Any]] = []
     best: list[Any] = []  # [key, plan, record] of the best plan so far
     errors: list[InfeasibleError] = []
@@ -281,7 +282,7 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
                 records += [{**_record(c, policy), "outcome": "not tried: the copies fit "
                              "without sharding"} for c in group]
                 continue
-            _search_group(g, req, group, policy, records, best, errors)
+            _search_group(graphs, req, group, policy, records, best, errors)
         if best:
             break
     if not best:
@@ -300,7 +301,7 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
             f"{chosen['layout']} (memory policy {chosen['memory_policy']})")
     if plan.layout.tp > 1:  # the chosen layout's split, for its note on the 2-D grid
         from outcore.cost.tensor import plan_layout
-        small = at_microbatch(g, chosen["samples"], _fixed_s(req))
+        small = graphs(chosen["samples"], 1, req)
         plan = with_grid_note(plan, plan_layout(small, plan.layout.tp), req)
     return plan.replace(extra={**plan.extra, "candidates": records}).with_notes(*tp_notes, note)
 
@@ -310,12 +311,31 @@ def _fixed_s(req: PlanRequest) -> float:
     return float(req.cluster.device.launch_s)
 
 
-def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy: str,
-                  records: list[dict[str, Any]], best: list[Any],
+class _Rescaled:
+    """The graph at each micro-batch size and tensor-parallel degree the layouts ask for, made
+    once: layouts of the same micro-batch (dp 2 x 2 and dp 1 x 4 micro-batches of a quarter)
+    plan on the same graph, so what the planners remember per graph (topological orders, the
+    fork-join regions, contexts) serves them all."""
+
+    def __init__(self, g: Graph, fixed_s: float) -> None:
+        self.g, self.fixed_s = g, fixed_s
+        self._made: dict[tuple[int, int], Graph] = {}
+
+    def __call__(self, samples: int, tp: int, req: PlanRequest) -> Graph:
+        from outcore.partition.search import tensor_costed
+
+        if (samples, tp) not in self._made:
+            self._made[samples, tp] = tensor_costed(at_microbatch(self.g, samples, self.fixed_s),
+                                                    req.replace(tp=tp))
+        return self._made[samples, tp]
+
+
+def _search_group(graphs: _Rescaled, req: PlanRequest, group: list[LayoutChoice],
+                  policy: str, records: list[dict[str, Any]], best: list[Any],
                   errors: list[InfeasibleError]) -> None:
     """Plan one mesh's micro-batch counts, fewest first; after the first that fits, at most
     :data:`EXTRA_MICROBATCH_STEPS` more (none on one stage: nothing to fill)."""
-    from outcore.partition.search import _search, fits, tensor_costed
+    from outcore.partition.search import _search, fits
 
     extra_left: int | None = None
     for c in group:
@@ -336,7 +356,7 @@ def _search_group(g: Graph, req: PlanRequest, group: list[LayoutChoice], policy:
             extra_left -= 1
         try:
             creq = c.request(req, policy)
-            p = _search(tensor_costed(at_microbatch(g, c.samples, _fixed_s(req)), creq), creq)
+            p = _search(graphs(c.samples, c.tp, creq), creq)
         except InfeasibleError as e:
             errors.append(e)
             rec["outcome"] = f"no plan: {str(e).split(';')[0]}"
