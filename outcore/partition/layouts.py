@@ -334,10 +334,14 @@ def _search_group(graphs: _Rescaled, req: PlanRequest, group: list[LayoutChoice]
                   policy: str, records: list[dict[str, Any]], best: list[Any],
                   errors: list[InfeasibleError]) -> None:
     """Plan one mesh's micro-batch counts, fewest first; after the first that fits, at most
-    :data:`EXTRA_MICROBATCH_STEPS` more (none on one stage: nothing to fill)."""
+    :data:`EXTRA_MICROBATCH_STEPS` more (none on one stage: nothing to fill), and none after
+    a count that was slower than the one before it (fewer micro-batches fill a pipeline less
+    and pay a run's fixed costs fewer times: the time over the count falls, then rises)."""
     from outcore.partition.search import _search, fits
 
     extra_left: int | None = None
+    last_s: float | None = None  # the last count's simulated time, when it fit
+    slower = False
     for c in group:
         rec = _record(c, policy)
         records.append(rec)
@@ -350,8 +354,9 @@ def _search_group(graphs: _Rescaled, req: PlanRequest, group: list[LayoutChoice]
             rec["outcome"] = "pruned: its time bound exceeds the best plan's time"
             continue
         if extra_left is not None:
-            if extra_left <= 0:
-                rec["outcome"] = "not tried: fewer micro-batches fit already"
+            if extra_left <= 0 or slower:
+                rec["outcome"] = ("not tried: more micro-batches were slower" if slower else
+                                  "not tried: fewer micro-batches fit already")
                 continue
             extra_left -= 1
         try:
@@ -366,6 +371,9 @@ def _search_group(graphs: _Rescaled, req: PlanRequest, group: list[LayoutChoice]
             rec["outcome"] = "does not fit"
             continue
         rec["outcome"] = "fits"
+        t = float(p.predicted["iteration_s"])
+        slower = last_s is not None and t > last_s * (1 + TIE)
+        last_s = t
         if extra_left is None:
             one_stage = req.devices // (c.dp * c.tp * c.sp) == 1
             extra_left = 0 if one_stage else EXTRA_MICROBATCH_STEPS
