@@ -125,7 +125,7 @@ def choose(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Cluster,
 
 def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Cluster,
                      max_rounds: int = 60, margin: float = 0.005,
-                     give_up_above_s: float | None = None):
+                     give_up_above_s: float | None = None, checked: bool = True):
     """:func:`choose`, also returning the simulation of the returned plan (so that a caller
     need not simulate it again).
 
@@ -138,14 +138,15 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
 
     With ``give_up_above_s``, a plan whose simulation without policies already takes that
     long is returned as it is (not fitting): policies only add time (recompute, copies), so it
-    cannot beat a plan of that time (branch and bound for the search).
+    cannot beat a plan of that time (branch and bound for the search). ``checked``: check
+    each simulated schedule (:func:`outcore.sim.simulate.simulate`).
     """
     from outcore.sim.simulate import simulate
 
     if mode not in CHOICES:
         raise UsageError(f"unknown memory policy {mode!r}: use {', '.join(CHOICES)}")
     limit = plan.memory_bytes
-    sim = simulate(plan, g, cluster=cluster)
+    sim = simulate(plan, g, cluster=cluster, checked=checked)
     if not limit or sim.fits:
         return plan, sim
     if give_up_above_s is not None and sim.iteration_s >= give_up_above_s:
@@ -188,7 +189,7 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
                 if freed >= need:
                     break
         trial = plan.replace(policies=_compact(group_of, policies))
-        after = simulate(trial, g, cluster=cluster)
+        after = simulate(trial, g, cluster=cluster, checked=checked)
         worse = [d for d in taken if after.peak_bytes[d] >= sim.peak_bytes[d]]
         if worse:  # undone on a device whose peak they did not lower (not tried again)
             for d in worse:
@@ -197,7 +198,7 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
             if len(worse) == len(taken):  # back where the round started: nothing to simulate
                 continue
             trial = plan.replace(policies=_compact(group_of, policies))
-            after = simulate(trial, g, cluster=cluster)
+            after = simulate(trial, g, cluster=cluster, checked=checked)
         current, sim = trial, after
     if sim.fits:
         return current, sim

@@ -515,7 +515,8 @@ def _partition(g: Graph, req: PlanRequest, budget: float | None, name: str):
 
 def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool,
                bound_s: float | None = None) -> Plan:
-    """The plan of a partition result, with memory policies if needed, simulated."""
+    """The plan of a partition result, with memory policies if needed, simulated (its
+    schedule not checked: the search compares many; one is checked when lowered to run)."""
     from outcore.partition.memory_policy import choose_simulated
     from outcore.sim.simulate import simulate
 
@@ -527,9 +528,9 @@ def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool,
                   devices_used=result.devices_used)
     if check_fit and req.memory_bytes:
         p, sim = choose_simulated(g, p, mode=req.memory_policy, cluster=req.cluster,
-                                  give_up_above_s=bound_s)
+                                  give_up_above_s=bound_s, checked=False)
     else:
-        sim = simulate(p, g, cluster=req.cluster)
+        sim = simulate(p, g, cluster=req.cluster, checked=False)
     predicted = {**sim.to_dict(), "lower_bound_s": result.lower_bound_s,
                  "planner_makespan_s": result.makespan_s,
                  "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}
@@ -544,5 +545,5 @@ def _replicate(g: Graph, base: Plan, req: PlanRequest, replicas: int) -> Plan:
     layout = Layout.replicate(mode, base.stages, replicas, req.dp, tp=req.tp, depth=req.depth)
     p = base.replace(devices=layout.ranks(base.stages), memory_bytes=req.memory_bytes,
                      layout=layout)
-    sim = simulate(p, g)
+    sim = simulate(p, g, checked=False)
     return p.replace(predicted={**base.predicted, **sim.to_dict()})

@@ -71,7 +71,8 @@ class Lowered:
 
 def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
           schedule: str | None = None, cluster: Cluster | None = None,
-          global_batch: int | None = None, mb_samples: float | None = None) -> Lowered:
+          global_batch: int | None = None, mb_samples: float | None = None,
+          checked: bool = True) -> Lowered:
     """Lower ``plan`` (made for ``g``) to the schedule every rank runs.
 
     Args:
@@ -82,6 +83,9 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
             ``global_batch / (microbatches * copies)`` samples (costs scaled linearly from the
             graph's batch). Default: every micro-batch is the graph's batch.
         mb_samples: samples per micro-batch (instead of ``global_batch``).
+        checked: check the schedule (:func:`outcore.schedule.check.check`); the search skips
+            it for the placements it only compares (the simulator still raises on a
+            deadlock; a plan's schedule is checked when it is lowered to run).
 
     With ``plan.layout.tp > 1`` the graph is first costed as one rank of a tensor-parallel
     group sees it (:func:`outcore.cost.tensor.tensor_graph`) and the schedule's ranks are the
@@ -114,7 +118,7 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
                                          optimizer=plan.optimizer, policies=policies,
                                          depth=(plan.stages, plan.layout.dp, depth)
                                          if depth > 1 else None,
-                                         whole=_tiled_mask(g, plan, copies))
+                                         whole=_tiled_mask(g, plan, copies), checked=checked)
     return Lowered(big, assignment, copies, pieces, costs, sched, cl, batch, tp)
 
 
@@ -264,8 +268,8 @@ class _Sharding:
 def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatches: int,
                   kind: str, cluster: Cluster, scale: float = 1.0, optimizer: str = "adam",
                   policies: MemoryPolicies | None = None,
-                  depth: tuple[int, int, int] | None = None, whole: np.ndarray | None = None
-                  ) -> tuple[Schedule, PieceCosts, Pieces]:
+                  depth: tuple[int, int, int] | None = None, whole: np.ndarray | None = None,
+                  checked: bool = True) -> tuple[Schedule, PieceCosts, Pieces]:
     """Cut ``g`` by ``assignment`` (and memory-policy groups; ``whole``: nodes kept in one
     piece, see :func:`~outcore.plan.pieces.cut`), cost the pieces per micro-batch, build and
     check. ``depth = (stages, dp, depth)`` shards the parameters of every slot over its
@@ -293,5 +297,6 @@ def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatc
     if shard:
         meta.update(shard.bucket_meta(sizes))
     s = Schedule(s.kind, s.num_ranks, s.microbatches, s.pieces, s.actions, s.buckets, meta)
-    check(s)
+    if checked:
+        check(s)
     return s, costs, pieces

@@ -68,7 +68,8 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
              microbatches: int | None = None, schedule: str | None = None,
              global_batch: int | None = None, dp: int = 1,
              collective: str = "auto", dp_bucket_bytes: float = 0.0,
-             dp_fused: bool = False, lowered: Lowered | None = None) -> SimResult:
+             dp_fused: bool = False, lowered: Lowered | None = None,
+             checked: bool = True) -> SimResult:
     """Predict one training iteration of ``plan`` on ``cluster``.
 
     Args:
@@ -95,11 +96,12 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
             per piece (GEMS' torchgems; ``SimOptions.dp_fused``).
         lowered: the plan already lowered (:func:`outcore.schedule.lower.lower`, e.g. with a
             schedule file's action lists); the lowering options above are then ignored.
+        checked: check the lowered schedule (``lower``'s ``checked``).
     """
     if dp < 1:
         raise UsageError(f"data-parallel degree must be at least 1, got {dp}")
     low = lowered or lower(g, plan, microbatches=microbatches, schedule=schedule,
-                           cluster=cluster, global_batch=global_batch)
+                           cluster=cluster, global_batch=global_batch, checked=checked)
     sched, costs, cl = low.schedule, low.costs, low.cluster
     opt_scale = optimizer_scale(g, costs, cl, low.copies)
     opts = SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())),

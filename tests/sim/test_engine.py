@@ -311,3 +311,18 @@ def test_the_runtime_s_loss_keeps_a_tensor_the_size_of_the_output_until_its_back
     p = make_plan(g, np.array([0, 0]), strategy="manual", devices=1, memory_bytes=None,
                   cluster=flat_cluster_doc({"bandwidth": 2.0, "latency_s": 0.0}, 1))
     assert lower(g, p).costs.saved_bytes.tolist() == [10 + 1000]
+
+
+def test_a_schedule_the_search_does_not_check_simulates_the_same():
+    """The search skips the schedule check on the placements it only compares: that may
+    change nothing the simulator predicts (the check only raises)."""
+    from outcore.graph.generators import make
+    from outcore.partition import partition
+
+    g = make("nas", 200, seed=3)
+    result = partition(g, 3, strategy="pardnn")
+    p = make_plan(g, result.assignment, strategy="pardnn", devices=3, memory_bytes=None,
+                  microbatches=2)
+    a, b = simulate(p, g), simulate(p, g, checked=False)
+    assert a.iteration_s == b.iteration_s and list(a.peak_bytes) == list(b.peak_bytes)
+    assert a.iteration_s > 0
