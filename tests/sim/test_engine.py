@@ -314,7 +314,7 @@ def test_the_runtime_s_loss_keeps_a_tensor_the_size_of_the_output_until_its_back
 
 
 def test_a_schedule_the_search_does_not_check_simulates_the_same():
-    """The search skips the schedule check on the placements it only compares: that may
+    """The search skips the schedule check on the placements it only compares: that must
     change nothing the simulator predicts (the check only raises)."""
     from outcore.graph.generators import make
     from outcore.partition import partition
