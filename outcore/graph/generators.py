@@ -78,7 +78,9 @@ class _Nodes:
         self.src.append(s_arr.ravel())
         self.dst.append(d_arr.ravel())
 
-    def graph(self, name: str, seed: int, meta: dict) -> Graph:
+    def graph(self, name: str, seed: int, meta: dict, *, batch_size: int) -> Graph:
+        """The graph of the nodes made so far, costed for ``batch_size`` samples (every
+        activation and time scales with them: the layout search may split the batch)."""
         n = self.n
         rng = np.random.default_rng(seed)
         pos = np.concatenate([c[0] for c in self.op_code])
@@ -103,7 +105,7 @@ class _Nodes:
         ops = tuple(self.ops[c] for c in code.tolist())
         return build(name, fwd_s=fwd, bwd_s=bwd, src=src, dst=dst, edge_bytes=out[src],
                      param_bytes=params, out_bytes=out, saved_bytes=saved, ops=ops,
-                     meta={"generator": name, "seed": seed, **meta})
+                     meta={"generator": name, "seed": seed, **meta}, batch_size=batch_size)
 
 
 def _check(target_nodes: int, smallest: int, family: str) -> int:
@@ -142,7 +144,7 @@ def make_rnn(target_nodes: int = 10_000, seed: int = 0) -> Graph:
     nb.edges(w_proj[0], proj)
     nb.edges(proj, loss)
     nb.edges(loss[:-1], loss[1:])
-    return nb.graph("rnn", seed, {"layers": layers, "steps": steps, "hidden": h})
+    return nb.graph("rnn", seed, {"layers": layers, "steps": steps, "hidden": h}, batch_size=b)
 
 
 def make_resnet(target_nodes: int = 10_000, seed: int = 0) -> Graph:
@@ -195,7 +197,7 @@ def make_resnet(target_nodes: int = 10_000, seed: int = 0) -> Graph:
     nb.at(head[1:2], "linear", 2 * b * cin * 1000, b * 1000 * _F32, cin * 1000 * _F32)
     nb.at(head[2:], "cross_entropy", 4 * b * 1000, b * _F32, 0, b * 1000 * _F32)
     nb.edges(np.concatenate(([prev], head[:-1])), head)
-    return nb.graph("resnet", seed, {"blocks": blocks, "width": width})
+    return nb.graph("resnet", seed, {"blocks": blocks, "width": width}, batch_size=b)
 
 
 def make_transformer(target_nodes: int = 10_000, seed: int = 0) -> Graph:
@@ -250,7 +252,7 @@ def make_transformer(target_nodes: int = 10_000, seed: int = 0) -> Graph:
     nb.at(head[1:2], "linear", 2 * tok * d * 32000, tok * 32000 * _F32, d * 32000 * _F32)
     nb.at(head[2:], "cross_entropy", 4 * tok * 32000, _F32, 0, tok * 32000 * _F32)
     nb.edges(np.concatenate(([add2[-1]], head[:-1])), head)
-    return nb.graph("transformer", seed, {"layers": layers, "heads": heads})
+    return nb.graph("transformer", seed, {"layers": layers, "heads": heads}, batch_size=b)
 
 
 _NAS_OPS = (("sep_conv3", 9, 2), ("sep_conv5", 25, 2), ("avg_pool3", 9, 0),
@@ -319,7 +321,7 @@ def make_nas(target_nodes: int = 10_000, seed: int = 0) -> Graph:
     nb.at(head[1:2], "linear", 2 * b * c_last * 1000, b * 1000 * _F32, c_last * 1000 * _F32)
     nb.at(head[2:], "cross_entropy", 4 * b * 1000, b * _F32, 0, b * 1000 * _F32)
     nb.edges(np.concatenate(([outs[-1]], head[:-1])), head)
-    return nb.graph("nas", seed, {"cells": cells})
+    return nb.graph("nas", seed, {"cells": cells}, batch_size=b)
 
 
 def make_unet(target_nodes: int = 10_000, seed: int = 0) -> Graph:
@@ -374,7 +376,7 @@ def make_unet(target_nodes: int = 10_000, seed: int = 0) -> Graph:
     nb.at(head[:1], "conv2d", 2 * b * hw * cin * 2, b * hw * 2 * _F32, 2 * cin * _F32)
     nb.at(head[1:], "cross_entropy", 4 * b * hw * 2, _F32, 0, b * hw * 2 * _F32)
     nb.edges(np.array([prev, head[0]]), head)
-    return nb.graph("unet", seed, {"levels": levels, "convs_per_level": per})
+    return nb.graph("unet", seed, {"levels": levels, "convs_per_level": per}, batch_size=b)
 
 
 FAMILIES: dict[str, Callable[[int, int], Graph]] = {

@@ -32,6 +32,19 @@ def test_deterministic_per_seed(family):
                               c.fwd_s[:min(a.num_nodes, c.num_nodes)])
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_generated_graph_says_its_batch_so_the_search_may_split_it(family):
+    """Every generator costs its nodes for a batch and records it: ``--microbatches auto`` and
+    the layout search rescale the graph to a micro-batch (they refuse a graph without it)."""
+    from outcore.graph.batch import at_microbatch
+
+    g = make(family, 300)
+    assert g.batch_size is not None and g.batch_size >= 4
+    half = at_microbatch(g, g.batch_size // 2)
+    assert half.saved_bytes.sum() == pytest.approx(g.saved_bytes.sum() / 2, rel=0.01)
+    assert half.param_bytes.sum() == g.param_bytes.sum()
+
+
 def test_rnn_is_a_grid_of_layers_by_time_steps_with_shared_weights():
     g = make_rnn(3000, seed=0)
     layers, steps = g.meta["layers"], g.meta["steps"]
