@@ -45,7 +45,6 @@ def one(family: str, nodes: int, devices: int, layouts: bool = False) -> dict:
     it, lb = p.predicted["iteration_s"], p.predicted["lower_bound_s"]
     strategy = p.strategy
     if layouts:
-        lb = min(r["time_bound_s"] for r in p.extra["candidates"])
         mesh = p.layout.describe() or "dp 1"
         strategy = f"{p.strategy}; {mesh}; {p.microbatches} x {p.graph['batch_size']} samples"
     return {"family": family, "nodes": g.num_nodes, "devices": devices, "strategy": strategy,

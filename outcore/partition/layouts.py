@@ -303,7 +303,20 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
         from outcore.cost.tensor import plan_layout
         small = graphs(chosen["samples"], 1, req)
         plan = with_grid_note(plan, plan_layout(small, plan.layout.tp), req)
-    return plan.replace(extra={**plan.extra, "candidates": records}).with_notes(*tp_notes, note)
+    return plan.replace(extra={**plan.extra, "candidates": records},
+                        predicted=_bound_over_layouts(plan.predicted, records)
+                        ).with_notes(*tp_notes, note)
+
+
+def _bound_over_layouts(predicted: dict[str, Any], records: list[dict[str, Any]]
+                        ) -> dict[str, Any]:
+    """``predicted`` with ``lower_bound_s`` the lowest bound of any layout the search
+    enumerated (the layouts compete: the chosen one's own bound says nothing of the others),
+    and that layout's own as ``layout_lower_bound_s``."""
+    own = predicted.get("lower_bound_s")
+    bounds = [float(r["time_bound_s"]) for r in records] + ([own] if own is not None else [])
+    return {**predicted, "lower_bound_s": min(bounds) if bounds else None,
+            "layout_lower_bound_s": own}
 
 
 def _fixed_s(req: PlanRequest) -> float:

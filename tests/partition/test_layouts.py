@@ -112,8 +112,12 @@ def test_every_layout_s_time_bound_is_below_its_simulated_plan(family):
     g = make(family, 200, seed=2).replace(batch_size=8)
     req = outcore.plan_request(4, None, device="a100", bandwidth="300GB/s", latency="5us",
                                microbatches="auto", search_layout=True)
-    records = outcore.plan(g, req).extra["candidates"]
+    p = outcore.plan(g, req)
+    records = p.extra["candidates"]
     planned = [r for r in records if r.get("iteration_s")]
+    # the plan's bound is the lowest of any layout's (no layout, chosen or not, can beat it)
+    bounds = [r["time_bound_s"] for r in records] + [p.predicted["layout_lower_bound_s"]]
+    assert p.predicted["lower_bound_s"] == min(bounds) <= p.predicted["iteration_s"]
     assert len(planned) >= 4
     for r in planned:
         assert r["time_bound_s"] <= r["iteration_s"] * (1 + 1e-9), r
