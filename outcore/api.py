@@ -109,8 +109,8 @@ def plan_request(devices: int, memory: str | float | None = None, **options: Any
     return PlanRequest.make(devices, memory, **options)
 
 
-def plan(g: Graph, devices: int | PlanRequest, memory: str | float | None = None,
-         **options: Any) -> Plan:
+def plan(g: Graph, devices: int | PlanRequest, memory: str | float | None = None, *,
+         progress: Callable[[str, int, int], None] | None = None, **options: Any) -> Plan:
     """Partition ``g`` over ``devices`` devices of ``memory`` each; predict with the simulator.
 
     ``devices`` may be a ready :class:`PlanRequest`; otherwise the request is built from
@@ -120,6 +120,8 @@ def plan(g: Graph, devices: int | PlanRequest, memory: str | float | None = None
     ``schedule``; ``optimizer``; ``memory_policy``; ``seed``; and the cluster: ``bandwidth``,
     ``latency``, ``device``, ``host_cores`` or ``cluster``).
 
+    ``progress(phase, done, total)`` follows the layouts when the search chooses them.
+
     Raises :class:`InfeasibleError` (naming the smallest device count or memory that would fit)
     when nothing fits. ``predicted`` holds the simulated iteration time, throughput, per-device
     peak memory, busy time and communication, and the planner's lower bound.
@@ -127,7 +129,7 @@ def plan(g: Graph, devices: int | PlanRequest, memory: str | float | None = None
     from outcore.partition.search import search
     req = devices if isinstance(devices, PlanRequest) else plan_request(devices, memory,
                                                                          **options)
-    return search(g, req)
+    return search(g, req, progress=progress)
 
 
 def strategies() -> dict[str, str]:

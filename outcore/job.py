@@ -155,7 +155,7 @@ def prepare(job: Job, *, local: bool = True,
                            tp=None if job.search_layout else job.tp,
                            depth=None if job.search_layout else job.depth,
                            sp=job.sp, sp_join=job.sp_join, sp_grid=job.sp_grid)
-    p = search(g, req)
+    p = search(g, req, progress=progress)
     if whole:  # the plan chose the split: capture again at its micro-batch
         micro = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
                             seed=cfg.seed, costs=job.costs,

@@ -32,7 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "unlimited")
     p.add_argument("--bandwidth", default="16GB/s", help="link bandwidth (default 16GB/s)")
     p.add_argument("--latency", default="25us", help="link latency (default 25us)")
-    p.add_argument("--strategy", default="auto", help="planner: auto (every planner below, the fastest plan by simulation wins); " + strategies_help())
+    p.add_argument("--strategy", default="auto",
+                   help="planner: auto (every planner below, the fastest plan by simulation "
+                        "wins); " + strategies_help())
     p.add_argument("--parallel", choices=["mp", "mast", "master"], default="mp",
                    help="mp: one replica split over the devices; mast: GEMS MAST, a second "
                         "replica in reverse order on the same devices; master: GEMS MASTER, as "
@@ -97,6 +99,8 @@ def load_or_capture(source: str, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
     import outcore
 
     out = check_output_suffix(args.output, (".json",))
@@ -105,15 +109,12 @@ def run(args: argparse.Namespace) -> int:
     g, captured = load_or_capture(args.source, args)
     if args.depth is not None:
         g = outcore.collapse(g, args.depth)
-    p = outcore.plan(g, args.devices, args.memory, strategy=args.strategy,
-                     parallel=args.parallel, replicas=args.replicas, dp=args.dp,
-                     tp=degree_arg(args.tp, args.layout == "auto"),
-                     depth=degree_arg(args.shard, args.layout == "auto"), sp=args.sp,
-                     sp_join=args.sp_join, sp_grid=args.sp_grid,
-                     bandwidth=args.bandwidth, latency=args.latency,
-                     microbatches=args.microbatches, schedule=args.schedule,
-                     optimizer=args.optimizer, memory_policy=args.memory_policy,
-                     device=args.device, search_layout=args.layout == "auto")
+    searching = args.layout == "auto" or args.microbatches == "auto"
+    with Progress(transient=True, console=console,
+                  disable=not (searching and console.is_terminal)) as bar:
+        task = bar.add_task("planning layouts", total=1)
+        p = _planned(outcore, g, args, lambda phase, d, n: bar.update(
+            task, description=phase, completed=d, total=max(n, 1)))
     whole, g = g, outcore.api.microbatch_graph(g, p)
     outcore.save_plan(p, out)
     note(f"wrote {out}")
@@ -141,6 +142,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _planned(outcore, g, args: argparse.Namespace, progress):
+    """``outcore.plan`` with the command's options (``progress`` follows the layouts)."""
+    return outcore.plan(g, args.devices, args.memory, progress=progress,
+                        strategy=args.strategy, parallel=args.parallel,
+                        replicas=args.replicas, dp=args.dp,
+                        tp=degree_arg(args.tp, args.layout == "auto"),
+                        depth=degree_arg(args.shard, args.layout == "auto"), sp=args.sp,
+                        sp_join=args.sp_join, sp_grid=args.sp_grid,
+                        bandwidth=args.bandwidth, latency=args.latency,
+                        microbatches=args.microbatches, schedule=args.schedule,
+                        optimizer=args.optimizer, memory_policy=args.memory_policy,
+                        device=args.device, search_layout=args.layout == "auto")
+
 def print_plan(g, p) -> None:
     import outcore
     pred = p.predicted
@@ -152,8 +166,8 @@ def print_plan(g, p) -> None:
     rows = []
     for d in range(K):
         use = f"{format_bytes(peaks[d])}" + (f" / {format_bytes(limit)}" if limit else "")
-        rows.append([slot_label(d, p.layout.tp), int(nodes[d]), format_seconds(float(compute[d])), use,
-                     format_bytes(sent[d])])
+        rows.append([slot_label(d, p.layout.tp), int(nodes[d]),
+                     format_seconds(float(compute[d])), use, format_bytes(sent[d])])
     how = ", ".join([p.strategy] + ([p.layout.describe()] if p.layout.describe() else []))
     console.print(table(f"plan: {how} on {p.devices} devices ({g.name})",
                         ["device", "nodes", "compute", "peak memory", "sent"], rows))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -260,9 +261,11 @@ def _no_layout_fits(req: PlanRequest, choices: list[LayoutChoice]) -> Infeasible
                            "--memory", min_devices=devices, min_memory_bytes=floor)
 
 
-def search_layouts(g: Graph, req: PlanRequest) -> Plan:
+def search_layouts(g: Graph, req: PlanRequest,
+                   progress: Callable[[str, int, int], None] | None = None) -> Plan:
     """The fastest plan over every layout :func:`candidate_layouts` allows (see the module
-    docstring for the passes and the pruning); ``plan.extra["candidates"]`` records them all."""
+    docstring for the passes and the pruning); ``plan.extra["candidates"]`` records them all.
+    ``progress(phase, done, total)`` follows the layouts of each pass."""
     from outcore.partition.search import with_grid_note
 
     degrees, tp_notes = tensor_degrees(g, req)
@@ -276,13 +279,19 @@ def search_layouts(g: Graph, req: PlanRequest) -> Plan:
     best: list[Any] = []  # [key, plan, record] of the best plan so far
     errors: list[InfeasibleError] = []
     for policy in ["none"] + ([req.memory_policy] if req.memory_policy != "none" else []):
+        start = len(records)
+        phase = "planning layouts" + (f" (memory policy {policy})" if policy != "none" else "")
         for group in _groups(choices):
+            if progress:
+                progress(phase, len(records) - start, len(choices))
             if group[0].depth > 1 and _fits_unsharded(group[0], records):
                 # sharding is a memory lever: never tried where plain copies fit already
                 records += [{**_record(c, policy), "outcome": "not tried: the copies fit "
                              "without sharding"} for c in group]
                 continue
             _search_group(graphs, req, group, policy, records, best, errors)
+        if progress:
+            progress(phase, len(records) - start, len(choices))
         if best:
             break
     if not best:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -35,23 +36,26 @@ __all__ = ["AUTO_CANDIDATES", "fits", "search"]
 AUTO_CANDIDATES = ("pardnn", "pipeline", "subgraph", "contiguous")
 
 
-def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True) -> Plan:
+def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True,
+           progress: Callable[[str, int, int], None] | None = None) -> Plan:
     """The fastest plan for ``g`` that fits the request (``predicted`` from the simulator).
 
     The graph is one micro-batch: an iteration runs ``req.microbatches`` micro-batches of
     ``g.batch_size`` samples on each copy of the model. Raises :class:`InfeasibleError` when
     nothing fits; the device count and memory it suggests instead are ones this search has
     planned and found to fit (``check_suggestions``), never unchecked estimates.
+    ``progress(phase, done, total)`` is called as the layout search plans each layout.
 
     While it runs, the objects that existed before it (the graph, a loaded model, torch's
     modules) are left out of the garbage collector's scans
     (:func:`outcore.hardware.allocator.frozen_objects`).
     """
     with frozen_objects():
-        return _searched(g, req, check_suggestions)
+        return _searched(g, req, check_suggestions, progress)
 
 
-def _searched(g: Graph, req: PlanRequest, check_suggestions: bool) -> Plan:
+def _searched(g: Graph, req: PlanRequest, check_suggestions: bool,
+              progress: Callable[[str, int, int], None] | None = None) -> Plan:
     if req.sp > 1:  # MPI4DL SP + LP: tiled prefix, then the ordinary search on the rest
         from outcore.partition.spatial import plan_spatial
         return plan_spatial(g, req, lambda graph, r: search(graph, r, check_suggestions=False))
@@ -61,7 +65,7 @@ def _searched(g: Graph, req: PlanRequest, check_suggestions: bool) -> Plan:
     if req.depth is None and not req.search_layout:
         return _search_degrees(g, req, "depth", req.depth_options(), check_suggestions)
     try:
-        return _dispatch(g, req)
+        return _dispatch(g, req, progress)
     except InfeasibleError as e:
         if not check_suggestions:
             raise
@@ -105,13 +109,14 @@ def _search_degrees(g: Graph, req: PlanRequest, field: str, options: list[int],
     return best.with_notes(*notes, f"{flag} auto: chose {field} {t} ({why})")
 
 
-def _dispatch(g: Graph, req: PlanRequest) -> Plan:
+def _dispatch(g: Graph, req: PlanRequest,
+              progress: Callable[[str, int, int], None] | None = None) -> Plan:
     """The layout search when the request leaves the layout or the micro-batches open
     (:func:`outcore.partition.layouts.search_layouts`, which costs each layout's tensor split
     at its micro-batch), else the placement search on ``g`` costed for the request's ``tp``."""
     if req.whole_batch:
         from outcore.partition.layouts import search_layouts
-        return search_layouts(g, req)
+        return search_layouts(g, req, progress)
     tg, layout = tensor_split(g, req)
     return with_grid_note(_search(tg, req), layout, req)
 

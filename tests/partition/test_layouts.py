@@ -94,8 +94,13 @@ def test_layout_search_is_no_slower_than_the_plain_layout(family):
     g = make(family, 300, seed=1).replace(batch_size=8)
     req = outcore.plan_request(4, None, bandwidth="16GB/s", microbatches="auto",
                                search_layout=True)
-    p = outcore.plan(g, req)
+    calls: list[tuple[str, int, int]] = []
+    p = outcore.plan(g, req, progress=lambda *c: calls.append(c))
     plain = outcore.plan(g, outcore.plan_request(4, None, bandwidth="16GB/s"))
+    # the progress follows the layouts to the last (a long search is not silent)
+    assert calls and {c[0] for c in calls} == {"planning layouts"}
+    assert calls[0][1] == 0 and calls[-1][1] == calls[-1][2] == len(p.extra["candidates"])
+    assert [c[1] for c in calls] == sorted(c[1] for c in calls)
     assert p.predicted["iteration_s"] <= plain.predicted["iteration_s"] * (1 + 1e-9)
     outcomes = [r["outcome"] for r in p.extra["candidates"]]
     assert outcomes.count("chosen") == 1 and len(outcomes) > 5
