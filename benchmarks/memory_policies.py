@@ -140,7 +140,8 @@ def main() -> None:
                      f"{r['predicted_step_s']:.2f} s | {r['peak_bytes'] / 2**20:.1f} MiB | "
                      f"{r['predicted_peak_bytes'] / 2**20:.1f} MiB | "
                      f"{r['predicted_peak_bytes'] / r['peak_bytes'] - 1:+.1%} | "
-                     f"{r['step_s'] / b['step_s']:.2f}x, {r['peak_bytes'] / b['peak_bytes']:.2f}x |")
+                     f"{r['step_s'] / b['step_s']:.2f}x, "
+                     f"{r['peak_bytes'] / b['peak_bytes']:.2f}x |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(rows, indent=1))
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")

@@ -95,7 +95,8 @@ def measure(layers: int, devices: int, steps: int) -> dict:
     sim = outcore.simulate(p, g)
     oneway = results[0].get("oneway_s")
     calibrated = _calibrated(p, g, oneway) if devices > 1 else sim.iteration_s
-    return {"devices": p.devices, "calibrated_step_s": calibrated, "pieces": sim.to_dict()["pieces"],
+    return {"devices": p.devices, "calibrated_step_s": calibrated,
+            "pieces": sim.to_dict()["pieces"],
             "transfers": sim.to_dict()["transfers"],
             "median_step_s": statistics.median(results[0]["step_s"]),
             "predicted_step_s": sim.iteration_s,
@@ -169,7 +170,8 @@ def main() -> int:
           f"{two['calibrated_step_s'] * 1e3:.2f} ms (load {os.getloadavg()[0]:.1f})")
     for row in rows:
         print(f"{row['devices']} worker(s), {row['pieces']} pieces, {row['transfers']} "
-              "transfers; per action kind on rank 0: count per step, median us, mean us, share of step")
+              "transfers; per action kind on rank 0: count per step, median us, mean us, "
+              "share of step")
         kinds = row["kinds"][0]
         total = sum(v[2] for v in kinds.values())
         own = sum(kinds[k][2] for k in ("F", "B", "send") if k in kinds)

@@ -62,4 +62,5 @@ if __name__ == "__main__":
     print("load", os.getloadavg())
     for r, (med, groups) in enumerate(res):
         print("rank", r, f"median step {med*1e3:.1f} ms; per step (profiled), ms:",
-              ", ".join(f"{k} {v*1e3:.1f}" for k, v in sorted(groups.items(), key=lambda kv: -kv[1])))
+              ", ".join(f"{k} {v*1e3:.1f}"
+                        for k, v in sorted(groups.items(), key=lambda kv: -kv[1])))

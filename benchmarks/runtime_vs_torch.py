@@ -9,7 +9,8 @@ the median over rounds of each round's median samples/s and the median of the ro
 outcore, the measured step time and peak memory per rank against the simulator's prediction
 for the same plan.
 
-    .venv/bin/python benchmarks/runtime_vs_torch.py [--rounds 3 --steps 8 --batch 64 --mbs 8 --size 32]
+    .venv/bin/python benchmarks/runtime_vs_torch.py \
+        [--rounds 3 --steps 8 --batch 64 --mbs 8 --size 32]
 
 Writes ``benchmarks/results/runtime_vs_torch.{json,md}``.
 """

@@ -27,8 +27,9 @@ LAYERS = {
     "cli": 7,
 }
 TORCH_FREE = ("errors", "units", "jsonfile", "graph", "hardware.spec", "hardware.presets",
-              "hardware.cluster", "hardware.collectives", "cost.memory", "cost.analytical", "cost.regression",
-              "cost.tensor", "cost.grid", "cost.spatial", "cost.spatial_geometry", "graph.tensor_pairs",
+              "hardware.cluster", "hardware.collectives", "cost.memory", "cost.analytical",
+              "cost.regression", "cost.tensor", "cost.grid", "cost.spatial",
+              "cost.spatial_geometry", "graph.tensor_pairs",
               "plan",
               "schedule", "trace", "sim", "partition", "viz")
 TORCH_ALLOWED = ("graph.capture",)

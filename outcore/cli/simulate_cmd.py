@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for d in range(len(r.busy_s)):
-        rows.append([slot_label(d, p.layout.tp), format_seconds(r.busy_s[d]), format_seconds(r.bubble_s[d]),
+        rows.append([slot_label(d, p.layout.tp), format_seconds(r.busy_s[d]),
+                     format_seconds(r.bubble_s[d]),
                      format_bytes(r.comm_bytes[d]),
                      format_bytes(r.peak_bytes[d]) + (f" / {format_bytes(p.memory_bytes)}"
                                                       if p.memory_bytes else "")])

@@ -33,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", "-k", type=positive_int, help="workers, one per device "
                    f"(default {DEFAULT_DEVICES} for the default job, else 1)")
     p.add_argument("--memory", help="memory per device the plan must fit (e.g. 16GiB)")
-    p.add_argument("--strategy", default="auto", help="planner: auto, pardnn, pipeline, ... (see outcore plan --help)")
+    p.add_argument("--strategy", default="auto",
+                   help="planner: auto, pardnn, pipeline, ... (see outcore plan --help)")
     p.add_argument("--plan", metavar="PLAN.json", help="use this plan instead of planning")
     p.add_argument("--schedule-file", metavar="FILE.json",
                    help="run this schedule's action lists (outcore plan --schedule-out; "

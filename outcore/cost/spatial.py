@@ -18,8 +18,8 @@ from outcore.cost.spatial_geometry import (TileGrid, bilinear_need, conv_need, c
                                            halo_sides, intervals, upsample_need)
 from outcore.errors import UsageError
 
-__all__ = ["LayerGeometry", "LayerCost", "chain_costs", "output_hw", "tile_needs", "tile_halos", "halo_bytes",
-           "gather_bytes", "tile_activation_bytes", "bn_allreduce_bytes"]
+__all__ = ["LayerGeometry", "LayerCost", "chain_costs", "output_hw", "tile_needs", "tile_halos",
+           "halo_bytes", "gather_bytes", "tile_activation_bytes", "bn_allreduce_bytes"]
 
 KINDS = ("conv", "pool", "conv_transpose", "upsample", "pointwise", "batchnorm", "global_pool")
 

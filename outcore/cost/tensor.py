@@ -107,7 +107,8 @@ def depth_peak_bytes(param_bytes: float, tp: int = 1, depth: int = 1,
     return resident + (2 * param_bytes / tp if depth > 1 else 0.0)
 
 
-def style_collectives(style: str, *, in_bytes: int, out_bytes: int, tp: int) -> tuple[Collective, ...]:
+def style_collectives(style: str, *, in_bytes: int, out_bytes: int,
+                      tp: int) -> tuple[Collective, ...]:
     """The collectives of one module split in ``style`` over ``tp`` ranks (module docstring)."""
     if style not in STYLES:
         raise UsageError(f"unknown split style {style!r}: use one of {', '.join(STYLES)}")

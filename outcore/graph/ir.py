@@ -312,5 +312,6 @@ def validate(g: Graph) -> None:
     if order.size != n:
         cycle = find_cycle(g)
         shown = " -> ".join(str(int(g.ids[i])) for i in cycle[:8])
-        raise GraphError(f"graph {g.name!r} has a cycle ({shown}{' ...' if len(cycle) > 8 else ''});"
-                         " a training graph must be acyclic")
+        more = " ..." if len(cycle) > 8 else ""
+        raise GraphError(f"graph {g.name!r} has a cycle ({shown}{more}); a training graph must "
+                         "be acyclic")

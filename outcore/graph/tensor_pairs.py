@@ -38,8 +38,8 @@ from typing import Any
 
 from outcore.graph.ir import Graph
 
-__all__ = ["Pair", "Split", "TensorLayout", "find_layout", "chunks_of", "is_conv1d", "out_features", "HEAD_OPS",
-           "ELEMENTWISE_OPS", "DEFAULT_MIN_SPLIT_BYTES"]
+__all__ = ["Pair", "Split", "TensorLayout", "find_layout", "chunks_of", "is_conv1d", "out_features",
+           "HEAD_OPS", "ELEMENTWISE_OPS", "DEFAULT_MIN_SPLIT_BYTES"]
 
 # Layers (pairs: their Linears together) under this many parameter bytes stay whole by default:
 # their collectives would cost more than splitting them saves.

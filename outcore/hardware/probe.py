@@ -194,7 +194,8 @@ def measure(device: str = "cpu", *, threads: int | None = None, name: str | None
 
 
 def measure_cpu(threads: int | None = None, *, quick: bool = False) -> DeviceSpec:
-    """Measure this machine's CPU with ``threads`` threads (None: current setting); a few seconds."""
+    """Measure this machine's CPU with ``threads`` threads (None: current setting); takes a few
+    seconds."""
     return measure("cpu", threads=threads, quick=quick)
 
 

@@ -200,10 +200,10 @@ def _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, sink, 
 
 @njit
 def _closure_kernel(targets, blocked, mark, stamp, sp, si, pp, pi, stack, out):
-    """`outcore.partition.branches._Adjacency.closure` on arrays. ``mark[v]``: ``stamp`` a target, ``stamp + 2`` a
-    target whose predecessors were pushed (a target listed twice pushes them once, so the
-    stack holds at most one entry per edge), ``stamp + 1`` a node of the result. Returns how
-    many nodes it wrote to ``out`` (unsorted)."""
+    """`outcore.partition.branches._Adjacency.closure` on arrays. ``mark[v]``: ``stamp`` a
+    target, ``stamp + 2`` a target whose predecessors were pushed (a target listed twice pushes
+    them once, so the stack holds at most one entry per edge), ``stamp + 1`` a node of the
+    result. Returns how many nodes it wrote to ``out`` (unsorted)."""
     for i in range(targets.size):
         mark[targets[i]] = stamp
     top = 0

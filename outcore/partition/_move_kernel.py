@@ -147,8 +147,8 @@ def cp_switch_gains(cp_phase, cp_node, assign, num_dev, release, fstart, fend, b
     """Node switching on the critical path: for each critical node, the device where its
     forward and backward would end earliest (given every other task fixed, using idle gaps),
     and the estimated gain in seconds (minus delays caused to its consumers). Times are those of
-    one micro-batch; ``release`` is the end of the forward. Returns ``(node, target, gain)`` arrays over the critical rows (target -1:
-    no gain)."""
+    one micro-batch; ``release`` is the end of the forward. Returns ``(node, target, gain)``
+    arrays over the critical rows (target -1: no gain)."""
     m = cp_node.shape[0]
     node = np.empty(m, np.int64)
     target = np.full(m, -1, np.int64)

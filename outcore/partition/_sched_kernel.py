@@ -8,8 +8,9 @@ inputs have all arrived, the one of the earliest micro-batch, and among those th
 ready first (first in, first out: the list scheduling of TensorFlow's executor that ParDNN
 emulates; with one micro-batch it is exactly FIFO). Preferring earlier micro-batches lets a
 device hand micro-batch 0 to the next one as soon as it can, so contiguous stages pipeline as
-GPipe does, instead of running every micro-batch of one node before the next node. Transfers between devices take
-``latency + bytes / bandwidth`` and do not contend (one independent link per transfer).
+GPipe does, instead of running every micro-batch of one node before the next node. Transfers
+between devices take ``latency + bytes / bandwidth`` and do not contend (one independent link per
+transfer).
 
 Events at equal times are processed together before any device picks its next task, so a device
 that frees up at ``t`` sees every task arriving at ``t``; tasks ready at the same time queue in

@@ -3,9 +3,10 @@
 When a placement does not fit its memory limit, the planner first tries to make it fit with
 policies before asking for more devices. It splits every piece of an overflowing device into
 about sqrt(nodes) segments of consecutive nodes with equal saved bytes (Chen et al. 2016,
-section 4.1: sqrt(n) segments bound checkpointed memory), prices every (segment, policy) option by the time it adds
-per byte it frees, and applies the cheapest options on the worst device until the simulator —
-which executes the same schedule as the runtime — says every device fits. Options:
+section 4.1: sqrt(n) segments bound checkpointed memory), prices every (segment, policy) option
+by the time it adds per byte it frees, and applies the cheapest options on the worst device until
+the simulator — which executes the same schedule as the runtime — says every device fits.
+Options:
 
 * ``checkpoint``: frees the segment's saved activations minus the inputs it keeps; costs one
   extra forward of the segment (recompute);

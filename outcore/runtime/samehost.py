@@ -151,8 +151,8 @@ class SameHostLinks:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RuntimeFailure(f"rank {self.rank}: timed out after {self.timeout_s:.0f} s "
-                                     f"{_name(what)} (same-host link): the peer is stuck or too slow; "
-                                     "raise the timeout or see the peer's log")
+                                     f"{_name(what)} (same-host link): the peer is stuck or too "
+                                     "slow; raise the timeout or see the peer's log")
             r, w, _ = select.select(rlist, wlist, [], left)
             for s in w:
                 self._push(self.by_fd[s.fileno()])
@@ -179,8 +179,9 @@ class SameHostLinks:
                 self._wait_io(peer, deadline, what)
                 continue
             except OSError as e:
-                raise RuntimeFailure(f"rank {self.rank}: {_name(what)} failed on the same-host link "
-                                     f"({e}): rank {peer} exited or failed; see its log") from e
+                raise RuntimeFailure(f"rank {self.rank}: {_name(what)} failed on the same-host "
+                                     f"link ({e}): rank {peer} exited or failed; see its log"
+                                     ) from e
             if n == 0:
                 raise RuntimeFailure(f"rank {self.rank}: rank {peer} closed its same-host link "
                                      f"while {_name(what)}: it exited or failed; see its log")

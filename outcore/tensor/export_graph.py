@@ -74,7 +74,8 @@ def graph_from_export(model: nn.Module, inputs: tuple[Any, ...]) -> Graph:
     known = set(modules)
     sig = ep.graph_signature
     param_of = dict(sig.inputs_to_parameters)
-    buffer_of = dict(sig.inputs_to_buffers) | dict(getattr(sig, "inputs_to_lifted_tensor_constants", {}))
+    buffer_of = dict(sig.inputs_to_buffers) | dict(
+        getattr(sig, "inputs_to_lifted_tensor_constants", {}))
     nodes = list(ep.graph.nodes)
     index = {n.name: i for i, n in enumerate(nodes)}
     names, ops, paths, attrs, pbytes, obytes, src, dst, eb = [], [], [], [], [], [], [], [], []

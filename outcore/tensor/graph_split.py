@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 __all__ = ["split_graph", "tp_colwise_linear", "tp_rowwise_linear", "tp_colwise_gather_linear",
            "tp_rowwise_alone_linear", "tp_vocab_embedding", "tp_embed_dim_embedding",
            "tp_colwise_conv1d", "tp_rowwise_conv1d", "tp_colwise_gather_conv1d",
-           "tp_rowwise_alone_conv1d", "chunkwise_shard", "slice_head_operands", "set_tensor_mesh", "tp_add_heads_left",
-           "tp_add_heads_right", "tp_sdpa_heads"]
+           "tp_rowwise_alone_conv1d", "chunkwise_shard", "slice_head_operands", "set_tensor_mesh",
+           "tp_add_heads_left", "tp_add_heads_right", "tp_sdpa_heads"]
 
 _SHAPE_TARGETS = ("view", "reshape", "_unsafe_view", "expand")
 
@@ -128,12 +128,14 @@ def _group(w: torch.Tensor) -> Any:
 # (graph targets: aten.linear(input, weight, bias=None), aten.embedding(weight, indices, ...))
 
 
-def tp_colwise_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+def tp_colwise_linear(x: torch.Tensor, w: torch.Tensor,
+                      b: torch.Tensor | None = None) -> torch.Tensor:
     """Column-split Linear of a pair: replicated input, output features sharded."""
     return F.linear(_CopyToTP.apply(x, _group(w)), _local(w), _local(b))
 
 
-def tp_rowwise_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+def tp_rowwise_linear(x: torch.Tensor, w: torch.Tensor,
+                      b: torch.Tensor | None = None) -> torch.Tensor:
     """Row-split Linear of a pair: sharded input, output summed over the group, bias once."""
     y = _ReduceFromTP.apply(F.linear(x, _local(w)), _group(w))
     return y if b is None else y + _local(b)

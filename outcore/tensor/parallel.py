@@ -2,14 +2,14 @@
 
 The layout (which Linears pair Megatron-style, which are split alone, which stay whole) comes from
 the captured graph (:func:`outcore.graph.tensor_pairs.find_layout`); the splitting itself is
-``torch.distributed.tensor``'s: ``parallelize_module`` with ``ColwiseParallel`` / ``RowwiseParallel``
-turns each weight into a DTensor shard and inserts the collectives at the module boundaries
-(Megatron-LM, Shoeybi et al. 2019, section 3). ``mode="depth"`` instead shards every weight over
-the group ZeRO-3 / FSDP-style with ``torch.distributed.fsdp.fully_shard`` (all-gather before use,
-reduce-scatter of gradients; Rajbhandari et al., SC 2020; AxoNN's depth dimension, Singh et al.,
-SC 2024, section 3). outcore's own parts: the pairing from the graph, the head-count update of an
-attention module whose heads are split, re-tying shared weights (an LM's embedding and output
-layer), and the check that the split model computes what the whole one did.
+``torch.distributed.tensor``'s: ``parallelize_module`` with ``ColwiseParallel`` /
+``RowwiseParallel`` turns each weight into a DTensor shard and inserts the collectives at the
+module boundaries (Megatron-LM, Shoeybi et al. 2019, section 3). ``mode="depth"`` instead shards
+every weight over the group ZeRO-3 / FSDP-style with ``torch.distributed.fsdp.fully_shard``
+(all-gather before use, reduce-scatter of gradients; Rajbhandari et al., SC 2020; AxoNN's depth
+dimension, Singh et al., SC 2024, section 3). outcore's own parts: the pairing from the graph, the
+head-count update of an attention module whose heads are split, re-tying shared weights (an LM's
+embedding and output layer), and the check that the split model computes what the whole one did.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ __all__ = ["tensor_parallel", "layout_of", "tensor_mesh", "grid_mesh", "depth_un
            "split_for_plan", "split_traced_for_plan", "is_exported"]
 
 MODES = ("1d", "depth", "2d")
-HEAD_ATTRS = ("heads", "num_heads", "n_head", "n_heads", "num_attention_heads", "num_key_value_heads",
-              "nhead", "num_kv_heads")
+HEAD_ATTRS = ("heads", "num_heads", "n_head", "n_heads", "num_attention_heads",
+              "num_key_value_heads", "nhead", "num_kv_heads")
 WIDTH_ATTRS = ("all_head_size", "inner_dim", "attn_dim")
 _WEIGHT_SHARD = {"whole": None, "colwise": 0, "colwise_gather": 0, "vocab": 0,
                  "rowwise": 1, "rowwise_alone": 1, "embed_dim": 1}

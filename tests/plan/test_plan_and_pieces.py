@@ -35,7 +35,8 @@ def test_typed_fields_round_trip(tmp_path):
     cl = make_cluster(4, "1GiB", "10GB/s", "5us", device="a100", host_cores=2)
     pol = MemoryPolicies(np.array([-1, 0, 0, -1]), ("checkpoint",))
     p = make_plan(g, np.array([0, 0, 1, 1]), strategy="pipeline", devices=4,
-                  memory_bytes=2**30, layout=Layout.replicate("mast", 2, 2, 2), policies=pol, cluster=cl,
+                  memory_bytes=2**30, layout=Layout.replicate("mast", 2, 2, 2), policies=pol,
+                  cluster=cl,
                   notes=("tried pipeline",), devices_used=2, extra={"mine": [1, 2]})
     q = align(load(save(p, tmp_path / "p.json")), g)
     assert q.layout == p.layout and q.layout.copies == 4 and q.layout.maps == ((0, 1), (1, 0))

@@ -1,5 +1,6 @@
 """A tiny language model whose output layer shares the embedding's weight (weight tying, as in
-GPT-2 and BERT), for the shared-parameter tests. Used by name: tests/runtime/tied_model.py:tied_lm."""
+GPT-2 and BERT), for the shared-parameter tests. Used by name:
+tests/runtime/tied_model.py:tied_lm."""
 
 import torch
 from torch import nn
