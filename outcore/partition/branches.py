@@ -135,6 +135,10 @@ def _weights(g: Graph) -> np.ndarray:
     return w if w.sum() > 0 else np.ones(g.num_nodes)
 
 
+# the graphs (name, nodes, edges) whose fork-join search was cut short, told once
+_TRUNCATED: set[tuple[str, int, int]] = set()
+
+
 def fork_join_regions(g: Graph, *, order: np.ndarray | None = None,
                       max_visits: int | None = None) -> tuple[tuple[Region, ...], bool]:
     """Every useful fork-join region of ``g`` (two or more non-empty branches), inner forks first.
@@ -165,9 +169,12 @@ def fork_join_regions(g: Graph, *, order: np.ndarray | None = None,
     budget = 32 * size + 10**6 if max_visits is None else int(max_visits)
     f, j, rptr, nodes, labels, truncated = _regions_kernel(
         forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, n + 1, budget, 4 * size + 10**5)
-    if truncated:
-        log.warning("graph %r: the fork-join search reached its budget; outer regions were "
-                    "not examined", g.name)
+    if truncated:  # once per graph shape: the layout search rescales the same graph
+        key = (g.name, n, g.num_edges)
+        (log.debug if key in _TRUNCATED else log.warning)(
+            "graph %r: the fork-join search reached its budget; outer regions were not "
+            "examined", g.name)
+        _TRUNCATED.add(key)
     return _make_regions(f, j, rptr, nodes, labels, n, _weights(g)), bool(truncated)
 
 

@@ -268,6 +268,12 @@ def search_layouts(g: Graph, req: PlanRequest,
     ``progress(phase, done, total)`` follows the layouts of each pass."""
     from outcore.partition.search import with_grid_note
 
+    if not g.batch_size and req.search_layout:
+        raise UsageError(f"graph {g.name!r} does not record the batch its costs are for: the "
+                         "layout search splits that batch over data-parallel copies, replicas "
+                         "and micro-batches; capture the model with outcore (which records "
+                         "it), set \"batch_size\" in the graph's JSON, or give the layout "
+                         "(--dp, --parallel, --microbatches N) instead of --layout auto")
     degrees, tp_notes = tensor_degrees(g, req)
     choices = candidate_layouts(g, req, degrees)
     if not choices:

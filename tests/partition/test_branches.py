@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -151,10 +153,15 @@ def test_two_branches_with_a_shared_node_are_merged():
     assert all(r.join != 4 for r in find_branches(g).candidates)
 
 
-def test_budget_stops_the_search_and_says_so():
-    g = make_rnn(300)
-    cands, truncated = fork_join_regions(g, max_visits=50)
+def test_budget_stops_the_search_and_says_so(caplog):
+    g = make_rnn(300).replace(name="rnn-budget")
+    with caplog.at_level(logging.WARNING, logger="outcore.partition.branches"):
+        cands, truncated = fork_join_regions(g, max_visits=50)
+        # the layout search rescales a graph several times: the warning comes once
+        fork_join_regions(g.replace(fwd_s=g.fwd_s * 0.5), max_visits=50)
     assert truncated
+    assert [r.levelno for r in caplog.records if "reached its budget" in r.getMessage()] == [
+        logging.WARNING]
     full, stopped = fork_join_regions(g)
     assert not stopped and len(cands) <= len(full)
 

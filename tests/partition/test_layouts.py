@@ -132,3 +132,11 @@ def test_every_layout_s_time_bound_is_below_its_simulated_plan(family):
     # devices and the critical path would not grow
     assert bounds[-1] > bounds[-2] * 1.1
     assert min(r["iteration_s"] / r["time_bound_s"] for r in planned) < 1.5
+
+
+def test_the_layout_search_asks_for_the_batch_a_graph_does_not_record():
+    from outcore.errors import UsageError
+    from outcore.graph.generators import make
+    g = make("unet", 200).replace(batch_size=None)
+    with pytest.raises(UsageError, match="does not record the batch its costs are for"):
+        outcore.plan(g, outcore.plan_request(4, None, search_layout=True))
