@@ -146,6 +146,11 @@ class SameHostLinks:
         (pushing it), or fail at ``deadline``."""
         while True:
             waiting_out = [p for p, q in self.out.items() if q]
+            if read_peer is None and not waiting_out:
+                # every send is in the kernel: nothing to wait for (a select on no socket
+                # would sleep to the deadline: a flush stalled for the whole timeout when
+                # its last push here emptied the queue)
+                return
             wlist = [self.socks[p] for p in waiting_out]
             rlist = [self.socks[read_peer]] if read_peer is not None else []
             left = deadline - time.monotonic()

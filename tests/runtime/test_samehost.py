@@ -118,6 +118,7 @@ def test_sends_the_kernel_cannot_take_at_once_arrive_whole_and_in_order():
     blocks); the reader gets every byte, in the sender's order, with the right tags."""
     import socket
     import threading
+    import time
 
     from outcore.runtime.samehost import SameHostLinks
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -137,7 +138,11 @@ def test_sends_the_kernel_cannot_take_at_once_arrive_whole_and_in_order():
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
+        t0 = time.monotonic()
         tx.flush()
+        # a flush returns once the kernel has the last byte: before, when its last push
+        # emptied the queue it slept in a select on no socket until the 10 s timeout
+        assert time.monotonic() - t0 < 5.0
         reader.join(20)
         assert not reader.is_alive()
         assert tx.queued[1] == 0 and not tx.out[1]
