@@ -223,10 +223,13 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     samehost = False
     spare = not (cores and devices > 1) or cores_to_spare(devices)  # the load, read once
     if local and devices > 1 and _same_host_transport():
-        # CPU workers on one host exchange messages over Unix-domain sockets (issue 17);
-        # collectives stay on gloo's loopback TCP; their receives poll as the workers' will
+        # CPU workers on one host exchange messages over Unix-domain sockets (issue 17), two
+        # of them sum gradients so, other collectives stay on gloo's loopback TCP; their
+        # receives poll as the workers' will
         spin_us = auto_spin_us(devices, spare)
         (latency, messages, per_byte), collective = _samehost_costs_s(spin_us), link.latency_s
+        if devices == 2:  # gradient sums go over the pair's link: a message each way (PairSum)
+            collective = latency + sum(messages)
         samehost = True
     if not spare:
         # more workers than free cores (other processes' load counts): a message waits for

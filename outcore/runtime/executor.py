@@ -26,7 +26,7 @@ from outcore.hardware.nonfinite import any_nonfinite
 from torch.utils.checkpoint import checkpoint
 
 from outcore.runtime.boundary import Edge, Roots, entry_tree, run_backward
-from outcore.runtime.comm import Messenger
+from outcore.runtime.comm import Messenger, PairSum
 from outcore.runtime.offload import ActivationOffloader, ParamOffloader, frozen_running_stats
 from outcore.runtime.modules import PieceModule
 from outcore.plan.replicas import copy_of, fx_name
@@ -92,6 +92,7 @@ class RankExecutor:
         self.param_off = ParamOffloader(device, list({id(q): q for q in offloaded}.values()))
         self.pending_ar: list[tuple[Any, torch.Tensor, list[torch.nn.Parameter], int]] = []
         self.ar_done: dict[int, float] = {}  # bucket -> clock at completion (traced steps)
+        self.pair_peers: dict[int, int | None] = {}  # bucket -> process it sums with on a link
         P = schedule.pieces
         self.piece_of_name = {names[i]: int(p) for i, p in enumerate(P.piece_of.tolist())}
         self.transfer_names = [[names[i] for i in t.tensors] for t in P.transfers]
@@ -255,8 +256,13 @@ class RankExecutor:
         return float(sum(v.item() for v in self.losses.values()))
 
     def _completed(self, e: Event, a: Action, t0: float) -> Event:
-        """``e``, ending when its all-reduce completed if that was after the call returned."""
-        done = self.ar_done.get(a.bucket) if a.op == "AR" else None
+        """``e``, ending when its all-reduce completed if that was after the call returned,
+        with the process it summed with over a same-host link as its peer."""
+        if a.op != "AR":
+            return e
+        if self.pair_peers.get(a.bucket) is not None:
+            e = with_fields(e, peer=self.pair_peers[a.bucket])
+        done = self.ar_done.get(a.bucket)
         if done is None or done - t0 <= e.end_s:
             return e
         return with_fields(e, end_s=done - t0)
@@ -493,10 +499,34 @@ class RankExecutor:
         grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p))
                  for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
+        peer = self._pair_peer(bucket, group)
+        if peer is not None:  # two CPU processes on one host: over their own link
+            self.pending_ar.append((self.msg.start_pair_sum(peer, flat, bucket), flat, params,
+                                    bucket))
+            return
         work = dist.all_reduce(flat, group=group, async_op=True)
         self.pending_ar.append((work, flat, params, bucket))
         if self.trace:
             self._stamp_completion(work, bucket)
+
+    def _pair_peer(self, bucket: int, group: Any) -> int | None:
+        """The process to sum ``bucket`` with over the same-host link, or None (gloo): the
+        bucket has two slots, both send their shared buckets in one order (the link reads
+        messages in the order they were sent) and the link carries no schedule message
+        (:meth:`~outcore.runtime.comm.Messenger.pair_peer`)."""
+        if bucket not in self.pair_peers:
+            slots = sorted(self.s.buckets[bucket])
+            peer = None
+            if len(slots) == 2 and group is not None and dist.is_initialized():
+                other = slots[0] if slots[1] == self.rank else slots[1]
+
+                def order(r: int) -> list[int]:
+                    return [a.bucket for a in self.s.actions[r] if a.op == "AR"
+                            and sorted(self.s.buckets[a.bucket]) == slots]
+                if order(self.rank) == order(other):
+                    peer = self.msg.pair_peer(dist.get_process_group_ranks(group))
+            self.pair_peers[bucket] = peer
+        return self.pair_peers[bucket]
 
     def _stamp_completion(self, work: Any, bucket: int) -> None:
         """Record when ``work`` completes (its future's callback, on the backend's thread): a
@@ -512,7 +542,12 @@ class RankExecutor:
     def finish_allreduces(self) -> None:
         """Wait for the started all-reduces and write the summed gradients back."""
         for work, flat, params, bucket in self.pending_ar:
-            self.msg._wait(work, f"all-reducing the gradients of bucket {bucket}")
+            if isinstance(work, PairSum):
+                flat = work.wait()
+                if self.trace:
+                    self.ar_done[bucket] = time.perf_counter()
+            else:
+                self.msg._wait(work, f"all-reducing the gradients of bucket {bucket}")
             offset = 0
             for p in params:
                 shard = local(p)

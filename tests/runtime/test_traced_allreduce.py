@@ -1,36 +1,86 @@
 """A traced all-reduce spans its launch to its completion: the launching call returns at once,
 and the rest is waited for inside the optimizer action, which does not count the wait as its
-own work."""
+own work. Two CPU workers sum their gradients over their same-host link."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import pytest
 
 import outcore
 from outcore.trace import load_events
 
-# about 1 MiB of parameters: a gloo all-reduce of them takes far longer than the few
+# about 1 MiB of parameters: an all-reduce of them takes far longer than the few
 # microseconds between its launch returning and the optimizer action starting
 MLP = "outcore:mlp:width=256,layers=4"
 
 
-def test_a_traced_allreduce_ends_when_it_completes_not_when_its_call_returns(tmp_path):
-    report = outcore.train(MLP, 2, dp=2, microbatches=1, batch_size=8, steps=2,
-                           costs="estimate:cpu", run_dir=str(tmp_path / "run"), timeout_s=120)
-    assert report.plan.layout.dp == 2
-    for rank in range(2):
-        events = load_events(Path(tmp_path / "run" / "trace" / f"rank{rank}.json")).events
-        reduces = [e for e in events if e.kind == "allreduce"]
-        (opt,) = [e for e in events if e.kind == "optim"]
-        assert reduces
-        last = max(reduces, key=lambda e: e.end_s)
-        # the optimizer action's event starts once the all-reduces have completed (waiting
-        # for them is not its work); how soon after is the machine's scheduling, not asserted
-        # (a loaded CI machine took 1.7 ms): the test below pins the completion with a peer
-        # that launches late on purpose
-        assert opt.start_s >= last.end_s - 1e-6
-    kinds = {c["kind"]: c for c in report.comm}
-    assert kinds["allreduce"]["measured_s"] > 0
+def test_two_workers_sum_gradients_over_their_link_as_gloo_and_one_process_do(tmp_path,
+                                                                              monkeypatch):
+    """Two CPU workers sum each gradient bucket over their same-host link (the trace names
+    the peer of each all-reduce), and train as gloo's all-reduce and one process do."""
+    runs = {}
+    for transport in ("auto", "gloo"):
+        monkeypatch.setenv("OUTCORE_P2P", transport)
+        run = tmp_path / transport
+        runs[transport] = outcore.train(MLP, 2, dp=2, microbatches=1, batch_size=8, steps=3,
+                                        costs="estimate:cpu", run_dir=str(run), timeout_s=120)
+        assert runs[transport].plan.layout.dp == 2
+        for rank in range(2):
+            events = load_events(run / "trace" / f"rank{rank}.json").events
+            reduces = [e for e in events if e.kind == "allreduce"]
+            assert {e.peer for e in reduces} == ({1 - rank} if transport == "auto" else {-1})
+            # the optimizer action's event starts once the all-reduces have completed
+            # (waiting for them is not its work); how soon after is the machine's scheduling,
+            # not asserted (a loaded CI machine took 1.7 ms): the test below pins the
+            # completion with a peer that launches late on purpose
+            (opt,) = [e for e in events if e.kind == "optim"]
+            assert opt.start_s >= max(e.end_s for e in reduces) - 1e-6
+        kinds = {c["kind"]: c for c in runs[transport].comm}
+        assert kinds["allreduce"]["measured_s"] > 0
+    one = outcore.train(MLP, 1, batch_size=8, steps=3, costs="estimate:cpu",
+                        run_dir=str(tmp_path / "one"), timeout_s=120)
+    assert runs["auto"].losses == pytest.approx(runs["gloo"].losses, rel=1e-6)
+    assert runs["auto"].losses == pytest.approx(one.losses, rel=1e-5)
+
+
+def test_a_pair_sum_is_the_same_bits_on_both_processes():
+    """Each side reads the other's part and adds its own: a sum of two, equal bits in
+    either order; the part a process sent is left as it was."""
+    import socket
+    import threading
+
+    import torch
+
+    from outcore.runtime.comm import PairSum
+    from outcore.runtime.samehost import SameHostLinks
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    links = [SameHostLinks(0, {1: a}, 10.0), SameHostLinks(1, {0: b}, 10.0)]
+    parts = [torch.randn(600_000, generator=torch.Generator().manual_seed(r)) for r in (0, 1)]
+    kept = [p.clone() for p in parts]
+    got: dict[int, torch.Tensor] = {}
+
+    class Msg:  # what PairSum reads of a Messenger
+        def __init__(self, links: SameHostLinks):
+            self.links = links
+
+    def side(r: int) -> None:
+        links[r].send(1 - r, [parts[r]], 99)
+        got[r] = PairSum(Msg(links[r]), 1 - r, parts[r], 99, "test sum").wait()
+        links[r].flush()
+
+    try:
+        threads = [threading.Thread(target=side, args=(r,), daemon=True) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert set(got) == {0, 1}
+        assert torch.equal(got[0], got[1]) and torch.equal(got[0], kept[0] + kept[1])
+        assert all(torch.equal(p, k) for p, k in zip(parts, kept))
+    finally:
+        a.close()
+        b.close()
 
 
 def test_the_completion_stamp_comes_from_the_work_s_future():
@@ -51,7 +101,7 @@ def test_the_completion_stamp_comes_from_the_work_s_future():
             return future
 
     ex = object.__new__(RankExecutor)  # only the completion bookkeeping is exercised
-    ex.ar_done = {}
+    ex.ar_done, ex.pair_peers = {}, {}
     ex._stamp_completion(Work(), 3)
     assert 3 not in ex.ar_done  # launched, not completed
     launched = time.perf_counter()
@@ -93,6 +143,7 @@ def test_a_real_gloo_allreduce_is_stamped_when_the_late_peer_has_joined():
     ex = object.__new__(RankExecutor)  # only the all-reduce and its bookkeeping are exercised
     ex.sharded_buckets, ex.pending_ar, ex.ar_done, ex.trace = set(), [], {}, True
     ex.bucket_groups = {5: (groups[0], [param])}
+    ex.pair_peers = {5: None}  # gloo's all-reduce, not the same-host link's sum
     ex.allreduce(5)
     launched = time.perf_counter()
 
