@@ -228,8 +228,8 @@ def local_cluster(devices: int, local: bool) -> Cluster:
         # receives poll as the workers' will
         spin_us = auto_spin_us(devices, spare)
         (latency, messages, per_byte), collective = _samehost_costs_s(spin_us), link.latency_s
-        if devices == 2:  # gradient sums go over the pair's link: a message each way (PairSum)
-            collective = latency + sum(messages)
+        if devices == 2:  # gradient sums over the pair's link: one message each way at once
+            collective = (latency + sum(messages)) / 2  # the ring's two steps price two
         samehost = True
     if not spare:
         # more workers than free cores (other processes' load counts): a message waits for
