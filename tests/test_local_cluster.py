@@ -34,8 +34,17 @@ def test_background_load_counts_with_same_host_sockets(monkeypatch):
     monkeypatch.setenv("OUTCORE_HOST_LOAD", "0")
     free = local_cluster(2, True).intra
     assert free.latency_s < OVERSUBSCRIBED_LATENCY_S
-    # collectives still travel over gloo's loopback: they keep its latency
-    assert free.latency_for_collectives == link_preset("gloo-loopback").latency_s
+    # two workers sum gradients over their socket, one message each way at once: half the
+    # probed one-way time per step of the ring model; more workers' collectives travel over
+    # gloo's loopback and keep its latency
+    monkeypatch.setattr("outcore.job._samehost_costs_s",
+                        lambda spin_us: (1e-6, (2e-5, 3e-5), (1e-10, 1e-10)))
+    monkeypatch.setattr("outcore.job.cores_to_spare", lambda devices: True)
+    assert local_cluster(2, True).intra.latency_for_collectives == pytest.approx(2.55e-5)
+    assert local_cluster(4, True).intra.latency_for_collectives == \
+        link_preset("gloo-loopback").latency_s
+    monkeypatch.undo()
+    monkeypatch.delenv("OUTCORE_P2P", raising=False)
     monkeypatch.setenv("OUTCORE_HOST_LOAD", str(_local_cores()))
     busy = local_cluster(2, True).intra
     assert busy.latency_s == busy.latency_for_collectives == OVERSUBSCRIBED_LATENCY_S
