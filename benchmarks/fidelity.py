@@ -19,6 +19,8 @@ the end of the cell.
     PYTHONPATH=. .venv/bin/python benchmarks/fidelity.py --models mlp --workers 1 2 --mbs 1 4
     PYTHONPATH=. .venv/bin/python benchmarks/fidelity.py --models hf:mixtral hf:llama --mbs 1 2 \
         --batch 8 --out fidelity_hf                                    # models users bring
+    PYTHONPATH=. .venv/bin/python benchmarks/fidelity.py --workers 2 --dp 2 --mbs 1 4 \
+        --out fidelity_dp                                              # data parallelism
 
 Writes ``benchmarks/results/fidelity.{json,md}``.
 """
@@ -49,7 +51,7 @@ def cell(model: str, workers: int, mbs: int, args) -> dict:
         try:
             r = outcore.train(model, workers, batch_size=args.batch, microbatches=mbs,
                               steps=steps, costs=args.costs, run_dir=run_dir, trace=False,
-                              timeout_s=120.0, memory=args.memory)
+                              timeout_s=120.0, memory=args.memory, dp=args.dp)
         except Exception as e:  # a cell that cannot run is reported, not fatal
             return {"error": str(e).splitlines()[0][:160]}
         # a short step settles over tens of steps (its caches, the allocator): run the cell
@@ -100,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="train each cell at least this long (up to %d steps), rerunning a "
                          "cell whose --steps were shorter" % MAX_STEPS)
     ap.add_argument("--costs", default="profile")
+    ap.add_argument("--dp", type=int, default=1,
+                    help="data-parallel copies (cells whose workers it does not divide are "
+                         "skipped); default 1: the matrix of session 31 and before")
     ap.add_argument("--memory", default=None,
                     help="per-device memory limit (7MiB): makes the plan split a model that "
                          "would run faster on one device")
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     rows = []
     for name in args.models:
-        for w in args.workers:
+        for w in [w for w in args.workers if w % args.dp == 0]:
             for m in args.mbs:
                 res = cell(MODELS.get(name, name), w, m, args)
                 res.update(model=name, workers=w, microbatches=m)

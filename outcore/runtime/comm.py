@@ -152,14 +152,16 @@ class PairSum:
         self.msg, self.peer, self.flat, self.tag, self.what = msg, peer, flat, tag, what
 
     def wait(self) -> torch.Tensor:
-        """The sum: the peer's part read into a new buffer, this one's added to it (a sum
-        of two is the same bits in either order, so both processes hold equal gradients;
-        ``flat`` stays untouched until the link has sent it)."""
+        """The sum, in ``flat`` (as gloo's all-reduce leaves it): the peer's part read into
+        a buffer and added once the kernel holds all of this one's (a sum of two is the same
+        bits in either order, so both processes hold equal gradients; ``flat`` changes only
+        once the link no longer reads from it)."""
         links = self.msg.links
         assert links is not None
         other = torch.empty_like(self.flat)
         links.recv_into(self.peer, [other], self.tag, self.what)
-        return other.add_(self.flat)
+        links.flush(self.what)
+        return self.flat.add_(other)
 
 
 class Messenger:

@@ -44,10 +44,12 @@ def test_two_workers_sum_gradients_over_their_link_as_gloo_and_one_process_do(tm
 
 
 def test_a_pair_sum_is_the_same_bits_on_both_processes():
-    """Each side reads the other's part and adds its own: a sum of two, equal bits in
-    either order; the part a process sent is left as it was."""
+    """Each side reads the other's part and adds it to its own once the link has taken
+    all of it (8 MB: more than the socket's buffer, so it is sent in pieces): a sum of two,
+    equal bits in either order, in the buffer each side sent."""
     import socket
     import threading
+    import time
 
     import torch
 
@@ -56,7 +58,7 @@ def test_a_pair_sum_is_the_same_bits_on_both_processes():
 
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     links = [SameHostLinks(0, {1: a}, 10.0), SameHostLinks(1, {0: b}, 10.0)]
-    parts = [torch.randn(600_000, generator=torch.Generator().manual_seed(r)) for r in (0, 1)]
+    parts = [torch.randn(2_000_000, generator=torch.Generator().manual_seed(r)) for r in (0, 1)]
     kept = [p.clone() for p in parts]
     got: dict[int, torch.Tensor] = {}
 
@@ -66,6 +68,8 @@ def test_a_pair_sum_is_the_same_bits_on_both_processes():
 
     def side(r: int) -> None:
         links[r].send(1 - r, [parts[r]], 99)
+        if r == 1:  # side 0 then reads all of side 1's part before side 1 reads its own
+            time.sleep(0.3)
         got[r] = PairSum(Msg(links[r]), 1 - r, parts[r], 99, "test sum").wait()
         links[r].flush()
 
@@ -77,7 +81,7 @@ def test_a_pair_sum_is_the_same_bits_on_both_processes():
             t.join(20)
         assert set(got) == {0, 1}
         assert torch.equal(got[0], got[1]) and torch.equal(got[0], kept[0] + kept[1])
-        assert all(torch.equal(p, k) for p, k in zip(parts, kept))
+        assert got[0] is parts[0] and got[1] is parts[1]
     finally:
         a.close()
         b.close()
