@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -138,10 +138,6 @@ class _Totals:
         self.params_bytes = float(g.param_bytes.sum()) * state_factor(optimizer)
         self.saved_bytes = float(g.saved_bytes.sum())
         self._paths: dict[float, float] = {}
-
-    @property
-    def path_s(self) -> float:
-        return self.path_at(1.0)
 
     def work_at(self, runs: int) -> float:
         """Work of ``runs`` runs of the model that together process the global batch once."""

@@ -145,8 +145,9 @@ _PAIR_SUM_TAG = 0x7FF00000
 class PairSum:
     """A gradient bucket's all-reduce between two processes over their same-host link
     (:meth:`Messenger.start_pair_sum`). gloo's all-reduce between two CPU workers here took
-    0.4-3.8 ms (median of 20) for 16 KiB-1.5 MiB, erratically (its I/O threads wait to be
-    woken); an exchange over the link 0.07-0.15 ms up to 256 KiB, 0.6-0.8 ms for 1 MiB."""
+    0.41-3.3 ms (median of 20) for 16 KiB-1 MiB, erratically (its I/O threads wait to be
+    woken), 12-14 ms for 16 MiB; the exchange over the link 0.07-0.36 ms and 6.6-7.5 ms
+    (``benchmarks/dp_pair_sum.py``)."""
 
     def __init__(self, msg: "Messenger", peer: int, flat: torch.Tensor, tag: int, what: str):
         self.msg, self.peer, self.flat, self.tag, self.what = msg, peer, flat, tag, what
