@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(transient=True, console=console,
                   disable=not (searching and console.is_terminal)) as bar:
         task = bar.add_task("planning layouts", total=1)
-        p = _planned(outcore, g, args, lambda phase, d, n: bar.update(
+        p = _planned(g, args, lambda phase, d, n: bar.update(
             task, description=phase, completed=d, total=max(n, 1)))
     whole, g = g, outcore.api.microbatch_graph(g, p)
     outcore.save_plan(p, out)
@@ -142,8 +142,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _planned(outcore, g, args: argparse.Namespace, progress):
+def _planned(g, args: argparse.Namespace, progress):
     """``outcore.plan`` with the command's options (``progress`` follows the layouts)."""
+    import outcore
     return outcore.plan(g, args.devices, args.memory, progress=progress,
                         strategy=args.strategy, parallel=args.parallel,
                         replicas=args.replicas, dp=args.dp,

@@ -145,23 +145,30 @@ _PAIR_SUM_TAG = 0x7FF00000
 class PairSum:
     """A gradient bucket's all-reduce between two processes over their same-host link
     (:meth:`Messenger.start_pair_sum`). gloo's all-reduce between two CPU workers here took
-    0.41-3.3 ms (median of 20) for 16 KiB-1 MiB, erratically (its I/O threads wait to be
-    woken), 12-14 ms for 16 MiB; the exchange over the link 0.07-0.36 ms and 6.6-7.5 ms
+    0.37-3.3 ms (median of 20) for 16 KiB-1 MiB, erratically (its I/O threads wait to be
+    woken), 10-12 ms for 16 MiB; the exchange over the link 0.07-0.39 ms and 7.3-7.7 ms
     (``benchmarks/dp_pair_sum.py``)."""
 
-    def __init__(self, msg: "Messenger", peer: int, flat: torch.Tensor, tag: int, what: str):
-        self.msg, self.peer, self.flat, self.tag, self.what = msg, peer, flat, tag, what
+    def __init__(self, links: SameHostLinks, peer: int, flat: torch.Tensor, tag: int,
+                 what: str):
+        self.links, self.peer, self.flat, self.tag, self.what = links, peer, flat, tag, what
+
+    @classmethod
+    def start(cls, links: SameHostLinks, peer: int, flat: torch.Tensor, tag: int,
+              what: str) -> PairSum:
+        """Send ``flat`` (contiguous, CPU) to ``peer`` at once; :meth:`wait` reads the
+        peer's and adds."""
+        links.send(peer, [flat], tag)
+        return cls(links, peer, flat, tag, what)
 
     def wait(self) -> torch.Tensor:
         """The sum, in ``flat`` (as gloo's all-reduce leaves it): the peer's part read into
         a buffer and added once the kernel holds all of this one's (a sum of two is the same
         bits in either order, so both processes hold equal gradients; ``flat`` changes only
         once the link no longer reads from it)."""
-        links = self.msg.links
-        assert links is not None
         other = torch.empty_like(self.flat)
-        links.recv_into(self.peer, [other], self.tag, self.what)
-        links.flush(self.what)
+        self.links.recv_into(self.peer, [other], self.tag, self.what)
+        self.links.flush(self.what)
         return self.flat.add_(other)
 
 
@@ -231,8 +238,7 @@ class Messenger:
             same_host = device.type == "cpu"
         world = dist.get_world_size() if dist.is_initialized() else 1
         # the processes this rank exchanges schedule messages with
-        self.wired = {process_of(p) for p in self.order} | \
-            {process_of(d) for d in _wire_messages(schedule, rank, self.layouts)}
+        self.wired = {process_of(p) for p in self.order} | {process_of(d) for d in sends}
         if same_host:
             peers = set(self.wired)
             if world <= SAME_HOST_SUM_MAX_RANKS:  # every rank, for the per-step sums
@@ -259,26 +265,32 @@ class Messenger:
                             for i, w in enumerate(wires) if plain(w, peer)}
         self.read_next = {peer: 0 for peer in self.order}  # same-host: next wire to read
 
-    def pair_peer(self, ranks: list[int]) -> int | None:
-        """The other process of a two-process group (``ranks``: process ranks, this one's
-        among them) when this process's same-host link reaches it and carries none of the
-        schedule's messages, else None: :meth:`start_pair_sum` may then sum over that link
-        (its messages cannot interleave with the schedule's on it)."""
-        me = dist.get_rank() if dist.is_initialized() else self.rank
-        if self.links is None or len(ranks) != 2 or me not in ranks:
+    def pair_peer(self, bucket: int) -> int | None:
+        """The process to sum ``bucket`` with over the same-host link, or None (the
+        backend's all-reduce): the bucket has two slots, both start the buckets they share in
+        one order (a link is read in the order it was written), and the link reaches the
+        other's process and carries none of the schedule's messages (the sums cannot
+        interleave with them). Both processes decide alike."""
+        slots = sorted(self.s.buckets[bucket])
+        if self.links is None or len(slots) != 2 or self.rank not in slots:
             return None
-        peer = ranks[1] if ranks[0] == me else ranks[0]
-        return peer if self.links.has(peer) and peer not in self.wired else None
+        other = slots[0] if slots[1] == self.rank else slots[1]
+        peer = self.process_of(other)
+        if not self.links.has(peer) or peer in self.wired:
+            return None
+
+        def order(r: int) -> list[int]:
+            return [a.bucket for a in self.s.actions[r]
+                    if a.op == "AR" and sorted(self.s.buckets[a.bucket]) == slots]
+        return peer if order(self.rank) == order(other) else None
 
     def start_pair_sum(self, peer: int, flat: torch.Tensor, bucket: int) -> PairSum:
         """Start summing ``flat`` (contiguous, CPU) with ``peer``'s over the same-host link
-        (``peer`` from :meth:`pair_peer`): it is sent at once; :meth:`PairSum.wait` reads the
-        peer's and adds."""
+        (``peer`` from :meth:`pair_peer`)."""
         assert self.links is not None
-        tag = _PAIR_SUM_TAG + bucket
-        self.links.send(peer, [flat], tag)
-        return PairSum(self, peer, flat, tag, f"all-reducing the gradients of bucket {bucket} "
-                                              f"with rank {peer} (same-host link)")
+        return PairSum.start(self.links, peer, flat, _PAIR_SUM_TAG + bucket,
+                             f"all-reducing the gradients of bucket {bucket} with rank {peer} "
+                             "(same-host link)")
 
     def sum_over_ranks(self, values: list[float],
                        what: str = "summing the step's checks") -> list[float]:

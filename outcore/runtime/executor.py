@@ -92,7 +92,8 @@ class RankExecutor:
         self.param_off = ParamOffloader(device, list({id(q): q for q in offloaded}.values()))
         self.pending_ar: list[tuple[Any, torch.Tensor, list[torch.nn.Parameter], int]] = []
         self.ar_done: dict[int, float] = {}  # bucket -> clock at completion (traced steps)
-        self.pair_peers: dict[int, int | None] = {}  # bucket -> process it sums with on a link
+        # bucket -> the process it sums with over a same-host link (None: the backend's)
+        self.pair_peers: dict[int, int | None] = {}
         P = schedule.pieces
         self.piece_of_name = {names[i]: int(p) for i, p in enumerate(P.piece_of.tolist())}
         self.transfer_names = [[names[i] for i in t.tensors] for t in P.transfers]
@@ -499,7 +500,9 @@ class RankExecutor:
         grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p))
                  for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        peer = self._pair_peer(bucket, group)
+        if bucket not in self.pair_peers:
+            self.pair_peers[bucket] = self.msg.pair_peer(bucket)
+        peer = self.pair_peers[bucket]
         if peer is not None:  # two CPU processes on one host: over their own link
             self.pending_ar.append((self.msg.start_pair_sum(peer, flat, bucket), flat, params,
                                     bucket))
@@ -508,25 +511,6 @@ class RankExecutor:
         self.pending_ar.append((work, flat, params, bucket))
         if self.trace:
             self._stamp_completion(work, bucket)
-
-    def _pair_peer(self, bucket: int, group: Any) -> int | None:
-        """The process to sum ``bucket`` with over the same-host link, or None (gloo): the
-        bucket has two slots, both send their shared buckets in one order (the link reads
-        messages in the order they were sent) and the link carries no schedule message
-        (:meth:`~outcore.runtime.comm.Messenger.pair_peer`)."""
-        if bucket not in self.pair_peers:
-            slots = sorted(self.s.buckets[bucket])
-            peer = None
-            if len(slots) == 2 and group is not None and dist.is_initialized():
-                other = slots[0] if slots[1] == self.rank else slots[1]
-
-                def order(r: int) -> list[int]:
-                    return [a.bucket for a in self.s.actions[r] if a.op == "AR"
-                            and sorted(self.s.buckets[a.bucket]) == slots]
-                if order(self.rank) == order(other):
-                    peer = self.msg.pair_peer(dist.get_process_group_ranks(group))
-            self.pair_peers[bucket] = peer
-        return self.pair_peers[bucket]
 
     def _stamp_completion(self, work: Any, bucket: int) -> None:
         """Record when ``work`` completes (its future's callback, on the backend's thread): a

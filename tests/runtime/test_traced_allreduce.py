@@ -62,15 +62,11 @@ def test_a_pair_sum_is_the_same_bits_on_both_processes():
     kept = [p.clone() for p in parts]
     got: dict[int, torch.Tensor] = {}
 
-    class Msg:  # what PairSum reads of a Messenger
-        def __init__(self, links: SameHostLinks):
-            self.links = links
-
     def side(r: int) -> None:
-        links[r].send(1 - r, [parts[r]], 99)
+        pending = PairSum.start(links[r], 1 - r, parts[r], 99, "test sum")
         if r == 1:  # side 0 then reads all of side 1's part before side 1 reads its own
             time.sleep(0.3)
-        got[r] = PairSum(Msg(links[r]), 1 - r, parts[r], 99, "test sum").wait()
+        got[r] = pending.wait()
         links[r].flush()
 
     try:
