@@ -120,6 +120,7 @@ class _Engine:
         # the flat buffer each launched all-reduce sums in, held until the step takes the
         # summed gradients from it (they then are views of it, replacing the old ones)
         self.ar_held = [0.0] * costs.static_bytes.shape[0]
+        self.pair_recv = _pair_recv_bytes(s, cluster, opt)
         self.ar_end: dict[int, float] = {}
         self.ar_free = [0.0] * R
         self.ar_waiters: dict[int, list[int]] = {}
@@ -350,6 +351,9 @@ class _Engine:
                     if w != r:
                         self.wake(w, self.sync_end)
             start = max(start, self.sync_end)
+        if self.pair_recv[r]:  # waiting for the sums: a peer's half read, added, freed
+            self.add_mem(r, start, self.pair_recv[r])
+            self.add_mem(r, start, -self.pair_recv[r])
         if self.ar_held[r]:
             self.add_mem(r, start, -self.ar_held[r])
             self.ar_held[r] = 0.0
@@ -458,3 +462,30 @@ class _Engine:
             self.events.append(Event(r, "allreduce", f"DP{'' if piece is None else piece}",
                                      start, end, "comm", piece=-1 if piece is None else piece,
                                      bytes=int(share)))
+
+
+def _pair_recv_bytes(s: Schedule, cluster: Cluster, opt: SimOptions) -> list[float]:
+    """Per rank, the largest bucket it sums with one other rank over their same-host link
+    (a link that copies on send), as :meth:`outcore.runtime.comm.Messenger.pair_peer` chooses
+    them: two ranks, a link that carries none of the schedule's messages, their shared
+    buckets started in one order. The step reads the peer's half of such a bucket into a
+    buffer of its size, adds it and frees it, one bucket at a time."""
+    out = [0.0] * s.num_ranks
+    pairs = [(b, tuple(sorted(g))) for b, g in enumerate(s.buckets)
+             if len(g) == 2 and b < len(opt.bucket_bytes)
+             and (b >= len(opt.bucket_ring) or opt.bucket_ring[b] != 1)]
+    pairs = [(b, g) for b, g in pairs if cluster.link(*g).copy_on_send]
+    if not pairs:
+        return out
+    wired = [{s.peer(r, a) for a in acts if a.op in ("SF", "SB", "RF", "RB")}
+             for r, acts in enumerate(s.actions)]
+
+    def order(r: int, g: tuple[int, ...]) -> list[int]:
+        return [a.bucket for a in s.actions[r]
+                if a.op == "AR" and tuple(sorted(s.buckets[a.bucket])) == g]
+
+    for b, (x, y) in pairs:
+        if y not in wired[x] and order(x, (x, y)) == order(y, (x, y)):
+            for r in (x, y):
+                out[r] = max(out[r], float(opt.bucket_bytes[b]))
+    return out

@@ -326,3 +326,23 @@ def test_a_schedule_the_search_does_not_check_simulates_the_same():
     a, b = simulate(p, g), simulate(p, g, checked=False)
     assert a.iteration_s == b.iteration_s and list(a.peak_bytes) == list(b.peak_bytes)
     assert a.iteration_s > 0
+
+
+def test_a_pair_sum_reads_the_peers_bucket_while_the_step_waits():
+    """Two data-parallel copies on one host sum their gradient bucket over their own link
+    (runtime.comm.PairSum): the peer's half is read into a buffer of the bucket's size while
+    the step waits, on top of the flat buffer sent; over gloo (no same-host link) it is not."""
+    from outcore.hardware.cluster import make_cluster, to_dict
+    from outcore.plan.layout import Layout
+    g = gbuild("one", fwd_s=[1.0], bwd_s=[2.0], param_bytes=[400], out_bytes=[0],
+               saved_bytes=[0], batch_size=2, attrs=[{"params": ["w"]}])
+
+    def peaks(copy_on_send):
+        cl = make_cluster(2, bandwidth=2.0, latency=0.0, copy_on_send=copy_on_send)
+        p = make_plan(g, np.array([0]), strategy="manual", devices=2, memory_bytes=None,
+                      layout=Layout.replicate("mp", 1, 1, 2),
+                      cluster=flat_cluster_doc(to_dict(cl), 2))
+        return simulate(p, g).peak_bytes
+
+    gloo, pair = peaks(False), peaks(True)
+    np.testing.assert_allclose(np.asarray(pair) - np.asarray(gloo), [400, 400])
