@@ -6,10 +6,10 @@ layers on the same input and sums them (SUPER's multi-branch cells, ParDNN's ind
 The placement puts branch ``b`` of every cell on worker ``b % K`` and the stem, the sums and the
 head on worker 0, so the branches of a cell run concurrently and every cell costs one message
 out and one back per remote branch (per direction). Each layer is profiled here (``costs=
-profile``, one thread), the plan is simulated on this job's local cluster (``outcore.job.
-local_cluster``: same-host link latency, per-piece and per-message costs probed) and trained
-on K local workers; the script prints, per K, the median step, the measured speedup over 1
-worker and the simulator's.
+profile``, one thread), the plan is simulated on this job's local cluster
+(``outcore.runtime.local_cluster``: same-host link latency, per-piece and per-message costs
+probed) and trained on K local workers; the script prints, per K, the median step, the
+measured speedup over 1 worker and the simulator's.
 
     PYTHONPATH=. .venv/bin/python benchmarks/dag_parallel.py --workers 1 2 --steps 20
 """
@@ -92,7 +92,7 @@ def worker(ctx, cfg, graph_doc, plan_doc, steps):
 def measure(model: str, workers: int, steps: int, batch: int, microbatches: int) -> dict:
     import outcore
     from outcore.graph.io import to_dict as graph_doc
-    from outcore.job import local_cluster
+    from outcore.runtime.local_cluster import local_cluster
     from outcore.plan.plan import make_plan
     from outcore.plan.plan import to_dict as plan_doc
     from outcore.runtime.config import TrainConfig

@@ -120,9 +120,9 @@ def _calibrated(p, g, oneway_s: float | None = None) -> float:
         over = None
     messages, transport = None, "gloo"
     try:
-        from outcore.job import _same_host_transport
+        from outcore.runtime.local_cluster import same_host_transport
         from outcore.runtime.overhead import message_overhead_s, samehost_latency_s
-        if _same_host_transport():
+        if same_host_transport():
             transport = "same-host sockets"
             messages = message_overhead_s()
             try:

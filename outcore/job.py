@@ -10,7 +10,6 @@ Every artifact goes to the run directory: ``graph.json``, ``plan.json``, ``confi
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -24,13 +23,11 @@ import numpy as np
 from outcore.errors import PlanError, UsageError
 from outcore.graph.io import save as save_graph, to_dict as graph_to_dict
 from outcore.graph.ir import Graph
-from outcore.hardware.cluster import make_cluster
-from outcore.hardware.spec import Cluster
 from outcore.plan.plan import Plan, align, load as load_plan, save as save_plan
 from outcore.plan.plan import to_dict as plan_to_dict
 from outcore.plan.request import PlanRequest
 from outcore.runtime.config import TrainConfig
-from outcore.runtime.env import cores_to_spare, local_cores
+from outcore.runtime.local_cluster import local_cluster
 from outcore.units import parse_shape
 
 log = logging.getLogger(__name__)
@@ -204,90 +201,6 @@ def settle(job: Job, p: Plan) -> Job:
         return job
     return replace(job, cfg=replace(job.cfg, microbatches=p.microbatches),
                    copies=p.layout.copies)
-
-
-def local_cluster(devices: int, local: bool) -> Cluster:
-    """The cluster this job trains on: local CPU workers talk over same-host sockets (latency
-    and per-message host time probed) or, with ``OUTCORE_P2P=gloo``, gloo on loopback
-    (measured preset), and share this machine's cores; GPUs: a generic link."""
-    import torch
-
-    from outcore.hardware.presets import link_preset
-    if torch.cuda.is_available():
-        return make_cluster(devices)
-    from outcore.runtime.samehost import auto_spin_us
-    link = link_preset("gloo-loopback")
-    cores = local_cores() if local else None
-    latency = link.latency_s
-    messages = collective = per_byte = None
-    samehost = False
-    spare = not (cores and devices > 1) or cores_to_spare(devices)  # the load, read once
-    if local and devices > 1 and _same_host_transport():
-        # CPU workers on one host exchange messages over Unix-domain sockets (issue 17), two
-        # of them sum gradients so, other collectives stay on gloo's loopback TCP; their
-        # receives poll as the workers' will
-        spin_us = auto_spin_us(devices, spare)
-        (latency, messages, per_byte), collective = _samehost_costs_s(spin_us), link.latency_s
-        if devices == 2:  # gradient sums over the pair's link: one message each way at once
-            collective = (latency + sum(messages)) / 2  # the ring's two steps price two
-        samehost = True
-    if not spare:
-        # more workers than free cores (other processes' load counts): a message waits for
-        # its receiver to be scheduled (measured on 2 cores with a third busy process: 1.6-2 ms)
-        latency = collective = OVERSUBSCRIBED_LATENCY_S
-    return make_cluster(devices, None, link.bandwidth, latency, device="cpu", host_cores=cores,
-                        overhead_s=_runtime_overhead_s(), message_overhead_s=messages,
-                        collective_latency=collective, copy_on_send=samehost,
-                        cold_start_s=_cold_start_s(), message_byte_s=per_byte)
-
-
-def _same_host_transport() -> bool:
-    import os
-    import sys
-
-    from outcore.runtime.samehost import P2P_ENV
-    return sys.platform.startswith("linux") and os.environ.get(P2P_ENV, "").lower() != "gloo"
-
-
-@functools.lru_cache(maxsize=2)
-def _samehost_costs_s(spin_us: float
-                      ) -> tuple[float, tuple[float, float], tuple[float, float]]:
-    """The same-host link's latency, the runtime's (send, receive) host time per message and
-    what each byte adds to them, probed once per process and poll (about 0.3 s), the receives
-    polling ``spin_us`` as the workers' will (``samehost.auto_spin_us``): a small message and
-    one of ``SAMEHOST_PROBE_BYTES``. The latency is the probed one-way time less the two host
-    times (which the simulator charges on their own); times to 1 us."""
-    from outcore.runtime.overhead import message_overhead_s, samehost_latency_s
-    spin = spin_us * 1e-6
-    send, recv = message_overhead_s(spin_s=spin)
-    big_send, big_recv = message_overhead_s(spin_s=spin, nbytes=SAMEHOST_PROBE_BYTES)
-    extra = SAMEHOST_PROBE_BYTES - 512
-    per_byte = (max(big_send - send, 0.0) / extra, max(big_recv - recv, 0.0) / extra)
-    oneway = samehost_latency_s(spin)
-    return (round(max(oneway - send - recv, 1e-6), 6), (round(send, 6), round(recv, 6)),
-            (float(f"{per_byte[0]:.3g}"), float(f"{per_byte[1]:.3g}")))
-
-
-# the larger message of the same-host probe: well within a socket's buffer, large enough that
-# its copies outweigh the calls' noise (128 KiB: 9-13 us more than a small one here)
-SAMEHOST_PROBE_BYTES = 128 * 1024
-
-
-@functools.lru_cache(maxsize=1)
-def _runtime_overhead_s() -> tuple[float, float]:
-    """The runtime's per-piece cost on this CPU, probed once per process (about 1 s), to 1 us
-    (10 us made the forward's ~4 us nothing)."""
-    from outcore.runtime.overhead import piece_overhead_s
-    fwd, bwd = piece_overhead_s()
-    return round(fwd, 6), round(bwd, 6)
-
-
-@functools.lru_cache(maxsize=1)
-def _cold_start_s() -> float:
-    """A CPU worker's re-warming after a wait, probed once per process, to 1 us (about 0.15 s;
-    0.8 s when nothing in the process has stepped an optimizer yet: its one-time imports)."""
-    from outcore.runtime.overhead import cold_start_s
-    return round(cold_start_s(), 6)
 
 
 def train(model: str, devices: int = 1, *, memory: str | float | None = None,
@@ -464,9 +377,6 @@ def _save_artifacts(job: Job, g: Graph, p: Plan) -> None:
     save_graph(g, root / "graph.json")
     save_plan(p, root / "plan.json")
     (root / "config.json").write_text(json.dumps(job.cfg.to_dict(), indent=1))
-
-
-OVERSUBSCRIBED_LATENCY_S = 1.5e-3
 
 
 def _default_microbatches(batch: int, devices: int) -> int:

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from outcore.hardware.presets import link_preset
-from outcore.job import OVERSUBSCRIBED_LATENCY_S, local_cluster
+from outcore.runtime.local_cluster import OVERSUBSCRIBED_LATENCY_S, local_cluster
 from outcore.runtime.env import local_cores as _local_cores
 
 
@@ -37,9 +37,9 @@ def test_background_load_counts_with_same_host_sockets(monkeypatch):
     # two workers sum gradients over their socket, one message each way at once: half the
     # probed one-way time per step of the ring model; more workers' collectives travel over
     # gloo's loopback and keep its latency
-    monkeypatch.setattr("outcore.job._samehost_costs_s",
+    monkeypatch.setattr("outcore.runtime.local_cluster._samehost_costs_s",
                         lambda spin_us: (1e-6, (2e-5, 3e-5), (1e-10, 1e-10)))
-    monkeypatch.setattr("outcore.job.cores_to_spare", lambda devices: True)
+    monkeypatch.setattr("outcore.runtime.local_cluster.cores_to_spare", lambda devices: True)
     assert local_cluster(2, True).intra.latency_for_collectives == pytest.approx(2.55e-5)
     assert local_cluster(4, True).intra.latency_for_collectives == \
         link_preset("gloo-loopback").latency_s
@@ -50,7 +50,7 @@ def test_background_load_counts_with_same_host_sockets(monkeypatch):
     assert busy.latency_s == busy.latency_for_collectives == OVERSUBSCRIBED_LATENCY_S
     # one worker: the runtime's per-piece cost comes from the probe too (not the fixed
     # 50 / 150 us, which over-charged small models' single-worker steps by up to 68 %)
-    monkeypatch.setattr("outcore.job._runtime_overhead_s", lambda: (1e-6, 2e-6))
+    monkeypatch.setattr("outcore.runtime.local_cluster._runtime_overhead_s", lambda: (1e-6, 2e-6))
     one = local_cluster(1, True).device
     assert (one.fwd_overhead_s, one.bwd_overhead_s) == (1e-6, 2e-6)
 

@@ -69,7 +69,7 @@ def test_pieces_of_one_rank_hold_what_the_simulator_predicts():
     autograd leaves held them), and a checkpointed piece's backward holds its recomputed
     activations and the three gradients of its downsampling block's forked input (predicted
     11.2 MiB against 16.2 MiB measured before both were modelled)."""
-    from outcore.job import local_cluster
+    from outcore.runtime.local_cluster import local_cluster
     from outcore.plan.plan import make_plan
     from outcore.sim.simulate import simulate
 
