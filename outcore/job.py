@@ -137,6 +137,8 @@ def prepare(job: Job, *, local: bool = True,
         if p.devices != job.devices:
             raise PlanError(f"{job.plan_path} is a plan for {p.devices} devices, but --devices "
                             f"is {job.devices}: pass --devices {p.devices}, or re-plan")
+        if cfg.schedule not in ("auto", p.schedule):  # the schedule asked for, predicted so
+            p = _predicted_on(p.replace(schedule=cfg.schedule), g)
         return g, p
     if progress:
         progress("planning", 0, 1)
@@ -195,11 +197,12 @@ def _replanned(g: Graph, req: PlanRequest, chosen: Plan) -> Plan:
 
 
 def settle(job: Job, p: Plan) -> Job:
-    """``job`` with the micro-batch count and model copies of its plan (which may have
-    chosen them: the user gave none)."""
-    if job.cfg.microbatches == p.microbatches and job.copies == p.layout.copies:
+    """``job`` with the micro-batch count, schedule and model copies of its plan (which may
+    have chosen them: the user gave none)."""
+    if (job.cfg.microbatches, job.cfg.schedule, job.copies) == \
+            (p.microbatches, p.schedule, p.layout.copies):
         return job
-    return replace(job, cfg=replace(job.cfg, microbatches=p.microbatches),
+    return replace(job, cfg=replace(job.cfg, microbatches=p.microbatches, schedule=p.schedule),
                    copies=p.layout.copies)
 
 
@@ -207,7 +210,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
           strategy: str = "auto", plan: str | None = None, parallel: str = "mp",
           replicas: int | None = None, dp: int = 1, tp: int = 1, memory_policy: str = "auto",
           input_shape: str | tuple[int, ...] | None = None, batch_size: int = 8,
-          microbatches: int | None = None, steps: int = 10, schedule: str = "1f1b",
+          microbatches: int | None = None, steps: int = 10, schedule: str = "auto",
           optimizer: str = "adam", lr: float = 1e-3, lr_schedule: str = "none", seed: int = 0,
           data: str = "synthetic", costs: str = "profile", run_dir: str | None = None,
           metrics_out: str | None = None, trace: bool = True,
@@ -236,6 +239,7 @@ def train(model: str, devices: int = 1, *, memory: str | float | None = None,
         input_shape: example input shape (``8x3x224x224``); the batch is ``batch_size``.
         batch_size: global batch per step.
         microbatches: micro-batches per step (default: the plan chooses them).
+        schedule: ``1f1b``, ``gpipe`` or ``auto`` (the search's choice; a given plan's).
         search_layout: the plan also chooses ``dp`` and the GEMS mode (the layout options
             given are ignored).
         steps: training steps.

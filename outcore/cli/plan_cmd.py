@@ -63,7 +63,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", metavar="PRESET",
                    help="device preset the plan is for (memory model, host link; e.g. a100, "
                         "cpu); default: a generic accelerator")
-    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
+    p.add_argument("--schedule", choices=["auto", "gpipe", "1f1b"], default="auto",
+                   help="pipeline schedule of the micro-batches: 1f1b (one forward, one "
+                        "backward: fewest activations held), gpipe (every forward, then every "
+                        "backward), or auto (default: the search simulates both on its best "
+                        "placement and keeps gpipe only when it is faster)")
     p.add_argument("--optimizer", default="adam",
                    help="optimizer the memory model assumes: adam (4x params), sgd (2x), "
                         "sgd-momentum (3x)")

@@ -59,7 +59,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "fit, more when they are faster)")
     p.add_argument("--explain", action="store_true",
                    help="also print the plan's candidates (the chosen layout and the runner-up)")
-    p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
+    p.add_argument("--schedule", choices=["auto", "gpipe", "1f1b"], default="auto",
+                   help="pipeline schedule of the micro-batches: 1f1b (one forward, one "
+                        "backward: fewest activations held), gpipe (every forward, then every "
+                        "backward), or auto (default: the search simulates both on its best "
+                        "placement and keeps gpipe only when it is faster; with --plan, the "
+                        "plan's)")
     p.add_argument("--steps", type=positive_int, default=10, help="training steps (default 10)")
     p.add_argument("--epochs", type=positive_int,
                    help="epochs over an image folder (instead of --steps)")

@@ -430,9 +430,11 @@ def _record(c: LayoutChoice, policy: str) -> dict[str, Any]:
 
 
 def _fill(rec: dict[str, Any], p: Plan) -> None:
-    rec.update(strategy=p.strategy, iteration_s=float(p.predicted["iteration_s"]),
-               peak_bytes=float(max(p.predicted["peak_bytes"])),
-               placements=p.extra.get("placements", []))
+    from outcore.partition.search import placement_row
+
+    row = placement_row(p)
+    rec.update(strategy=row["strategy"], iteration_s=row["iteration_s"],
+               peak_bytes=row["peak_bytes"], placements=p.extra.get("placements", []))
 
 
 def _key(p: Plan, c: LayoutChoice) -> tuple[float, int, int, int, int]:

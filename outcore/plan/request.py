@@ -49,7 +49,9 @@ class PlanRequest:
         microbatches: micro-batches per iteration and model copy, or ``"auto"``: the search
             chooses the count (a divisor of the batch); then, and when ``search_layout`` is
             set, the graph is costed for the whole global batch of one iteration.
-        schedule: ``gpipe`` or ``1f1b``.
+        schedule: ``gpipe``, ``1f1b`` or ``auto`` (the search simulates the best placement of
+            several micro-batches over several devices with both and keeps the faster: 1F1B on
+            a tie, which holds fewer micro-batches' activations).
         optimizer: the optimizer the memory model assumes (``adam``: 4 x params).
         memory_policy: ``auto``, ``none``, ``checkpoint`` or ``offload``.
         seed: for randomised planners (METIS); the others are deterministic.
@@ -70,7 +72,7 @@ class PlanRequest:
     sp_join: str | None = None
     sp_grid: str | None = None
     microbatches: int | str = 1
-    schedule: str = "1f1b"
+    schedule: str = "auto"
     optimizer: str = "adam"
     memory_policy: str = "auto"
     seed: int = 0
@@ -100,14 +102,21 @@ class PlanRequest:
         check_positive("--sp", self.sp)
         if self.sp > 1:
             check_spatial_request(self)
-        if self.schedule not in SCHEDULES:
-            raise UsageError(f"unknown schedule {self.schedule!r}: use {' or '.join(SCHEDULES)}")
+        if self.schedule not in (*SCHEDULES, "auto"):
+            raise UsageError(f"unknown schedule {self.schedule!r}: use {', '.join(SCHEDULES)} "
+                             "or auto")
         if self.memory_policy not in CHOICES:
             raise UsageError(f"unknown memory policy {self.memory_policy!r}: use "
                              f"{', '.join(CHOICES)}")
         if self.cluster.size < self.devices:
             raise UsageError(f"the cluster has {self.cluster.size} devices, the request "
                              f"{self.devices}: pass a larger cluster or fewer devices")
+
+    @property
+    def first_schedule(self) -> str:
+        """The schedule placements are simulated with: the request's, 1F1B for ``auto``
+        (the search then tries GPipe on its best placement)."""
+        return "1f1b" if self.schedule == "auto" else self.schedule
 
     @property
     def model_parallel_devices(self) -> int:

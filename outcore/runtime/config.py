@@ -16,7 +16,7 @@ class TrainConfig:
         batch_size: global batch per step.
         microbatches: micro-batches per step (the batch must divide evenly).
         steps: training steps to run (in total, counting resumed ones).
-        schedule: ``gpipe`` or ``1f1b``.
+        schedule: ``gpipe``, ``1f1b`` or ``auto`` (the plan's).
         optimizer: ``adam``, ``adamw`` or ``sgd``; ``lr``, ``momentum``, ``weight_decay``.
         lr_schedule: ``none``, ``cosine`` or ``step`` (×0.1 every third of the run).
         seed: seeds weights and data.
@@ -47,7 +47,7 @@ class TrainConfig:
     batch_size: int = 8
     microbatches: int = 1
     steps: int = 10
-    schedule: str = "1f1b"
+    schedule: str = "auto"
     optimizer: str = "adam"
     lr: float = 1e-3
     momentum: float = 0.9

@@ -122,7 +122,7 @@ class Trainer:
         micro_inputs: example inputs of one micro-batch (shapes for receive buffers); the
             global batch is ``micro * microbatches * copies`` where ``copies`` is the plan's
             replicas times its data-parallel degree (1 for a plain plan).
-        schedule: ``gpipe`` or ``1f1b``.
+        schedule: ``gpipe``, ``1f1b`` or ``auto`` (the plan's).
         loss_fn: ``loss_fn(output, target)``; default: cross-entropy / MSE.
         optimizer: ``optimizer(params) -> torch.optim.Optimizer`` (default Adam, lr 1e-3).
         lr_scheduler: ``lr_scheduler(optimizer) -> scheduler`` stepped once per step, or None.
@@ -134,7 +134,7 @@ class Trainer:
     """
 
     def __init__(self, model: nn.Module, graph: Graph, plan: Plan, *, microbatches: int,
-                 micro_inputs: tuple[torch.Tensor, ...], schedule: str = "1f1b",
+                 micro_inputs: tuple[torch.Tensor, ...], schedule: str = "auto",
                  loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                  optimizer: Callable[[list[nn.Parameter]], Any] | None = None,
                  lr_scheduler: Callable[[Any], Any] | None = None,
@@ -167,7 +167,8 @@ class Trainer:
         if self.tp > 1 and exported:  # ATen calls: split the exported trace itself
             from outcore.tensor.parallel import split_traced_for_plan
             self.tensor_layout = split_traced_for_plan(gm, graph, self.tp)
-        low = lower_for_training(graph, plan, microbatches=microbatches, schedule=schedule,
+        low = lower_for_training(graph, plan, microbatches=microbatches,
+                                 schedule=plan.schedule if schedule == "auto" else schedule,
                                  mb_samples=micro_inputs[0].shape[0],
                                  schedule_doc=schedule_doc)
         self.lowered = low

@@ -105,3 +105,37 @@ def test_a_model_with_other_nodes_at_the_chosen_micro_batch_is_placed_again(tmp_
     assert report.plan.graph["batch_size"] == 1
     assert any("placed again with the chosen layout" in n for n in report.plan.notes)
     assert len(report.losses) == 2 and all(map(math.isfinite, report.losses))
+
+
+def test_train_runs_the_schedule_of_its_plan(tmp_path):
+    """``schedule="auto"`` (the default) trains with the plan's schedule (a saved GPipe plan
+    runs GPipe, predicted so); a schedule asked for wins over a saved plan's and is predicted
+    too. Both schedules train to the same losses."""
+    import numpy as np
+
+    from outcore.graph.io import load
+    from outcore.plan import make_plan
+    g = outcore.model_graph("outcore:mlp", batch_size=8, split=4)
+    half = np.arange(g.num_nodes) >= g.num_nodes // 2
+    p = make_plan(g, half.astype(np.int64), strategy="manual", devices=2, memory_bytes=None,
+                  microbatches=4, schedule="gpipe")
+    p = p.replace(predicted=outcore.simulate(p, g).to_dict())
+    path = tmp_path / "plan.json"
+    outcore.save_plan(p, path)
+    runs = {}
+    for schedule in ("auto", "1f1b"):
+        runs[schedule] = outcore.train("outcore:mlp", 2, plan=str(path), microbatches=4,
+                                       batch_size=8, costs="estimate:cpu", steps=2,
+                                       schedule=schedule, trace=False,
+                                       run_dir=str(tmp_path / schedule))
+    auto, asked = runs["auto"], runs["1f1b"]
+    assert auto.config.schedule == auto.plan.schedule == "gpipe"
+    assert asked.config.schedule == asked.plan.schedule == "1f1b"
+    orders = []
+    for name, run in runs.items():  # predicted with the schedule it ran
+        trained = load(tmp_path / name / "graph.json")
+        again = outcore.simulate(run.plan, trained)
+        assert run.predicted["iteration_s"] == pytest.approx(again.iteration_s, rel=1e-9)
+        orders.append([str(a) for a in outcore.lower(run.plan, trained).schedule.actions[0]])
+    assert orders[0] != orders[1]
+    assert asked.losses == pytest.approx(auto.losses, rel=1e-6)
