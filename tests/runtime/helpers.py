@@ -45,7 +45,8 @@ def docs_for(cfg: TrainConfig, assign, devices: int, *, parallel: str | None = N
         fields = {"layout": layout}
         total = layout.ranks(devices)
     plan = make_plan(g, a, strategy="manual", devices=total, memory_bytes=None,
-                     microbatches=cfg.microbatches, schedule=cfg.schedule, **fields)
+                     microbatches=cfg.microbatches,
+                     schedule="1f1b" if cfg.schedule == "auto" else cfg.schedule, **fields)
     return graph_doc(g), plan_doc(plan), g
 
 

@@ -31,7 +31,8 @@ def spatial_docs(cfg: TrainConfig, join: str, stages: int, boundary: str | None,
         a[names.index(boundary):] = stages - 1
     sp = SpatialPlan(grid=grid, join=join, tiled=tuple(int(i) for i in g.ids[:j + 1]))
     plan = make_plan(g, a, strategy="manual", devices=stages + sp.tiles - 1, memory_bytes=None,
-                     microbatches=cfg.microbatches, schedule=cfg.schedule,
+                     microbatches=cfg.microbatches,
+                     schedule="1f1b" if cfg.schedule == "auto" else cfg.schedule,
                      layout=Layout(sp=sp.tiles), spatial=sp)
     return graph_doc(g), plan_doc(plan)
 

@@ -31,7 +31,8 @@ def docs(cfg: TrainConfig, assign, devices: int, costs: str = "flat"):
         g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
     a = np.asarray(assign(g), dtype=np.int64)
     plan = make_plan(g, a, strategy="manual", devices=devices, memory_bytes=None,
-                     microbatches=cfg.microbatches, schedule=cfg.schedule)
+                     microbatches=cfg.microbatches,
+                     schedule="1f1b" if cfg.schedule == "auto" else cfg.schedule)
     return graph_doc(g), plan_doc(plan), g
 
 
