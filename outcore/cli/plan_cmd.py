@@ -113,10 +113,9 @@ def run(args: argparse.Namespace) -> int:
     g, captured = load_or_capture(args.source, args)
     if args.depth is not None:
         g = outcore.collapse(g, args.depth)
-    searching = args.layout == "auto" or args.microbatches == "auto"
-    with Progress(transient=True, console=console,
-                  disable=not (searching and console.is_terminal)) as bar:
-        task = bar.add_task("planning layouts", total=1)
+    with Progress(transient=True, console=console, disable=not console.is_terminal) as bar:
+        # the layout search's layouts, and a refusal's checks of what would fit
+        task = bar.add_task("planning", total=1)
         p = _planned(g, args, lambda phase, d, n: bar.update(
             task, description=phase, completed=d, total=max(n, 1)))
     whole, g = g, outcore.api.microbatch_graph(g, p)
@@ -159,6 +158,7 @@ def _planned(g, args: argparse.Namespace, progress):
                         microbatches=args.microbatches, schedule=args.schedule,
                         optimizer=args.optimizer, memory_policy=args.memory_policy,
                         device=args.device, search_layout=args.layout == "auto")
+
 
 def print_plan(g, p) -> None:
     import outcore

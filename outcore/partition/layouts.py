@@ -248,7 +248,7 @@ def _choice(dp: int, mode: str, R: int, M: int, samples: int, req: PlanRequest,
 def _no_layout_fits(req: PlanRequest, choices: list[LayoutChoice]) -> InfeasibleError:
     """The refusal when every layout's memory floor exceeds the limit, with estimates of the
     memory and the devices that would fit from the lowest floor (the search's caller checks
-    them by planning: :func:`outcore.partition.search.checked_refusal`)."""
+    them by planning: :func:`outcore.partition.refusal.checked_refusal`)."""
     floor = min(c.floor(req.memory_policy) for c in choices)
     mem = req.memory_bytes
     devices = max(math.ceil(req.devices * floor / mem), req.devices + 1) if mem else None

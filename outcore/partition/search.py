@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -23,11 +22,9 @@ from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.graph.tensor_pairs import TensorLayout
 from outcore.hardware.allocator import frozen_objects
-from outcore.hardware.spec import Cluster
 from outcore.plan.layout import Layout
 from outcore.plan.plan import Plan, make_plan
 from outcore.plan.request import PlanRequest
-from outcore.units import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +66,8 @@ def _searched(g: Graph, req: PlanRequest, check_suggestions: bool,
     except InfeasibleError as e:
         if not check_suggestions:
             raise
-        raise checked_refusal(g, req, e) from None
+        from outcore.partition.refusal import checked_refusal
+        raise checked_refusal(g, req, e, progress=progress) from None
 
 
 # the option each searched degree comes from, and what the search calls it
@@ -100,6 +98,7 @@ def _search_degrees(g: Graph, req: PlanRequest, field: str, options: list[int],
     plain = errors.get(1)
     if best is None and isinstance(plain, InfeasibleError):
         # the refusal of the plain request, with its checked suggestions
+        from outcore.partition.refusal import checked_refusal
         raise checked_refusal(g, req.replace(**{field: 1}), plain) if check_suggestions \
             else plain
     if best is None:
@@ -166,87 +165,6 @@ def _search(g: Graph, req: PlanRequest) -> Plan:
     if len(req.replica_options()) > 1 or req.dp > 1:
         best = best.with_notes(*notes)
     return best
-
-
-def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError, *,
-                    budget_s: float = 60.0) -> InfeasibleError:
-    """``error`` with its suggestions replaced by checked ones: the fewest devices (from the
-    planners' estimate upward) and the least memory per device (from the estimate upward, then
-    narrowed by bisection) with which :func:`search` finds a plan that fits."""
-    if error.min_devices is None and error.min_memory_bytes is None:
-        return error  # it suggests no number: its own advice stands
-    deadline = time.monotonic() + budget_s
-    first = str(error).split("; ")[0]
-    k = _fewest_devices(g, req, error.min_devices, deadline)
-    mem = _least_memory(g, req, error.min_memory_bytes, deadline)
-    fixes = []
-    if k is not None:
-        fixes.append(f"{k} devices fit (checked)")
-    if mem is not None:
-        fixes.append(f"{format_bytes(mem)} per device fits on {req.devices} (checked)")
-    fix = " or ".join(fixes) if fixes else "no device count or memory that was tried fits"
-    return InfeasibleError(f"{first}; {fix}", min_devices=k, min_memory_bytes=mem)
-
-
-def _fits_request(g: Graph, req: PlanRequest) -> bool:
-    try:
-        return fits(_dispatch(g, req))
-    except InfeasibleError:
-        return False
-
-
-def _fewest_devices(g: Graph, req: PlanRequest, estimate: int | None,
-                    deadline: float) -> int | None:
-    """The fewest model-parallel devices (x dp) from ``estimate`` up that fit."""
-    if not estimate:
-        return None
-    for k in range(max(estimate, req.model_parallel_devices + 1), 2 * estimate + 3):
-        if time.monotonic() > deadline:
-            return None
-        devices = k * req.dp * (req.tp or 1)
-        if _fits_request(g, req.replace(devices=devices,
-                                        cluster=_grown(req.cluster, devices))):
-            return devices
-    return None
-
-
-def _least_memory(g: Graph, req: PlanRequest, estimate: float | None,
-                  deadline: float) -> float | None:
-    """The least per-device memory from ``estimate`` up that fits (to about 2 %)."""
-    if not estimate or req.memory_bytes is None:
-        return None
-
-    def ok(mem: float) -> bool:
-        return _fits_request(g, req.replace(memory_bytes=mem,
-                                            cluster=req.cluster.with_memory(mem)))
-
-    low, high = float(req.memory_bytes), max(float(estimate), float(req.memory_bytes))
-    while not ok(high):
-        if time.monotonic() > deadline:
-            return None
-        low, high = high, high * 1.25
-    while high - low > 0.02 * high and time.monotonic() < deadline:
-        mid = (low + high) / 2
-        low, high = (low, mid) if ok(mid) else (mid, high)
-    shown = _round_up(high)  # what the message prints must fit too
-    return shown if shown == high or ok(shown) else math.ceil(high)
-
-
-def _round_up(nbytes: float) -> float:
-    """``nbytes`` rounded up to what :func:`format_bytes` prints (two decimals of its unit)."""
-    unit = 1.0
-    while nbytes >= unit * 1024 and unit < 1024.0 ** 4:
-        unit *= 1024
-    return math.ceil(nbytes / unit * 100 - 1e-9) / 100 * unit
-
-
-def _grown(cluster: Cluster, devices: int) -> Cluster:
-    """``cluster`` with at least ``devices`` devices (more of the same nodes)."""
-    if cluster.size >= devices:
-        return cluster
-    if cluster.nodes == 1:
-        return replace(cluster, devices_per_node=devices)
-    return replace(cluster, nodes=-(-devices // cluster.devices_per_node))
 
 
 def single(g: Graph, req: PlanRequest) -> Plan:

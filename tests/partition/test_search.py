@@ -14,9 +14,13 @@ def mlp():
 
 
 def test_refusal_suggests_only_device_counts_and_memory_that_fit(mlp):
+    seen = []
     with pytest.raises(InfeasibleError) as info:
-        outcore.plan(mlp, 2, "20KiB")
+        outcore.plan(mlp, 2, "20KiB", progress=lambda *a: seen.append(a))
     e = info.value
+    # the checks of what would fit show their progress, to the end of their time budget
+    checks = [a for a in seen if a[0].startswith("nothing fits")]
+    assert checks and checks[-1][1] == checks[-1][2] > 0
     assert "(checked)" in str(e) and e.min_devices and e.min_memory_bytes
     wider = outcore.plan(mlp, e.min_devices, "20KiB")
     assert max(wider.predicted["peak_bytes"]) <= 20 * 1024

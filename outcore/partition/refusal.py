@@ -1,0 +1,112 @@
+"""A refusal that names what would fit: when no plan fits the request, the device count and the
+memory per device it suggests are ones the search itself has planned and found to fit (issue
+15: "an honest refusal"), never unchecked estimates."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from outcore.errors import InfeasibleError
+from outcore.graph.ir import Graph
+from outcore.hardware.spec import Cluster
+from outcore.plan.request import PlanRequest
+from outcore.units import format_bytes
+
+__all__ = ["checked_refusal"]
+
+
+def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError, *,
+                    budget_s: float = 30.0,
+                    progress: Callable[[str, int, int], None] | None = None
+                    ) -> InfeasibleError:
+    """``error`` with its suggestions replaced by checked ones: the fewest devices (from the
+    planners' estimate upward) and the least memory per device (from the estimate upward, then
+    narrowed by bisection while ``budget_s`` lasts: a suggestion is always one that fits, less
+    tight when the budget ran out) with which :func:`search` finds a plan that fits.
+    ``progress(phase, seconds spent, budget)`` follows the checks."""
+    if error.min_devices is None and error.min_memory_bytes is None:
+        return error  # it suggests no number: its own advice stands
+    start = time.monotonic()
+    deadline = start + budget_s
+
+    def fits_request(r: PlanRequest) -> bool:
+        if progress:
+            progress("nothing fits: checking what would", min(int(time.monotonic() - start),
+                                                             int(budget_s)), int(budget_s))
+        return _fits_request(g, r)
+
+    first = str(error).split("; ")[0]
+    k = _fewest_devices(fits_request, req, error.min_devices, deadline)
+    mem = _least_memory(fits_request, req, error.min_memory_bytes, deadline)
+    if progress:
+        progress("nothing fits: checking what would", int(budget_s), int(budget_s))
+    fixes = []
+    if k is not None:
+        fixes.append(f"{k} devices fit (checked)")
+    if mem is not None:
+        fixes.append(f"{format_bytes(mem)} per device fits on {req.devices} (checked)")
+    fix = " or ".join(fixes) if fixes else "no device count or memory that was tried fits"
+    return InfeasibleError(f"{first}; {fix}", min_devices=k, min_memory_bytes=mem)
+
+
+def _fits_request(g: Graph, req: PlanRequest) -> bool:
+    from outcore.partition.search import _dispatch, fits
+    try:
+        return fits(_dispatch(g, req))
+    except InfeasibleError:
+        return False
+
+
+def _fewest_devices(fits_request: Callable[[PlanRequest], bool], req: PlanRequest,
+                    estimate: int | None, deadline: float) -> int | None:
+    """The fewest model-parallel devices (x dp) from ``estimate`` up that fit."""
+    if not estimate:
+        return None
+    for k in range(max(estimate, req.model_parallel_devices + 1), 2 * estimate + 3):
+        if time.monotonic() > deadline:
+            return None
+        devices = k * req.dp * (req.tp or 1)
+        if fits_request(req.replace(devices=devices, cluster=_grown(req.cluster, devices))):
+            return devices
+    return None
+
+
+def _least_memory(fits_request: Callable[[PlanRequest], bool], req: PlanRequest,
+                  estimate: float | None, deadline: float) -> float | None:
+    """The least per-device memory from ``estimate`` up that fits (to about 2 %)."""
+    if not estimate or req.memory_bytes is None:
+        return None
+
+    def ok(mem: float) -> bool:
+        return fits_request(req.replace(memory_bytes=mem, cluster=req.cluster.with_memory(mem)))
+
+    low, high = float(req.memory_bytes), max(float(estimate), float(req.memory_bytes))
+    while not ok(high):
+        if time.monotonic() > deadline:
+            return None
+        low, high = high, high * 1.25
+    while high - low > 0.02 * high and time.monotonic() < deadline:
+        mid = (low + high) / 2
+        low, high = (low, mid) if ok(mid) else (mid, high)
+    shown = _round_up(high)  # what the message prints must fit too
+    return shown if shown == high or ok(shown) else math.ceil(high)
+
+
+def _round_up(nbytes: float) -> float:
+    """``nbytes`` rounded up to what :func:`format_bytes` prints (two decimals of its unit)."""
+    unit = 1.0
+    while nbytes >= unit * 1024 and unit < 1024.0 ** 4:
+        unit *= 1024
+    return math.ceil(nbytes / unit * 100 - 1e-9) / 100 * unit
+
+
+def _grown(cluster: Cluster, devices: int) -> Cluster:
+    """``cluster`` with at least ``devices`` devices (more of the same nodes)."""
+    if cluster.size >= devices:
+        return cluster
+    if cluster.nodes == 1:
+        return replace(cluster, devices_per_node=devices)
+    return replace(cluster, nodes=-(-devices // cluster.devices_per_node))
