@@ -241,18 +241,20 @@ def test_backward_working_memory_counts_what_the_backward_has_not_freed_yet():
     assert _backward_working(g, np.arange(3), 3).tolist() == [0.0, 0.0, 0.0]
 
 
-def test_an_output_with_two_consumers_holds_three_gradients_while_they_are_summed():
+def test_an_output_with_two_consumers_holds_two_gradients_while_they_are_summed():
     from outcore.schedule.costs import _backward_working
     # 0 -> 1, 0 -> 2, 1 -> 3, 2 -> 3 (a block whose input feeds two branches), nothing saved
     g = gbuild("fork", fwd_s=[1.0] * 4, bwd_s=[1.0] * 4, src=[0, 0, 1, 2], dst=[1, 2, 3, 3],
                edge_bytes=[100, 100, 10, 10], out_bytes=[100, 10, 10, 5],
                saved_bytes=[0, 0, 0, 0])
-    # node 0: the gradient from 1, the one from 2 and their sum (3 x 100); no input
-    assert _backward_working(g, np.zeros(4, dtype=np.int64), 1).tolist() == [300.0]
+    # node 0: the gradient from 1 and the one from 2, added into it in place (2 x 100); no
+    # input
+    assert _backward_working(g, np.zeros(4, dtype=np.int64), 1).tolist() == [200.0]
     # 2 in another piece: the gradient it returns is held as that piece's input gradient (the
-    # simulator counts it there), so node 0 adds the one arriving from 1 and the sum; node 2's
+    # simulator counts it there), so node 0 adds the one arriving from 1 (100), less than
+    # node 1 holding its output's gradient while it makes its input's (10 + 100); node 2's
     # piece makes only its input's gradient, held as such
-    assert _backward_working(g, np.array([0, 0, 1, 0]), 2).tolist() == [200.0, 0.0]
+    assert _backward_working(g, np.array([0, 0, 1, 0]), 2).tolist() == [110.0, 0.0]
 
 
 def test_a_checkpointed_piece_keeps_each_input_once_and_not_what_its_producer_holds():
