@@ -152,19 +152,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
     factor = state_factor(optimizer)
     pol = tuple(policies) if policies is not None else ("none",) * n_p
-    # the backward also holds a fresh gradient of the layer it differentiates until it is
-    # accumulated into .grad: the largest layer's parameters, once (a parameter that is a
-    # node of its own, as torch.export captures them, passes its gradient along an edge,
-    # which the working memory counts already)
-    grad_tmp = np.zeros(n_p)
-    layer_params = g.param_bytes.astype(np.float64)
-    layer_params[g.nodes_with_op("param")] = 0.0
-    np.maximum.at(grad_tmp, piece_of, layer_params)
-    t_bwd = _backward_working(g, piece_of, n_p) * scale + grad_tmp
-    if "checkpoint" in pol:  # a recomputing backward sums a forked output's gradients out of
-        # place (a checkpointed ResNet: 17.0 MiB measured, 14.4 predicted with the in-place sum)
-        ck = np.array([p == "checkpoint" for p in pol], dtype=bool)
-        t_bwd[ck] = (_backward_working(g, piece_of, n_p, summed=3) * scale + grad_tmp)[ck]
+    t_bwd, grad_tmp = _backward_bytes(g, piece_of, n_p, scale, pol)
     static_piece = piece_params * factor
     if any(p != "none" for p in pol):
         _apply_policies(g, pieces, pol, scale, host_bandwidth, host_is_device, fwd, bwd,
@@ -190,6 +178,25 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
             tensors = np.array([len(h) for h in held], dtype=np.float64)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
                       pol, tensors, grads)
+
+
+def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, scale: float,
+                    pol: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Per piece, its backward's working memory (:func:`_backward_working`, at ``scale``) with
+    the fresh gradient of its largest layer, and that gradient alone. The backward holds a
+    layer's fresh gradient until it is accumulated into ``.grad``; a parameter that is a node
+    of its own, as torch.export captures them, passes its gradient along an edge, which the
+    working memory counts already."""
+    grad_tmp = np.zeros(n_p)
+    layer_params = g.param_bytes.astype(np.float64)
+    layer_params[g.nodes_with_op("param")] = 0.0
+    np.maximum.at(grad_tmp, piece_of, layer_params)
+    t_bwd = _backward_working(g, piece_of, n_p) * scale + grad_tmp
+    if "checkpoint" in pol:  # a recomputing backward sums a forked output's gradients out of
+        # place (a checkpointed ResNet: 17.0 MiB measured, 14.4 predicted with the in-place sum)
+        ck = np.array([p == "checkpoint" for p in pol], dtype=bool)
+        t_bwd[ck] = (_backward_working(g, piece_of, n_p, summed=3) * scale + grad_tmp)[ck]
+    return t_bwd, grad_tmp
 
 
 # ops whose backward returns a view of the output's gradient (no new memory): reshapes,
