@@ -238,9 +238,9 @@ class Messenger:
             same_host = device.type == "cpu"
         world = dist.get_world_size() if dist.is_initialized() else 1
         # the processes this rank exchanges schedule messages with
-        self.wired = {process_of(p) for p in self.order} | {process_of(d) for d in sends}
+        wired = {process_of(p) for p in self.order} | {process_of(d) for d in sends}
         if same_host:
-            peers = set(self.wired)
+            peers = set(wired)
             if world <= SAME_HOST_SUM_MAX_RANKS:  # every rank, for the per-step sums
                 peers |= set(range(world))
             self.links = connect_same_host(peers, timeout_s)
@@ -267,22 +267,13 @@ class Messenger:
 
     def pair_peer(self, bucket: int) -> int | None:
         """The process to sum ``bucket`` with over the same-host link, or None (the
-        backend's all-reduce): the bucket has two slots, both start the buckets they share in
-        one order (a link is read in the order it was written), and the link reaches the
-        other's process and carries none of the schedule's messages (the sums cannot
-        interleave with them). Both processes decide alike."""
-        slots = sorted(self.s.buckets[bucket])
-        if self.links is None or len(slots) != 2 or self.rank not in slots:
+        backend's all-reduce): the schedule's pair for it (:meth:`Schedule.pair_partner`),
+        when a link reaches that slot's process. Both processes decide alike."""
+        other = self.s.pair_partner(bucket, self.rank) if self.links is not None else None
+        if other is None:
             return None
-        other = slots[0] if slots[1] == self.rank else slots[1]
         peer = self.process_of(other)
-        if not self.links.has(peer) or peer in self.wired:
-            return None
-
-        def order(r: int) -> list[int]:
-            return [a.bucket for a in self.s.actions[r]
-                    if a.op == "AR" and sorted(self.s.buckets[a.bucket]) == slots]
-        return peer if order(self.rank) == order(other) else None
+        return peer if self.links.has(peer) else None
 
     def start_pair_sum(self, peer: int, flat: torch.Tensor, bucket: int) -> PairSum:
         """Start summing ``flat`` (contiguous, CPU) with ``peer``'s over the same-host link

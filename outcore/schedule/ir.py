@@ -126,6 +126,25 @@ class Schedule:
         src, dst = self.rank_of_transfer_src(a.transfer), self.rank_of_transfer_dst(a.transfer)
         return dst if rank == src else src
 
+    def pair_partner(self, bucket: int, rank: int) -> int | None:
+        """The other rank of a two-rank ``bucket`` that ``rank`` may sum it with over a link
+        of their own (:class:`outcore.runtime.comm.PairSum`), or None: no message of the
+        schedule passes between the two (the sums cannot interleave with them), and both
+        start the buckets they share in one order (a link is read in the order it was
+        written). Both ranks decide alike; the runtime and the simulator ask this."""
+        ranks = sorted(self.buckets[bucket])
+        if len(ranks) != 2 or rank not in ranks:
+            return None
+        other = ranks[0] if ranks[1] == rank else ranks[1]
+        if any(a.op in ("SF", "SB", "RF", "RB") and self.peer(rank, a) == other
+               for a in self.actions[rank]):
+            return None
+
+        def order(r: int) -> list[int]:
+            return [a.bucket for a in self.actions[r]
+                    if a.op == "AR" and sorted(self.buckets[a.bucket]) == ranks]
+        return other if order(rank) == order(other) else None
+
     def format(self) -> str:
         """The schedule as a table: one line per rank, actions by their string form."""
         width = max((len(str(a)) for acts in self.actions for a in acts), default=3)

@@ -466,26 +466,16 @@ class _Engine:
 
 def _pair_recv_bytes(s: Schedule, cluster: Cluster, opt: SimOptions) -> list[float]:
     """Per rank, the largest bucket it sums with one other rank over their same-host link
-    (a link that copies on send), as :meth:`outcore.runtime.comm.Messenger.pair_peer` chooses
-    them: two ranks, a link that carries none of the schedule's messages, their shared
-    buckets started in one order. The step reads the peer's half of such a bucket into a
-    buffer of its size, adds it and frees it, one bucket at a time."""
+    (a link that copies on send) as the runtime chooses them
+    (:meth:`~outcore.schedule.ir.Schedule.pair_partner`). The step reads the peer's half of
+    such a bucket into a buffer of its size, adds it and frees it, one bucket at a time."""
     out = [0.0] * s.num_ranks
-    pairs = [(b, tuple(sorted(g))) for b, g in enumerate(s.buckets)
-             if len(g) == 2 and b < len(opt.bucket_bytes)
-             and (b >= len(opt.bucket_ring) or opt.bucket_ring[b] != 1)]
-    pairs = [(b, g) for b, g in pairs if cluster.link(*g).copy_on_send]
-    if not pairs:
-        return out
-    wired = [{s.peer(r, a) for a in acts if a.op in ("SF", "SB", "RF", "RB")}
-             for r, acts in enumerate(s.actions)]
-
-    def order(r: int, g: tuple[int, ...]) -> list[int]:
-        return [a.bucket for a in s.actions[r]
-                if a.op == "AR" and tuple(sorted(s.buckets[a.bucket])) == g]
-
-    for b, (x, y) in pairs:
-        if y not in wired[x] and order(x, (x, y)) == order(y, (x, y)):
+    for b, group in enumerate(s.buckets):
+        if len(group) != 2 or b >= len(opt.bucket_bytes) or \
+                (b < len(opt.bucket_ring) and opt.bucket_ring[b] == 1):
+            continue
+        x, y = sorted(group)
+        if cluster.link(x, y).copy_on_send and s.pair_partner(b, x) == y:
             for r in (x, y):
                 out[r] = max(out[r], float(opt.bucket_bytes[b]))
     return out
