@@ -253,9 +253,8 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     (:func:`_contended`) are made to fit with memory policies and simulated (the simulator
     costs a lowering and an event run each), except those the contended emulation finds
     :data:`PRUNE_RATIO` times slower than the best simulated plan that fits."""
+    # placements are compared under req.first_schedule; with auto, the best one's last
     schedule_auto = req.schedule == "auto"
-    if schedule_auto:  # placements compared under 1F1B; the best one's schedule chosen last
-        req = req.replace(schedule=req.first_schedule)
     names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
     placed, notes, first_error = _placements(g, req, budget, names, check_fit)
     est = _contended(g, req, placed)
