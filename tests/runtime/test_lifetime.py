@@ -44,11 +44,15 @@ def listeners(ctx) -> list[tuple[str, int, str]]:
     got = torch.zeros(3)
     dist.recv(got, (ctx.rank - 1) % ctx.world_size)
     send.wait()
-    dist.new_group([0, 1])
+    group = dist.new_group([0, 1])
+    # both ranks finish the group's connections before either exits (a rank that returned
+    # first closed its end while the other was still connecting: "Connection closed by peer")
+    dist.barrier(group=group)
     out = []
     for c in psutil.Process().net_connections(kind="inet"):
         if c.status == psutil.CONN_LISTEN or (c.type == 2 and c.laddr):  # 2: SOCK_DGRAM
             out.append((c.laddr.ip, c.laddr.port, c.status))
+    dist.barrier()  # listed while every socket of the peer is still open
     return out
 
 
