@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import statistics
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -402,23 +404,40 @@ def _slug(model: str) -> str:
 
 
 class _MetricsWatcher:
-    """Tails rank 0's metrics file and hands each new line to a callback."""
+    """Tails rank 0's metrics file and hands each new line of this run to a callback.
+
+    The file may be one an earlier run left in the same run folder, until rank 0 replaces it
+    (a fresh run makes a new file, a resumed one rewrites it keeping its earlier steps): lines
+    stamped before this watcher started are not this run's progress and are skipped, and a
+    replaced or shorter file is read from its start. A line that is not JSON is skipped: the
+    progress display never stops a run."""
 
     def __init__(self, path: Path, callback: Callable[[dict[str, Any]], None] | None):
         self.path, self.callback, self.offset = path, callback, 0
+        self.since = time.time()
+        self.inode: int | None = None
 
     def poll(self) -> None:
-        if self.callback is None or not self.path.exists():
+        if self.callback is None:
             return
-        with open(self.path) as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        lines = chunk.split("\n")
-        complete, rest = lines[:-1], lines[-1]
-        self.offset += len(chunk) - len(rest)
-        for line in complete:
-            if line.strip():
-                self.callback(json.loads(line))
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if st.st_ino != self.inode or st.st_size < self.offset:
+                    self.inode, self.offset = st.st_ino, 0
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n") + 1  # a torn last line waits for its end
+        self.offset += end
+        for line in chunk[:end].decode("utf-8", "replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and float(record.get("time", 0)) >= self.since:
+                self.callback(record)
 
 
 def _report(cfg: TrainConfig, g: Graph, p: Plan, root: Path,

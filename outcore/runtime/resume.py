@@ -103,6 +103,7 @@ def open_metrics(path: str | None, start: int) -> TextIO | None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     if start == 0 or not p.exists():
+        p.unlink(missing_ok=True)  # a new file: a reader of the old one sees it replaced
         return open(p, "w")
     kept = []
     for line in p.read_text().splitlines():
