@@ -1,7 +1,10 @@
 """Run a function on K local worker processes joined by torch.distributed, or inside the job
 this process is already part of (torchrun, mpirun, srun).
 
-Local workers are spawned (not forked), meet through a ``FileStore`` in a private temporary
+Local workers are forked from a fork server that imported torch and outcore's runtime once
+(``spawn`` where there is none, or with ``OUTCORE_START=spawn``): two workers start in 0.04 s
+instead of 3 s of fresh imports each. They run with the launching process's environment as it
+is at the launch, meet through a ``FileStore`` in a private temporary
 directory (mode 0700: no rendezvous port on the network), talk over the loopback interface only
 (gloo and NCCL sockets bound to ``lo``), use gloo on CPU and NCCL on GPUs (one GPU per worker),
 run with one thread each unless told otherwise, and are torn down whatever happens: when a
@@ -86,10 +89,32 @@ def loopback_interface() -> str:
     return "lo0" if sys.platform == "darwin" else "lo"
 
 
+# what every worker imports, imported once by the fork server (none of it touches CUDA: a
+# process that initialised CUDA cannot fork workers that use it)
+PRELOAD = ["torch", "torch.distributed", "outcore.runtime.worker"]
+START_ENV = "OUTCORE_START"
+
+
+def _start_context() -> Any:
+    """The multiprocessing context workers start in: a fork server with :data:`PRELOAD`
+    imported where the platform has one, else (or with ``OUTCORE_START=spawn``) spawn."""
+    method = os.environ.get(START_ENV, "").lower() or "forkserver"
+    if method not in ("forkserver", "spawn"):
+        raise errors_mod.UsageError(f"{START_ENV}={method!r}: use forkserver or spawn")
+    if method == "forkserver" and "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)  # read when the server starts (once per process)
+        return ctx
+    return mp.get_context("spawn")
+
+
 def _worker(rank: int, world: int, store: str, parent_pid: int, fn: Callable[..., Any],
             args: tuple, results: Any, timeout_s: float, threads: int | None,
-            log_level: int = logging.WARNING) -> None:
+            log_level: int = logging.WARNING, environ: dict[str, str] | None = None) -> None:
     lifetime.die_with_parent(parent_pid)
+    if environ is not None:  # a fork server's workers: the launcher's environment of now
+        os.environ.clear()
+        os.environ.update(environ)
     import torch.distributed as dist
 
     _worker_logging(rank, log_level)
@@ -153,13 +178,14 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
     if world_size < 1:
         raise LaunchError(f"need at least one worker, got {world_size}")
     _check_main_guard()
-    ctx = mp.get_context("spawn")
+    ctx = _start_context()
     results = ctx.Queue()
     private = tempfile.mkdtemp(prefix="outcore-rdzv-")  # mode 0700: only this user
     level = logging.getLogger("outcore").getEffectiveLevel()
     procs = [ctx.Process(target=_worker, args=(r, world_size, os.path.join(private, "store"),
                                                 os.getpid(), fn, args, results, timeout_s,
-                                                threads, level), daemon=True)
+                                                threads, level, dict(os.environ)),
+                         daemon=True)
              for r in range(world_size)]
     outputs: dict[int, Any] = {}
     errors: list[tuple[int, Any]] = []

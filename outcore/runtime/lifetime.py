@@ -30,9 +30,11 @@ STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 
 def die_with_parent(parent_pid: int, check_every_s: float = 1.0) -> None:
-    """End this process (SIGKILL on Linux, ``os._exit`` elsewhere) when ``parent_pid`` dies.
+    """End this process (SIGKILL on Linux, ``os._exit`` elsewhere) when ``parent_pid`` (the
+    process that launched it) dies, or the process that started it: a worker forked by a fork
+    server is the server's child, and the server ends when the launcher does.
 
-    Call first thing in a worker. If the parent is already gone, exits at once."""
+    Call first thing in a worker. If the launcher is already gone, exits at once."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -40,16 +42,32 @@ def die_with_parent(parent_pid: int, check_every_s: float = 1.0) -> None:
                 log.debug("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
         except OSError as e:  # no libc to load: the watchdog below still works
             log.debug("cannot load libc for prctl: %s", e)
-    if os.getppid() != parent_pid:  # died before prctl took effect
+    starter = os.getppid()
+
+    def orphaned() -> bool:
+        return os.getppid() != starter or not _alive(parent_pid)
+
+    if orphaned():  # the launcher died before prctl took effect
         os._exit(1)
 
     def watch() -> None:
         stop = threading.Event()
         while not stop.wait(check_every_s):
-            if os.getppid() != parent_pid:
+            if orphaned():
                 os._exit(1)
 
     threading.Thread(target=watch, name="outcore-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie does: its children were re-parented already)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class _Stop(KeyboardInterrupt):

@@ -186,3 +186,22 @@ def test_a_run_without_conflicts_releases_its_lock(tmp_path):
     run_local(train_worker, 2, (cfg, graph_doc, plan_doc), timeout_s=30)
     assert (ckpt / "step_2" / "COMPLETE").exists() and not (ckpt / "LOCK").exists()
     assert isinstance(CheckpointError("x"), RuntimeFailure)
+
+
+def who(ctx, name: str) -> tuple[int, str | None]:
+    """Worker: its parent process and the value of environment variable ``name``."""
+    return os.getppid(), os.environ.get(name)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork server: Linux here")
+def test_workers_come_from_the_fork_server_with_the_launch_time_environment(monkeypatch):
+    """Workers are forked by the fork server (not spawned by this process), and see the
+    launcher's environment as it is at each launch, not as it was when the server started."""
+    monkeypatch.delenv("OUTCORE_START", raising=False)
+    run_local(who, 2, ("OUTCORE_TEST_MARK",), timeout_s=60)  # the server is up after this
+    monkeypatch.setenv("OUTCORE_TEST_MARK", "second launch")
+    found = run_local(who, 2, ("OUTCORE_TEST_MARK",), timeout_s=60)
+    assert [value for _, value in found] == ["second launch"] * 2
+    assert all(parent != os.getpid() for parent, _ in found), found
+    monkeypatch.setenv("OUTCORE_START", "spawn")
+    assert [parent for parent, _ in run_local(who, 2, ("X",), timeout_s=60)] == [os.getpid()] * 2
