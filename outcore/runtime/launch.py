@@ -108,10 +108,49 @@ def _start_context() -> Any:
     return mp.get_context("spawn")
 
 
+class _StdStreams:
+    """The launcher's standard output and error as they are at the launch, handed to a worker
+    (pickled with its arguments, the descriptors sent along): a fork server's workers would
+    otherwise write where the launcher's streams pointed when the server started (a test
+    capturing them, a file since closed)."""
+
+    def __reduce__(self) -> tuple:
+        from multiprocessing.reduction import DupFd
+        return _StdStreams._received, tuple(DupFd(fd) if _is_open(fd) else None
+                                            for fd in (1, 2))
+
+    @staticmethod
+    def _received(*dups: Any) -> tuple[int | None, ...]:
+        return tuple(d.detach() if d is not None else None for d in dups)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _std_streams(ctx: Any) -> _StdStreams | None:
+    return _StdStreams() if ctx.get_start_method() == "forkserver" else None
+
+
+def _use_streams(fds: tuple[int | None, ...] | None) -> None:
+    """Point this worker's standard output and error where the launcher's point."""
+    for mine, theirs in zip((1, 2), fds or ()):
+        if theirs is not None and theirs != mine:
+            (sys.stdout if mine == 1 else sys.stderr).flush()
+            os.dup2(theirs, mine)
+            os.close(theirs)
+
+
 def _worker(rank: int, world: int, store: str, parent_pid: int, fn: Callable[..., Any],
             args: tuple, results: Any, timeout_s: float, threads: int | None,
-            log_level: int = logging.WARNING, environ: dict[str, str] | None = None) -> None:
+            log_level: int = logging.WARNING, environ: dict[str, str] | None = None,
+            streams: tuple[int | None, ...] | None = None) -> None:
     lifetime.die_with_parent(parent_pid)
+    _use_streams(streams)
     if environ is not None:  # a fork server's workers: the launcher's environment of now
         os.environ.clear()
         os.environ.update(environ)
@@ -184,7 +223,8 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
     level = logging.getLogger("outcore").getEffectiveLevel()
     procs = [ctx.Process(target=_worker, args=(r, world_size, os.path.join(private, "store"),
                                                 os.getpid(), fn, args, results, timeout_s,
-                                                threads, level, dict(os.environ)),
+                                                threads, level, dict(os.environ),
+                                                _std_streams(ctx)),
                          daemon=True)
              for r in range(world_size)]
     outputs: dict[int, Any] = {}

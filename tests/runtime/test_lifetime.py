@@ -205,3 +205,26 @@ def test_workers_come_from_the_fork_server_with_the_launch_time_environment(monk
     assert all(parent != os.getpid() for parent, _ in found), found
     monkeypatch.setenv("OUTCORE_START", "spawn")
     assert [parent for parent, _ in run_local(who, 2, ("X",), timeout_s=60)] == [os.getpid()] * 2
+
+
+def shout(ctx) -> None:
+    """Worker: one line on its standard error."""
+    print(f"rank {ctx.rank} was here", file=sys.stderr, flush=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork server: Linux here")
+def test_workers_write_where_the_launchers_streams_point_at_the_launch(tmp_path):
+    """A fork server started while standard error went elsewhere: its workers still write to
+    the launcher's standard error of the launch (a log file, a test's capture)."""
+    run_local(who, 2, ("X",), timeout_s=60)  # the server is up, started with the old stream
+    saved = os.dup(2)
+    log = open(tmp_path / "stderr.log", "w")
+    try:
+        os.dup2(log.fileno(), 2)
+        run_local(shout, 2, timeout_s=60)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        log.close()
+    text = (tmp_path / "stderr.log").read_text()
+    assert "rank 0 was here" in text and "rank 1 was here" in text, text
