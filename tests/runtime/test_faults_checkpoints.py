@@ -22,11 +22,15 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
 
 def _children() -> set[int]:
-    """Child processes, without multiprocessing's own resource tracker (lives with us)."""
+    """Child processes, without multiprocessing's own resource tracker (lives with us) and
+    the fork server the suite keeps between launches (``tests/conftest.py``; a user's ends with
+    each launch: ``tests/runtime/test_lifetime.py``)."""
+    from multiprocessing import forkserver
+    server = getattr(forkserver._forkserver, "_forkserver_pid", None)  # its workers count
     out = set()
     for c in psutil.Process().children(recursive=True):
         try:
-            if "resource_tracker" not in " ".join(c.cmdline()):
+            if c.pid != server and "resource_tracker" not in " ".join(c.cmdline()):
                 out.add(c.pid)
         except psutil.NoSuchProcess:
             pass

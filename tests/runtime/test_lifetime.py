@@ -228,3 +228,21 @@ def test_workers_write_where_the_launchers_streams_point_at_the_launch(tmp_path)
         log.close()
     text = (tmp_path / "stderr.log").read_text()
     assert "rank 0 was here" in text and "rank 1 was here" in text, text
+
+
+def test_no_process_outlives_a_launch(monkeypatch):
+    """Outside the test suite (which keeps it between launches) the fork server ends with the
+    launch: afterwards this process has no child but multiprocessing's resource tracker."""
+    from outcore.runtime import launch
+    monkeypatch.setattr(launch, "KEEP_FORK_SERVER", False)
+    monkeypatch.delenv("OUTCORE_START", raising=False)
+    assert run_local(who, 2, ("X",), timeout_s=60)
+    left = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE and \
+                    "resource_tracker" not in " ".join(c.cmdline()):
+                left.append((c.pid, " ".join(c.cmdline())[:80]))
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, left
