@@ -299,6 +299,7 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     best = _coarsened(g, req, placed[k_best][1], best, check_fit)
     if schedule_auto:
         best = _scheduled(g, req, placed[k_best][1], best, check_fit)
+        best = _runner_up_scheduled(g, req, placed, tried, k_best, best, check_fit)
     # the chosen plan first (coarsened, its schedule chosen), then the other placements
     best = best.replace(extra={**best.extra, "placements": [placement_row(best)] + [
         placement_row(p) for _, k, p in sorted(tried, key=lambda t: (t[0], t[1]))
@@ -386,6 +387,31 @@ def _scheduled(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) 
 
 # GPipe must beat 1F1B by this fraction to be chosen (1F1B holds fewer activations)
 SCHEDULE_TIE = 0.01
+# a placement this close to the best under 1F1B is tried under GPipe too
+RUNNER_UP_MARGIN = 0.15
+
+
+def _runner_up_scheduled(g: Graph, req: PlanRequest, placed: list, tried: list,
+                         k_best: int, best: Plan, check_fit: bool) -> Plan:
+    """``best``, or the second-fastest placement under 1F1B (within
+    :data:`RUNNER_UP_MARGIN`, fitting) run with GPipe when that beats ``best`` by more than
+    :data:`SCHEDULE_TIE`: a placement second under one schedule may be first under the other."""
+    if int(req.microbatches) < 2:
+        return best
+    others = sorted((t for t in tried if t[1] != k_best and fits(t[2])),
+                    key=lambda t: (t[0], t[1]))
+    if not others or others[0][0] > best.predicted["iteration_s"] * (1 + RUNNER_UP_MARGIN):
+        return best
+    _, k, second = others[0]
+    if second.used_devices < 2:
+        return best
+    alt = _scheduled(g, req, placed[k][1], second, check_fit)
+    before, after = best.predicted["iteration_s"], alt.predicted["iteration_s"]
+    if alt.schedule != "gpipe" or after >= before * (1 - SCHEDULE_TIE):
+        return best
+    return alt.replace(extra=best.extra).with_notes(
+        f"schedule: {alt.strategy} under gpipe {after * 1e3:.2f} ms, faster than the best "
+        f"1f1b placement's {before * 1e3:.2f} ms")
 
 
 def _to_simulate(placed: list, est: list[float]) -> set[int]:

@@ -5,14 +5,14 @@ Local workers are forked from a fork server that imported torch and outcore's ru
 (``spawn`` where there is none, or with ``OUTCORE_START=spawn``): one import of torch per launch
 instead of one per worker (4 workers on 2 cores start in 3.0 s instead of 6.6 s), and none for
 further launches while :data:`KEEP_FORK_SERVER` keeps the server (0.1 s; the server otherwise
-ends with each launch, so nothing outlives a run). They run with the launching process's environment as it
-is at the launch, meet through a ``FileStore`` in a private temporary
-directory (mode 0700: no rendezvous port on the network), talk over the loopback interface only
-(gloo and NCCL sockets bound to ``lo``), use gloo on CPU and NCCL on GPUs (one GPU per worker),
-run with one thread each unless told otherwise, and are torn down whatever happens: when a
-worker fails, the others are stopped within ``grace_s`` seconds and the error names the rank and
-what it was doing; when the main process is stopped (SIGINT, SIGTERM, SIGHUP) or killed, every
-worker ends too (:mod:`outcore.runtime.lifetime`).
+ends with each launch, so nothing outlives a run). They run with the launching process's
+environment and standard streams as they are at the launch, meet through a ``FileStore`` in a
+private temporary directory (mode 0700: no rendezvous port on the network), talk over the
+loopback interface only (gloo and NCCL sockets bound to ``lo``), use gloo on CPU and NCCL on
+GPUs (one GPU per worker), run with one thread each unless told otherwise, and are torn down
+whatever happens: when a worker fails, the others are stopped within ``grace_s`` seconds and
+the error names the rank and what it was doing; when the main process is stopped (SIGINT,
+SIGTERM, SIGHUP) or killed, every worker ends too (:mod:`outcore.runtime.lifetime`).
 """
 
 from __future__ import annotations
