@@ -30,6 +30,8 @@ plans on it rescaled to its micro-batch (:func:`outcore.graph.batch.at_microbatc
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
 from collections.abc import Callable
@@ -55,6 +57,9 @@ __all__ = ["LayoutChoice", "candidate_layouts", "search_layouts"]
 MAX_MICROBATCHES = 64
 # larger micro-batch counts tried after the first that fits, per (dp, mode) (pipelines fill)
 EXTRA_MICROBATCH_STEPS = 2
+# set while a refusal checks whether anything fits (:func:`any_fit`): the layout search then
+# stops at the first layout with a plan that fits, not the fastest
+_FIRST_FIT: contextvars.ContextVar[bool] = contextvars.ContextVar("first_fit", default=False)
 # plans within this fraction of the fastest count as ties: the fewest micro-batches, then the
 # least data parallelism, wins (the simulator's per-micro-batch overheads are optimistic)
 TIE = 0.01
@@ -257,6 +262,17 @@ def _no_layout_fits(req: PlanRequest, choices: list[LayoutChoice]) -> Infeasible
                            "--memory", min_devices=devices, min_memory_bytes=floor)
 
 
+@contextlib.contextmanager
+def any_fit():
+    """Within the block the layout search returns the first plan that fits it finds (a
+    refusal's checks ask whether anything fits, not what is fastest)."""
+    token = _FIRST_FIT.set(True)
+    try:
+        yield
+    finally:
+        _FIRST_FIT.reset(token)
+
+
 def search_layouts(g: Graph, req: PlanRequest,
                    progress: Callable[[str, int, int], None] | None = None) -> Plan:
     """The fastest plan over every layout :func:`candidate_layouts` allows (see the module
@@ -292,6 +308,8 @@ def search_layouts(g: Graph, req: PlanRequest,
                              "without sharding"} for c in group]
                 continue
             _search_group(graphs, req, group, policy, records, best, errors)
+            if best and _FIRST_FIT.get():
+                break
         if progress:
             progress(phase, len(records) - start, len(choices))
         if best:
@@ -404,6 +422,8 @@ def _search_group(graphs: _Rescaled, req: PlanRequest, group: list[LayoutChoice]
         key = _key(p, c)
         if not best or _better(key, best[0]):
             best[:] = [key, p, rec]
+        if _FIRST_FIT.get():
+            return
 
 
 def _fits_unsharded(c: LayoutChoice, records: list[dict[str, Any]]) -> bool:

@@ -30,17 +30,24 @@ def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError, *,
     if error.min_devices is None and error.min_memory_bytes is None:
         return error  # it suggests no number: its own advice stands
     start = time.monotonic()
-    deadline = start + budget_s
+    slowest = [0.0]  # the longest check so far: none starts that would end past the budget
 
     def fits_request(r: PlanRequest) -> bool:
         if progress:
             progress("nothing fits: checking what would", min(int(time.monotonic() - start),
                                                              int(budget_s)), int(budget_s))
-        return _fits_request(g, r)
+        began = time.monotonic()
+        try:
+            return _fits_request(g, r)
+        finally:
+            slowest[0] = max(slowest[0], time.monotonic() - began)
+
+    def over() -> bool:
+        return time.monotonic() + slowest[0] > start + budget_s
 
     first = str(error).split("; ")[0]
-    k = _fewest_devices(fits_request, req, error.min_devices, deadline)
-    mem = _least_memory(fits_request, req, error.min_memory_bytes, deadline)
+    k = _fewest_devices(fits_request, req, error.min_devices, over)
+    mem = _least_memory(fits_request, req, error.min_memory_bytes, over)
     if progress:
         progress("nothing fits: checking what would", int(budget_s), int(budget_s))
     fixes = []
@@ -53,20 +60,25 @@ def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError, *,
 
 
 def _fits_request(g: Graph, req: PlanRequest) -> bool:
+    """Whether the search finds a plan that fits ``req`` (the layout search stops at the first
+    layout that does: :func:`~outcore.partition.layouts.any_fit`)."""
+    from outcore.partition.layouts import any_fit
     from outcore.partition.search import _dispatch, fits
     try:
-        return fits(_dispatch(g, req))
+        with any_fit():
+            return fits(_dispatch(g, req))
     except InfeasibleError:
         return False
 
 
 def _fewest_devices(fits_request: Callable[[PlanRequest], bool], req: PlanRequest,
-                    estimate: int | None, deadline: float) -> int | None:
-    """The fewest model-parallel devices (x dp) from ``estimate`` up that fit."""
+                    estimate: int | None, over: Callable[[], bool]) -> int | None:
+    """The fewest model-parallel devices (x dp) from ``estimate`` up that fit (none once
+    ``over()``: the time is spent)."""
     if not estimate:
         return None
     for k in range(max(estimate, req.model_parallel_devices + 1), 2 * estimate + 3):
-        if time.monotonic() > deadline:
+        if over():
             return None
         devices = k * req.dp * (req.tp or 1)
         if fits_request(req.replace(devices=devices, cluster=_grown(req.cluster, devices))):
@@ -75,8 +87,9 @@ def _fewest_devices(fits_request: Callable[[PlanRequest], bool], req: PlanReques
 
 
 def _least_memory(fits_request: Callable[[PlanRequest], bool], req: PlanRequest,
-                  estimate: float | None, deadline: float) -> float | None:
-    """The least per-device memory from ``estimate`` up that fits (to about 2 %)."""
+                  estimate: float | None, over: Callable[[], bool]) -> float | None:
+    """The least per-device memory from ``estimate`` up that fits (to about 2 %, or less
+    tight once ``over()``)."""
     if not estimate or req.memory_bytes is None:
         return None
 
@@ -85,14 +98,16 @@ def _least_memory(fits_request: Callable[[PlanRequest], bool], req: PlanRequest,
 
     low, high = float(req.memory_bytes), max(float(estimate), float(req.memory_bytes))
     while not ok(high):
-        if time.monotonic() > deadline:
+        if over():
             return None
         low, high = high, high * 1.25
-    while high - low > 0.02 * high and time.monotonic() < deadline:
+    while high - low > 0.02 * high and not over():
         mid = (low + high) / 2
         low, high = (low, mid) if ok(mid) else (mid, high)
     shown = _round_up(high)  # what the message prints must fit too
-    return shown if shown == high or ok(shown) else math.ceil(high)
+    if shown == high or (not over() and ok(shown)):
+        return shown
+    return math.ceil(high)
 
 
 def _round_up(nbytes: float) -> float:

@@ -208,6 +208,25 @@ def test_layout_search_refusal_names_checked_devices_and_memory(mlp):
     assert max(roomier.predicted["peak_bytes"]) <= e.min_memory_bytes
 
 
+def test_a_refusals_checks_stop_at_the_first_layout_that_fits():
+    """A refusal asks whether anything fits: the layout search then returns its first plan that
+    fits (planned, simulated, within the limit) without planning the layouts after it."""
+    from outcore.graph.generators import make
+    from outcore.partition.layouts import any_fit
+
+    g = make("transformer", 500)
+    req = outcore.plan_request(4, None, bandwidth="16GB/s", microbatches="auto",
+                               search_layout=True)
+    best = outcore.plan(g, req)
+    with any_fit():
+        first = outcore.plan(g, req)
+    planned = [r for r in first.extra["candidates"] if "iteration_s" in r]
+    assert len(planned) == 1 and max(first.predicted["peak_bytes"]) > 0
+    assert len(first.extra["candidates"]) < len(best.extra["candidates"])
+    assert first.predicted["iteration_s"] >= best.predicted["iteration_s"]
+    assert outcore.plan(g, req).predicted == best.predicted  # outside the block: the best
+
+
 def test_the_search_chooses_the_schedule():
     """``schedule="auto"`` (the default): the best placement is simulated under GPipe too and
     GPipe kept only when faster by more than the tie (on 500 NAS cells over 4 devices, 2
