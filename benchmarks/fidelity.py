@@ -22,6 +22,9 @@ the end of the cell.
     PYTHONPATH=. .venv/bin/python benchmarks/fidelity.py --workers 2 --dp 2 --mbs 1 4 \
         --out fidelity_dp                                              # data parallelism
 
+Each cell's run folder is deleted once read; ``--keep-runs`` keeps them (their paths in the
+JSON) for re-simulating the same measurements with other simulator code.
+
 Writes ``benchmarks/results/fidelity.{json,md}``.
 """
 
@@ -31,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -53,11 +57,15 @@ def cell(model: str, workers: int, mbs: int, args) -> dict:
                               steps=steps, costs=args.costs, run_dir=run_dir, trace=False,
                               timeout_s=120.0, memory=args.memory, dp=args.dp)
         except Exception as e:  # a cell that cannot run is reported, not fatal
+            shutil.rmtree(run_dir, ignore_errors=True)
             return {"error": str(e).splitlines()[0][:160]}
         # a short step settles over tens of steps (its caches, the allocator): run the cell
         # again, long enough, and report that run
         wanted = min(MAX_STEPS, math.ceil(args.min_seconds / r.median_step_s))
-        if steps >= wanted:
+        final = steps >= wanted
+        if not final or not args.keep_runs:
+            shutil.rmtree(run_dir, ignore_errors=True)  # superseded, or read already
+        if final:
             break
         steps = wanted
     pred = r.predicted
@@ -72,7 +80,8 @@ def cell(model: str, workers: int, mbs: int, args) -> dict:
             "load_1min": os.getloadavg()[0],
             "measured_peak_bytes": peak_meas, "predicted_peak_bytes": peak_pred,
             "time_error": pred["iteration_s"] / r.median_step_s - 1 if r.median_step_s else None,
-            "memory_error": peak_pred / peak_meas - 1 if peak_meas else None}
+            "memory_error": peak_pred / peak_meas - 1 if peak_meas else None,
+            "run_dir": run_dir if args.keep_runs else None}
 
 
 def summary(rows: list[dict], cores: int) -> list[str]:
@@ -101,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-seconds", type=float, default=0.5,
                     help="train each cell at least this long (up to %d steps), rerunning a "
                          "cell whose --steps were shorter" % MAX_STEPS)
+    ap.add_argument("--keep-runs", action="store_true",
+                    help="keep each cell's run folder (graph, plan, metrics; its path in the "
+                    "JSON) to re-simulate it later; by default they are deleted")
     ap.add_argument("--costs", default="profile")
     ap.add_argument("--dp", type=int, default=1,
                     help="data-parallel copies (cells whose workers it does not divide are "

@@ -37,12 +37,11 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     spare = not (cores and devices > 1) or cores_to_spare(devices)  # the load, read once
     if local and devices > 1 and same_host_transport():
         # CPU workers on one host exchange messages over Unix-domain sockets (issue 17), two
-        # of them sum gradients so, other collectives stay on gloo's loopback TCP; their
-        # receives poll as the workers' will
+        # ranks sum a bucket they alone hold so too (the simulator prices those sums as the
+        # link's messages), other collectives stay on gloo's loopback TCP; their receives
+        # poll as the workers' will
         spin_us = auto_spin_us(devices, spare)
         (latency, messages, per_byte), collective = _samehost_costs_s(spin_us), link.latency_s
-        if devices == 2:  # gradient sums over the pair's link: one message each way at once
-            collective = (latency + sum(messages)) / 2  # the ring's two steps price two
         samehost = True
     if not spare:
         # more workers than free cores (other processes' load counts): a message waits for

@@ -120,7 +120,8 @@ class _Engine:
         # the flat buffer each launched all-reduce sums in, held until the step takes the
         # summed gradients from it (they then are views of it, replacing the old ones)
         self.ar_held = [0.0] * costs.static_bytes.shape[0]
-        self.pair_recv = _pair_recv_bytes(s, cluster, opt)
+        self.paired = _paired_buckets(s, cluster, opt)
+        self.pair_recv = _pair_recv_bytes(s, self.paired, opt)
         self.ar_end: dict[int, float] = {}
         self.ar_free = [0.0] * R
         self.ar_waiters: dict[int, list[int]] = {}
@@ -416,7 +417,12 @@ class _Engine:
             link = self.cluster.link(min(group), max(group))
             ring = self.opt.bucket_ring[a.bucket] if a.bucket < len(self.opt.bucket_ring) \
                 else 0  # a sharded bucket: its shards, over the groups that hold copies
-            end = start + ring_allreduce_s(nbytes, ring or len(group), link)
+            if a.bucket in self.paired:  # one message each way over the pair's own link
+                dev = self.cluster.device
+                end = start + link.latency_s + dev.send_overhead_s + dev.recv_overhead_s + \
+                    nbytes / link.bandwidth
+            else:
+                end = start + ring_allreduce_s(nbytes, ring or len(group), link)
             self.ar_end[a.bucket] = end
             for member in group:
                 self.ar_free[member] = end
@@ -464,18 +470,28 @@ class _Engine:
                                      bytes=int(share)))
 
 
-def _pair_recv_bytes(s: Schedule, cluster: Cluster, opt: SimOptions) -> list[float]:
-    """Per rank, the largest bucket it sums with one other rank over their same-host link
-    (a link that copies on send) as the runtime chooses them
-    (:meth:`~outcore.schedule.ir.Schedule.pair_partner`). The step reads the peer's half of
-    such a bucket into a buffer of its size, adds it and frees it, one bucket at a time."""
-    out = [0.0] * s.num_ranks
+def _paired_buckets(s: Schedule, cluster: Cluster, opt: SimOptions) -> frozenset[int]:
+    """The buckets two ranks sum over their own same-host link (a link that copies on send),
+    as the runtime chooses them (:meth:`~outcore.schedule.ir.Schedule.pair_partner`): each
+    sends its whole bucket to the other at once and adds what it reads, one message each way,
+    where the others go through the backend's all-reduce."""
+    out = set()
     for b, group in enumerate(s.buckets):
         if len(group) != 2 or b >= len(opt.bucket_bytes) or \
                 (b < len(opt.bucket_ring) and opt.bucket_ring[b] == 1):
             continue
         x, y = sorted(group)
         if cluster.link(x, y).copy_on_send and s.pair_partner(b, x) == y:
-            for r in (x, y):
-                out[r] = max(out[r], float(opt.bucket_bytes[b]))
+            out.add(b)
+    return frozenset(out)
+
+
+def _pair_recv_bytes(s: Schedule, paired: frozenset[int], opt: SimOptions) -> list[float]:
+    """Per rank, the largest of the ``paired`` buckets it sums: the step reads the peer's
+    half of such a bucket into a buffer of its size, adds it and frees it, one bucket at a
+    time."""
+    out = [0.0] * s.num_ranks
+    for b in paired:
+        for r in s.buckets[b]:
+            out[r] = max(out[r], float(opt.bucket_bytes[b]))
     return out

@@ -368,3 +368,31 @@ def test_a_pair_sum_reads_the_peers_bucket_while_the_step_waits():
 
     gloo, pair = peaks(False), peaks(True)
     np.testing.assert_allclose(np.asarray(pair) - np.asarray(gloo), [400, 400])
+
+
+def test_a_pair_sum_is_priced_as_one_message_each_way_at_any_worker_count():
+    """A bucket two copies alone hold is summed over their same-host link (one message each
+    way at once: the link's latency, a send's and a receive's host time, the bytes), on two
+    workers or as one of the pairs of four (dp 2 x 2 stages); over gloo (no such link) it is
+    the backend's ring all-reduce at the collective latency."""
+    from outcore.hardware.cluster import make_cluster, to_dict
+    from outcore.plan.layout import Layout
+    g = gbuild("one", fwd_s=[1.0, 1.0], bwd_s=[2.0, 2.0], param_bytes=[400, 400],
+               out_bytes=[8, 8], saved_bytes=[0, 0], src=[0], dst=[1], edge_bytes=[8],
+               batch_size=2, attrs=[{"params": ["w0"]}, {"params": ["w1"]}])
+
+    def sums(devices, stages, copy_on_send):
+        cl = make_cluster(devices, bandwidth=100.0, latency=0.5, collective_latency=3.0,
+                          copy_on_send=copy_on_send, message_overhead_s=(0.25, 0.125))
+        a = np.array([0, 1 if stages == 2 else 0])
+        p = make_plan(g, a, strategy="manual", devices=devices, memory_bytes=None,
+                      layout=Layout.replicate("mp", stages, 1, 2),
+                      cluster=flat_cluster_doc(to_dict(cl), devices))
+        events = simulate(p, g).timeline.events
+        return sorted({round(e.end_s - e.start_s, 9) for e in events if e.kind == "allreduce"})
+
+    pair = 0.5 + 0.25 + 0.125 + 400 / 100.0  # a bucket of one layer's 400 bytes
+    assert sums(2, 1, True) == [pytest.approx(0.5 + 0.375 + 800 / 100.0)]  # both layers' 800
+    assert sums(4, 2, True) == [pytest.approx(pair)]
+    ring = 2 * (3.0 + 400 / 2 / 100.0)
+    assert sums(4, 2, False) == [pytest.approx(ring)]
