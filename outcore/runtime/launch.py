@@ -132,9 +132,14 @@ def _start_context() -> Any:
     if method not in ("forkserver", "spawn"):
         raise errors_mod.UsageError(f"{START_ENV}={method!r}: use forkserver or spawn")
     if method == "forkserver" and "forkserver" in mp.get_all_start_methods():
+        from multiprocessing import forkserver
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)  # read when the server starts (once per process)
-        return ctx
+        try:
+            forkserver.ensure_running()  # the server starts now, or says why it cannot
+            return ctx
+        except OSError as e:  # e.g. a temporary folder whose socket path is too long
+            log.warning("cannot start a fork server (%s); spawning the workers", e)
     return mp.get_context("spawn")
 
 

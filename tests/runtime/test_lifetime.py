@@ -246,3 +246,22 @@ def test_no_process_outlives_a_launch(monkeypatch):
         except psutil.NoSuchProcess:
             pass
     assert not left, left
+
+
+def test_workers_are_spawned_when_no_fork_server_can_start(monkeypatch, caplog):
+    """A fork server that cannot start (its socket's path too long for a deep temporary
+    folder, say) is said once, and the workers are spawned instead."""
+    from multiprocessing import forkserver
+
+    from outcore.runtime import launch
+    monkeypatch.setattr(launch, "KEEP_FORK_SERVER", False)
+    monkeypatch.delenv("OUTCORE_START", raising=False)
+    launch.stop_fork_server()
+
+    def refuse() -> None:
+        raise OSError("AF_UNIX path too long")
+    monkeypatch.setattr(forkserver, "ensure_running", refuse)
+    with caplog.at_level("WARNING", logger="outcore.runtime.launch"):
+        found = run_local(who, 2, ("X",), timeout_s=60)
+    assert [parent for parent, _ in found] == [os.getpid()] * 2  # spawned by this process
+    assert "cannot start a fork server" in caplog.text
