@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -101,19 +102,26 @@ START_ENV = "OUTCORE_START"
 # by default it ends with the launch, so no process of outcore's outlives a run
 KEEP_FORK_SERVER = False
 _active = 0  # launches under way in this process (threads may launch side by side)
+_active_lock = threading.Lock()
 
 
 def _launched(ctx: Any, change: int) -> None:
     """Count a launch starting (+1) or ending (-1); the last to end stops the fork server
     unless :data:`KEEP_FORK_SERVER`."""
     global _active
-    _active += change
-    if change < 0 and not KEEP_FORK_SERVER and ctx.get_start_method() == "forkserver":
-        stop_fork_server()
+    with _active_lock:
+        _active += change
+        if change < 0 and not KEEP_FORK_SERVER and ctx.get_start_method() == "forkserver":
+            _stop_server()
 
 
 def stop_fork_server() -> None:
     """Stop this process's fork server, if it runs and no launch is under way."""
+    with _active_lock:
+        _stop_server()
+
+
+def _stop_server() -> None:
     if _active:
         return
     from multiprocessing import forkserver
@@ -126,20 +134,26 @@ def stop_fork_server() -> None:
 
 
 def _start_context() -> Any:
-    """The multiprocessing context workers start in: a fork server with :data:`PRELOAD`
-    imported where the platform has one, else (or with ``OUTCORE_START=spawn``) spawn."""
+    """The multiprocessing context a launch starts its workers in (the launch counted: end it
+    with ``_launched(ctx, -1)``): a fork server with :data:`PRELOAD` imported where the
+    platform has one and it starts, else (or with ``OUTCORE_START=spawn``) spawn."""
     method = os.environ.get(START_ENV, "").lower() or "forkserver"
     if method not in ("forkserver", "spawn"):
         raise errors_mod.UsageError(f"{START_ENV}={method!r}: use forkserver or spawn")
+    global _active
     if method == "forkserver" and "forkserver" in mp.get_all_start_methods():
         from multiprocessing import forkserver
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)  # read when the server starts (once per process)
-        try:
-            forkserver.ensure_running()  # the server starts now, or says why it cannot
-            return ctx
-        except OSError as e:  # e.g. a temporary folder whose socket path is too long
-            log.warning("cannot start a fork server (%s); spawning the workers", e)
+        with _active_lock:  # counted before another launch's end could stop the server
+            try:
+                forkserver.ensure_running()  # the server starts now, or says why it cannot
+                _active += 1
+                return ctx
+            except OSError as e:  # e.g. a temporary folder whose socket path is too long
+                log.warning("cannot start a fork server (%s); spawning the workers", e)
+    with _active_lock:
+        _active += 1
     return mp.get_context("spawn")
 
 
@@ -252,7 +266,19 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
     if world_size < 1:
         raise LaunchError(f"need at least one worker, got {world_size}")
     _check_main_guard()
-    ctx = _start_context()
+    ctx = _start_context()  # counts this launch: the fork server stays while it runs
+    try:
+        return _run_workers(ctx, fn, world_size, args, timeout_s, threads, grace_s, poll,
+                            overall_timeout_s)
+    finally:
+        _launched(ctx, -1)
+
+
+def _run_workers(ctx: Any, fn: Callable[..., Any], world_size: int, args: tuple,
+                 timeout_s: float, threads: int | None, grace_s: float,
+                 poll: Callable[[], None] | None, overall_timeout_s: float | None
+                 ) -> list[Any]:
+    """:func:`run_local`'s workers, started in ``ctx``, waited for and torn down."""
     results = ctx.Queue()
     private = tempfile.mkdtemp(prefix="outcore-rdzv-")  # mode 0700: only this user
     level = logging.getLogger("outcore").getEffectiveLevel()
@@ -264,7 +290,6 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
              for r in range(world_size)]
     outputs: dict[int, Any] = {}
     errors: list[tuple[int, Any]] = []
-    _launched(ctx, +1)
     try:
         with lifetime.stop_signals_raise():
             for p in procs:
@@ -293,7 +318,6 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
     finally:
         _stop(procs)
         shutil.rmtree(private, ignore_errors=True)
-        _launched(ctx, -1)
 
 
 def _check_main_guard() -> None:

@@ -265,3 +265,28 @@ def test_workers_are_spawned_when_no_fork_server_can_start(monkeypatch, caplog):
         found = run_local(who, 2, ("X",), timeout_s=60)
     assert [parent for parent, _ in found] == [os.getpid()] * 2  # spawned by this process
     assert "cannot start a fork server" in caplog.text
+
+
+def test_launches_side_by_side_share_the_fork_server(monkeypatch):
+    """Two threads launch at once: the first to end does not stop the server under the other
+    (each launch is counted from before the server is asked for), and the last one stops it."""
+    import threading
+    from multiprocessing import forkserver
+
+    from outcore.runtime import launch
+    monkeypatch.setattr(launch, "KEEP_FORK_SERVER", False)
+    monkeypatch.delenv("OUTCORE_START", raising=False)
+    found: dict[int, object] = {}
+
+    def one(k: int) -> None:
+        try:
+            found[k] = run_local(who, 2, ("X",), timeout_s=60)
+        except Exception as e:  # reported below
+            found[k] = e
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(isinstance(found.get(k), list) and len(found[k]) == 2 for k in range(2)), found
+    assert launch._active == 0 and forkserver._forkserver._forkserver_pid is None
