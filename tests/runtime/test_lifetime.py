@@ -230,12 +230,21 @@ def test_workers_write_where_the_launchers_streams_point_at_the_launch(tmp_path)
     assert "rank 0 was here" in text and "rank 1 was here" in text, text
 
 
-def test_no_process_outlives_a_launch(monkeypatch):
-    """Outside the test suite (which keeps it between launches) the fork server ends with the
-    launch: afterwards this process has no child but multiprocessing's resource tracker."""
+@pytest.fixture
+def server_per_launch(monkeypatch):
+    """The fork server as a user's process has it (ended by each launch); afterwards the
+    suite's kept server is up again, so later tests find it among the children they had."""
     from outcore.runtime import launch
     monkeypatch.setattr(launch, "KEEP_FORK_SERVER", False)
     monkeypatch.delenv("OUTCORE_START", raising=False)
+    yield launch
+    monkeypatch.undo()
+    launch._launched(launch._start_context(), -1)
+
+
+def test_no_process_outlives_a_launch(server_per_launch):
+    """Outside the test suite (which keeps it between launches) the fork server ends with the
+    launch: afterwards this process has no child but multiprocessing's resource tracker."""
     assert run_local(who, 2, ("X",), timeout_s=60)
     left = []
     for c in psutil.Process().children(recursive=True):
@@ -248,15 +257,13 @@ def test_no_process_outlives_a_launch(monkeypatch):
     assert not left, left
 
 
-def test_workers_are_spawned_when_no_fork_server_can_start(monkeypatch, caplog):
+def test_workers_are_spawned_when_no_fork_server_can_start(server_per_launch, monkeypatch,
+                                                          caplog):
     """A fork server that cannot start (its socket's path too long for a deep temporary
     folder, say) is said once, and the workers are spawned instead."""
     from multiprocessing import forkserver
 
-    from outcore.runtime import launch
-    monkeypatch.setattr(launch, "KEEP_FORK_SERVER", False)
-    monkeypatch.delenv("OUTCORE_START", raising=False)
-    launch.stop_fork_server()
+    server_per_launch.stop_fork_server()
 
     def refuse() -> None:
         raise OSError("AF_UNIX path too long")
@@ -267,15 +274,13 @@ def test_workers_are_spawned_when_no_fork_server_can_start(monkeypatch, caplog):
     assert "cannot start a fork server" in caplog.text
 
 
-def test_launches_side_by_side_share_the_fork_server(monkeypatch):
+def test_launches_side_by_side_share_the_fork_server(server_per_launch):
     """Two threads launch at once: the first to end does not stop the server under the other
     (each launch is counted from before the server is asked for), and the last one stops it."""
     import threading
     from multiprocessing import forkserver
 
-    from outcore.runtime import launch
-    monkeypatch.setattr(launch, "KEEP_FORK_SERVER", False)
-    monkeypatch.delenv("OUTCORE_START", raising=False)
+    launch = server_per_launch
     found: dict[int, object] = {}
 
     def one(k: int) -> None:
