@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from outcore.errors import CheckpointError
+from outcore.runtime.lifetime import process_exists
 
 log = logging.getLogger(__name__)
 LOCK = "LOCK"
@@ -145,12 +146,8 @@ def _start_ticks(pid: int) -> str | None:
 
 
 def _alive(pid: int, ticks: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not process_exists(pid):
         return False
-    except PermissionError:  # exists, another user's
-        return True
     now = _start_ticks(pid)
     return ticks is None or now is None or now == ticks
 

@@ -45,7 +45,7 @@ def die_with_parent(parent_pid: int, check_every_s: float = 1.0) -> None:
     starter = os.getppid()
 
     def orphaned() -> bool:
-        return os.getppid() != starter or not _alive(parent_pid)
+        return os.getppid() != starter or not process_exists(parent_pid)
 
     if orphaned():  # the launcher died before prctl took effect
         os._exit(1)
@@ -59,8 +59,9 @@ def die_with_parent(parent_pid: int, check_every_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="outcore-parent-watch", daemon=True).start()
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a zombie does: its children were re-parented already)."""
+def process_exists(pid: int) -> bool:
+    """Whether process ``pid`` exists, this user's or another's (a zombie does: its children
+    were re-parented already)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
