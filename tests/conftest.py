@@ -32,7 +32,7 @@ def _warm_fork_server():
     launch.KEEP_FORK_SERVER = True
     # started before any test: a test comparing this process's children before and after a
     # run sees the server among the "before" (its imports overlap the collection)
-    launch._launched(launch._start_context(), -1)
+    launch._launch_ended(launch._start_context())
     yield
     launch.KEEP_FORK_SERVER = False
     launch.stop_fork_server()

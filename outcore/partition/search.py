@@ -403,9 +403,7 @@ def _runner_up_scheduled(g: Graph, req: PlanRequest, placed: list, tried: list,
     if not others or others[0][0] > best.predicted["iteration_s"] * (1 + RUNNER_UP_MARGIN):
         return best
     _, k, second = others[0]
-    if second.used_devices < 2:
-        return best
-    alt = _scheduled(g, req, placed[k][1], second, check_fit)
+    alt = _scheduled(g, req, placed[k][1], second, check_fit)  # second itself on one device
     before, after = best.predicted["iteration_s"], alt.predicted["iteration_s"]
     if alt.schedule != "gpipe" or after >= before * (1 - SCHEDULE_TIE):
         return best

@@ -105,13 +105,35 @@ _active = 0  # launches under way in this process (threads may launch side by si
 _active_lock = threading.Lock()
 
 
-def _launched(ctx: Any, change: int) -> None:
-    """Count a launch starting (+1) or ending (-1); the last to end stops the fork server
+def _start_context() -> Any:
+    """The multiprocessing context a launch starts its workers in, the launch counted (end
+    it with :func:`_launch_ended`): a fork server with :data:`PRELOAD` imported where the
+    platform has one and it starts, else (or with ``OUTCORE_START=spawn``) spawn."""
+    global _active
+    method = os.environ.get(START_ENV, "").lower() or "forkserver"
+    if method not in ("forkserver", "spawn"):
+        raise errors_mod.UsageError(f"{START_ENV}={method!r}: use forkserver or spawn")
+    with _active_lock:  # counted before another launch's end could stop the server
+        _active += 1
+        if method == "forkserver" and "forkserver" in mp.get_all_start_methods():
+            from multiprocessing import forkserver
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(PRELOAD)  # read when the server starts (once)
+            try:
+                forkserver.ensure_running()  # the server starts now, or says why it cannot
+                return ctx
+            except OSError as e:  # e.g. a temporary folder whose socket path is too long
+                log.warning("cannot start a fork server (%s); spawning the workers", e)
+        return mp.get_context("spawn")
+
+
+def _launch_ended(ctx: Any) -> None:
+    """Count a launch of :func:`_start_context` ended; the last to end stops the fork server
     unless :data:`KEEP_FORK_SERVER`."""
     global _active
     with _active_lock:
-        _active += change
-        if change < 0 and not KEEP_FORK_SERVER and ctx.get_start_method() == "forkserver":
+        _active -= 1
+        if not KEEP_FORK_SERVER and ctx.get_start_method() == "forkserver":
             _stop_server()
 
 
@@ -131,30 +153,6 @@ def _stop_server() -> None:
             stop()
         except OSError as e:  # already gone: nothing to stop
             log.debug("stopping the fork server: %s", e)
-
-
-def _start_context() -> Any:
-    """The multiprocessing context a launch starts its workers in (the launch counted: end it
-    with ``_launched(ctx, -1)``): a fork server with :data:`PRELOAD` imported where the
-    platform has one and it starts, else (or with ``OUTCORE_START=spawn``) spawn."""
-    method = os.environ.get(START_ENV, "").lower() or "forkserver"
-    if method not in ("forkserver", "spawn"):
-        raise errors_mod.UsageError(f"{START_ENV}={method!r}: use forkserver or spawn")
-    global _active
-    if method == "forkserver" and "forkserver" in mp.get_all_start_methods():
-        from multiprocessing import forkserver
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)  # read when the server starts (once per process)
-        with _active_lock:  # counted before another launch's end could stop the server
-            try:
-                forkserver.ensure_running()  # the server starts now, or says why it cannot
-                _active += 1
-                return ctx
-            except OSError as e:  # e.g. a temporary folder whose socket path is too long
-                log.warning("cannot start a fork server (%s); spawning the workers", e)
-    with _active_lock:
-        _active += 1
-    return mp.get_context("spawn")
 
 
 class _StdStreams:
@@ -271,7 +269,7 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
         return _run_workers(ctx, fn, world_size, args, timeout_s, threads, grace_s, poll,
                             overall_timeout_s)
     finally:
-        _launched(ctx, -1)
+        _launch_ended(ctx)
 
 
 def _run_workers(ctx: Any, fn: Callable[..., Any], world_size: int, args: tuple,

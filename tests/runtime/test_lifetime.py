@@ -239,7 +239,7 @@ def server_per_launch(monkeypatch):
     monkeypatch.delenv("OUTCORE_START", raising=False)
     yield launch
     monkeypatch.undo()
-    launch._launched(launch._start_context(), -1)
+    launch._launch_ended(launch._start_context())
 
 
 def test_no_process_outlives_a_launch(server_per_launch):
