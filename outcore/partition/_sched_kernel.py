@@ -12,6 +12,12 @@ GPipe does, instead of running every micro-batch of one node before the next nod
 between devices take ``latency + bytes / bandwidth`` and do not contend (one independent link per
 transfer).
 
+With ``contend``, transfers queue for each device's one outgoing and one incoming port, and a
+tensor crosses to a device once (what the schedule simulator's pieces do): a finished task's
+output is sent once per device that consumes it; in the backward, the gradients of one tensor
+from its consumers on one device are summed there and sent once, when the last of them ends
+(``grp``: that tensor-and-device group of each notification, -1 for none).
+
 Events at equal times are processed together before any device picks its next task, so a device
 that frees up at ``t`` sees every task arriving at ``t``; tasks ready at the same time queue in
 the order their last input arrived (events in (time, task) order, notifications in CSR order).
@@ -71,7 +77,8 @@ def _fheap_pop(keys, items, size):
 
 @njit
 def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, release,
-                   lat, inv_bw, edge_bytes, num_dev, start, end, cause, contend=False):
+                   lat, inv_bw, edge_bytes, num_dev, start, end, cause, contend,
+                   grp, grp_count, grp_bytes):
     """List-schedule ``n * mbs`` tasks; fill ``start``, ``end`` (seconds) and ``cause``.
 
     Args:
@@ -84,6 +91,9 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
         edge_bytes: ``int64[m]`` bytes per edge (0 bytes = free control dependency).
         num_dev: number of devices D.
         contend: transfers queue for the devices' ports (see module docstring).
+        grp, grp_count, grp_bytes: with ``contend``, ``int64[nnz]`` the gradient group of each
+            notification (-1: none), ``int64[G]`` notifications per group, ``int64[G]`` bytes
+            each group sends once (see module docstring); empty: no groups.
         start, end: ``float64[n * mbs]`` outputs. cause: ``int32[n * mbs]`` output: the task
             whose completion let this one start (a data predecessor, or the previous task on the
             device when the device was the bottleneck); -1 when it started at ``release``.
@@ -127,6 +137,11 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
             b0, b1 = base[d], base[d + 1]
             hsize[d] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[d], float(t // n), seq)
             seq += 1
+    grouped = contend and grp.shape[0] > 0
+    ngrp = grp_count.shape[0] if grouped else 0
+    left = np.empty(ngrp * mbs, np.int64)
+    for i in range(ngrp * mbs):
+        left[i] = grp_count[i % ngrp]
     port_out = np.full(num_dev, release, np.float64)
     port_in = np.full(num_dev, release, np.float64)
     sent = np.full(num_dev, -1.0, np.float64)  # arrival of this task's output per device
@@ -173,7 +188,18 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
             for k in range(ntf_ptr[v], ntf_ptr[v + 1]):
                 tw = mb0 + ntf_idx[k]
                 arrive = now + delay[k]
-                if contend and delay[k] > 0.0:
+                if grouped and grp[k] >= 0:  # a gradient summed here, sent by the last
+                    gi = (t // n) * ngrp + grp[k]
+                    left[gi] -= 1
+                    arrive = now
+                    if left[gi] == 0:
+                        dw = dev[ntf_idx[k]]
+                        busy_s = grp_bytes[grp[k]] * inv_bw[d, dw]
+                        go = max(now, port_out[d], port_in[dw])
+                        port_out[d] = go + busy_s
+                        port_in[dw] = go + busy_s
+                        arrive = go + busy_s + lat[d, dw]
+                elif contend and delay[k] > 0.0:
                     dw = dev[ntf_idx[k]]
                     if sent[dw] < 0.0:
                         busy_s = edge_bytes[ntf_edge[k]] * inv_bw[d, dw]

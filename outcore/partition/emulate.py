@@ -5,8 +5,9 @@ Model (what the planners optimise; the schedule simulator in ``outcore.sim`` is 
 * **Forward.** Every node runs on its device; each device runs one node at a time; a node is
   *ready* when the outputs of all its predecessors have arrived (same device: at once; another
   device: ``latency + bytes / bandwidth`` after the producer ends, links never contend;
-  ``run(..., contend=True)`` queues transfers on each device's two ports, as the simulator
-  does). An idle device starts, among its ready nodes, the one of the earliest micro-batch,
+  ``run(..., contend=True)`` queues transfers on each device's two ports and sends a tensor
+  to a device once, its gradients summed there and sent back once, as the simulator does).
+  An idle device starts, among its ready nodes, the one of the earliest micro-batch,
   then the one that became ready first (with one micro-batch: FIFO list scheduling, as
   TensorFlow's executor that ParDNN emulates; ties in the order the last inputs arrived).
 * **Backward.** It starts once the whole forward has ended (the loss is computed, then
@@ -119,15 +120,19 @@ def run(ctx: Context, assignment: np.ndarray, *, timeline: bool = False,
     if n * mbs >= 2**31 - 1:
         raise UsageError(f"{n} nodes x {mbs} micro-batches is too many tasks to emulate")
     fcause = np.empty(n * mbs, np.int32)
+    none = np.zeros(0, np.int64)
     schedule_phase(n, mbs, g.pred_ptr, g.succ_ptr, g.succ_idx, g.succ_edge,
                    np.ascontiguousarray(g.fwd_s, np.float64), a, 0.0,
-                   ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, fstart, fend, fcause, contend)
+                   ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, fstart, fend, fcause, contend,
+                   none, none, none)
     forward_s = float(fend.max())
     bstart, bend = np.empty(n * mbs), np.empty(n * mbs)
     bcause = np.empty(n * mbs, np.int32)
+    groups = _gradient_groups(g, a, k, ctx.edge_bytes) if contend else (none, none, none)
     schedule_phase(n, mbs, g.succ_ptr, g.pred_ptr, g.pred_idx, g.pred_edge,
                    np.ascontiguousarray(g.bwd_s, np.float64), a, forward_s,
-                   ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, bstart, bend, bcause, contend)
+                   ctx.lat_s, ctx.inv_bw, ctx.edge_bytes, k, bstart, bend, bcause, contend,
+                   *groups)
     makespan = float(bend.max())
     cp = (_trace(fend, fcause, bend, bcause, n) if critical_path
           else np.zeros((0, 3), np.int32))
@@ -139,6 +144,27 @@ def run(ctx: Context, assignment: np.ndarray, *, timeline: bool = False,
     if timeline:
         em = Emulation(**{**em.__dict__, "memory": memory_timeline(ctx, a, em)})
     return em
+
+
+def _gradient_groups(g: Graph, a: np.ndarray, devices: int, edge_bytes: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The backward's gradient groups (see :mod:`outcore.partition._sched_kernel`): per entry
+    of the backward's notification CSR (consumer ``w`` notifies producer ``u``), the group of
+    ``(u, device of w)`` when that device is not ``u``'s and the edge carries bytes, else -1;
+    per group its entries and its bytes (the largest edge: the gradient of one tensor)."""
+    rows = np.repeat(np.arange(g.num_nodes, dtype=np.int64), np.diff(g.pred_ptr))
+    u = np.asarray(g.pred_idx, np.int64)
+    eb = np.asarray(edge_bytes, np.int64)[np.asarray(g.pred_edge, np.int64)]
+    remote = np.flatnonzero((a[rows] != a[u]) & (eb > 0))
+    grp = np.full(u.size, -1, np.int64)
+    if not remote.size:
+        return grp, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    keys, inverse = np.unique(u[remote] * devices + a[rows[remote]], return_inverse=True)
+    grp[remote] = inverse
+    count = np.bincount(inverse, minlength=keys.size).astype(np.int64)
+    nbytes = np.zeros(keys.size, np.int64)
+    np.maximum.at(nbytes, inverse, eb[remote])
+    return grp, count, nbytes
 
 
 def _trace(fend: np.ndarray, fcause: np.ndarray, bend: np.ndarray, bcause: np.ndarray,

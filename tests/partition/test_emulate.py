@@ -132,7 +132,33 @@ def test_port_contention_serialises_a_devices_sends():
     busy = run(ctx, a, contend=True)
     # u's port sends to device 1 from 1 to 2 (v and x share it), then to device 2 from 2 to 3
     assert busy.fwd_start_s[0].tolist() == [0, 2.5, 3.5, 3.5]
-    # backward from 4.5: v 4.5-5.5 and x 5.5-6.5 on device 1, w 4.5-5.5 on device 2; their
-    # gradients queue for u's incoming port: 5.5-6.5, 6.5-7.5, 7.5-8.5, arriving 9: u 9-10
-    assert busy.bwd_start_s[0].tolist() == [9, 4.5, 4.5, 5.5]
-    assert busy.makespan_s == 10 and free.makespan_s == 9
+    # backward from 4.5: v 4.5-5.5 and x 5.5-6.5 on device 1, w 4.5-5.5 on device 2. w's
+    # gradient takes u's incoming port 5.5-6.5; v's and x's are summed on device 1 and sent
+    # once, when x ends: 6.5-7.5, arriving 8 (a tensor crosses once each way): u 8-9
+    assert busy.bwd_start_s[0].tolist() == [8, 4.5, 4.5, 5.5]
+    assert busy.makespan_s == 9 and free.makespan_s == 9
+
+
+def test_contended_gradients_of_a_shared_tensor_cross_once_as_the_simulator_sends_them():
+    """A weight on device 0 used at every step of a chain on device 1 (an RNN's cell weight):
+    the contended emulation sends it over once and its summed gradient back once, as the
+    simulator does; it charged one gradient per use (40 x here: an RNN grid's contended
+    estimate was 10-40x its simulated time, and the search pruned such placements unseen)."""
+    from outcore.partition.emulate import run
+    from outcore.plan import make_plan
+    from outcore.sim.simulate import simulate
+    steps, wbytes = 40, 4_000_000
+    src = [0] * steps + list(range(1, steps))
+    dst = list(range(1, steps + 1)) + list(range(2, steps + 1))
+    eb = [wbytes] * steps + [1000] * (steps - 1)
+    g = build("shared", fwd_s=[0.0] + [1e-3] * steps, bwd_s=[0.0] + [2e-3] * steps, src=src,
+              dst=dst, edge_bytes=eb, param_bytes=[wbytes] + [0] * steps)
+    cluster = flat_cluster(2, memory_bytes=1e12, bandwidth=1e9, latency_s=1e-5)
+    a = np.array([0] + [1] * steps)
+    ctx = make_context(g, 2, cluster=cluster)
+    contended = run(ctx, a, contend=True).makespan_s
+    # forward 40 ms after the weight's 4 ms crossing, backward 80 ms, one 4 ms gradient back
+    assert contended == pytest.approx(0.004 + 0.04 + 0.08 + 0.004, rel=0.01)
+    sim = simulate(make_plan(g, a, strategy="test", devices=2, memory_bytes=None,
+                             cluster=cluster), g, cluster=cluster)
+    assert contended == pytest.approx(sim.iteration_s, rel=0.1)
