@@ -137,10 +137,11 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
     options a round took on a device whose simulated peak they did not lower are undone (and
     not tried again; checkpointing a segment whose recompute outweighs what it frees).
 
-    With ``give_up_above_s``, a plan whose simulation without policies already takes that
-    long is returned as it is (not fitting): policies only add time (recompute, copies), so it
-    cannot beat a plan of that time (branch and bound for the search). ``checked``: check
-    each simulated schedule (:func:`outcore.sim.simulate.simulate`).
+    With ``give_up_above_s``, a plan whose simulation without policies, or with the policies
+    of a round, already takes that long is returned as it is (not fitting): policies only add
+    time (recompute, copies), and each round keeps the last one's, so it cannot beat a plan of
+    that time (branch and bound for the search). ``checked``: check each simulated schedule
+    (:func:`outcore.sim.simulate.simulate`).
     """
     from outcore.sim.simulate import simulate
 
@@ -201,6 +202,8 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
             trial = plan.replace(policies=_compact(group_of, policies))
             after = simulate(trial, g, cluster=cluster, checked=checked)
         current, sim = trial, after
+        if give_up_above_s is not None and not sim.fits and sim.iteration_s >= give_up_above_s:
+            return current, sim
     if sim.fits:
         return current, sim
     raise _too_big(sim.peak_bytes, limit, "memory policies did not converge: add devices")

@@ -282,9 +282,9 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
             continue
         if check_fit and not fits(p) and bound is not None and \
                 p.predicted["iteration_s"] >= bound:
-            notes.append(f"{name}: simulated {p.predicted['iteration_s'] * 1e3:.2f} ms without "
-                         "memory policies, already slower than the best plan that fits; not "
-                         "fitted")
+            notes.append(f"{name}: simulated {p.predicted['iteration_s'] * 1e3:.2f} ms before "
+                         "it fits (memory policies only add time), already slower than the best "
+                         "plan that fits; not fitted")
             continue
         notes.append(_candidate_note(name, p))
         tried.append((p.predicted["iteration_s"], k, p))
@@ -346,43 +346,56 @@ def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) 
     moved = int((merged != result.assignment).sum())
     try:
         p = _simulated(g, req, replace(result, assignment=merged,
-                                       devices_used=int(np.unique(merged).size)), check_fit)
+                                       devices_used=int(np.unique(merged).size)), check_fit,
+                       best.predicted["iteration_s"])
     except InfeasibleError:
         return best
     before, after = best.predicted["iteration_s"], p.predicted["iteration_s"]
     if (check_fit and not fits(p)) or after >= before:
         return best.with_notes(f"granularity: merging {moved} node(s) of pieces too small to "
                                f"pay for their overhead gives {after * 1e3:.2f} ms"
-                               + (" and does not fit" if check_fit and not fits(p) else "")
+                               + _unfit(check_fit, p, after, before)
                                + f"; kept {before * 1e3:.2f} ms")
     return p.with_notes(*best.notes, f"granularity: moved {moved} node(s) of pieces too small to "
                         f"pay for their runtime overhead and messages to a neighbour's device: "
                         f"{before * 1e3:.2f} -> {after * 1e3:.2f} ms")
 
 
-def _scheduled(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) -> Plan:
+def _scheduled(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool,
+               beat_s: float | None = None) -> Plan:
     """``best`` (1F1B), or its placement under GPipe when the simulator finds that faster by
     more than :data:`SCHEDULE_TIE` and it fits (the schedule as a search dimension). The two
     differ only with several micro-batches over several devices: GPipe runs every forward
     before any backward, which on a placement that is not a chain of stages can keep a device
     busy where 1F1B's order makes it wait (the ResNet generator's pipeline split at 300 GB/s:
-    14.4 against 15.7 s), and holds more micro-batches' activations."""
+    14.4 against 15.7 s), and holds more micro-batches' activations. ``beat_s``: GPipe must
+    also be faster than that to count (its memory policies stop being sought once it is not)."""
     if int(req.microbatches) < 2 or best.used_devices < 2:
         return best
     before = best.predicted["iteration_s"]
+    need = before * (1 - SCHEDULE_TIE) if beat_s is None else min(before * (1 - SCHEDULE_TIE),
+                                                                   beat_s)
     try:
         p = _simulated(g, req.replace(schedule="gpipe"),
                        replace(result, assignment=best.assignment,
-                               devices_used=best.used_devices), check_fit, before)
+                               devices_used=best.used_devices), check_fit, need)
     except InfeasibleError as e:
         return best.with_notes(f"schedule: gpipe {e}; kept 1f1b")
     after = p.predicted["iteration_s"]
-    if (check_fit and not fits(p)) or after >= before * (1 - SCHEDULE_TIE):
+    if (check_fit and not fits(p)) or after >= need:
         return best.with_notes(f"schedule: gpipe simulated {after * 1e3:.2f} ms"
-                               + (" and does not fit" if check_fit and not fits(p) else "")
+                               + _unfit(check_fit, p, after, need)
                                + f"; kept 1f1b ({before * 1e3:.2f} ms)")
     return p.replace(extra=best.extra, notes=best.notes).with_notes(
         f"schedule: gpipe {after * 1e3:.2f} ms, faster than 1f1b {before * 1e3:.2f} ms")
+
+
+def _unfit(check_fit: bool, p: Plan, after: float, need: float) -> str:
+    """What a note adds about an alternative ``p`` that did not fit: nothing when its time
+    already lost (its memory policies were not completed: they only add time)."""
+    if not check_fit or fits(p):
+        return ""
+    return " before it fits" if after >= need else " and does not fit"
 
 
 # GPipe must beat 1F1B by this fraction to be chosen (1F1B holds fewer activations)
@@ -403,8 +416,10 @@ def _runner_up_scheduled(g: Graph, req: PlanRequest, placed: list, tried: list,
     if not others or others[0][0] > best.predicted["iteration_s"] * (1 + RUNNER_UP_MARGIN):
         return best
     _, k, second = others[0]
-    alt = _scheduled(g, req, placed[k][1], second, check_fit)  # second itself on one device
-    before, after = best.predicted["iteration_s"], alt.predicted["iteration_s"]
+    before = best.predicted["iteration_s"]
+    alt = _scheduled(g, req, placed[k][1], second, check_fit,  # second itself on one device
+                     before * (1 - SCHEDULE_TIE))
+    after = alt.predicted["iteration_s"]
     if alt.schedule != "gpipe" or after >= before * (1 - SCHEDULE_TIE):
         return best
     return alt.replace(extra=best.extra).with_notes(

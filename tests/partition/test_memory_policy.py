@@ -102,3 +102,42 @@ def test_a_plan_already_slower_than_a_bound_is_not_fitted():
     assert q.policies is not None and sim.fits
     again = simulate(q, g, cluster=cl)
     assert again.iteration_s == sim.iteration_s and again.iteration_s > plain.iteration_s
+
+
+def test_the_search_gives_up_in_the_round_that_passes_its_bound(monkeypatch):
+    """A plan that needs several rounds of policies stops at the first round whose simulated
+    time reaches ``give_up_above_s`` (it cannot win: later rounds only add policies), not
+    after its last round (the generator's RNN on 2 devices, 2 micro-batches, at the fair
+    share: 5 simulations to fit, each round keeping the last one's policies and slower)."""
+    import importlib
+
+    import outcore
+    from outcore.graph.generators import make
+    from outcore.partition.context import make_context
+    from outcore.partition import contiguous_results
+    from outcore.partition.memory_policy import choose_simulated
+
+    g = make("rnn", 300)
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
+    req = outcore.plan_request(2, one / 2, bandwidth="16GB/s", microbatches=2)
+    a = contiguous_results(g, 2, cluster=req.cluster.slots(1), optimizer=req.optimizer,
+                           microbatches=2)[0].assignment
+    p = make_plan(g, a, strategy="contiguous", devices=2, memory_bytes=req.memory_bytes,
+                  microbatches=2, cluster=req.cluster)
+    sim_module = importlib.import_module("outcore.sim.simulate")
+    real, times = sim_module.simulate, []
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        times.append(out.iteration_s)
+        return out
+
+    monkeypatch.setattr(sim_module, "simulate", counted)
+    q, sim = choose_simulated(g, p, cluster=req.cluster)
+    assert sim.fits and len(times) >= 4 and times == sorted(times), times
+    rounds = times[:]
+    bound = (rounds[1] + rounds[2]) / 2  # passed by the second round's plan
+    times.clear()
+    q, sim = choose_simulated(g, p, cluster=req.cluster, give_up_above_s=bound)
+    assert not sim.fits and sim.iteration_s >= bound
+    assert times == rounds[:3]
