@@ -132,8 +132,9 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
 
     Each round prices the options of every overflowing device once (they depend only on the
     placement, so they are cached across rounds), applies on every overflowing device the
-    cheapest ones until the bytes they free exceed its overflow by ``margin`` of the limit,
-    and simulates once: a handful of simulations instead of one per device and round. The
+    cheapest per byte it frees at that device's simulated peak (its piece's micro-batches held
+    there: :func:`_held_at_peak`) until those bytes exceed its overflow by ``margin`` of the
+    limit, and simulates once: a handful of simulations instead of one per device and round. The
     options a round took on a device whose simulated peak they did not lower are undone (and
     not tried again; checkpointing a segment whose recompute outweighs what it frees).
 
@@ -160,19 +161,20 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
     policies: list[str] = []
     used = np.zeros(g.num_nodes, dtype=bool)
     priced: dict[int, list[_Option]] = {}
-    inflight = max(1, plan.microbatches)
+    kept: dict[int, list[tuple[np.ndarray, float]]] = {}  # per device, (segment, bytes freed)
     current = plan
     for _ in range(max_rounds):
         over = [int(d) for d in np.argsort(-sim.peak_bytes, kind="stable")
                 if sim.peak_bytes[d] > limit]
         if not over:
-            return current, sim
+            return _trimmed(g, plan, (current, sim), group_of, policies, kept,
+                            limit * (1 - margin), cluster, checked)
         taken: dict[int, list[np.ndarray]] = {}  # per device, the segments this round takes
+        held = _held_at_peak(sim)
         for d in over:
             if d not in priced:
-                opts = [o for o in options(g, plan.assignment, [d], mode, cluster,
-                                           plan.optimizer) if o.freed_bytes > 0]
-                priced[d] = sorted(opts, key=lambda o: (o.cost_s / o.freed_bytes, o.key))
+                priced[d] = [o for o in options(g, plan.assignment, [d], mode, cluster,
+                                                plan.optimizer) if o.freed_bytes > 0]
             cands = [o for o in priced[d] if not used[o.nodes].any()]
             if not cands:
                 raise _too_big(sim.peak_bytes, limit, f"even with every allowed memory "
@@ -180,14 +182,15 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
                                                       "fit: add devices or raise --memory")
             need = sim.peak_bytes[d] - limit + margin * limit
             freed = 0.0
-            for o in cands:
+            for o, frees in _by_price(cands, held, sim, d, plan.microbatches):
                 if used[o.nodes].any():  # another option of the same segment was taken
                     continue
                 group_of[o.nodes] = len(policies)
                 policies.append(o.policy)
                 used[o.nodes] = True
                 taken.setdefault(d, []).append(o.nodes)
-                freed += o.freed_bytes * (1 if o.policy == "offload-params" else inflight)
+                kept.setdefault(d, []).append((o.nodes, frees))
+                freed += frees
                 if freed >= need:
                     break
         trial = plan.replace(policies=_compact(group_of, policies))
@@ -197,6 +200,7 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
             for d in worse:
                 for seg in taken[d]:
                     group_of[seg] = -1
+                del kept[d][-len(taken[d]):]
             if len(worse) == len(taken):  # back where the round started: nothing to simulate
                 continue
             trial = plan.replace(policies=_compact(group_of, policies))
@@ -207,6 +211,73 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
     if sim.fits:
         return current, sim
     raise _too_big(sim.peak_bytes, limit, "memory policies did not converge: add devices")
+
+
+def _trimmed(g: Graph, plan: Plan, fitted: tuple, group_of: np.ndarray, policies: list[str],
+             kept: dict[int, list[tuple[np.ndarray, float]]], target: float, cluster: Cluster,
+             checked: bool) -> tuple:
+    """``fitted`` (plan, simulation), or that plan without the options last taken on each
+    device that its room under ``target`` covers (their estimated bytes), when the simulator
+    finds that it still fits and is faster: a round's options can free more than it needed
+    (one more simulation)."""
+    from outcore.sim.simulate import simulate
+
+    current, sim = fitted
+    trial_groups = group_of.copy()
+    dropped = 0
+    for d, rows in kept.items():
+        room = target - float(sim.peak_bytes[d])
+        for nodes, frees in reversed(rows):
+            if frees <= room:
+                trial_groups[nodes] = -1
+                room -= frees
+                dropped += 1
+    if not dropped:
+        return current, sim
+    trial = plan.replace(policies=_compact(trial_groups, policies))
+    after = simulate(trial, g, cluster=cluster, checked=checked)
+    if after.fits and after.iteration_s < sim.iteration_s:
+        return trial, after
+    return current, sim
+
+
+def _held_at_peak(sim) -> tuple[np.ndarray, ...]:
+    """Per rank of a simulation, per piece of its schedule: how many micro-batches' saved
+    activations the rank holds at its peak (forward ended, backward not yet)."""
+    pieces = sim.schedule.pieces
+    out = []
+    for r, (times, values) in enumerate(sim.timeline.memory):
+        held = np.zeros(len(pieces.pieces), dtype=np.int64)
+        if len(values):
+            t = float(np.asarray(times)[int(np.argmax(values))])
+            for e in sim.timeline.events:
+                if e.rank == r and e.piece >= 0 and e.end_s <= t:
+                    held[e.piece] += 1 if e.kind == "F" else -1 if e.kind == "B" else 0
+        out.append(held)
+    return tuple(out)
+
+
+def _by_price(cands: list[_Option], held: tuple[np.ndarray, ...], sim, d: int,
+              microbatches: int) -> list[tuple[_Option, float]]:
+    """``(option, bytes it frees at device d's simulated peak)``, cheapest per byte first.
+
+    An activation option frees its bytes once per micro-batch whose activations its piece
+    holds at the peak (none: it does not lower this peak); a parameter option frees its bytes
+    once. Options that free nothing at the peak come last, counted at every micro-batch in
+    flight (the peak may move to where they do)."""
+    piece_of = sim.schedule.pieces.piece_of
+    live = held[d] if d < len(held) else np.zeros(0, np.int64)
+    rows = []
+    for o in cands:
+        if o.policy == "offload-params":
+            frees = o.freed_bytes
+        else:
+            p = int(piece_of[o.nodes[0]])
+            frees = o.freed_bytes * max(0, int(live[p]) if p < live.size else 0)
+        rows.append((frees <= 0, o.cost_s / (frees or o.freed_bytes), o.key, o,
+                     frees or o.freed_bytes * max(1, microbatches)))
+    rows.sort(key=lambda r: r[:3])
+    return [(r[3], r[4]) for r in rows]
 
 
 def _compact(group_of: np.ndarray, policies: list[str]) -> MemoryPolicies:

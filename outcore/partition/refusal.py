@@ -73,17 +73,30 @@ def _fits_request(g: Graph, req: PlanRequest) -> bool:
 
 def _fewest_devices(fits_request: Callable[[PlanRequest], bool], req: PlanRequest,
                     estimate: int | None, over: Callable[[], bool]) -> int | None:
-    """The fewest model-parallel devices (x dp) from ``estimate`` up that fit (none once
-    ``over()``: the time is spent)."""
+    """The fewest model-parallel devices (x dp) that fit: the first from ``estimate`` up, then
+    fewer while they fit too (memory policies can fit counts that the estimate, a floor
+    without them, rules out); none once ``over()``: the time is spent."""
     if not estimate:
         return None
-    for k in range(max(estimate, req.model_parallel_devices + 1), 2 * estimate + 3):
+    lowest = req.model_parallel_devices + 1
+
+    def fit(k: int) -> bool:
+        devices = k * req.dp * (req.tp or 1)
+        return fits_request(req.replace(devices=devices, cluster=_grown(req.cluster, devices)))
+
+    start = max(estimate, lowest)
+    found = None
+    for k in range(start, 2 * estimate + 3):
         if over():
             return None
-        devices = k * req.dp * (req.tp or 1)
-        if fits_request(req.replace(devices=devices, cluster=_grown(req.cluster, devices))):
-            return devices
-    return None
+        if fit(k):
+            found = k
+            break
+    if found is None:
+        return None
+    while found == start and start > lowest and not over() and fit(start - 1):
+        found = start = start - 1
+    return found * req.dp * (req.tp or 1)
 
 
 def _least_memory(fits_request: Callable[[PlanRequest], bool], req: PlanRequest,
