@@ -264,3 +264,29 @@ def test_a_placement_second_under_1f1b_may_win_under_gpipe():
     best_under_gpipe = outcore.simulate(asked.replace(schedule="gpipe"), g).iteration_s
     assert auto.predicted["iteration_s"] < best_under_gpipe  # not found by trying the best only
     assert any("faster than the best 1f1b placement" in n for n in auto.notes)
+
+
+def test_fewest_devices_walks_below_its_estimate_and_skips_estimates_far_past_the_request():
+    """The device count a refusal names: from the estimate up to the first that fits, then
+    down while fewer fit too (memory policies fit counts the estimate rules out); an estimate
+    far past the request (the RNN generator at 8 micro-batches: 990 devices, whose check took
+    195 s) is not checked."""
+    from outcore.partition.refusal import MAX_CHECKED_DEVICES, _fewest_devices
+
+    req = outcore.plan_request(2)
+    asked: list[int] = []
+
+    def fits_from(least):
+        def fits_request(r):
+            asked.append(r.devices)
+            return r.devices >= least
+        return fits_request
+
+    assert _fewest_devices(fits_from(3), req, 5, lambda: False) == 3
+    assert asked == [5, 4, 3]  # 2 is the request, which failed
+    asked.clear()
+    assert _fewest_devices(fits_from(7), req, 5, lambda: False) == 7
+    assert asked == [5, 6, 7]  # counts below the estimate are not walked after a climb
+    asked.clear()
+    assert _fewest_devices(fits_from(3), req, MAX_CHECKED_DEVICES + 1, lambda: False) is None
+    assert asked == []
