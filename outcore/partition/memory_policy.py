@@ -127,8 +127,7 @@ def choose(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Cluster,
 def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Cluster,
                      max_rounds: int = 60, margin: float = 0.005,
                      give_up_above_s: float | None = None, checked: bool = True):
-    """:func:`choose`, also returning the simulation of the returned plan (so that a caller
-    need not simulate it again).
+    """:func:`choose`, also returning the simulation of the returned plan.
 
     Each round prices the options of every overflowing device once (they depend only on the
     placement, so they are cached across rounds), applies on every overflowing device the
@@ -181,25 +180,18 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
                                                       f"policy ({mode}) device {d} does not "
                                                       "fit: add devices or raise --memory")
             need = sim.peak_bytes[d] - limit + margin * limit
-            freed = 0.0
-            for o, frees in _by_price(cands, held, sim, d, plan.microbatches):
-                if used[o.nodes].any():  # another option of the same segment was taken
-                    continue
+            for o, frees in _take(_by_price(cands, held, sim, d, plan.microbatches), used,
+                                  need):
                 group_of[o.nodes] = len(policies)
                 policies.append(o.policy)
-                used[o.nodes] = True
                 taken.setdefault(d, []).append(o.nodes)
                 kept.setdefault(d, []).append((o.nodes, frees))
-                freed += frees
-                if freed >= need:
-                    break
         trial = plan.replace(policies=_compact(group_of, policies))
         after = simulate(trial, g, cluster=cluster, checked=checked)
         worse = [d for d in taken if after.peak_bytes[d] >= sim.peak_bytes[d]]
         if worse:  # undone on a device whose peak they did not lower (not tried again)
             for d in worse:
-                for seg in taken[d]:
-                    group_of[seg] = -1
+                group_of[np.concatenate(taken[d])] = -1
                 del kept[d][-len(taken[d]):]
             if len(worse) == len(taken):  # back where the round started: nothing to simulate
                 continue
@@ -211,6 +203,23 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
     if sim.fits:
         return current, sim
     raise _too_big(sim.peak_bytes, limit, "memory policies did not converge: add devices")
+
+
+def _take(ranked: list[tuple[_Option, float]], used: np.ndarray, need: float
+          ) -> list[tuple[_Option, float]]:
+    """``(option, bytes)`` from ``ranked`` in order until the bytes reach ``need``, one option
+    per segment; their nodes are marked in ``used``."""
+    out: list[tuple[_Option, float]] = []
+    freed = 0.0
+    for o, frees in ranked:
+        if used[o.nodes].any():  # another option of the same segment was taken
+            continue
+        used[o.nodes] = True
+        out.append((o, frees))
+        freed += frees
+        if freed >= need:
+            break
+    return out
 
 
 def _trimmed(g: Graph, plan: Plan, fitted: tuple, group_of: np.ndarray, policies: list[str],
