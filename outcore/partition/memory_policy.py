@@ -253,15 +253,18 @@ def _trimmed(g: Graph, plan: Plan, fitted: tuple, group_of: np.ndarray, policies
 def _held_at_peak(sim) -> tuple[np.ndarray, ...]:
     """Per rank of a simulation, per piece of its schedule: how many micro-batches' saved
     activations the rank holds at its peak (forward ended, backward not yet)."""
-    pieces = sim.schedule.pieces
+    n_pieces = len(sim.schedule.pieces.pieces)
+    rows = [(e.rank, e.piece, e.end_s, 1 if e.kind == "F" else -1)
+            for e in sim.timeline.events if e.piece >= 0 and e.kind in ("F", "B")]
+    rank, piece, end, step = (np.array(c) for c in zip(*rows)) if rows else \
+        (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
     out = []
     for r, (times, values) in enumerate(sim.timeline.memory):
-        held = np.zeros(len(pieces.pieces), dtype=np.int64)
+        held = np.zeros(n_pieces, dtype=np.int64)
         if len(values):
             t = float(np.asarray(times)[int(np.argmax(values))])
-            for e in sim.timeline.events:
-                if e.rank == r and e.piece >= 0 and e.end_s <= t:
-                    held[e.piece] += 1 if e.kind == "F" else -1 if e.kind == "B" else 0
+            sel = (rank == r) & (end <= t)
+            np.add.at(held, piece[sel].astype(np.int64), step[sel].astype(np.int64))
         out.append(held)
     return tuple(out)
 
