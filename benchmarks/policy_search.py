@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import statistics
 import time
@@ -73,18 +74,13 @@ def main() -> int:
     ap.add_argument("--caps", nargs="+", type=float, default=[1.0, 1.25])
     args = ap.parse_args()
     rows = []
-    for family in args.families:
-        for n in args.nodes:
-            for k in args.devices:
-                for m in args.microbatches:
-                    for cap in args.caps:
-                        r = one(family, n, k, m, cap)
-                        rows.append(r)
-                        what = (f"{r['iteration_s'] * 1e3:9.2f} ms" if r["fits"]
-                                else "  refused")
-                        print(f"{family:11s} {n:5d} nodes, {k} devices, {m} micro-batches, "
-                              f"cap {cap}: {r['simulations']:3d} simulations "
-                              f"({r['seconds']:5.1f} s), {what}", flush=True)
+    for family, n, k, m, cap in itertools.product(args.families, args.nodes, args.devices,
+                                                  args.microbatches, args.caps):
+        r = one(family, n, k, m, cap)
+        rows.append(r)
+        what = f"{r['iteration_s'] * 1e3:9.2f} ms" if r["fits"] else "  refused"
+        print(f"{family:11s} {n:5d} nodes, {k} devices, {m} micro-batches, cap {cap}: "
+              f"{r['simulations']:3d} simulations ({r['seconds']:5.1f} s), {what}", flush=True)
     fitted = [r for r in rows if r["fits"]]
     if fitted:
         print(f"fitted {len(fitted)} of {len(rows)}: {sum(r['simulations'] for r in fitted)} "

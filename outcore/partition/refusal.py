@@ -101,8 +101,9 @@ def _fewest_devices(fits_request: Callable[[PlanRequest], bool], req: PlanReques
             break
     if found is None:
         return None
-    while found == start and start > lowest and not over() and fit(start - 1):
-        found = start = start - 1
+    if found == start:  # fewer than the estimate may fit too
+        while found > lowest and not over() and fit(found - 1):
+            found -= 1
     return found * req.dp * (req.tp or 1)
 
 
