@@ -4,13 +4,13 @@ A *task* is one node for one micro-batch: ``task = mb * n + v``. A phase is a DA
 by two CSR views of the graph: ``dep`` (what a task waits for: predecessors in the forward,
 successors in the backward) and ``ntf`` (whom a finished task notifies, with the edge numbers).
 Each device runs one task at a time; whenever a device is idle it starts, among the tasks whose
-inputs have all arrived, the one of the earliest micro-batch, and among those the one that became
-ready first (first in, first out: the list scheduling of TensorFlow's executor that ParDNN
-emulates; with one micro-batch it is exactly FIFO). Preferring earlier micro-batches lets a
-device hand micro-batch 0 to the next one as soon as it can, so contiguous stages pipeline as
-GPipe does, instead of running every micro-batch of one node before the next node. Transfers
-between devices take ``latency + bytes / bandwidth`` and do not contend (one independent link per
-transfer).
+inputs have all arrived, the one of the earliest micro-batch, and among those the one its node's
+priority puts first (``prio``: the emulator passes the order in which the schedule builder runs
+pieces, fewest device boundaries upstream first; see :mod:`outcore.partition.emulate`).
+Preferring earlier micro-batches lets a device hand micro-batch 0 to the next one as soon as it
+can, so contiguous stages pipeline as GPipe does, instead of running every micro-batch of one
+node before the next node. Transfers between devices take ``latency + bytes / bandwidth`` and do
+not contend (one independent link per transfer).
 
 With ``contend``, transfers queue for each device's one outgoing and one incoming port, and a
 tensor crosses to a device once (what the schedule simulator's pieces do): a finished task's
@@ -19,9 +19,8 @@ from its consumers on one device are summed there and sent once, when the last o
 (``grp``: that tensor-and-device group of each notification, -1 for none).
 
 Events at equal times are processed together before any device picks its next task, so a device
-that frees up at ``t`` sees every task arriving at ``t``; tasks ready at the same time queue in
-the order their last input arrived (events in (time, task) order, notifications in CSR order).
-The result is a pure function of the inputs.
+that frees up at ``t`` sees every task arriving at ``t``. The result is a pure function of the
+inputs.
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ def _fheap_pop(keys, items, size):
 @njit
 def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, release,
                    lat, inv_bw, edge_bytes, num_dev, start, end, cause, contend,
-                   grp, grp_count, grp_bytes):
+                   grp, grp_count, grp_bytes, prio):
     """List-schedule ``n * mbs`` tasks; fill ``start``, ``end`` (seconds) and ``cause``.
 
     Args:
@@ -94,11 +93,16 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
         grp, grp_count, grp_bytes: with ``contend``, ``int64[nnz]`` the gradient group of each
             notification (-1: none), ``int64[G]`` notifications per group, ``int64[G]`` bytes
             each group sends once (see module docstring); empty: no groups.
+        prio: ``int64[n]``, a permutation: among ready tasks of one micro-batch, a device
+            starts the one whose node has the lowest ``prio``.
         start, end: ``float64[n * mbs]`` outputs. cause: ``int32[n * mbs]`` output: the task
             whose completion let this one start (a data predecessor, or the previous task on the
             device when the device was the bottleneck); -1 when it started at ``release``.
     """
     total = n * mbs
+    node_at = np.empty(n, np.int64)  # the node of each priority
+    for v in range(n):
+        node_at[prio[v]] = v
     nnz = ntf_idx.shape[0]
     delay = np.zeros(nnz, np.float64)  # transfer time of each notification, by CSR entry
     for v in range(n):
@@ -116,12 +120,10 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
         base[dev[v] + 1] += mbs
     for d in range(num_dev):
         base[d + 1] += base[d]
-    # one heap region per device, ordered by (micro-batch, arrival sequence)
+    # one heap region per device, ordered by (micro-batch, priority)
     hkeys = np.empty(total, np.float64)
     hitems = np.empty(total, np.int64)
     hsize = np.zeros(num_dev, np.int64)
-    seq_task = np.empty(total, np.int64)
-    seq = 0
     busy = np.zeros(num_dev, np.bool_)
     last = np.full(num_dev, -1, np.int64)
     ev_key = np.empty(total + 1, np.float64)
@@ -133,10 +135,9 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
         if remaining[t] == 0:
             ready_at[t] = release
             d = dev[v]
-            seq_task[seq] = t
             b0, b1 = base[d], base[d + 1]
-            hsize[d] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[d], float(t // n), seq)
-            seq += 1
+            hsize[d] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[d], float(t // n),
+                                   prio[v])
     grouped = contend and grp.shape[0] > 0
     ngrp = grp_count.shape[0] if grouped else 0
     left = np.empty(ngrp * mbs, np.int64)
@@ -151,7 +152,7 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
             if busy[d] or hsize[d] == 0:
                 continue
             b0, b1 = base[d], base[d + 1]
-            t = seq_task[hitems[b0]]
+            t = int(hkeys[b0]) * n + node_at[hitems[b0]]
             hsize[d] = _fheap_pop(hkeys[b0:b1], hitems[b0:b1], hsize[d])
             v = t % n
             start[t] = now
@@ -174,11 +175,9 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
             v = t % n
             d = dev[v]
             if item & 1:  # arrival: every input is on the device
-                seq_task[seq] = t
                 b0, b1 = base[d], base[d + 1]
                 hsize[d] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[d], float(t // n),
-                                       seq)
-                seq += 1
+                                       prio[v])
                 continue
             busy[d] = False  # finish
             last[d] = t
@@ -217,11 +216,9 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
                         ready_at[tw] = release
                     if ready_at[tw] == now:  # arrived already: queue it without an event
                         dq = dev[ntf_idx[k]]
-                        seq_task[seq] = tw
                         b0, b1 = base[dq], base[dq + 1]
                         hsize[dq] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[dq],
-                                                float(tw // n), seq)
-                        seq += 1
+                                                float(tw // n), prio[ntf_idx[k]])
                     else:
                         nev = _fheap_push(ev_key, ev_item, nev, ready_at[tw], 2 * tw + 1)
     return 0

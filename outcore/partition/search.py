@@ -235,11 +235,13 @@ def _replicated_plan(g: Graph, req: PlanRequest, replicas: int) -> Plan:
 # the placements the simulator judges: the best few by the emulator, and every contiguous
 # split kept (the emulator misranks some against them; so the search never loses to one)
 SIMULATED_PER_SEARCH = 2
-# a placement other than a contiguous split is not simulated when the emulator with port
-# contention finds it this many times slower than the best simulated plan that fits (the
-# contended emulation over-estimates the simulator by up to ~1.35x on fine-grained placements,
-# the plain one under-estimates it by up to ~1.7x: SUPER's 8k pieces at 50k nodes)
-PRUNE_RATIO = 1.5
+# a placement is not simulated when the emulator with port contention finds it this many times
+# slower than the best simulated plan that fits: the contended emulation is at most 1.12x the
+# simulated time over 299 placements of five graph families (benchmarks/
+# emulator_vs_simulator.py: 3k and 10k nodes, 16 and 300 GB/s, 1 and 4 micro-batches), so a
+# placement past 1.2x the best cannot be faster. (It under-estimates by up to 1.6x: the
+# per-piece overhead of fine-grained placements, 1F1B against its all-forwards-first order.)
+PRUNE_RATIO = 1.2
 
 
 def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
@@ -251,8 +253,9 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     emulator times each placement in milliseconds); every contiguous split and the
     :data:`SIMULATED_PER_SEARCH` fastest other placements by the emulator with port contention
     (:func:`_contended`) are made to fit with memory policies and simulated (the simulator
-    costs a lowering and an event run each), except those the contended emulation finds
-    :data:`PRUNE_RATIO` times slower than the best simulated plan that fits."""
+    costs a lowering and an event run each), fastest first, except those the contended
+    emulation finds :data:`PRUNE_RATIO` times slower than the best simulated plan that
+    fits."""
     # placements are compared under req.first_schedule; with auto, the best one's last
     schedule_auto = req.schedule == "auto"
     names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
@@ -261,15 +264,14 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     chosen = _to_simulate(placed, est)
     tried: list[tuple[float, int, Plan]] = []
     bound = None  # the fastest simulated plan that fits so far
-    for k in sorted(range(len(placed)), key=lambda k: (k not in chosen, placed[k][0] !=
-                                                        "contiguous", est[k], k)):
+    for k in sorted(range(len(placed)), key=lambda k: (k not in chosen, est[k], k)):
         name, result = placed[k]
         if k not in chosen:
             notes.append(f"{name}: emulated {result.makespan_s * 1e3:.2f} ms per iteration "
                          f"({est[k] * 1e3:.2f} ms with port contention), not simulated "
                          "(slower than the best by the emulator)")
             continue
-        if name != "contiguous" and bound is not None and est[k] > PRUNE_RATIO * bound:
+        if bound is not None and est[k] > PRUNE_RATIO * bound:
             notes.append(f"{name}: emulated {est[k] * 1e3:.2f} ms per iteration with port "
                          f"contention, over {PRUNE_RATIO}x the best simulated plan that fits "
                          f"({bound * 1e3:.2f} ms); not simulated")
@@ -318,18 +320,16 @@ def placement_row(p: Plan) -> dict:
 
 def _contended(g: Graph, req: PlanRequest, placed: list) -> list[float]:
     """Per placement, the emulated iteration with port contention (as the simulator has;
-    :func:`outcore.partition.emulate.run`), seconds; contiguous splits keep their makespan
-    (they are always simulated)."""
+    :func:`outcore.partition.emulate.run`), seconds, of the assignment its plan would run
+    (weights moved to their users' device, :func:`outcore.plan.plan.colocated_params`)."""
     from outcore.partition.context import make_context
     from outcore.partition.emulate import run
+    from outcore.plan.plan import colocated_params
 
-    if all(name == "contiguous" for name, _ in placed):
-        return [r.makespan_s for _, r in placed]
     ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
                        optimizer=req.optimizer, microbatches=req.microbatches)
-    return [r.makespan_s if name == "contiguous" else
-            run(ctx, r.assignment, critical_path=False, contend=True).makespan_s
-            for name, r in placed]
+    return [run(ctx, colocated_params(g, r.assignment), critical_path=False,
+                contend=True).makespan_s for _, r in placed]
 
 
 def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) -> Plan:
@@ -344,6 +344,11 @@ def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) 
     if np.array_equal(merged, result.assignment):
         return best
     moved = int((merged != result.assignment).sum())
+    was, now = _contended(g, req, [(None, result), (None, replace(result, assignment=merged))])
+    if now >= was:  # the emulator costs each piece as the simulator does: no gain to find
+        return best.with_notes(f"granularity: merging {moved} node(s) of pieces too small to "
+                               f"pay for their overhead emulates {now * 1e3:.2f} ms against "
+                               f"{was * 1e3:.2f} ms; not simulated")
     try:
         p = _simulated(g, req, replace(result, assignment=merged,
                                        devices_used=int(np.unique(merged).size)), check_fit,

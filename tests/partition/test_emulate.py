@@ -25,11 +25,12 @@ def diamond():
 def test_one_device_runs_everything_in_sequence():
     em = emulate(diamond(), np.zeros(4, np.int64), SLOW, devices=2)
     # forward a 0-1, b 1-3, c 3-6, d 6-7; backward from 7: d 7-9, then b and c are ready
-    # together (first in, first out: b was notified first) b 9-13, c 13-19, a 19-21
+    # together (the forward's order reversed, as the schedule builder runs backwards: c
+    # first) c 9-15, b 15-19, a 19-21
     assert em.fwd_start_s[0].tolist() == [0, 1, 3, 6]
     assert em.fwd_end_s[0].tolist() == [1, 3, 6, 7]
-    assert em.bwd_start_s[0].tolist() == [19, 9, 13, 7]
-    assert em.bwd_end_s[0].tolist() == [21, 13, 19, 9]
+    assert em.bwd_start_s[0].tolist() == [19, 15, 9, 7]
+    assert em.bwd_end_s[0].tolist() == [21, 19, 15, 9]
     assert em.forward_s == 7 and em.makespan_s == 21
     assert em.busy_s.tolist() == [21, 0]
 
@@ -132,10 +133,11 @@ def test_port_contention_serialises_a_devices_sends():
     busy = run(ctx, a, contend=True)
     # u's port sends to device 1 from 1 to 2 (v and x share it), then to device 2 from 2 to 3
     assert busy.fwd_start_s[0].tolist() == [0, 2.5, 3.5, 3.5]
-    # backward from 4.5: v 4.5-5.5 and x 5.5-6.5 on device 1, w 4.5-5.5 on device 2. w's
-    # gradient takes u's incoming port 5.5-6.5; v's and x's are summed on device 1 and sent
-    # once, when x ends: 6.5-7.5, arriving 8 (a tensor crosses once each way): u 8-9
-    assert busy.bwd_start_s[0].tolist() == [8, 4.5, 4.5, 5.5]
+    # backward from 4.5: x 4.5-5.5 and v 5.5-6.5 on device 1 (the later node first), w
+    # 4.5-5.5 on device 2. w's gradient takes u's incoming port 5.5-6.5; v's and x's are
+    # summed on device 1 and sent once, when v ends: 6.5-7.5, arriving 8 (a tensor crosses
+    # once each way): u 8-9
+    assert busy.bwd_start_s[0].tolist() == [8, 5.5, 4.5, 4.5]
     assert busy.makespan_s == 9 and free.makespan_s == 9
 
 
