@@ -164,3 +164,49 @@ def test_contended_gradients_of_a_shared_tensor_cross_once_as_the_simulator_send
     sim = simulate(make_plan(g, a, strategy="test", devices=2, memory_bytes=None,
                              cluster=cluster), g, cluster=cluster)
     assert contended == pytest.approx(sim.iteration_s, rel=0.1)
+
+
+def test_devices_run_ready_nodes_in_the_schedule_builders_order():
+    """Among ready nodes a device runs the one with the fewest device boundaries upstream (then
+    the earliest in topological order), as the schedule builder orders pieces, not the one
+    ready first. Device 0 is busy with L until 3; q (behind p's message) was ready at 2.5, r2
+    (after L) at 3: r2 runs first and its message to z leaves 2 s earlier."""
+    from outcore.hardware.spec import flat_cluster as cluster
+    from outcore.plan import make_plan
+    from outcore.sim.simulate import simulate
+    # 0 L -> 1 r2 -> 4 z (device 1); 2 p (device 1) -> 3 q (device 0); 100 bytes an edge
+    g = build("order", fwd_s=[3, 1, 1, 2, 1], bwd_s=[1] * 5, src=[0, 1, 2], dst=[1, 4, 3],
+              edge_bytes=[100] * 3)
+    a = np.array([0, 0, 1, 0, 1])
+    em = emulate(g, a, SLOW, devices=2)
+    assert em.fwd_start_s[0].tolist() == [0, 3, 0, 4, 5.5]  # FIFO: q 3-5, r2 5-6, z 7.5
+    slow = cluster(2, memory_bytes=1e9, bandwidth=100.0, latency_s=0.5)
+    sim = simulate(make_plan(g, a, strategy="x", devices=2, memory_bytes=None, cluster=slow), g,
+                   checked=False)
+    pieces = sim.schedule.pieces
+    ran = [pieces.pieces[x.piece].nodes for x in sim.schedule.actions[0] if x.op == "F"]
+    assert ran == [(0, 1), (3,)]  # the simulator runs r2's piece before q's
+
+
+def test_contended_emulation_charges_each_piece_its_runtime_cost_on_the_device():
+    """The simulator costs a piece's forward ``fwd_overhead_s`` and backward ``bwd_overhead_s``
+    more than its nodes, on its device; the planners' plain emulation sees that cost as half
+    each way on the link instead. Chain a (device 0) -> b (device 1), 1 s a node each way,
+    overheads 1 and 2 s, 100 bytes over 100 B/s and 0.5 s latency."""
+    from dataclasses import replace
+
+    from outcore.hardware.spec import flat_cluster as cluster
+    from outcore.partition.emulate import run
+    g = build("chain", fwd_s=[1, 1], bwd_s=[1, 1], src=[0], dst=[1], edge_bytes=[100])
+    slow = cluster(2, memory_bytes=1e9, bandwidth=100.0, latency_s=0.5)
+    slow = replace(slow, device=replace(slow.device, fwd_overhead_s=1.0, bwd_overhead_s=2.0,
+                                        host_overlap=False))
+    ctx = make_context(g, 2, cluster=slow)
+    a = np.array([0, 1])
+    # plain: a crossing costs 0.5 + 1.5 (half the overheads) + 1 s: a 0-1, b 4-5; b 5-6, a 9-10
+    assert run(ctx, a).makespan_s == 10
+    # contended: a 0-2 (with its overhead), message 2-3.5, b 3.5-5.5; backward b 5.5-8.5,
+    # gradient 8.5-10, a 10-13
+    em = run(ctx, a, contend=True)
+    assert em.fwd_start_s[0].tolist() == [0, 3.5] and em.bwd_start_s[0].tolist() == [10, 5.5]
+    assert em.makespan_s == 13

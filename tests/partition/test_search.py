@@ -290,3 +290,40 @@ def test_fewest_devices_walks_below_its_estimate_and_skips_estimates_far_past_th
     asked.clear()
     assert _fewest_devices(fits_from(3), req, MAX_CHECKED_DEVICES + 1, lambda: False) is None
     assert asked == []
+
+
+@pytest.mark.parametrize("family,nodes", [("unet", 300), ("rnn", 1000), ("resnet", 300),
+                                          ("nas", 300), ("transformer", 300)])
+def test_the_pruning_margin_covers_the_contended_emulations_error(family, nodes):
+    """The search skips simulating a placement that the contended emulation finds
+    ``PRUNE_RATIO`` times slower than the best simulated plan; that is safe only while the
+    estimate never exceeds the simulated time by that much. Every placement the planners offer
+    (1 and 4 micro-batches, fast and slow links): the FIFO emulator of session 37 reached
+    1.49x on this RNN grid split in topological order (1.86x at 10k nodes), and contiguous splits had to be
+    simulated whatever it said."""
+    import numpy as np
+
+    from outcore.graph.generators import make
+    from outcore.partition import contiguous_results, partition, subgraph_results
+    from outcore.partition.context import make_context
+    from outcore.partition.emulate import run
+    from outcore.partition.search import PRUNE_RATIO
+    from outcore.plan import make_plan
+    g = make(family, nodes, seed=1)
+    worst = 0.0
+    for mbs, link in ((1, {"device": "a100", "bandwidth": "300GB/s", "latency": "5us"}),
+                      (4, {"bandwidth": "16GB/s"})):
+        req = outcore.plan_request(4, None, microbatches=mbs, **link)
+        kw = {"cluster": req.cluster, "microbatches": mbs}
+        found = [r.assignment for r in contiguous_results(g, 4, **kw)]
+        found += [r.assignment for r in subgraph_results(g, 4, **kw)]
+        found += [partition(g, 4, strategy=s, **kw).assignment for s in ("pardnn", "pipeline")]
+        ctx = make_context(g, 4, cluster=req.cluster, microbatches=mbs)
+        for a in found:
+            p = make_plan(g, a, strategy="x", devices=4, memory_bytes=None, microbatches=mbs,
+                          cluster=req.cluster)
+            est = run(ctx, p.assignment, critical_path=False, contend=True).makespan_s
+            worst = max(worst, est / outcore.simulate(p, g).iteration_s)
+    # over 299 placements at 3k and 10k nodes the worst is 1.12x
+    # (benchmarks/emulator_vs_simulator.py); here 1.07x, and 1.49x with the FIFO emulator
+    assert 0.5 < worst <= 1.15 and worst < PRUNE_RATIO, worst
