@@ -63,6 +63,11 @@ _FIRST_FIT: contextvars.ContextVar[bool] = contextvars.ContextVar("first_fit", d
 # plans within this fraction of the fastest count as ties: the fewest micro-batches, then the
 # least data parallelism, wins (the simulator's per-micro-batch overheads are optimistic)
 TIE = 0.01
+# a layout's placement search is bounded by the best plan of the layouts searched before it
+# (``search._search``'s ``beat_s``): placements the emulator finds slower are not simulated,
+# and a layout whose one copy is already no faster is not replicated. Off: every layout is
+# planned to the end (tests that check each layout's bound against its plan)
+BOUND_ACROSS_LAYOUTS = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -379,7 +384,7 @@ def _search_group(graphs: _Rescaled, req: PlanRequest, group: list[LayoutChoice]
     :data:`EXTRA_MICROBATCH_STEPS` more (none on one stage: nothing to fill), and none after
     a count that was slower than the one before it (fewer micro-batches fill a pipeline less
     and pay a run's fixed costs fewer times: the time over the count falls, then rises)."""
-    from outcore.partition.search import _search, fits
+    from outcore.partition.search import Beaten, _search, fits
 
     extra_left: int | None = None
     last_s: float | None = None  # the last count's simulated time, when it fit
@@ -403,7 +408,13 @@ def _search_group(graphs: _Rescaled, req: PlanRequest, group: list[LayoutChoice]
             extra_left -= 1
         try:
             creq = c.request(req, policy)
-            p = _search(graphs(c.samples, c.tp, creq), creq)
+            # a plan must beat the best so far by more than a tie to win (_better)
+            beat = best[1].predicted["iteration_s"] / (1 - TIE) \
+                if best and BOUND_ACROSS_LAYOUTS else None
+            p = _search(graphs(c.samples, c.tp, creq), creq, beat_s=beat)
+        except Beaten as e:
+            rec["outcome"] = f"pruned: {e}"
+            continue
         except InfeasibleError as e:
             errors.append(e)
             rec["outcome"] = f"no plan: {str(e).split(';')[0]}"
@@ -434,11 +445,14 @@ def _fits_unsharded(c: LayoutChoice, records: list[dict[str, Any]]) -> bool:
 
 
 def _groups(choices: list[LayoutChoice]) -> list[list[LayoutChoice]]:
-    """Choices grouped by mesh (dp, mode, replicas), micro-batch counts ascending."""
+    """Choices grouped by mesh (dp, mode, replicas), micro-batch counts ascending; meshes
+    with the fewest devices per copy first: they plan fastest (one device: no placement at
+    all), and the plan they find bounds the others' searches (:func:`_search_group`)."""
     groups: dict[tuple, list[LayoutChoice]] = {}
     for c in choices:
         groups.setdefault((c.dp, c.parallel, c.replicas, c.tp, c.sp, c.depth), []).append(c)
-    return [sorted(v, key=lambda c: c.microbatches) for v in groups.values()]
+    ordered = sorted(groups.values(), key=lambda v: -v[0].dp * v[0].tp * v[0].sp)  # stable
+    return [sorted(v, key=lambda c: c.microbatches) for v in ordered]
 
 
 def _record(c: LayoutChoice, policy: str) -> dict[str, Any]:

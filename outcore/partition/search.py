@@ -132,7 +132,16 @@ def with_grid_note(p: Plan, layout: TensorLayout, req: PlanRequest) -> Plan:
     return p.with_notes(note) if note else p
 
 
-def _search(g: Graph, req: PlanRequest) -> Plan:
+class Beaten(InfeasibleError):
+    """A layout's search stopped: its placements are already slower than ``beat_s``, the
+    time another layout's plan has (:func:`_search`); its plan could not win."""
+
+
+def _search(g: Graph, req: PlanRequest, beat_s: float | None = None) -> Plan:
+    """The best plan of the request's layout. ``beat_s``: the time a plan must be under to
+    matter (another layout's; the layout search passes it): placements the emulator finds
+    :data:`PRUNE_RATIO` times slower are not simulated, and once the best placement is no
+    faster the layout's search stops (:class:`Beaten`), as copies and replicas only add time."""
     from outcore.partition import STRATEGIES
 
     if req.strategy not in ("auto", "single") and req.strategy not in STRATEGIES:
@@ -145,7 +154,7 @@ def _search(g: Graph, req: PlanRequest) -> Plan:
     first_error: InfeasibleError | None = None
     for R in req.replica_options():
         try:
-            p = _replicated_plan(g, req, R)
+            p = _replicated_plan(g, req, R, beat_s)
         except InfeasibleError as e:
             first_error = first_error or e
             notes.append(f"{R} replica(s): {e}")
@@ -219,17 +228,41 @@ def fits(p: Plan) -> bool:
     return not p.memory_bytes or max(peaks) <= p.memory_bytes * (1 + 1e-9)
 
 
-def _replicated_plan(g: Graph, req: PlanRequest, replicas: int) -> Plan:
-    """The best single-copy placement under ``memory / replicas``, replicated and simulated."""
+def _replicated_plan(g: Graph, req: PlanRequest, replicas: int,
+                     beat_s: float | None = None) -> Plan:
+    """The best single-copy placement under ``memory / replicas``, replicated and simulated
+    (not when the copy alone is no faster than ``beat_s``: :class:`Beaten`)."""
     mem = req.memory_bytes
     budget = None if mem is None else mem / replicas
     if req.depth > 1:  # placed by the shards' memory; the sharded plan is simulated below
-        base = _best_placement(shard_costed(g, req.depth), req, budget, check_fit=True)
-        return _replicate(g, base, req, replicas)
-    base = _best_placement(g, req, budget, check_fit=(replicas == 1))
-    if replicas == 1 and req.dp == 1:
-        return base
+        base = _best_placement(shard_costed(g, req.depth), req, budget, check_fit=True,
+                               beat_s=beat_s)
+    else:
+        base = _best_placement(g, req, budget, check_fit=(replicas == 1), beat_s=beat_s)
+        if replicas == 1 and req.dp == 1:
+            return base
+    floor = _replicated_floor(base, req, replicas)
+    if beat_s is not None and floor >= beat_s:
+        raise Beaten(f"its replicas need at least {floor * 1e3:.2f} ms (one copy's compute "
+                     f"on each device, summed over the replicas it holds), no faster than the "
+                     f"best plan so far ({beat_s * 1e3:.2f} ms); not replicated")
     return _replicate(g, base, req, replicas)
+
+
+def _replicated_floor(base: Plan, req: PlanRequest, replicas: int) -> float:
+    """Seconds no replication of ``base`` can beat: one copy's time, and each device's
+    compute summed over the GEMS replicas whose stages it holds (``Layout.maps``; every
+    replica runs the copy's micro-batches on its stages, one compute stream a device)."""
+    floor = float(base.predicted["iteration_s"])
+    busy = base.predicted.get("busy_s") or []
+    if replicas < 2 or req.tp > 1 or len(busy) != base.stages:
+        return floor
+    maps = Layout.replicate(req.parallel, base.stages, replicas).maps
+    held = np.zeros(base.stages)
+    for stage_device in maps:
+        for stage, device in enumerate(stage_device):
+            held[device] += busy[stage]
+    return max(floor, float(held.max()))
 
 
 # the placements the simulator judges: the best few by the emulator, and every contiguous
@@ -245,7 +278,7 @@ PRUNE_RATIO = 1.2
 
 
 def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
-                    check_fit: bool) -> Plan:
+                    check_fit: bool, beat_s: float | None = None) -> Plan:
     """The fastest single-replica plan on the model-parallel devices, planned under ``budget``
     per device; with ``check_fit`` only plans whose simulated peak fits the limit count.
 
@@ -255,7 +288,8 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     (:func:`_contended`) are made to fit with memory policies and simulated (the simulator
     costs a lowering and an event run each), fastest first, except those the contended
     emulation finds :data:`PRUNE_RATIO` times slower than the best simulated plan that
-    fits."""
+    fits, or than ``beat_s`` (another layout's plan: :func:`_search`; :class:`Beaten` when
+    none is left)."""
     # placements are compared under req.first_schedule; with auto, the best one's last
     schedule_auto = req.schedule == "auto"
     names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
@@ -263,7 +297,8 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     est = _contended(g, req, placed)
     chosen = _to_simulate(placed, est)
     tried: list[tuple[float, int, Plan]] = []
-    bound = None  # the fastest simulated plan that fits so far
+    bound = beat_s  # the fastest simulated plan that fits so far (or another layout's)
+    beaten = False  # a placement lost to beat_s
     for k in sorted(range(len(placed)), key=lambda k: (k not in chosen, est[k], k)):
         name, result = placed[k]
         if k not in chosen:
@@ -272,9 +307,12 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
                          "(slower than the best by the emulator)")
             continue
         if bound is not None and est[k] > PRUNE_RATIO * bound:
+            whose = "another layout's plan" if bound == beat_s else \
+                "the best simulated plan that fits"
             notes.append(f"{name}: emulated {est[k] * 1e3:.2f} ms per iteration with port "
-                         f"contention, over {PRUNE_RATIO}x the best simulated plan that fits "
-                         f"({bound * 1e3:.2f} ms); not simulated")
+                         f"contention, over {PRUNE_RATIO}x {whose} ({bound * 1e3:.2f} ms); "
+                         "not simulated")
+            beaten = beaten or bound == beat_s
             continue
         try:
             p = _simulated(g, req, result, check_fit, bound)
@@ -287,12 +325,16 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
             notes.append(f"{name}: simulated {p.predicted['iteration_s'] * 1e3:.2f} ms before "
                          "it fits (memory policies only add time), already slower than the best "
                          "plan that fits; not fitted")
+            beaten = beaten or bound == beat_s
             continue
         notes.append(_candidate_note(name, p))
         tried.append((p.predicted["iteration_s"], k, p))
         if fits(p):
             bound = min(bound or math.inf, p.predicted["iteration_s"])
     if not tried:
+        if beaten:  # the placements that fit in time lost to another layout's plan
+            raise Beaten(f"every placement is slower than the best plan so far "
+                         f"({beat_s * 1e3:.2f} ms) by the emulator or the simulator")
         if first_error is not None:
             raise first_error
         raise InfeasibleError(f"no plan fits when simulated with the {req.first_schedule} schedule "

@@ -108,12 +108,14 @@ def test_layout_search_is_no_slower_than_the_plain_layout(family):
 
 
 @pytest.mark.parametrize("family", ["nas", "transformer"])
-def test_every_layout_s_time_bound_is_below_its_simulated_plan(family):
+def test_every_layout_s_time_bound_is_below_its_simulated_plan(family, monkeypatch):
     """A layout's bound prunes it unplanned, so it must never exceed what its plan takes: every
     run of the model (copies x micro-batches) pays each node's fixed cost again, and a
     micro-batch's critical path is its rescaled graph's. The bound grows with the runs (the
     search prunes the long tails of micro-batch counts by it) and is met by some plans."""
     from outcore.graph.generators import make
+    from outcore.partition import layouts
+    monkeypatch.setattr(layouts, "BOUND_ACROSS_LAYOUTS", False)  # plan every layout
     g = make(family, 200, seed=2).replace(batch_size=8)
     req = outcore.plan_request(4, None, device="a100", bandwidth="300GB/s", latency="5us",
                                microbatches="auto", search_layout=True)
@@ -132,6 +134,30 @@ def test_every_layout_s_time_bound_is_below_its_simulated_plan(family):
     # devices and the critical path would not grow
     assert bounds[-1] > bounds[-2] * 1.1
     assert min(r["iteration_s"] / r["time_bound_s"] for r in planned) < 1.5
+
+
+@pytest.mark.parametrize("family", ["nas", "transformer"])
+def test_layouts_pruned_by_a_better_layouts_plan_could_not_have_won(family, monkeypatch):
+    """A layout searched after a better one stops once its placements (by the emulator, then
+    the simulator) or one copy alone (each device's compute summed over the replicas it holds)
+    are no faster than that plan: planned to the end, none of them would have won."""
+    from outcore.graph.generators import make
+    from outcore.partition import layouts
+    g = make(family, 300, seed=2).replace(batch_size=8)
+    req = outcore.plan_request(4, None, device="a100", bandwidth="300GB/s", latency="5us",
+                               microbatches="auto", search_layout=True)
+    bounded = outcore.plan(g, req)
+    monkeypatch.setattr(layouts, "BOUND_ACROSS_LAYOUTS", False)
+    full = outcore.plan(g, req)
+    assert bounded.predicted["iteration_s"] == full.predicted["iteration_s"]
+    assert bounded.layout == full.layout and bounded.microbatches == full.microbatches
+    times = {r["layout"]: r.get("iteration_s") for r in full.extra["candidates"]}
+    pruned = [r["layout"] for r in bounded.extra["candidates"]
+              if r["outcome"].startswith(("pruned: every placement", "pruned: its replicas"))]
+    assert len(pruned) >= 3  # (each case prunes by both: placements and replicas)
+    best = bounded.predicted["iteration_s"]
+    for name in pruned:
+        assert times[name] is None or times[name] >= best * (1 - layouts.TIE), name
 
 
 def test_the_layout_search_asks_for_the_batch_a_graph_does_not_record():
