@@ -445,13 +445,16 @@ def _fits_unsharded(c: LayoutChoice, records: list[dict[str, Any]]) -> bool:
 
 
 def _groups(choices: list[LayoutChoice]) -> list[list[LayoutChoice]]:
-    """Choices grouped by mesh (dp, mode, replicas), micro-batch counts ascending; meshes
-    with the fewest devices per copy first: they plan fastest (one device: no placement at
-    all), and the plan they find bounds the others' searches (:func:`_search_group`)."""
+    """Choices grouped by mesh (dp, mode, replicas), micro-batch counts ascending; plain
+    meshes before tensor-parallel ones (:func:`candidate_layouts`), and among them the
+    fewest model-parallel devices per copy first: they plan fastest (one device: no
+    placement at all), and the plan they find bounds the others' searches
+    (:func:`_search_group`)."""
     groups: dict[tuple, list[LayoutChoice]] = {}
     for c in choices:
         groups.setdefault((c.dp, c.parallel, c.replicas, c.tp, c.sp, c.depth), []).append(c)
-    ordered = sorted(groups.values(), key=lambda v: -v[0].dp * v[0].tp * v[0].sp)  # stable
+    ordered = sorted(groups.values(),  # (stable: sharded meshes stay after their plain ones)
+                     key=lambda v: (v[0].tp > 1, -v[0].dp * v[0].tp * v[0].sp))
     return [sorted(v, key=lambda c: c.microbatches) for v in ordered]
 
 
