@@ -67,8 +67,9 @@ def infeasible(ctx: Context, strategy: str, best_peak_bytes: float | None = None
         name = ctx.g.name_of(node)
         return InfeasibleError(
             f"{strategy}: node {name} alone needs {format_bytes(floor)} and the limit is "
-            f"{format_bytes(limit)} per device, so no number of devices fits; use devices with "
-            f"at least {format_bytes(floor)}, or enable activation checkpointing or offload",
+            f"{format_bytes(limit)} per device, so no number of devices fits it without memory "
+            f"policies; use devices with at least {format_bytes(floor)}, or enable activation "
+            "checkpointing or offload",
             min_devices=None, min_memory_bytes=least_memory(ctx, k, inflight=inflight))
     kmin = fewest_stages(ctx, inflight=inflight)
     mem = least_memory(ctx, k, inflight=inflight)

@@ -46,7 +46,11 @@ def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError, *,
         return time.monotonic() + slowest[0] > start + budget_s
 
     first = str(error).split("; ")[0]
-    k = _fewest_devices(fits_request, req, error.min_devices, over)
+    # a node too big for any count without memory policies (min_devices None) may fit with
+    # them: the zoo MLP at 15 KiB per device, one layer needing 16.75 KiB, fits on 3 devices
+    devices = error.min_devices or (req.model_parallel_devices + 1
+                                    if req.memory_policy != "none" else None)
+    k = _fewest_devices(fits_request, req, devices, over)
     mem = _least_memory(fits_request, req, error.min_memory_bytes, over)
     if progress:
         progress("nothing fits: checking what would", int(budget_s), int(budget_s))

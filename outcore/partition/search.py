@@ -22,6 +22,7 @@ from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.graph.tensor_pairs import TensorLayout
 from outcore.hardware.allocator import frozen_objects
+from outcore.partition.placements import contended, place, to_simulate
 from outcore.plan.layout import Layout
 from outcore.plan.plan import Plan, make_plan
 from outcore.plan.request import PlanRequest
@@ -265,9 +266,6 @@ def _replicated_floor(base: Plan, req: PlanRequest, replicas: int) -> float:
     return max(floor, float(held.max()))
 
 
-# the placements the simulator judges: the best few by the emulator, and every contiguous
-# split kept (the emulator misranks some against them; so the search never loses to one)
-SIMULATED_PER_SEARCH = 2
 # a placement is not simulated when the emulator with port contention finds it this many times
 # slower than the best simulated plan that fits: the contended emulation is at most 1.12x the
 # simulated time over 299 placements of five graph families (benchmarks/
@@ -284,18 +282,17 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
 
     Emulator first, simulator for the best few: every planner places the graph (the node-level
     emulator times each placement in milliseconds); every contiguous split and the
-    :data:`SIMULATED_PER_SEARCH` fastest other placements by the emulator with port contention
-    (:func:`_contended`) are made to fit with memory policies and simulated (the simulator
-    costs a lowering and an event run each), fastest first, except those the contended
-    emulation finds :data:`PRUNE_RATIO` times slower than the best simulated plan that
-    fits, or than ``beat_s`` (another layout's plan: :func:`_search`; :class:`Beaten` when
-    none is left)."""
-    # placements are compared under req.first_schedule; with auto, the best one's last
-    schedule_auto = req.schedule == "auto"
+    :data:`~outcore.partition.placements.SIMULATED_PER_SEARCH` fastest other placements by the
+    emulator with port contention (:func:`~outcore.partition.placements.contended`) are made
+    to fit with memory policies and simulated (the simulator costs a lowering and an event run
+    each), fastest first, except those the contended emulation finds :data:`PRUNE_RATIO` times
+    slower than the best simulated plan that fits, or than ``beat_s`` (another layout's plan:
+    :func:`_search`; :class:`Beaten` when none is left). Where nothing over the devices fits,
+    every node on one device is tried too (:func:`_on_one_device`)."""
     names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
-    placed, notes, first_error = _placements(g, req, budget, names, check_fit)
-    est = _contended(g, req, placed)
-    chosen = _to_simulate(placed, est)
+    placed, notes, first_error = place(g, req, budget, names, check_fit)
+    est = contended(g, req, placed)
+    chosen = to_simulate(placed, est)
     tried: list[tuple[float, int, Plan]] = []
     bound = beat_s  # the fastest simulated plan that fits so far (or another layout's)
     beaten = False  # a placement lost to beat_s
@@ -331,6 +328,14 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
         tried.append((p.predicted["iteration_s"], k, p))
         if fits(p):
             bound = min(bound or math.inf, p.predicted["iteration_s"])
+    if check_fit and req.memory_policy != "none" and req.model_parallel_devices > 1 and \
+            not beaten and not any(fits(t[2]) for t in tried):
+        one = _on_one_device(g, req, bound)
+        if one is not None:
+            placed.append(("single", one[0]))
+            notes.append(_candidate_note("single", one[1]) + f" (nothing over the "
+                         f"{req.model_parallel_devices} devices fits)")
+            tried.append((one[1].predicted["iteration_s"], len(placed) - 1, one[1]))
     if not tried:
         if beaten:  # the placements that fit in time lost to another layout's plan
             raise Beaten(f"every placement is slower than the best plan so far "
@@ -339,9 +344,16 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
             raise first_error
         raise InfeasibleError(f"no plan fits when simulated with the {req.first_schedule} schedule "
                               f"({'; '.join(notes)}): add devices or raise --memory")
+    return _finished(g, req, placed, tried, notes, check_fit)
+
+
+def _finished(g: Graph, req: PlanRequest, placed: list, tried: list, notes: list[str],
+              check_fit: bool) -> Plan:
+    """The fastest of the simulated placements ``tried`` (one that fits first), coarsened,
+    its schedule chosen (with ``schedule="auto"``), the others listed in its ``extra``."""
     _, k_best, best = min(tried, key=lambda t: (not fits(t[2]), t[0], t[1]))
     best = _coarsened(g, req, placed[k_best][1], best, check_fit)
-    if schedule_auto:
+    if req.schedule == "auto":  # placements were compared under req.first_schedule
         best = _scheduled(g, req, placed[k_best][1], best, check_fit)
         best = _runner_up_scheduled(g, req, placed, tried, k_best, best, check_fit)
     # the chosen plan first (coarsened, its schedule chosen), then the other placements
@@ -353,25 +365,38 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     return best
 
 
+def _on_one_device(g: Graph, req: PlanRequest, bound_s: float | None):
+    """``(result, plan)``: every node on the first device, the others idle, with the memory
+    policies that make it fit; None when they cannot. Tried where no placement over the
+    devices fits: a split's devices also hold the activations they pass on and receive, and
+    one device with its parameters offloaded can fit where two halves cannot (the zoo MLP at
+    20 KiB per device: 17.5 KiB on one; on either of two, 21.6 KiB after offloading all its
+    parameters)."""
+    from outcore.partition.context import make_context
+    from outcore.partition.emulate import run
+    from outcore.partition.result import PartitionResult
+
+    ctx = make_context(g, 1, cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
+                       microbatches=req.microbatches)
+    a = np.zeros(g.num_nodes, dtype=np.int64)
+    em = run(ctx, a, critical_path=False)
+    result = PartitionResult(assignment=a, strategy="single", devices_used=1,
+                             makespan_s=em.makespan_s, peak_bytes=em.peak_bytes,
+                             lower_bound_s=ctx.lower_bound_s(),
+                             notes=(f"one device of {req.model_parallel_devices}: no placement "
+                                    "over them fits",))
+    try:
+        p = _simulated(g, req, result, True, bound_s)
+    except InfeasibleError:
+        return None
+    return (result, p) if fits(p) else None
+
+
 def placement_row(p: Plan) -> dict:
     """A placement as ``outcore plan --explain`` lists it (the schedule when not 1F1B)."""
     return {"strategy": p.strategy + (f" ({p.schedule})" if p.schedule != "1f1b" else ""),
             "iteration_s": float(p.predicted["iteration_s"]),
             "peak_bytes": float(max(p.predicted["peak_bytes"])), "fits": fits(p)}
-
-
-def _contended(g: Graph, req: PlanRequest, placed: list) -> list[float]:
-    """Per placement, the emulated iteration with port contention (as the simulator has;
-    :func:`outcore.partition.emulate.run`), seconds, of the assignment its plan would run
-    (weights moved to their users' device, :func:`outcore.plan.plan.colocated_params`)."""
-    from outcore.partition.context import make_context
-    from outcore.partition.emulate import run
-    from outcore.plan.plan import colocated_params
-
-    ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
-                       optimizer=req.optimizer, microbatches=req.microbatches)
-    return [run(ctx, colocated_params(g, r.assignment), critical_path=False,
-                contend=True).makespan_s for _, r in placed]
 
 
 def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) -> Plan:
@@ -386,7 +411,7 @@ def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) 
     if np.array_equal(merged, result.assignment):
         return best
     moved = int((merged != result.assignment).sum())
-    was, now = _contended(g, req, [(None, result), (None, replace(result, assignment=merged))])
+    was, now = contended(g, req, [(None, result), (None, replace(result, assignment=merged))])
     if now >= was:  # the emulator costs each piece as the simulator does: no gain to find
         return best.with_notes(f"granularity: merging {moved} node(s) of pieces too small to "
                                f"pay for their overhead emulates {now * 1e3:.2f} ms against "
@@ -472,93 +497,11 @@ def _runner_up_scheduled(g: Graph, req: PlanRequest, placed: list, tried: list,
         f"faster than the best 1f1b placement's {before * 1e3:.2f} ms")
 
 
-def _to_simulate(placed: list, est: list[float]) -> set[int]:
-    """Indices of the placements to simulate: the contiguous splits, and the placements of the
-    few other planners whose first placement is fastest by ``est`` (the emulator with port
-    contention; a planner may offer a near-tie the emulator cannot tell apart)."""
-    first: dict[str, int] = {}
-    for k, (name, _) in enumerate(placed):
-        first.setdefault(name, k)
-    others = sorted((k for name, k in first.items() if name != "contiguous"),
-                    key=lambda k: (est[k], k))
-    names = {placed[k][0] for k in others[:SIMULATED_PER_SEARCH]} | {"contiguous"}
-    return {k for k, (name, _) in enumerate(placed) if name in names}
-
-
-def _placements(g: Graph, req: PlanRequest, budget: float | None, names: tuple[str, ...],
-                check_fit: bool):
-    """Every planner's placement(s) as ``(name, PartitionResult)``, emulated, not simulated.
-
-    A planner that finds nothing under ``budget`` places under a relaxed limit (the tightest
-    of 1.5x, 2x, 4x, 8x, unlimited that it can meet) when memory policies may close the gap.
-    """
-    from outcore.partition import contiguous_results, subgraph_results
-
-    several = {"contiguous": contiguous_results, "subgraph": subgraph_results}
-    placed: list[tuple[str, object]] = []
-    notes: list[str] = []
-    first_error: InfeasibleError | None = None
-    floor = _spread_floor(g, req, budget)
-    relaxable = req.memory_policy != "none" and check_fit and budget is not None
-    for name in names:
-        for relax in (1.0, 1.5, 2.0, 4.0, 8.0, None) if relaxable else (1.0,):
-            limit = None if relax is None or budget is None else budget * relax
-            if limit is not None and floor is not None and limit < floor[0]:
-                error = floor[1]()  # every planner would fail under this limit
-                first_error = first_error or error
-                continue
-            try:
-                if name in several:  # planners that offer several placements
-                    results = several[name](
-                        g, req.model_parallel_devices, memory_bytes=limit,
-                        cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
-                        microbatches=req.microbatches)
-                else:
-                    results = [_partition(g, req, limit, name)]
-            except InfeasibleError as e:
-                if relax == 1.0:
-                    first_error = first_error or e
-                    error = e
-                continue
-            placed.extend((name, r) for r in results)
-            break
-        else:
-            notes.append(f"{name}: {error}" + ("; memory policies cannot close the gap either"
-                                               if relaxable else ""))
-    return placed, notes, first_error
-
-
-def _spread_floor(g: Graph, req: PlanRequest, budget: float | None):
-    """``(floor, refusal)``: the per-device limit below which every planner fails
-    (:func:`outcore.partition.feasibility.spread_floor_bytes`), so the search does not ask
-    them (0.5 s of a 50k-node search at exactly the fair share), and a function making their
-    refusal at the requested budget; None without a budget."""
-    from functools import cache
-
-    from outcore.partition.context import make_context
-    from outcore.partition.feasibility import infeasible, spread_floor_bytes
-
-    if budget is None:
-        return None
-    ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
-                       optimizer=req.optimizer, microbatches=req.microbatches,
-                       memory_bytes=budget)
-    return spread_floor_bytes(ctx), cache(lambda: infeasible(ctx, "every planner"))
-
-
 def _candidate_note(name: str, p: Plan) -> str:
     pol = p.policies
     return (f"{name}: simulated {p.predicted['iteration_s'] * 1e3:.2f} ms per iteration, peak "
             f"{max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
             + (f", memory policies on {int((pol.group_of >= 0).sum())} nodes" if pol else ""))
-
-
-def _partition(g: Graph, req: PlanRequest, budget: float | None, name: str):
-    from outcore.partition import partition
-    return partition(g, req.model_parallel_devices, memory_bytes=budget,
-                     cluster=req.cluster.slots(req.tp),
-                     strategy=name, optimizer=req.optimizer, microbatches=req.microbatches,
-                     seed=req.seed)
 
 
 def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool,

@@ -1,0 +1,110 @@
+"""The placements a search compares within one layout: every planner's, made under the
+memory budget (or a relaxed one that memory policies may close), ranked by the node-level
+emulator with port contention, and the few of them the simulator should judge
+(:func:`outcore.partition.search._best_placement` simulates those)."""
+
+from __future__ import annotations
+
+from outcore.errors import InfeasibleError
+from outcore.graph.ir import Graph
+from outcore.plan.request import PlanRequest
+
+# the placements the simulator judges: the best few by the emulator, and every contiguous
+# split kept (the emulator misranks some against them; so the search never loses to one)
+SIMULATED_PER_SEARCH = 2
+
+
+def to_simulate(placed: list, est: list[float]) -> set[int]:
+    """Indices of the placements to simulate: the contiguous splits, and the placements of the
+    few other planners whose first placement is fastest by ``est`` (the emulator with port
+    contention; a planner may offer a near-tie the emulator cannot tell apart)."""
+    first: dict[str, int] = {}
+    for k, (name, _) in enumerate(placed):
+        first.setdefault(name, k)
+    others = sorted((k for name, k in first.items() if name != "contiguous"),
+                    key=lambda k: (est[k], k))
+    names = {placed[k][0] for k in others[:SIMULATED_PER_SEARCH]} | {"contiguous"}
+    return {k for k, (name, _) in enumerate(placed) if name in names}
+
+
+def place(g: Graph, req: PlanRequest, budget: float | None, names: tuple[str, ...],
+                check_fit: bool):
+    """Every planner's placement(s) as ``(name, PartitionResult)``, emulated, not simulated.
+
+    A planner that finds nothing under ``budget`` places under a relaxed limit (the tightest
+    of 1.5x, 2x, 4x, 8x, unlimited that it can meet) when memory policies may close the gap.
+    """
+    from outcore.partition import contiguous_results, subgraph_results
+
+    several = {"contiguous": contiguous_results, "subgraph": subgraph_results}
+    placed: list[tuple[str, object]] = []
+    notes: list[str] = []
+    first_error: InfeasibleError | None = None
+    floor = spread_floor(g, req, budget)
+    relaxable = req.memory_policy != "none" and check_fit and budget is not None
+    for name in names:
+        for relax in (1.0, 1.5, 2.0, 4.0, 8.0, None) if relaxable else (1.0,):
+            limit = None if relax is None or budget is None else budget * relax
+            if limit is not None and floor is not None and limit < floor[0]:
+                error = floor[1]()  # every planner would fail under this limit
+                first_error = first_error or error
+                continue
+            try:
+                if name in several:  # planners that offer several placements
+                    results = several[name](
+                        g, req.model_parallel_devices, memory_bytes=limit,
+                        cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
+                        microbatches=req.microbatches)
+                else:
+                    results = [partition_one(g, req, limit, name)]
+            except InfeasibleError as e:
+                if relax == 1.0:
+                    first_error = first_error or e
+                    error = e
+                continue
+            placed.extend((name, r) for r in results)
+            break
+        else:
+            notes.append(f"{name}: {error}" + ("; memory policies cannot close the gap either"
+                                               if relaxable else ""))
+    return placed, notes, first_error
+
+
+def spread_floor(g: Graph, req: PlanRequest, budget: float | None):
+    """``(floor, refusal)``: the per-device limit below which every planner fails
+    (:func:`outcore.partition.feasibility.spread_floor_bytes`), so the search does not ask
+    them (0.5 s of a 50k-node search at exactly the fair share), and a function making their
+    refusal at the requested budget; None without a budget."""
+    from functools import cache
+
+    from outcore.partition.context import make_context
+    from outcore.partition.feasibility import infeasible, spread_floor_bytes
+
+    if budget is None:
+        return None
+    ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
+                       optimizer=req.optimizer, microbatches=req.microbatches,
+                       memory_bytes=budget)
+    return spread_floor_bytes(ctx), cache(lambda: infeasible(ctx, "every planner"))
+
+
+def partition_one(g: Graph, req: PlanRequest, budget: float | None, name: str):
+    from outcore.partition import partition
+    return partition(g, req.model_parallel_devices, memory_bytes=budget,
+                     cluster=req.cluster.slots(req.tp),
+                     strategy=name, optimizer=req.optimizer, microbatches=req.microbatches,
+                     seed=req.seed)
+
+
+def contended(g: Graph, req: PlanRequest, placed: list) -> list[float]:
+    """Per placement, the emulated iteration with port contention (as the simulator has;
+    :func:`outcore.partition.emulate.run`), seconds, of the assignment its plan would run
+    (weights moved to their users' device, :func:`outcore.plan.plan.colocated_params`)."""
+    from outcore.partition.context import make_context
+    from outcore.partition.emulate import run
+    from outcore.plan.plan import colocated_params
+
+    ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
+                       optimizer=req.optimizer, microbatches=req.microbatches)
+    return [run(ctx, colocated_params(g, r.assignment), critical_path=False,
+                contend=True).makespan_s for _, r in placed]
