@@ -9,15 +9,17 @@ from outcore.errors import InfeasibleError
 from outcore.graph.ir import Graph
 from outcore.plan.request import PlanRequest
 
-# the placements the simulator judges: the best few by the emulator, and every contiguous
-# split kept (the emulator misranks some against them; so the search never loses to one)
+# the placements the simulator may judge: those of the few planners fastest by the emulator,
+# and every contiguous split (the simple plans the search must never lose to); any of them the
+# estimate puts past search.PRUNE_RATIO x the best simulated plan is still skipped
 SIMULATED_PER_SEARCH = 2
 
 
 def to_simulate(placed: list, est: list[float]) -> set[int]:
-    """Indices of the placements to simulate: the contiguous splits, and the placements of the
-    few other planners whose first placement is fastest by ``est`` (the emulator with port
-    contention; a planner may offer a near-tie the emulator cannot tell apart)."""
+    """Indices of the placements that may be simulated: the contiguous splits, and the
+    placements of the few other planners whose first placement is fastest by ``est`` (the
+    emulator with port contention; a planner may offer a near-tie the emulator cannot tell
+    apart)."""
     first: dict[str, int] = {}
     for k, (name, _) in enumerate(placed):
         first.setdefault(name, k)
