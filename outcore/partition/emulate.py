@@ -43,7 +43,7 @@ from outcore.partition._jit import njit
 from outcore.partition._sched_kernel import schedule_phase
 from outcore.partition.context import Context, make_context
 from outcore.plan._pieces_kernel import piece_components
-from outcore.plan.pieces import hops
+from outcore.plan.pieces import device_sends, hops
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +163,7 @@ def run(ctx: Context, assignment: np.ndarray, *, timeline: bool = False,
 
 def _hops(g: Graph, a: np.ndarray, ctx: Context) -> np.ndarray:
     """Each node's hop level under ``a`` as :func:`outcore.plan.pieces.cut` finds it."""
-    sends = np.zeros(g.num_nodes, dtype=bool)
-    sends[g.src[a[g.src] != a[g.dst]]] = True
-    return hops(g, a, ctx.order, sends)
+    return hops(g, a, ctx.order, device_sends(g, a))
 
 
 def priority(ctx: Context, assignment: np.ndarray, hop: np.ndarray | None = None

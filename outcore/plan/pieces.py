@@ -103,6 +103,14 @@ def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None,
                       g.succ_idx, np.asarray(assignment, np.int64), cut_after)
 
 
+def device_sends(g: Graph, assignment: np.ndarray) -> np.ndarray:
+    """``bool[n]``: the nodes whose output another device consumes; each ends its piece
+    (:func:`hops`' ``sends``, as :func:`cut` and the emulator's order use it)."""
+    sends = np.zeros(g.num_nodes, dtype=bool)
+    sends[g.src[assignment[g.src] != assignment[g.dst]]] = True
+    return sends
+
+
 def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,
         whole: np.ndarray | None = None) -> Pieces:
     """The pieces and transfers of graph ``g`` placed by ``assignment`` (node index -> device).
@@ -118,9 +126,7 @@ def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,
     if groups is not None:
         groups = np.asarray(groups, dtype=np.int64)
         key = assignment * (int(groups.max()) + 2) + groups + 1
-    sends = np.zeros(g.num_nodes, dtype=bool)
-    remote = assignment[g.src] != assignment[g.dst]
-    sends[g.src[remote]] = True
+    sends = device_sends(g, assignment)
     if whole is not None:
         sends[whole] = False
     hop = hops(g, key, order, sends)

@@ -291,13 +291,13 @@ def _run_workers(ctx: Any, fn: Callable[..., Any], world_size: int, args: tuple,
                  ) -> list[Any]:
     """:func:`run_local`'s workers, started in ``ctx``, waited for and torn down; started
     again when they could not join (:data:`JOIN_RETRIES`)."""
-    for attempt in range(JOIN_RETRIES + 1):
+    run = (ctx, fn, world_size, args, timeout_s, threads, grace_s, poll, overall_timeout_s)
+    for _ in range(JOIN_RETRIES):
         try:
-            return _attempt(ctx, fn, world_size, args, timeout_s, threads, grace_s, poll,
-                            overall_timeout_s, retry=attempt < JOIN_RETRIES)
+            return _attempt(*run, retry=True)
         except _JoinFailed as e:
             log.warning("%s; starting the %d workers again", e, world_size)
-    raise AssertionError("unreachable: the last attempt raises")  # pragma: no cover
+    return _attempt(*run, retry=False)  # the last start raises the run's own error
 
 
 class _JoinFailed(Exception):
@@ -307,8 +307,8 @@ class _JoinFailed(Exception):
 def _join_failed(outputs: dict[int, Any], errors: list[tuple[int, Any]]) -> str | None:
     """The first connection error when the workers failed only while joining the process
     group (none returned, none failed in the function, none died silently); else None."""
-    if outputs or not errors or not all(isinstance(v, tuple) and len(v) == 3 and
-                                         v[2] == JOINING for _, v in errors):
+    if outputs or not errors or not all(isinstance(v, tuple) and v[2] == JOINING
+                                         for _, v in errors):
         return None
     for r, (msg, _, _) in errors:
         if any(w in _short(msg).lower() for w in ("connect", "closed by peer", "reset by peer")):
