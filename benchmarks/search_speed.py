@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import os
 import time
 
 import numpy as np
@@ -57,7 +58,9 @@ def main() -> int:
     for line in p.notes:
         print("  ", line[:150])
     if prof:
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+        # SORT=tottime TOP=40 ... --profile: other orders and lengths
+        pstats.Stats(prof).sort_stats(os.environ.get("SORT", "cumulative")).print_stats(
+            int(os.environ.get("TOP", "30")))
     return 0
 
 

@@ -115,6 +115,12 @@ class Graph:
         return np.array(savers, dtype=np.int64), np.array(producers, dtype=np.int64)
 
     @cached_property
+    def structure(self) -> "Structure":
+        """A token shared by this graph and every :meth:`replace` of it that keeps its nodes
+        and edges (a rescaled copy): caches of what depends on the edges alone key on it."""
+        return Structure()
+
+    @cached_property
     def index_of_name(self) -> dict[str, int]:
         """Map from node name (:meth:`name_of`) to node index."""
         return {self.name_of(i): i for i in range(self.num_nodes)}
@@ -197,10 +203,34 @@ class Graph:
         return int(self.param_bytes.sum())
 
     def replace(self, **changes: Any) -> "Graph":
-        """A new graph with some fields replaced (caches are not carried over)."""
+        """A new graph with some fields replaced. Caches of the structure (adjacency, names,
+        ops) are carried over when the fields they derive from are unchanged: the search
+        rescales one graph's costs for each micro-batch size it weighs."""
         fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
         fields.update(changes)
-        return Graph(**fields)
+        out = Graph(**fields)
+        self.structure  # noqa: B018 (made now, so that every copy that keeps the edges shares it)
+        for cache, needs in _STRUCTURE_CACHES.items():
+            if cache in self.__dict__ and all(fields[f] is getattr(self, f) for f in needs):
+                out.__dict__[cache] = self.__dict__[cache]
+        return out
+
+
+class Structure:
+    """See :attr:`Graph.structure` (an object that weak references can point to)."""
+
+    __slots__ = ("__weakref__",)
+
+
+# cached properties of a Graph that depend only on the fields named (see Graph.replace)
+_STRUCTURE_CACHES = {
+    "structure": ("src", "dst", "ids"),
+    "_succ": ("src", "dst", "ids"), "_pred": ("src", "dst", "ids"),
+    "out_degree": ("src", "dst", "ids"), "in_degree": ("src", "dst", "ids"),
+    "_nodes_by_op": ("ops",), "param_nodes": ("ops",),
+    "index_of_name": ("names", "ids"), "index_of_id": ("ids",),
+    "saved_input_pairs": ("attrs", "names", "ids"),
+}
 
 
 def _csr(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

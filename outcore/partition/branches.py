@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -157,7 +157,23 @@ def fork_join_regions(g: Graph, *, order: np.ndarray | None = None,
     n = g.num_nodes
     if n == 0:
         return (), False
-    order = topological_order(g) if order is None else order
+    shapes = _shape_cache(g) if order is None else {}  # another order: not remembered
+    if ("regions", max_visits) not in shapes:
+        shapes[("regions", max_visits)] = _region_shapes(
+            g, topological_order(g) if order is None else order, max_visits)
+    f, j, rptr, nodes, labels, truncated = shapes[("regions", max_visits)]
+    if truncated:  # once per graph shape: the layout search rescales the same graph
+        key = (g.name, n, g.num_edges)
+        (log.debug if key in _TRUNCATED else log.warning)(
+            "graph %r: the fork-join search reached its budget; outer regions were not "
+            "examined", g.name)
+        _TRUNCATED.add(key)
+    return _make_regions(f, j, rptr, nodes, labels, n, _weights(g)), bool(truncated)
+
+
+def _region_shapes(g: Graph, order: np.ndarray, max_visits: int | None) -> tuple:
+    """The compiled search's flat output (:func:`fork_join_regions`): edges alone decide it."""
+    n = g.num_nodes
     ptr, idx, topo = _augmented(g, order)
     ipdom, jump, depth = _post_dominators(topo, ptr, idx)
     tin, tout = _tree_intervals(ipdom, n + 1)
@@ -167,15 +183,19 @@ def fork_join_regions(g: Graph, *, order: np.ndarray | None = None,
     forks = topo[::-1][deg[topo[::-1]] >= 2]  # reverse topological: inner forks first
     size = n + g.num_edges
     budget = 32 * size + 10**6 if max_visits is None else int(max_visits)
-    f, j, rptr, nodes, labels, truncated = _regions_kernel(
-        forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, n + 1, budget, 4 * size + 10**5)
-    if truncated:  # once per graph shape: the layout search rescales the same graph
-        key = (g.name, n, g.num_edges)
-        (log.debug if key in _TRUNCATED else log.warning)(
-            "graph %r: the fork-join search reached its budget; outer regions were not "
-            "examined", g.name)
-        _TRUNCATED.add(key)
-    return _make_regions(f, j, rptr, nodes, labels, n, _weights(g)), bool(truncated)
+    return _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, n + 1, budget,
+                           4 * size + 10**5)
+
+
+# graph structure (Graph.structure) -> what depends on its edges alone: the search's regions
+# per visit budget, and the feeders of each chosen set of regions
+_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _shape_cache(g: Graph) -> dict:
+    """Remembered per graph structure: the layout search rescales one graph's costs for each
+    micro-batch size, and neither the regions nor a chosen set's feeders depend on them."""
+    return _SHAPES.setdefault(g.structure, {})
 
 
 def _make_regions(f: np.ndarray, j: np.ndarray, rptr: np.ndarray, nodes: np.ndarray,
@@ -294,6 +314,26 @@ def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     weakly connected components; a component that feeds one branch joins it as feeders, the
     others become extra branches at the end of ``branches`` (``Region.side`` counts them).
     """
+    key = ("feeders", tuple((r.fork, r.join) for r in regions))
+    shapes = _shape_cache(g)
+    w = _weights(g)
+    if key in shapes:  # the same regions of the same edges: only the work is new
+        return tuple(_reweighed(r, w) for r in shapes[key])
+    shapes[key] = out = _with_feeders(g, regions, w)
+    return out
+
+
+def _reweighed(r: Region, w: np.ndarray) -> Region:
+    """``r`` with its branches' work taken from the node weights ``w``."""
+    out = replace(r, work_s=np.array([float(w[b].sum() + w[f].sum())
+                                      for b, f in zip(r.branches, r.feeders)]))
+    if "interior" in r.__dict__:
+        out.__dict__["interior"] = r.__dict__["interior"]
+    return out
+
+
+def _with_feeders(g: Graph, regions: tuple[Region, ...], w: np.ndarray
+                  ) -> tuple[Region, ...]:
     n = g.num_nodes
     blocked = np.zeros(n, np.uint8)
     for r in regions:
@@ -302,7 +342,6 @@ def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
             if e >= 0:
                 blocked[e] = 1
     adj = _Adjacency(g)
-    w = _weights(g)
     out = []
     for r in regions:
         feeders = [adj.closure(b, blocked) for b in r.branches]
@@ -382,10 +421,10 @@ def find_branches(g: Graph, *, max_visits: int | None = None) -> Branches:
     """Find the fork-join regions of ``g`` and choose the disjoint set to split (see module).
 
     Remembered per graph (a :class:`Graph` is immutable): the search plans the same graph
-    under several memory limits and device counts, and the regions depend on neither."""
+    under several memory limits and device counts, and the regions depend on neither; what
+    depends on the edges alone is remembered for its rescaled copies too (:func:`_shape_cache`)."""
     found = _FOUND.setdefault(g, {})
     if max_visits not in found:
-        order = topological_order(g)
-        cands, truncated = fork_join_regions(g, order=order, max_visits=max_visits)
+        cands, truncated = fork_join_regions(g, max_visits=max_visits)
         found[max_visits] = Branches(select_regions(g, cands), cands, truncated)
     return found[max_visits]

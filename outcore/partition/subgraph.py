@@ -103,22 +103,25 @@ def branch_table(ctx: Context, regions: tuple[Region, ...]) -> BranchTable:
     """Flatten ``regions`` (see :class:`BranchTable`); work is taken from ``ctx.work_s``."""
     g = ctx.g
     n = g.num_nodes
-    members: list[np.ndarray] = []
-    reg_ptr = [0]
-    for r in regions:
-        nodes = [np.sort(np.concatenate((b, f))) for b, f in zip(r.branches, r.feeders)]
-        w = np.array([float(ctx.work_s[x].sum()) for x in nodes])
-        first = np.array([int(x[0]) for x in nodes])
-        members += [nodes[i] for i in np.lexsort((first, -w))]
-        reg_ptr.append(len(members))
+    parts = [x for r in regions for bf in zip(r.branches, r.feeders) for x in bf]
+    nb = len(parts) // 2
+    reg_ptr = np.zeros(len(regions) + 1, np.int64)
+    np.cumsum([r.num_branches for r in regions], out=reg_ptr[1:])
+    flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    raw = np.repeat(np.arange(len(parts)) // 2, [x.size for x in parts])  # branch of each
+    # within a region, branches by decreasing work, then by first node
+    w = np.bincount(raw, weights=ctx.work_s[flat], minlength=nb)
+    first = np.full(nb, n, np.int64)
+    np.minimum.at(first, raw, flat)
+    region_of = np.repeat(np.arange(len(regions)), np.diff(reg_ptr))
+    new_id = np.empty(nb, np.int64)
+    new_id[np.lexsort((first, -w, region_of))] = np.arange(nb)
     member = np.full(n, -1, np.int64)
-    for b, x in enumerate(members):
-        member[x] = b
-    nb = len(members)
-    sizes = np.array([x.size for x in members], np.int64)
+    member[flat] = new_id[raw]
+    by_branch = np.lexsort((flat, new_id[raw]))  # nodes by branch, sorted within it
+    mem_idx = flat[by_branch]
     mem_ptr = np.zeros(nb + 1, np.int64)
-    np.cumsum(sizes, out=mem_ptr[1:])
-    mem_idx = np.concatenate(members) if members else np.zeros(0, np.int64)
+    np.cumsum(np.bincount(new_id[raw], minlength=nb), out=mem_ptr[1:])
     work = np.bincount(member[member >= 0], weights=ctx.work_s[member >= 0], minlength=nb)
     ms, md = member[g.src], member[g.dst]
     eb = g.edge_bytes.astype(np.float64)
@@ -138,7 +141,7 @@ def branch_table(ctx: Context, regions: tuple[Region, ...]) -> BranchTable:
     e_out = e_out[o]
     out_ptr = np.zeros(nb + 1, np.int64)
     np.cumsum(np.bincount(ms[e_out], minlength=nb), out=out_ptr[1:])
-    return BranchTable(np.asarray(reg_ptr, np.int64), work, mem_ptr, mem_idx.astype(np.int64),
+    return BranchTable(reg_ptr, work, mem_ptr, mem_idx.astype(np.int64),
                        in_ptr, in_prod.astype(np.int64), in_bytes, out_ptr,
                        g.src[e_out].astype(np.int64), g.dst[e_out].astype(np.int64), eb[e_out],
                        member)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,9 +24,10 @@ from outcore.graph.ir import Graph
 from outcore.plan._pieces_kernel import hop_levels, piece_components
 
 
-@dataclass(frozen=True)
-class Piece:
-    """Nodes (indices, topological order) that one device runs as one forward/backward."""
+class Piece(NamedTuple):
+    """Nodes (indices, topological order) that one device runs as one forward/backward.
+
+    (A named tuple, not a dataclass: a cut of a large graph makes tens of thousands.)"""
 
     id: int
     device: int
@@ -34,8 +36,7 @@ class Piece:
     group: int = -1  # memory-policy group (-1: none)
 
 
-@dataclass(frozen=True)
-class Transfer:
+class Transfer(NamedTuple):
     """Tensors flowing from piece ``src`` to piece ``dst`` (one message per micro-batch).
 
     ``tensors`` are the producer nodes (indices) whose outputs cross; ``bytes`` is their total at
@@ -215,6 +216,7 @@ def _transfers(g: Graph, piece_of: np.ndarray, pieces: tuple[Piece, ...], dev: n
     bounds = starts.tolist() + [a.size]
     prods = prod.tolist()
     al, bl = a[starts].tolist(), b[starts].tolist()
+    local = (dev[a[starts]] == dev[b[starts]]).tolist()
     return tuple(Transfer(k, al[k], bl[k], tuple(prods[bounds[k]:bounds[k + 1]]), int(total[k]),
-                          pieces[al[k]].device == pieces[bl[k]].device)
+                          local[k])
                  for k in range(len(al)))

@@ -177,6 +177,24 @@ def colocated_params(g: Graph, assignment: np.ndarray) -> np.ndarray:
     as a boundary tensor). A weight used on several devices (tied) stays where it was placed."""
     if not g.param_nodes.size or assignment.shape != (g.num_nodes,):
         return assignment
+    is_param = np.zeros(g.num_nodes, dtype=bool)
+    is_param[g.param_nodes] = True
+    used = is_param[g.src]
+    if (used & is_param[g.dst]).any():  # a weight read feeding another: one at a time
+        return _colocated_in_order(g, assignment)
+    src, on = g.src[used], assignment[g.dst[used]]
+    lo = np.full(g.num_nodes, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(g.num_nodes, -1, dtype=np.int64)
+    np.minimum.at(lo, src, on)
+    np.maximum.at(hi, src, on)
+    move = is_param & (lo == hi) & (hi != assignment)
+    out = assignment.copy()
+    out[move] = hi[move]
+    return out
+
+
+def _colocated_in_order(g: Graph, assignment: np.ndarray) -> np.ndarray:
+    """:func:`colocated_params` one parameter node at a time, in index order."""
     out = assignment.copy()
     for v in g.param_nodes.tolist():
         users = {int(out[int(u)]) for u in g.successors(v)}

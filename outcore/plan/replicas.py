@@ -70,7 +70,8 @@ def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:
     maps = np.asarray(rep.maps, dtype=np.int64)
     assign = np.concatenate([d * rep.stages + maps[k][plan.assignment]
                              for d in range(rep.dp) for k in range(rep.replicas)])
-    names = [copy_prefix(c) + g.name_of(i) for c in range(C) for i in range(n)]
+    base = list(g.names) if g.names is not None else [g.name_of(i) for i in range(n)]
+    names = [prefix + name for prefix in map(copy_prefix, range(C)) for name in base]
     offs = np.repeat(np.arange(C, dtype=np.int64) * n, g.num_edges)
     attrs = None
     if g.attrs is not None:
