@@ -1,7 +1,10 @@
 """The layout search with and without its bound across layouts (``layouts.BOUND_ACROSS_LAYOUTS``):
 each generator on 4 devices, A100s at 300 GB/s or 16 GB/s links, no cap or 1.25 x the fair
 share, layouts and micro-batches open. Prints both plans' times and planning times, and any
-layout the bounded search pruned that, planned to the end, would have won (none may).
+layout the bounded search pruned that, planned to the end, would have won (none may). The
+bounded plan may differ and be faster: under the bound a GEMS layout simulates fewer single
+copies, so the fastest of them, which is replicated too, can be another (and replicate better).
+It may not be slower by more than the layouts' tie (``layouts.TIE``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/layout_bound_check.py
     PYTHONPATH=. .venv/bin/python benchmarks/layout_bound_check.py --nodes 10000 --families nas
@@ -70,15 +73,16 @@ def main() -> int:
                   f"full {full is not None})")
             wrong += (bounded is None) != (full is None)
             continue
-        same = bounded.predicted["iteration_s"] == full.predicted["iteration_s"]
+        tb_s, tf_s = bounded.predicted["iteration_s"], full.predicted["iteration_s"]
+        verdict = "same plan" if tb_s == tf_s else "faster" if tb_s < tf_s else \
+            "slower, within the tie" if tb_s <= tf_s * (1 + layouts.TIE) else "SLOWER"
         lost = would_have_won(bounded, full)
-        wrong += (not same) + len(lost)
-        print(f"{family} {link} cap {cap}: bounded {bounded.predicted['iteration_s'] * 1e3:.2f} ms"
-              f" in {tb:.1f} s, full {full.predicted['iteration_s'] * 1e3:.2f} ms in {tf:.1f} s; "
-              f"{'same plan' if same else 'DIFFERENT PLAN'}"
+        wrong += (verdict == "SLOWER") + len(lost)
+        print(f"{family} {link} cap {cap}: bounded {tb_s * 1e3:.2f} ms"
+              f" in {tb:.1f} s, full {tf_s * 1e3:.2f} ms in {tf:.1f} s; {verdict}"
               + (f"; pruned but faster: {lost}" if lost else ""), flush=True)
-    print("every case chose the same plan, and no pruned layout would have won" if not wrong
-          else f"{wrong} case(s) differ")
+    print("no case chose a slower plan bounded, and no pruned layout would have won"
+          if not wrong else f"{wrong} case(s) lost to the bound")
     return 1 if wrong else 0
 
 

@@ -10,18 +10,18 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     """One action on one rank.
 
     ``stream`` is ``compute`` or ``comm``; ``kind`` is ``F``, ``B``, ``send``, ``recv``,
     ``allreduce``, ``optim``, ``offload``, ``prefetch``, ``recompute``, ...; ``label`` is the
-    action's string form (``2F3``).
+    action's string form (``2F3``). (A named tuple: a simulation of a large plan makes hundreds
+    of thousands; ``_replace`` and ``_asdict`` as for any.)
     """
 
     rank: int
@@ -123,7 +123,7 @@ def save_events(path: str | os.PathLike, tl: Timeline) -> Path:
     doc = {"format": "outcore-timeline/1", "num_ranks": tl.num_ranks,
            "iteration_s": tl.iteration_s, "source": tl.source,
            "memory_limit_bytes": tl.memory_limit_bytes, "meta": tl.meta,
-           "events": [e.__dict__ for e in tl.events],
+           "events": [e._asdict() for e in tl.events],
            "memory": [[np.asarray(t).tolist(), np.asarray(b).tolist()] for t, b in tl.memory]}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

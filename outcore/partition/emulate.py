@@ -57,7 +57,8 @@ class Emulation:
     Attributes (n nodes, M micro-batches, D devices):
         makespan_s: end of the last backward, seconds.
         forward_s: end of the last forward (the backward starts there).
-        busy_s: ``float64[D]`` compute seconds per device.
+        busy_s: ``float64[D]`` compute seconds per device (with ``contend``, the runtime's
+            fixed cost per piece included).
         fwd_start_s, fwd_end_s, bwd_start_s, bwd_end_s: ``float64[M, n]`` per micro-batch and node.
         critical_path: ``int32[L, 3]`` rows ``(phase, mb, node)`` from the first to the last task
             of the chain of tasks that determined the makespan (phase 0 forward, 1 backward);
@@ -151,7 +152,8 @@ def run(ctx: Context, assignment: np.ndarray, *, timeline: bool = False,
     makespan = float(bend.max())
     cp = (_trace(fend, fcause, bend, bcause, n) if critical_path
           else np.zeros((0, 3), np.int32))
-    busy = mbs * np.bincount(a, weights=ctx.work_s, minlength=k)
+    # contended: what the simulator's pieces compute, their fixed costs included
+    busy = mbs * np.bincount(a, weights=fdur + bdur if contend else ctx.work_s, minlength=k)
     peak = ctx.memory(a)
     shape = (mbs, n)
     em = Emulation(makespan, forward_s, busy, fstart.reshape(shape), fend.reshape(shape),

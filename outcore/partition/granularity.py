@@ -20,18 +20,34 @@ from outcore.plan.pieces import cut
 
 __all__ = ["merge_small_pieces"]
 
+# rounds in a row that may start with no fewer small pieces than the best round before the
+# merge stops (a placement that scatters thousands of tiny pieces over the devices, as a
+# replicated base can be, made 4 to 30 new small pieces for every 15 to 30 it merged, for all
+# 64 rounds: 3.7 s on a 10k-node RNN grid)
+STALL_ROUNDS = 4
 
-def _price_s(pieces, p: int, cluster: Cluster, scale: float) -> float:
-    """Fixed runtime cost of piece ``p`` per micro-batch: its overheads and its messages."""
+
+def _prices_s(pieces, cluster: Cluster, scale: float) -> np.ndarray:
+    """Per piece, its fixed runtime cost per micro-batch: its overheads and its messages (each
+    remote transfer's link time, forward and backward)."""
     d = cluster.device
-    price = d.fwd_overhead_s + d.bwd_overhead_s
-    dev = pieces.pieces[p].device
-    for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:
-        t = pieces.transfers[tid]
-        if t.local:
-            continue
-        other = pieces.pieces[t.dst if t.src == p else t.src].device
-        price += 2.0 * cluster.link(dev, other).time(t.bytes * scale)  # forward and backward
+    price = np.full(len(pieces.pieces), d.fwd_overhead_s + d.bwd_overhead_s)
+    trs = pieces.transfers
+    if not trs:
+        return price
+    src = np.fromiter((t.src for t in trs), np.int64, len(trs))
+    dst = np.fromiter((t.dst for t in trs), np.int64, len(trs))
+    nbytes = np.fromiter((t.bytes for t in trs), np.float64, len(trs)) * scale
+    remote = ~np.fromiter((t.local for t in trs), bool, len(trs))
+    dev = pieces.device_of
+    for here, there in ((src, dst), (dst, src)):  # each end pays its side's link
+        a, b = dev[here[remote]], dev[there[remote]]
+        pairs = {(x, y): cluster.link(x, y) for x, y in set(zip(a.tolist(), b.tolist()))}
+        lat = np.array([pairs[x, y].latency_s for x, y in zip(a.tolist(), b.tolist())])
+        bw = np.array([pairs[x, y].bandwidth for x, y in zip(a.tolist(), b.tolist())])
+        byt = nbytes[remote]
+        cost = np.where(byt > 0, lat + byt / np.maximum(bw, 1e-300), 0.0)
+        price += 2.0 * np.bincount(here[remote], weights=cost, minlength=price.size)
     return price
 
 
@@ -60,20 +76,28 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
 
     A piece whose best neighbour is a device its nodes have left (it moved there, stayed
     small and apart, and would swing back and forth every round) goes back and stays there.
+    The rounds stop once :data:`STALL_ROUNDS` in a row begin with no fewer small pieces than
+    the best round before them.
     """
     a = np.asarray(assignment, dtype=np.int64).copy()
     work = (np.asarray(g.fwd_s, dtype=np.float64) + np.asarray(g.bwd_s, dtype=np.float64))
     left: dict[int, set[int]] = {}  # node -> devices it has left
     settled = np.zeros(g.num_nodes, dtype=bool)  # returned to a device it had left: stays
+    fewest, stalled = g.num_nodes + 1, 0  # the fewest small pieces a round began with
     for _ in range(max_rounds):
         pieces = cut(g, a)
         comp = np.bincount(pieces.piece_of, weights=work, minlength=len(pieces.pieces)) * scale
+        small = comp < factor * _prices_s(pieces, cluster, scale)
+        if small.sum() < fewest:
+            fewest, stalled = int(small.sum()), 0
+        else:  # moves that only make other pieces small: a placement of many tiny pieces
+            stalled += 1
+            if stalled >= STALL_ROUNDS:
+                break
         touched: set[int] = set()
         moved = False
         for p in np.argsort(comp, kind="stable").tolist():
-            if p in touched:
-                continue
-            if comp[p] >= factor * _price_s(pieces, p, cluster, scale):
+            if p in touched or not small[p]:
                 continue
             nodes = list(pieces.pieces[p].nodes)
             if settled[nodes].any():

@@ -102,11 +102,17 @@ def contended(g: Graph, req: PlanRequest, placed: list) -> list[float]:
     """Per placement, the emulated iteration with port contention (as the simulator has;
     :func:`outcore.partition.emulate.run`), seconds, of the assignment its plan would run
     (weights moved to their users' device, :func:`outcore.plan.plan.colocated_params`)."""
+    return [em.makespan_s for em in contended_runs(g, req, placed)]
+
+
+def contended_runs(g: Graph, req: PlanRequest, placed: list) -> list:
+    """:func:`contended`'s emulations (their ``busy_s``: each device's compute, the runtime's
+    fixed cost per piece included)."""
     from outcore.partition.context import make_context
     from outcore.partition.emulate import run
     from outcore.plan.plan import colocated_params
 
     ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
                        optimizer=req.optimizer, microbatches=req.microbatches)
-    return [run(ctx, colocated_params(g, r.assignment), critical_path=False,
-                contend=True).makespan_s for _, r in placed]
+    return [run(ctx, colocated_params(g, r.assignment), critical_path=False, contend=True)
+            for _, r in placed]

@@ -22,7 +22,9 @@ from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.graph.tensor_pairs import TensorLayout
 from outcore.hardware.allocator import frozen_objects
-from outcore.partition.placements import contended, place, to_simulate
+from outcore.partition.placements import contended, contended_runs, place, to_simulate
+from outcore.partition.replicated import (as_replicated, better_replicated, fits,  # noqa: F401
+                                        replicate, replicated_floor)
 from outcore.plan.layout import Layout
 from outcore.plan.plan import Plan, make_plan
 from outcore.plan.request import PlanRequest
@@ -46,9 +48,12 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True,
 
     While it runs, the objects that existed before it (the graph, a loaded model, torch's
     modules) are left out of the garbage collector's scans
-    (:func:`outcore.hardware.allocator.frozen_objects`).
+    (:func:`outcore.hardware.allocator.frozen_objects`), and a placement simulated once is
+    not simulated again (:func:`outcore.sim.simulate.remembered`).
     """
-    with frozen_objects():
+    from outcore.sim.simulate import remembered
+
+    with frozen_objects(), remembered():
         return _searched(g, req, check_suggestions, progress)
 
 
@@ -223,12 +228,6 @@ def shard_costed(g: Graph, depth: int) -> Graph:
     return g.replace(param_bytes=np.ceil(g.param_bytes / depth).astype(g.param_bytes.dtype))
 
 
-def fits(p: Plan) -> bool:
-    """True when the plan's predicted peaks fit its memory limit."""
-    peaks = p.predicted.get("peak_bytes") or [0]
-    return not p.memory_bytes or max(peaks) <= p.memory_bytes * (1 + 1e-9)
-
-
 def _replicated_plan(g: Graph, req: PlanRequest, replicas: int,
                      beat_s: float | None = None) -> Plan:
     """The best single-copy placement under ``memory / replicas``, replicated and simulated
@@ -239,31 +238,20 @@ def _replicated_plan(g: Graph, req: PlanRequest, replicas: int,
         base = _best_placement(shard_costed(g, req.depth), req, budget, check_fit=True,
                                beat_s=beat_s)
     else:
-        base = _best_placement(g, req, budget, check_fit=(replicas == 1), beat_s=beat_s)
+        fastest: list[Plan] = []
+        base = _best_placement(g, req, budget, check_fit=(replicas == 1), beat_s=beat_s,
+                               replicas=replicas, fastest_copy=fastest)
         if replicas == 1 and req.dp == 1:
             return base
-    floor = _replicated_floor(base, req, replicas)
+        if fastest and not np.array_equal(fastest[0].assignment, base.assignment) and \
+                (beat_s is None or replicated_floor(fastest[0], req, replicas) < beat_s):
+            return better_replicated(g, req, replicas, base, fastest[0], beat_s)
+    floor = replicated_floor(base, req, replicas)
     if beat_s is not None and floor >= beat_s:
         raise Beaten(f"its replicas need at least {floor * 1e3:.2f} ms (one copy's compute "
                      f"on each device, summed over the replicas it holds), no faster than the "
                      f"best plan so far ({beat_s * 1e3:.2f} ms); not replicated")
-    return _replicate(g, base, req, replicas)
-
-
-def _replicated_floor(base: Plan, req: PlanRequest, replicas: int) -> float:
-    """Seconds no replication of ``base`` can beat: one copy's time, and each device's
-    compute summed over the GEMS replicas whose stages it holds (``Layout.maps``; every
-    replica runs the copy's micro-batches on its stages, one compute stream a device)."""
-    floor = float(base.predicted["iteration_s"])
-    busy = base.predicted.get("busy_s") or []
-    if replicas < 2 or req.tp > 1 or len(busy) != base.stages:
-        return floor
-    maps = Layout.replicate(req.parallel, base.stages, replicas).maps
-    held = np.zeros(base.stages)
-    for stage_device in maps:
-        for stage, device in enumerate(stage_device):
-            held[device] += busy[stage]
-    return max(floor, float(held.max()))
+    return replicate(g, base, req, replicas)
 
 
 # a placement is not simulated when the emulator with port contention finds it this many times
@@ -276,7 +264,8 @@ PRUNE_RATIO = 1.2
 
 
 def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
-                    check_fit: bool, beat_s: float | None = None) -> Plan:
+                    check_fit: bool, beat_s: float | None = None, replicas: int = 1,
+                    fastest_copy: list | None = None) -> Plan:
     """The fastest single-replica plan on the model-parallel devices, planned under ``budget``
     per device; with ``check_fit`` only plans whose simulated peak fits the limit count.
 
@@ -287,29 +276,25 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     to fit with memory policies and simulated (the simulator costs a lowering and an event run
     each), fastest first, except those the contended emulation finds :data:`PRUNE_RATIO` times
     slower than the best simulated plan that fits, or than ``beat_s`` (another layout's plan:
-    :func:`_search`; :class:`Beaten` when none is left). Where nothing over the devices fits,
-    every node on one device is tried too (:func:`_on_one_device`)."""
+    :func:`_search`; :class:`Beaten` when none is left) or, as ``replicas`` GEMS replicas,
+    no faster than ``beat_s`` by their compute alone (:func:`_replicas_beaten`). Where nothing
+    over the devices fits, every node on one device is tried too (:func:`_on_one_device`).
+    ``fastest_copy``: a list to receive the simulated placement fastest as one copy."""
     names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
     placed, notes, first_error = place(g, req, budget, names, check_fit)
-    est = contended(g, req, placed)
+    # as GEMS replicas, a placement takes at least its busiest device's compute over them
+    est = [as_replicated(req, em.busy_s, em.makespan_s, replicas)
+           for em in contended_runs(g, req, placed)]
     chosen = to_simulate(placed, est)
     tried: list[tuple[float, int, Plan]] = []
     bound = beat_s  # the fastest simulated plan that fits so far (or another layout's)
     beaten = False  # a placement lost to beat_s
     for k in sorted(range(len(placed)), key=lambda k: (k not in chosen, est[k], k)):
         name, result = placed[k]
-        if k not in chosen:
-            notes.append(f"{name}: emulated {result.makespan_s * 1e3:.2f} ms per iteration "
-                         f"({est[k] * 1e3:.2f} ms with port contention), not simulated "
-                         "(slower than the best by the emulator)")
-            continue
-        if bound is not None and est[k] > PRUNE_RATIO * bound:
-            whose = "another layout's plan" if bound == beat_s else \
-                "the best simulated plan that fits"
-            notes.append(f"{name}: emulated {est[k] * 1e3:.2f} ms per iteration with port "
-                         f"contention, over {PRUNE_RATIO}x {whose} ({bound * 1e3:.2f} ms); "
-                         "not simulated")
-            beaten = beaten or bound == beat_s
+        skip = _not_simulated(name, result, est[k], k in chosen, bound, beat_s, replicas)
+        if skip is not None:
+            notes.append(skip[0])
+            beaten = beaten or skip[1]
             continue
         try:
             p = _simulated(g, req, result, check_fit, bound)
@@ -325,9 +310,10 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
             beaten = beaten or bound == beat_s
             continue
         notes.append(_candidate_note(name, p))
-        tried.append((p.predicted["iteration_s"], k, p))
+        t = replicated_floor(p, req, replicas)  # its time, at least, as replicas
+        tried.append((t, k, p))
         if fits(p):
-            bound = min(bound or math.inf, p.predicted["iteration_s"])
+            bound = min(bound or math.inf, t)
     if check_fit and req.memory_policy != "none" and req.model_parallel_devices > 1 and \
             not beaten and not any(fits(t[2]) for t in tried):
         one = _on_one_device(g, req, bound)
@@ -339,12 +325,39 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     if not tried:
         if beaten:  # the placements that fit in time lost to another layout's plan
             raise Beaten(f"every placement is slower than the best plan so far "
-                         f"({beat_s * 1e3:.2f} ms) by the emulator or the simulator")
+                         f"({beat_s * 1e3:.2f} ms) by the emulator, the simulator"
+                         + (" or its replicas' compute" if replicas > 1 else ""))
         if first_error is not None:
             raise first_error
         raise InfeasibleError(f"no plan fits when simulated with the {req.first_schedule} schedule "
                               f"({'; '.join(notes)}): add devices or raise --memory")
+    if fastest_copy is not None:  # by one copy's time (tried is ranked as replicas)
+        fastest_copy.append(min(tried, key=lambda t: (not fits(t[2]),
+                                                      t[2].predicted["iteration_s"], t[1]))[2])
     return _finished(g, req, placed, tried, notes, check_fit)
+
+
+def _not_simulated(name: str, result, est: float, chosen: bool, bound: float | None,
+                   beat_s: float | None, replicas: int) -> tuple[str, bool] | None:
+    """Why :func:`_best_placement` does not simulate a placement emulated at ``est`` seconds
+    (with port contention; as ``replicas`` replicas, at least their busiest device's compute),
+    and whether it lost to ``beat_s``; None: simulate it."""
+    if not chosen:
+        return (f"{name}: emulated {result.makespan_s * 1e3:.2f} ms per iteration "
+                f"({est * 1e3:.2f} ms with port contention), not simulated (slower than the "
+                "best by the emulator)", False)
+    if replicas > 1 and beat_s is not None and est >= beat_s:
+        return (f"{name}: its {replicas} replicas take at least {est * 1e3:.2f} ms (the "
+                f"contended emulation, and the compute of its busiest device over them), no "
+                f"faster than another layout's plan ({beat_s * 1e3:.2f} ms); not simulated",
+                True)
+    if bound is not None and est > PRUNE_RATIO * bound:
+        whose = "another layout's plan" if bound == beat_s else \
+            "the best simulated plan that fits"
+        return (f"{name}: emulated {est * 1e3:.2f} ms per iteration with port contention, "
+                f"over {PRUNE_RATIO}x {whose} ({bound * 1e3:.2f} ms); not simulated",
+                bound == beat_s)
+    return None
 
 
 def _finished(g: Graph, req: PlanRequest, placed: list, tried: list, notes: list[str],
@@ -527,15 +540,3 @@ def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool,
                  "planner_makespan_s": result.makespan_s,
                  "planner_peak_bytes": np.asarray(result.peak_bytes).tolist()}
     return p.replace(predicted=predicted)
-
-
-def _replicate(g: Graph, base: Plan, req: PlanRequest, replicas: int) -> Plan:
-    """``base`` (a K-device split) replicated GEMS-style and ``req.dp`` times; simulated."""
-    from outcore.sim.simulate import simulate
-
-    mode = "mp" if replicas == 1 else req.parallel  # one replica x dp: plain data parallelism
-    layout = Layout.replicate(mode, base.stages, replicas, req.dp, tp=req.tp, depth=req.depth)
-    p = base.replace(devices=layout.ranks(base.stages), memory_bytes=req.memory_bytes,
-                     layout=layout)
-    sim = simulate(p, g, checked=False)
-    return p.replace(predicted={**base.predicted, **sim.to_dict()})

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace as with_fields
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -262,11 +262,11 @@ class RankExecutor:
         if a.op != "AR":
             return e
         if self.pair_peers.get(a.bucket) is not None:
-            e = with_fields(e, peer=self.pair_peers[a.bucket])
+            e = e._replace(peer=self.pair_peers[a.bucket])
         done = self.ar_done.get(a.bucket)
         if done is None or done - t0 <= e.end_s:
             return e
-        return with_fields(e, end_s=done - t0)
+        return e._replace(end_s=done - t0)
 
     def _event(self, a: Action, start: float, end: float) -> Event:
         kind = {"SF": "send", "SB": "send", "RF": "recv", "RB": "recv", "AR": "allreduce",

@@ -25,7 +25,9 @@ from typing import Callable
 import numpy as np
 
 from outcore.errors import ScheduleError, UsageError
+from outcore.graph._jit import HAVE_NUMBA
 from outcore.plan.pieces import Pieces
+from outcore.schedule._list_kernel import list_schedule
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import Action, Schedule
 
@@ -89,11 +91,53 @@ def build(pieces: Pieces, num_ranks: int, microbatches: int, kind: str, costs: P
 
 def _list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str, costs: PieceCosts,
                    link_time: LinkTime) -> list[list[tuple[str, int, int]]]:
-    """Per rank, the compute tasks ``(op, piece, mb)`` in the order a simulation ran them."""
+    """Per rank, the compute tasks ``(op, piece, mb)`` in the order a simulation ran them
+    (compiled when numba is installed: :mod:`outcore.schedule._list_kernel`)."""
+    if HAVE_NUMBA and pieces.pieces:
+        return _compiled_list_schedule(pieces, num_ranks, M, kind, costs, link_time)
     state = _ListState(pieces, num_ranks, M, kind, costs, link_time)
     for _ in range(2 * len(pieces.pieces) * M):
         state.run_next()
     return state.order
+
+
+def _compiled_list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str,
+                            costs: PieceCosts, link_time: LinkTime
+                            ) -> list[list[tuple[str, int, int]]]:
+    """:func:`_list_schedule` by the compiled kernel (the same order as :class:`_ListState`)."""
+    P, trs = len(pieces.pieces), pieces.transfers
+    dev = pieces.device_of
+    src = np.fromiter((t.src for t in trs), np.int64, len(trs))
+    dst = np.fromiter((t.dst for t in trs), np.int64, len(trs))
+    nbytes = costs.transfer_bytes
+    delay_f, delay_b = np.zeros(len(trs)), np.zeros(len(trs))
+    for t in trs:
+        if not t.local:
+            a, b = int(dev[t.src]), int(dev[t.dst])
+            delay_f[t.id] = link_time(a, b, nbytes[t.id])
+            delay_b[t.id] = link_time(b, a, nbytes[t.id])
+    in_ptr, in_tr = _csr(pieces.inputs_of)
+    out_ptr, out_tr = _csr(pieces.outputs_of)
+    rank, op, piece, mb = list_schedule(
+        P, M, num_ranks, kind == "gpipe", dev, in_ptr, in_tr, out_ptr, out_tr, src, dst,
+        delay_f, delay_b, np.asarray(costs.fwd_s, np.float64),
+        np.asarray(costs.bwd_s, np.float64),
+        np.asarray(inflight_limits(pieces, num_ranks), np.int64))
+    if rank.size < 2 * P * M:
+        raise ScheduleError("the schedule builder is stuck: no rank has a runnable task "
+                            "(the piece graph is inconsistent)")
+    order: list[list[tuple[str, int, int]]] = [[] for _ in range(num_ranks)]
+    names = ("F", "B")
+    for r, o, p, m in zip(rank.tolist(), op.tolist(), piece.tolist(), mb.tolist()):
+        order[r].append((names[o], p, m))
+    return order
+
+
+def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(lists) + 1, np.int64)
+    np.cumsum([len(x) for x in lists], out=ptr[1:])
+    flat = np.fromiter((t for x in lists for t in x), np.int64, int(ptr[-1]))
+    return ptr, flat
 
 
 class _ListState:
@@ -271,22 +315,17 @@ def with_messages(pieces: Pieces, order: list[list[tuple[str, int, int]]]) -> li
     transfer; after it, send the gradients of every remote input transfer.
     """
     tr = pieces.transfers
+    remote_in = [[t for t in ts if not tr[t].local] for ts in pieces.inputs_of]
+    remote_out = [[t for t in ts if not tr[t].local] for ts in pieces.outputs_of]
     out: list[list[Action]] = []
     for tasks in order:
         acts: list[Action] = []
         for op, p, m in tasks:
-            if op == "F":
-                acts += [Action("RF", mb=m, transfer=t) for t in pieces.inputs_of[p]
-                         if not tr[t].local]
-                acts.append(Action("F", mb=m, piece=p))
-                acts += [Action("SF", mb=m, transfer=t) for t in pieces.outputs_of[p]
-                         if not tr[t].local]
-            else:
-                acts += [Action("RB", mb=m, transfer=t) for t in pieces.outputs_of[p]
-                         if not tr[t].local]
-                acts.append(Action("B", mb=m, piece=p))
-                acts += [Action("SB", mb=m, transfer=t) for t in pieces.inputs_of[p]
-                         if not tr[t].local]
+            before, after = (remote_in[p], remote_out[p]) if op == "F" else \
+                (remote_out[p], remote_in[p])
+            acts += [Action("R" + op, mb=m, transfer=t) for t in before]
+            acts.append(Action(op, mb=m, piece=p))
+            acts += [Action("S" + op, mb=m, transfer=t) for t in after]
         out.append(acts)
     return out
 

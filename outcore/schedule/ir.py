@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from outcore.errors import ScheduleError
 from outcore.plan.pieces import Pieces
@@ -35,8 +35,15 @@ RECV_POST_AHEAD = 3
 _PATTERN = re.compile(r"^(?:(\d+)(F|B)(\d+)|t(\d+)(SF|RF|SB|RB)(\d+)|AR(\d+)|OPT)$")
 
 
-@dataclass(frozen=True)
-class Action:
+class _Fields(NamedTuple):
+    op: str
+    mb: int = -1
+    piece: int = -1
+    transfer: int = -1
+    bucket: int = -1
+
+
+class Action(_Fields):
     """One step of one rank.
 
     Attributes:
@@ -45,17 +52,17 @@ class Action:
         piece: piece id for ``F``/``B``.
         transfer: transfer id for sends and receives.
         bucket: gradient bucket for ``AR``.
+
+    (A named tuple: a schedule of a large plan holds hundreds of thousands.)
     """
 
-    op: str
-    mb: int = -1
-    piece: int = -1
-    transfer: int = -1
-    bucket: int = -1
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        if self.op not in OPS:
-            raise ScheduleError(f"unknown action op {self.op!r}; expected one of {OPS}")
+    def __new__(cls, op: str, mb: int = -1, piece: int = -1, transfer: int = -1,
+                bucket: int = -1) -> "Action":
+        if op not in OPS:
+            raise ScheduleError(f"unknown action op {op!r}; expected one of {OPS}")
+        return _Fields.__new__(cls, op, mb, piece, transfer, bucket)
 
     def __str__(self) -> str:
         if self.op in COMPUTE:

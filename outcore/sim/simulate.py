@@ -3,9 +3,13 @@ time, summarise."""
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass
-from typing import Any
+from collections import OrderedDict
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -100,6 +104,67 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
     """
     if dp < 1:
         raise UsageError(f"data-parallel degree must be at least 1, got {dp}")
+    memo = _MEMO.get()
+    key = None
+    if memo is not None and lowered is None and plan.spatial is None and \
+            (microbatches, schedule, global_batch, dp, collective, dp_bucket_bytes,
+             dp_fused) == (None, None, None, 1, "auto", 0.0, False):
+        key = _memo_key(plan, g, cluster, checked)
+        if key in memo.entries:
+            memo.entries.move_to_end(key)
+            found = memo.entries[key][0]
+            memo.hits += 1
+            return replace(found, memory_limit_bytes=plan.memory_bytes)
+    result = _simulated(plan, g, cluster, microbatches, schedule, global_batch, dp, collective,
+                        dp_bucket_bytes, dp_fused, lowered, checked)
+    if key is not None:
+        memo.entries[key] = (result, g, cluster, plan.cluster)  # (ids in the key stay taken)
+        while len(memo.entries) > memo.size:
+            memo.entries.popitem(last=False)
+    return result
+
+
+class _Memo:
+    def __init__(self, size: int):
+        self.size, self.hits = size, 0
+        self.entries: OrderedDict = OrderedDict()
+
+
+_MEMO: ContextVar[_Memo | None] = ContextVar("outcore_simulation_memo", default=None)
+
+
+@contextmanager
+def remembered(size: int = 6) -> Iterator[_Memo]:
+    """Within, :func:`simulate` returns the simulation of an identical plan again (the same
+    graph object, placement, layout, memory policies, schedule, micro-batches, optimizer and
+    cluster; the memory limit may differ) instead of running it: a search meets the same
+    placement from several planners and replica counts. The ``size`` most recent are kept (a
+    simulation of a large graph holds its whole timeline)."""
+    memo = _Memo(size)
+    token = _MEMO.set(memo)
+    try:
+        yield memo
+    finally:
+        _MEMO.reset(token)
+
+
+def _memo_key(plan: Plan, g: Graph, cluster: Cluster | None, checked: bool) -> tuple:
+    pol = plan.policies
+    return (id(g), id(cluster), id(plan.cluster), checked, _digest(plan.assignment),
+            plan.devices, repr(plan.layout), plan.schedule, int(plan.microbatches),
+            plan.optimizer, None if pol is None else (_digest(pol.group_of),
+                                                      tuple(pol.policies)))
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).hexdigest()
+
+
+def _simulated(plan: Plan, g: Graph, cluster: Cluster | None, microbatches: int | None,
+               schedule: str | None, global_batch: int | None, dp: int, collective: str,
+               dp_bucket_bytes: float, dp_fused: bool, lowered: Lowered | None,
+               checked: bool) -> SimResult:
+    """:func:`simulate`, run."""
     low = lowered or lower(g, plan, microbatches=microbatches, schedule=schedule,
                            cluster=cluster, global_batch=global_batch, checked=checked)
     sched, costs, cl = low.schedule, low.costs, low.cluster

@@ -396,3 +396,30 @@ def test_a_pair_sum_is_priced_as_one_message_each_way_at_any_worker_count():
     assert sums(4, 2, True) == [pytest.approx(pair)]
     ring = 2 * (3.0 + 400 / 2 / 100.0)
     assert sums(4, 2, False) == [pytest.approx(ring)]
+
+
+def test_a_search_simulates_an_identical_plan_once():
+    """Within ``remembered()``, the same placement of the same graph under another memory limit
+    is the same simulation (its fit judged against the new limit); another placement, schedule
+    or graph is simulated afresh."""
+    from outcore.sim.simulate import remembered
+
+    g = gbuild("two", fwd_s=[1.0, 1.0], bwd_s=[2.0, 2.0], src=[0], dst=[1], edge_bytes=[1],
+               out_bytes=[0, 0], saved_bytes=[50, 50], batch_size=2)
+    cl = flat_cluster_doc({"bandwidth": 2.0, "latency_s": 0.0}, 2)
+
+    def plan(a, memory=None, schedule="1f1b", graph=g):
+        return make_plan(graph, np.array(a), strategy="manual", devices=2, memory_bytes=memory,
+                         microbatches=2, schedule=schedule, cluster=cl)
+
+    with remembered() as memo:
+        first = simulate(plan([0, 1]), g)
+        tight = simulate(plan([0, 1], memory=60), g)
+        assert memo.hits == 1 and tight.timeline is first.timeline
+        assert first.fits and not tight.fits  # the peak is 102 B on rank 1
+        simulate(plan([1, 0]), g)
+        simulate(plan([0, 1], schedule="gpipe"), g)
+        other = g.replace(fwd_s=np.array([2.0, 2.0]))
+        assert simulate(plan([0, 1], graph=other), other).iteration_s > first.iteration_s
+        assert memo.hits == 1
+    assert simulate(plan([0, 1]), g).timeline is not first.timeline  # outside: none kept
