@@ -497,7 +497,8 @@ def _runner_up_scheduled(g: Graph, req: PlanRequest, placed: list, tried: list,
         return best
     others = sorted((t for t in tried if t[1] != k_best and fits(t[2])),
                     key=lambda t: (t[0], t[1]))
-    if not others or others[0][0] > best.predicted["iteration_s"] * (1 + RUNNER_UP_MARGIN):
+    if not others or others[0][2].predicted["iteration_s"] > \
+            best.predicted["iteration_s"] * (1 + RUNNER_UP_MARGIN):  # one copy's times
         return best
     _, k, second = others[0]
     before = best.predicted["iteration_s"]
