@@ -133,6 +133,14 @@ class _Engine:
         for tr in s.pieces.transfers:
             if not tr.local:
                 self.in_grad[tr.dst] += float(costs.transfer_bytes[tr.id])
+        # per piece and transfer, as Python numbers (the main loop reads them per action)
+        self.fwd, self.bwd = costs.fwd_s.tolist(), costs.bwd_s.tolist()
+        self.work_f, self.work_b = costs.transient_bytes.tolist(), costs.bwd_transient.tolist()
+        self.saved, self.in_grad_of = costs.saved_bytes.tolist(), self.in_grad.tolist()
+        self.tbytes = np.asarray(costs.transfer_bytes, np.float64).tolist()
+        dev = [p.device for p in s.pieces.pieces]
+        self.tr_ranks = [(dev[tr.src], dev[tr.dst]) for tr in s.pieces.transfers]
+        self._ports: dict[tuple[int, int], tuple[object, object, LinkSpec]] = {}
         self.dp_free = [0.0] * R
         # (node, port) -> when the data-parallel traffic through that network port ends
         self.dp_port: dict[tuple[int, int], float] = {}
@@ -166,10 +174,21 @@ class _Engine:
         heapq.heappush(self.queue, (t, self.seq, r, -1))
 
     def ports(self, a: int, b: int) -> tuple[object, object, LinkSpec]:
-        cl = self.cluster
-        if cl.size >= max(a, b) + 1 and cl.node_of(a) != cl.node_of(b):
-            return ("nic", cl.node_of(a)), ("nic", cl.node_of(b)), cl.inter
-        return ("dev", a), ("dev", b), cl.intra
+        found = self._ports.get((a, b))
+        if found is None:
+            cl = self.cluster
+            if cl.size >= max(a, b) + 1 and cl.node_of(a) != cl.node_of(b):
+                found = ("nic", cl.node_of(a)), ("nic", cl.node_of(b)), cl.inter
+            else:
+                found = ("dev", a), ("dev", b), cl.intra
+            self._ports[a, b] = found
+        return found
+
+    def peer(self, rank: int, transfer: int) -> int:
+        """The other rank of a send or receive of ``transfer`` by ``rank``
+        (:meth:`Schedule.peer`)."""
+        src, dst = self.tr_ranks[transfer]
+        return dst if rank == src else src
 
     def cold(self, r: int, t: float, dur: float) -> float:
         """Extra seconds of a compute of ``dur`` starting at ``t`` on rank ``r``: re-warming
@@ -235,9 +254,8 @@ class _Engine:
 
     def execute(self, r: int, a: Action, t: float) -> float | None:
         """Perform ``a`` at ``t``; return when the rank is free again, or None if blocked."""
-        c = self.c
         if a.op in ("F", "B"):
-            dur = float(c.fwd_s[a.piece] if a.op == "F" else c.bwd_s[a.piece])
+            dur = self.fwd[a.piece] if a.op == "F" else self.bwd[a.piece]
             dur += self.cold(r, t, dur)
             if self.cores is not None:  # ranks share host cores: the end depends on others
                 self._start_shared(r, a, t, dur)
@@ -247,16 +265,15 @@ class _Engine:
 
     def _finish_compute(self, r: int, a: Action, t: float, end: float) -> float:
         """Account a forward or backward that ran from ``t`` to ``end``."""
-        c = self.c
         self.warm_until[r] = end
         self.events.append(Event(r, a.op, str(a), t, end, "compute", a.mb, a.piece))
-        work = c.transient_bytes[a.piece] if a.op == "F" else c.bwd_transient[a.piece]
+        work = self.work_f[a.piece] if a.op == "F" else self.work_b[a.piece]
         self.add_mem(r, t, work)
         self.add_mem(r, end, -work)
         if a.op == "F":
-            self.add_mem(r, end, c.saved_bytes[a.piece])
+            self.add_mem(r, end, self.saved[a.piece])
         else:  # the gradients of its received inputs stay until they are sent
-            self.add_mem(r, end, self.in_grad[a.piece] - c.saved_bytes[a.piece]
+            self.add_mem(r, end, self.in_grad_of[a.piece] - self.saved[a.piece]
                          - self.held.pop((a.piece, a.mb), 0.0))
             if a.piece not in self.grads_made:  # its parameters' .grad, until the step
                 self.grads_made.add(a.piece)
@@ -310,7 +327,7 @@ class _Engine:
         c, s = self.c, self.s
         dev = self.cluster.device
         if a.op in ("SF", "SB"):  # the send call's host time, then the message leaves
-            t += dev.send_overhead_s + dev.send_byte_s * float(c.transfer_bytes[a.transfer])
+            t += dev.send_overhead_s + dev.send_byte_s * self.tbytes[a.transfer]
             self.send(r, a, t)
             return t
         if a.op in ("RF", "RB"):
@@ -321,11 +338,11 @@ class _Engine:
                 self.blocked_since.setdefault(r, t)
                 return None
             tr = s.pieces.transfers[a.transfer]
-            nbytes = float(c.transfer_bytes[a.transfer])
+            nbytes = self.tbytes[a.transfer]
             since = self.blocked_since.pop(r, t)
             if arrive > since:  # the rank waits for this message
                 self.events.append(Event(r, "recv", str(a), since, arrive, "comm", a.mb, -1,
-                                         int(nbytes), s.peer(r, a)))
+                                         int(nbytes), self.peer(r, a.transfer)))
             # the buffer exists from the receive's post (RECV_POST_AHEAD actions before it)
             self.add_mem(r, self.reached[r][max(self.pc[r] - RECV_POST_AHEAD, 0)], nbytes)
             # activations are dropped when their gradients are sent; gradients after the
@@ -375,9 +392,8 @@ class _Engine:
         return start + dur if start + dur > t else t
 
     def send(self, r: int, a: Action, t: float) -> None:
-        s, c = self.s, self.c
-        dst = s.peer(r, a)
-        nbytes = float(c.transfer_bytes[a.transfer])
+        dst = self.peer(r, a.transfer)
+        nbytes = self.tbytes[a.transfer]
         out_port, in_port, link = self.ports(r, dst)
         start = max(t, self.port_out.get(out_port, 0.0), self.port_in.get(in_port, 0.0))
         busy = nbytes / link.bandwidth
