@@ -71,3 +71,26 @@ def _result(assignment):
     from outcore.partition.result import PartitionResult
     return PartitionResult(assignment=assignment, strategy="round-robin", devices_used=2,
                            makespan_s=0.0, peak_bytes=np.zeros(2), lower_bound_s=0.0)
+
+
+def test_merging_stops_when_its_rounds_stop_reducing_the_small_pieces(monkeypatch):
+    """A placement whose merges only make other pieces small (thousands of tiny pieces
+    scattered over the devices) would run every round; the merge stops once STALL_ROUNDS rounds
+    in a row begin with no fewer small pieces than the best before them. Here every round's
+    three lightest pieces are too small, whatever was merged."""
+    from outcore.partition import granularity
+
+    rounds = []
+
+    def three_lightest(pieces, cluster, scale):
+        rounds.append(len(pieces.pieces))
+        price = np.zeros(len(pieces.pieces))
+        comp = np.array([len(p.nodes) for p in pieces.pieces], float)  # stands in for work
+        price[np.argsort(comp, kind="stable")[:3]] = np.inf
+        return price
+
+    monkeypatch.setattr(granularity, "_prices_s", three_lightest)
+    g = _chain(200, 1e-6)
+    cl = make_cluster(4, device="cpu", bandwidth="1.5GB/s", latency="100us")
+    granularity.merge_small_pieces(g, np.arange(200) % 4, cl, max_rounds=64)
+    assert len(rounds) == 1 + granularity.STALL_ROUNDS
