@@ -277,7 +277,7 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     each), fastest first, except those the contended emulation finds :data:`PRUNE_RATIO` times
     slower than the best simulated plan that fits, or than ``beat_s`` (another layout's plan:
     :func:`_search`; :class:`Beaten` when none is left) or, as ``replicas`` GEMS replicas,
-    no faster than ``beat_s`` by their compute alone (:func:`_replicas_beaten`). Where nothing
+    no faster than ``beat_s`` by their compute alone (:func:`_not_simulated`). Where nothing
     over the devices fits, every node on one device is tried too (:func:`_on_one_device`).
     ``fastest_copy``: a list to receive the simulated placement fastest as one copy."""
     names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)

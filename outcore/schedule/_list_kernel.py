@@ -65,55 +65,25 @@ def list_schedule(P, M, R, gpipe, dev, in_ptr, in_tr, out_ptr, out_tr, tr_src, t
     forward, 1: backward), or empty arrays when no rank can run (an inconsistent piece graph).
     ``in_ptr``/``in_tr`` and ``out_ptr``/``out_tr``: each piece's input and output transfers
     (CSR); ``delay_f``/``delay_b``: what each transfer adds forward and backward (0 local)."""
-    count = np.zeros(R, np.int64)
-    for p in range(P):
-        count[dev[p]] += 1
-    off = np.zeros(R + 1, np.int64)  # pending heap of rank r: 2 * M * its pieces
-    offh = np.zeros(R + 1, np.int64)  # each ready heap: M * its pieces
-    for r in range(R):
-        off[r + 1] = off[r] + 2 * M * count[r]
-        offh[r + 1] = offh[r] + M * count[r]
-    big = 1
-    for r in range(R):
-        big = max(big, 2 * M * count[r])
-    pend_k = np.zeros(max(off[R], 1))
-    pend_i = np.zeros(max(off[R], 1), np.int64)
-    r0_k = np.zeros(max(offh[R], 1))
-    r0_i = np.zeros(max(offh[R], 1), np.int64)
-    r1_k = np.zeros(max(offh[R], 1))
-    r1_i = np.zeros(max(offh[R], 1), np.int64)
+    off, offh, pend_k, pend_i, r0_k, r0_i, r1_k, r1_i, skip_k, skip_i = _pools(P, M, R, dev)
     n_pend = np.zeros(R, np.int64)
     n_r0 = np.zeros(R, np.int64)
     n_r1 = np.zeros(R, np.int64)
-    skip_k = np.zeros(big)
-    skip_i = np.zeros(big, np.int64)
     held = np.full(R, -1, np.int64)
     dirty = np.ones(R, np.bool_)
     free_at = np.zeros(R)
-    f_left = np.zeros(R, np.int64)
-    b_left = np.zeros(R * M, np.int64)
+    f_left, b_left, deps = _counts(P, M, R, dev, in_ptr, out_ptr)
     f_started = np.zeros(R * M, np.bool_)
     inflight = np.zeros(R, np.int64)
-    deps = np.zeros(2 * P * M, np.int64)  # task (op, p, m) at (op * P + p) * M + m
-    ready = np.zeros(2 * P * M)
-    for p in range(P):
-        f_left[dev[p]] += M
-        for m in range(M):
-            b_left[dev[p] * M + m] += 1
-            deps[p * M + m] = in_ptr[p + 1] - in_ptr[p]
-            deps[(P + p) * M + m] = out_ptr[p + 1] - out_ptr[p] + 1
+    ready = np.zeros(2 * P * M)  # task (op, p, m) at (op * P + p) * M + m
     total = 2 * P * M
-    o_rank = np.empty(total, np.int64)
-    o_op = np.empty(total, np.int64)
-    o_p = np.empty(total, np.int64)
-    o_m = np.empty(total, np.int64)
-    for p in range(P):
+    out = np.empty((total, 4), np.int64)  # rank, op, piece, mb of each task run
+    for p in range(P):  # the forwards of pieces without inputs are ready at 0
         if in_ptr[p + 1] == in_ptr[p]:
             for m in range(M):
-                r = dev[p]
-                key = _key(0, p, m, gpipe, M, P)
-                n_pend[r] = heap_push(pend_k[off[r]:off[r + 1]], pend_i[off[r]:off[r + 1]],
-                                      n_pend[r], 0.0, key)
+                deps[p * M + m] = 1
+                _release(0, p, m, 0.0, gpipe, M, P, dev, deps, ready, pend_k, pend_i, n_pend,
+                         off, dirty)
     for step in range(total):
         best_r = -1
         best_s = 0.0
@@ -131,22 +101,16 @@ def list_schedule(P, M, R, gpipe, dev, in_ptr, in_tr, out_ptr, out_tr, tr_src, t
                     best_r = r
                     best_s = start
         if best_r < 0:
-            return o_rank[:0], o_op[:0], o_p[:0], o_m[:0]
+            return out[:0, 0], out[:0, 1], out[:0, 2], out[:0, 3]
         r = best_r
         key = held[r]
         held[r] = -1
         dirty[r] = True
-        c = key // (M * P)
-        m = (key // P) % M
-        x = key % P
-        op = c if gpipe else 1 - c  # 0: forward
-        p = x if op == 0 else P - 1 - x
+        i = _task(key, gpipe, M, P)
+        op, p, m = i // (P * M), (i // M) % P, i % M  # op 0: forward
         end = best_s + (fwd[p] if op == 0 else bwd[p])
         free_at[r] = end
-        o_rank[step] = r
-        o_op[step] = op
-        o_p[step] = p
-        o_m[step] = m
+        out[step, 0], out[step, 1], out[step, 2], out[step, 3] = r, op, p, m
         if op == 0:
             f_left[r] -= 1
             if not f_started[r * M + m]:
@@ -166,7 +130,51 @@ def list_schedule(P, M, R, gpipe, dev, in_ptr, in_tr, out_ptr, out_tr, tr_src, t
                 t = in_tr[j]
                 _release(1, tr_src[t], m, end + delay_b[t], gpipe, M, P, dev, deps, ready,
                          pend_k, pend_i, n_pend, off, dirty)
-    return o_rank, o_op, o_p, o_m
+    return out[:, 0], out[:, 1], out[:, 2], out[:, 3]
+
+
+@njit
+def _pools(P, M, R, dev):
+    """Each rank's three heaps as slices of shared arrays: ``off`` bounds its pending heap
+    (2 M x its pieces), ``offh`` each of its ready heaps (M x its pieces); and the scratch
+    ``_first`` puts skipped entries in."""
+    count = np.zeros(R, np.int64)
+    for p in range(P):
+        count[dev[p]] += 1
+    off = np.zeros(R + 1, np.int64)  # pending heap of rank r: 2 * M * its pieces
+    offh = np.zeros(R + 1, np.int64)  # each ready heap: M * its pieces
+    for r in range(R):
+        off[r + 1] = off[r] + 2 * M * count[r]
+        offh[r + 1] = offh[r] + M * count[r]
+    big = 1
+    for r in range(R):
+        big = max(big, 2 * M * count[r])
+    pend_k = np.zeros(max(off[R], 1))
+    pend_i = np.zeros(max(off[R], 1), np.int64)
+    r0_k = np.zeros(max(offh[R], 1))
+    r0_i = np.zeros(max(offh[R], 1), np.int64)
+    r1_k = np.zeros(max(offh[R], 1))
+    r1_i = np.zeros(max(offh[R], 1), np.int64)
+    skip_k = np.zeros(big)
+    skip_i = np.zeros(big, np.int64)
+    return off, offh, pend_k, pend_i, r0_k, r0_i, r1_k, r1_i, skip_k, skip_i
+
+
+@njit
+def _counts(P, M, R, dev, in_ptr, out_ptr):
+    """Per rank the forwards left and per rank and micro-batch the backwards left; per task the
+    dependencies still unmet (a forward: its inputs; a backward: its outputs' and its own
+    forward)."""
+    f_left = np.zeros(R, np.int64)
+    b_left = np.zeros(R * M, np.int64)
+    deps = np.zeros(2 * P * M, np.int64)  # task (op, p, m) at (op * P + p) * M + m
+    for p in range(P):
+        f_left[dev[p]] += M
+        for m in range(M):
+            b_left[dev[p] * M + m] += 1
+            deps[p * M + m] = in_ptr[p + 1] - in_ptr[p]
+            deps[(P + p) * M + m] = out_ptr[p + 1] - out_ptr[p] + 1
+    return f_left, b_left, deps
 
 
 @njit
