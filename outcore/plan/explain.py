@@ -55,10 +55,12 @@ def runner_up(p: Plan) -> dict[str, Any] | None:
 
 
 def _own_layout(p: Plan) -> dict[str, Any]:
-    """The record of a plan made without the layout search (its own layout only)."""
+    """The record of a plan made without the layout search (its own layout only; of a
+    replicated one, the plan alone: its placements were timed on one copy)."""
+    timed = None if p.layout.replicated else p.extra.get("placements")
     return {"layout": p.layout.describe() or "as given", "microbatches": p.microbatches,
             "memory_policy": "", "outcome": "chosen",
-            "placements": p.extra.get("placements") or [
+            "placements": timed or [
                 {"strategy": p.strategy, "iteration_s": p.predicted.get("iteration_s"),
                  "peak_bytes": max(p.predicted.get("peak_bytes") or [0]), "fits": True}]}
 

@@ -64,3 +64,17 @@ def test_plan_layout_auto_searches_tp_unless_given(tmp_path):
         doc = json.loads(out.read_text())
         tps[len(extra)] = {c["tp"] for c in doc["extra"]["candidates"]}
     assert tps == {0: {1, 2}, 2: {1}}
+
+
+def test_a_replicated_plan_of_a_fixed_layout_is_shown_replicated():
+    """``--parallel master`` without the layout search: the placements were timed on one copy,
+    so the table shows the replicated plan (its own time), not one copy's times compared with
+    it."""
+    from outcore.graph.generators import make
+
+    g = make("nas", 400)
+    p = outcore.plan(g, outcore.plan_request(4, None, parallel="master", bandwidth="16GB/s"))
+    assert p.layout.replicated and len(p.extra["placements"]) > 1
+    shown = rows(p)
+    assert len(shown) == 1 and shown[0]["chosen"]
+    assert shown[0]["iteration_s"] == p.predicted["iteration_s"]
