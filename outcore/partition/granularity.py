@@ -31,24 +31,13 @@ def _prices_s(pieces, cluster: Cluster, scale: float) -> np.ndarray:
     """Per piece, its fixed runtime cost per micro-batch: its overheads and its messages (each
     remote transfer's link time, forward and backward)."""
     d = cluster.device
-    price = np.full(len(pieces.pieces), d.fwd_overhead_s + d.bwd_overhead_s)
-    trs = pieces.transfers
-    if not trs:
-        return price
-    src = np.fromiter((t.src for t in trs), np.int64, len(trs))
-    dst = np.fromiter((t.dst for t in trs), np.int64, len(trs))
-    nbytes = np.fromiter((t.bytes for t in trs), np.float64, len(trs)) * scale
-    remote = ~np.fromiter((t.local for t in trs), bool, len(trs))
-    dev = pieces.device_of
-    for here, there in ((src, dst), (dst, src)):  # each end pays its side's link
-        a, b = dev[here[remote]], dev[there[remote]]
-        pairs = {(x, y): cluster.link(x, y) for x, y in set(zip(a.tolist(), b.tolist()))}
-        lat = np.array([pairs[x, y].latency_s for x, y in zip(a.tolist(), b.tolist())])
-        bw = np.array([pairs[x, y].bandwidth for x, y in zip(a.tolist(), b.tolist())])
-        byt = nbytes[remote]
-        cost = np.where(byt > 0, lat + byt / np.maximum(bw, 1e-300), 0.0)
-        price += 2.0 * np.bincount(here[remote], weights=cost, minlength=price.size)
-    return price
+    n = len(pieces.pieces)
+    sent, received = [0.0] * n, [0.0] * n  # each end pays its side's link
+    for t, (a, b) in zip(pieces.transfers, pieces.transfer_devices):
+        if not t.local:
+            sent[t.src] += cluster.link(a, b).time(t.bytes * scale)
+            received[t.dst] += cluster.link(b, a).time(t.bytes * scale)
+    return d.fwd_overhead_s + d.bwd_overhead_s + 2.0 * np.array(sent) + 2.0 * np.array(received)
 
 
 def _best_neighbour(pieces, p: int) -> int | None:

@@ -63,6 +63,21 @@ class Pieces:
         return np.array([p.device for p in self.pieces], dtype=np.int64)
 
     @cached_property
+    def transfer_pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(int64[transfers], int64[transfers])``: each transfer's source and destination
+        piece."""
+        n = len(self.transfers)
+        return (np.fromiter((t.src for t in self.transfers), np.int64, n),
+                np.fromiter((t.dst for t in self.transfers), np.int64, n))
+
+    @cached_property
+    def transfer_devices(self) -> list[tuple[int, int]]:
+        """Per transfer, ``(source device, destination device)`` (the ranks its send and
+        receive run on)."""
+        dev = self.device_of.tolist()
+        return [(dev[t.src], dev[t.dst]) for t in self.transfers]
+
+    @cached_property
     def by_device(self) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
         for p in self.pieces:
@@ -152,7 +167,7 @@ def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,
     bounds = starts.tolist()
     pieces = tuple(Piece(k, dev_of[k], hop_of[k], tuple(flat[bounds[k]:bounds[k + 1]]),
                          grp_of[k]) for k in range(rank.size))
-    transfers = _transfers(g, piece_of, pieces, assignment[heads], relay=whole is None)
+    transfers = _transfers(g, piece_of, assignment[heads], relay=whole is None)
     return Pieces(pieces, transfers, piece_of)
 
 
@@ -190,8 +205,8 @@ def _relayed(a: np.ndarray, b: np.ndarray, prod: np.ndarray, nbytes: np.ndarray,
     return a[o], b[o], prod[o], nbytes[o]
 
 
-def _transfers(g: Graph, piece_of: np.ndarray, pieces: tuple[Piece, ...], dev: np.ndarray,
-               *, relay: bool = True) -> tuple[Transfer, ...]:
+def _transfers(g: Graph, piece_of: np.ndarray, dev: np.ndarray, *, relay: bool = True
+               ) -> tuple[Transfer, ...]:
     """One transfer per (source piece, destination piece) pair of crossing edges, in that
     order; its tensors are the distinct producers, each counted once at its largest edge.
     With ``relay``, a tensor crosses to a device once (:func:`_relayed`)."""

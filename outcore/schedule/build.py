@@ -106,21 +106,18 @@ def _compiled_list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str,
                             ) -> list[list[tuple[str, int, int]]]:
     """:func:`_list_schedule` by the compiled kernel (the same order as :class:`_ListState`)."""
     P, trs = len(pieces.pieces), pieces.transfers
-    dev = pieces.device_of
-    src = np.fromiter((t.src for t in trs), np.int64, len(trs))
-    dst = np.fromiter((t.dst for t in trs), np.int64, len(trs))
+    src, dst = pieces.transfer_pieces
     nbytes = costs.transfer_bytes
     delay_f, delay_b = np.zeros(len(trs)), np.zeros(len(trs))
-    for t in trs:
+    for t, (a, b) in zip(trs, pieces.transfer_devices):
         if not t.local:
-            a, b = int(dev[t.src]), int(dev[t.dst])
             delay_f[t.id] = link_time(a, b, nbytes[t.id])
             delay_b[t.id] = link_time(b, a, nbytes[t.id])
     in_ptr, in_tr = _csr(pieces.inputs_of)
     out_ptr, out_tr = _csr(pieces.outputs_of)
     rank, op, piece, mb = list_schedule(
-        P, M, num_ranks, kind == "gpipe", dev, in_ptr, in_tr, out_ptr, out_tr, src, dst,
-        delay_f, delay_b, np.asarray(costs.fwd_s, np.float64),
+        P, M, num_ranks, kind == "gpipe", pieces.device_of, in_ptr, in_tr, out_ptr, out_tr,
+        src, dst, delay_f, delay_b, np.asarray(costs.fwd_s, np.float64),
         np.asarray(costs.bwd_s, np.float64),
         np.asarray(inflight_limits(pieces, num_ranks), np.int64))
     if rank.size < 2 * P * M:

@@ -123,14 +123,14 @@ class Schedule:
         return self.pieces.pieces[piece].device
 
     def rank_of_transfer_src(self, transfer: int) -> int:
-        return self.pieces.pieces[self.pieces.transfers[transfer].src].device
+        return self.pieces.transfer_devices[transfer][0]
 
     def rank_of_transfer_dst(self, transfer: int) -> int:
-        return self.pieces.pieces[self.pieces.transfers[transfer].dst].device
+        return self.pieces.transfer_devices[transfer][1]
 
     def peer(self, rank: int, a: Action) -> int:
         """The other rank of a send or receive executed by ``rank``."""
-        src, dst = self.rank_of_transfer_src(a.transfer), self.rank_of_transfer_dst(a.transfer)
+        src, dst = self.pieces.transfer_devices[a.transfer]
         return dst if rank == src else src
 
     def pair_partner(self, bucket: int, rank: int) -> int | None:

@@ -129,17 +129,15 @@ class _Engine:
         # the piece's backward
         self.held: dict[tuple, float] = {}
         # per piece, the gradients of its received inputs (made by its backward, then sent)
-        self.in_grad = np.zeros(len(s.pieces.pieces))
-        for tr in s.pieces.transfers:
-            if not tr.local:
-                self.in_grad[tr.dst] += float(costs.transfer_bytes[tr.id])
         # per piece and transfer, as Python numbers (the main loop reads them per action)
         self.fwd, self.bwd = costs.fwd_s.tolist(), costs.bwd_s.tolist()
         self.work_f, self.work_b = costs.transient_bytes.tolist(), costs.bwd_transient.tolist()
-        self.saved, self.in_grad_of = costs.saved_bytes.tolist(), self.in_grad.tolist()
+        self.saved = costs.saved_bytes.tolist()
         self.tbytes = np.asarray(costs.transfer_bytes, np.float64).tolist()
-        dev = [p.device for p in s.pieces.pieces]
-        self.tr_ranks = [(dev[tr.src], dev[tr.dst]) for tr in s.pieces.transfers]
+        self.in_grad = [0.0] * len(s.pieces.pieces)
+        for tr in s.pieces.transfers:
+            if not tr.local:
+                self.in_grad[tr.dst] += self.tbytes[tr.id]
         self._ports: dict[tuple[int, int], tuple[object, object, LinkSpec]] = {}
         self.dp_free = [0.0] * R
         # (node, port) -> when the data-parallel traffic through that network port ends
@@ -183,12 +181,6 @@ class _Engine:
                 found = ("dev", a), ("dev", b), cl.intra
             self._ports[a, b] = found
         return found
-
-    def peer(self, rank: int, transfer: int) -> int:
-        """The other rank of a send or receive of ``transfer`` by ``rank``
-        (:meth:`Schedule.peer`)."""
-        src, dst = self.tr_ranks[transfer]
-        return dst if rank == src else src
 
     def cold(self, r: int, t: float, dur: float) -> float:
         """Extra seconds of a compute of ``dur`` starting at ``t`` on rank ``r``: re-warming
@@ -273,7 +265,7 @@ class _Engine:
         if a.op == "F":
             self.add_mem(r, end, self.saved[a.piece])
         else:  # the gradients of its received inputs stay until they are sent
-            self.add_mem(r, end, self.in_grad_of[a.piece] - self.saved[a.piece]
+            self.add_mem(r, end, self.in_grad[a.piece] - self.saved[a.piece]
                          - self.held.pop((a.piece, a.mb), 0.0))
             if a.piece not in self.grads_made:  # its parameters' .grad, until the step
                 self.grads_made.add(a.piece)
@@ -342,7 +334,7 @@ class _Engine:
             since = self.blocked_since.pop(r, t)
             if arrive > since:  # the rank waits for this message
                 self.events.append(Event(r, "recv", str(a), since, arrive, "comm", a.mb, -1,
-                                         int(nbytes), self.peer(r, a.transfer)))
+                                         int(nbytes), s.peer(r, a)))
             # the buffer exists from the receive's post (RECV_POST_AHEAD actions before it)
             self.add_mem(r, self.reached[r][max(self.pc[r] - RECV_POST_AHEAD, 0)], nbytes)
             # activations are dropped when their gradients are sent; gradients after the
@@ -392,7 +384,7 @@ class _Engine:
         return start + dur if start + dur > t else t
 
     def send(self, r: int, a: Action, t: float) -> None:
-        dst = self.peer(r, a.transfer)
+        dst = self.s.peer(r, a)
         nbytes = self.tbytes[a.transfer]
         out_port, in_port, link = self.ports(r, dst)
         start = max(t, self.port_out.get(out_port, 0.0), self.port_in.get(in_port, 0.0))
