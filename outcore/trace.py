@@ -10,7 +10,8 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Sequence
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -40,6 +41,56 @@ class Event(NamedTuple):
         return self.end_s - self.start_s
 
 
+class EventColumns(Sequence):
+    """A timeline's events held as columns (``rank``, ``start_s``, ``end_s``, ``bytes``; and
+    ``compute``, ``fb``, ``sent``: on the compute stream, a forward or backward, a send or
+    all-reduce), as the compiled simulator makes them; read one by one they are
+    :class:`Event` tuples, made on first use (``make``) — a search reads only the sums."""
+
+    def __init__(self, columns: dict[str, np.ndarray], make: Callable[[], tuple[Event, ...]]
+                 ) -> None:
+        self.columns = columns
+        self._make: Callable[[], tuple[Event, ...]] | None = make
+        self._events: tuple[Event, ...] = ()
+
+    def _all(self) -> tuple[Event, ...]:
+        if self._make is not None:
+            self._events, self._make = self._make(), None
+        return self._events
+
+    def __len__(self) -> int:
+        return len(self.columns["rank"])
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __add__(self, other):
+        return self._all() + tuple(other)
+
+    def __repr__(self) -> str:
+        return f"EventColumns({len(self)} events)"
+
+
+def event_columns(events: Iterable[Event]) -> dict[str, np.ndarray]:
+    """:class:`EventColumns`' columns of any events, in their order."""
+    ev = list(events)
+    return {"rank": np.array([e.rank for e in ev], np.int64),
+            "start_s": np.array([e.start_s for e in ev], np.float64),
+            "end_s": np.array([e.end_s for e in ev], np.float64),
+            "bytes": np.array([e.bytes for e in ev], np.int64),
+            "compute": np.array([e.stream == "compute" for e in ev], np.bool_),
+            "fb": np.array([e.kind in ("F", "B") for e in ev], np.bool_),
+            "sent": np.array([e.kind in ("send", "allreduce") for e in ev], np.bool_)}
+
+
 @dataclass(frozen=True, eq=False)
 class Timeline:
     """Events of one iteration, plus memory over time per rank.
@@ -55,12 +106,18 @@ class Timeline:
     source: str = "simulated"
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def columns(self) -> dict[str, np.ndarray]:
+        """The events as columns (:class:`EventColumns`), in their order."""
+        if isinstance(self.events, EventColumns):
+            return self.events.columns
+        return event_columns(self.events)
+
     def busy_s(self) -> np.ndarray:
-        """Compute-busy seconds per rank."""
+        """Compute-busy seconds per rank (summed in the events' order)."""
+        c = self.columns()
         busy = np.zeros(self.num_ranks)
-        for e in self.events:
-            if e.stream == "compute":
-                busy[e.rank] += e.duration_s
+        on = c["compute"]
+        np.add.at(busy, c["rank"][on], c["end_s"][on] - c["start_s"][on])
         return busy
 
     def peak_bytes(self) -> np.ndarray:
@@ -73,10 +130,9 @@ class Timeline:
 
     def comm_bytes(self) -> np.ndarray:
         """Bytes sent per rank."""
+        c = self.columns()
         out = np.zeros(self.num_ranks)
-        for e in self.events:
-            if e.kind in ("send", "allreduce"):
-                out[e.rank] += e.bytes
+        np.add.at(out, c["rank"][c["sent"]], c["bytes"][c["sent"]])
         return out
 
 

@@ -280,8 +280,13 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     no faster than ``beat_s`` by their compute alone (:func:`_not_simulated`). Where nothing
     over the devices fits, every node on one device is tried too (:func:`_on_one_device`).
     ``fastest_copy``: a list to receive the simulated placement fastest as one copy."""
-    names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
-    placed, notes, first_error = place(g, req, budget, names, check_fit)
+    if req.strategy == "auto" and req.model_parallel_devices == 1:
+        # one device per copy: every planner would return this placement
+        placed, notes, first_error = [("single", _all_on_one(g, req, "one device per copy"))], \
+            [], None
+    else:
+        names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
+        placed, notes, first_error = place(g, req, budget, names, check_fit)
     # as GEMS replicas, a placement takes at least its busiest device's compute over them
     est = [as_replicated(req, em.busy_s, em.makespan_s, replicas)
            for em in contended_runs(g, req, placed)]
@@ -385,6 +390,17 @@ def _on_one_device(g: Graph, req: PlanRequest, bound_s: float | None):
     one device with its parameters offloaded can fit where two halves cannot (the zoo MLP at
     20 KiB per device: 17.5 KiB on one; on either of two, 21.6 KiB after offloading all its
     parameters)."""
+    result = _all_on_one(g, req, f"one device of {req.model_parallel_devices}: no placement "
+                         "over them fits")
+    try:
+        p = _simulated(g, req, result, True, bound_s)
+    except InfeasibleError:
+        return None
+    return (result, p) if fits(p) else None
+
+
+def _all_on_one(g: Graph, req: PlanRequest, note: str):
+    """Every node on the first model-parallel device, emulated, as a placement."""
     from outcore.partition.context import make_context
     from outcore.partition.emulate import run
     from outcore.partition.result import PartitionResult
@@ -393,16 +409,9 @@ def _on_one_device(g: Graph, req: PlanRequest, bound_s: float | None):
                        microbatches=req.microbatches)
     a = np.zeros(g.num_nodes, dtype=np.int64)
     em = run(ctx, a, critical_path=False)
-    result = PartitionResult(assignment=a, strategy="single", devices_used=1,
-                             makespan_s=em.makespan_s, peak_bytes=em.peak_bytes,
-                             lower_bound_s=ctx.lower_bound_s(),
-                             notes=(f"one device of {req.model_parallel_devices}: no placement "
-                                    "over them fits",))
-    try:
-        p = _simulated(g, req, result, True, bound_s)
-    except InfeasibleError:
-        return None
-    return (result, p) if fits(p) else None
+    return PartitionResult(assignment=a, strategy="single", devices_used=1,
+                           makespan_s=em.makespan_s, peak_bytes=em.peak_bytes,
+                           lower_bound_s=ctx.lower_bound_s(), notes=(note,))
 
 
 def placement_row(p: Plan) -> dict:

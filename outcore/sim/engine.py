@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from outcore.errors import ScheduleError
+from outcore.graph._jit import HAVE_NUMBA
 from outcore.hardware.spec import COLD_START_FRACTION, COLD_START_IDLE_S, Cluster, LinkSpec
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import RECV_POST_AHEAD, Action, Schedule
@@ -90,7 +91,14 @@ class SimOptions:
 
 def simulate_schedule(s: Schedule, costs: PieceCosts, cluster: Cluster,
                       options: SimOptions = SimOptions()) -> Timeline:
-    """Run ``s`` in simulated time and return its :class:`Timeline`."""
+    """Run ``s`` in simulated time and return its :class:`Timeline` (on the compiled loop,
+    :mod:`outcore.sim.compiled`, when numba is installed; :class:`_Engine` is the reference)."""
+    if HAVE_NUMBA:
+        from outcore.sim.compiled import simulate_compiled
+
+        tl = simulate_compiled(s, costs, cluster, options)
+        if tl is not None:
+            return tl
     return _Engine(s, costs, cluster, options).run()
 
 

@@ -309,17 +309,16 @@ def summarize(tl: Timeline, sched: Schedule, costs: PieceCosts, batch: int | Non
               memory_limit: float | None) -> SimResult:
     R = tl.num_ranks
     busy = tl.busy_s()
+    c = tl.columns()
+    fb = c["fb"]
     first = np.full(R, np.inf)
     last = np.zeros(R)
-    for e in tl.events:
-        if e.stream == "compute" and e.kind in ("F", "B"):
-            first[e.rank] = min(first[e.rank], e.start_s)
-            last[e.rank] = max(last[e.rank], e.end_s)
+    on = fb & c["compute"]
+    np.minimum.at(first, c["rank"][on], c["start_s"][on])
+    np.maximum.at(last, c["rank"][on], c["end_s"][on])
     span = np.where(np.isfinite(first), last - first, 0.0)
-    compute_fb = np.zeros(R)
-    for e in tl.events:
-        if e.kind in ("F", "B"):
-            compute_fb[e.rank] += e.duration_s
+    compute_fb = np.zeros(R)  # summed in the events' order
+    np.add.at(compute_fb, c["rank"][fb], c["end_s"][fb] - c["start_s"][fb])
     bubble = np.maximum(span - compute_fb, 0.0)
     it = tl.iteration_s
     samples = (batch or 0) * dp / it if it > 0 else float("inf")
