@@ -232,6 +232,7 @@ def _transfers(g: Graph, piece_of: np.ndarray, dev: np.ndarray, *, relay: bool =
     prods = prod.tolist()
     al, bl = a[starts].tolist(), b[starts].tolist()
     local = (dev[a[starts]] == dev[b[starts]]).tolist()
-    return tuple(Transfer(k, al[k], bl[k], tuple(prods[bounds[k]:bounds[k + 1]]), int(total[k]),
-                          local[k])
+    new = tuple.__new__  # (the fields are made here: Transfer's own __new__ adds nothing)
+    return tuple(new(Transfer, (k, al[k], bl[k], tuple(prods[bounds[k]:bounds[k + 1]]),
+                                total[k], local[k]))
                  for k in range(len(al)))

@@ -315,14 +315,18 @@ def with_messages(pieces: Pieces, order: list[list[tuple[str, int, int]]]) -> li
     remote_in = [[t for t in ts if not tr[t].local] for ts in pieces.inputs_of]
     remote_out = [[t for t in ts if not tr[t].local] for ts in pieces.outputs_of]
     out: list[list[Action]] = []
+    make = Action.known
     for tasks in order:
         acts: list[Action] = []
         for op, p, m in tasks:
+            if op not in ("F", "B"):
+                raise ScheduleError(f"unknown compute task {op!r}: expected F or B")
             before, after = (remote_in[p], remote_out[p]) if op == "F" else \
                 (remote_out[p], remote_in[p])
-            acts += [Action("R" + op, mb=m, transfer=t) for t in before]
-            acts.append(Action(op, mb=m, piece=p))
-            acts += [Action("S" + op, mb=m, transfer=t) for t in after]
+            recv, send = ("RF", "SF") if op == "F" else ("RB", "SB")
+            acts += [make(recv, m, -1, t) for t in before]
+            acts.append(make(op, m, p))
+            acts += [make(send, m, -1, t) for t in after]
         out.append(acts)
     return out
 

@@ -64,6 +64,12 @@ class Action(_Fields):
             raise ScheduleError(f"unknown action op {op!r}; expected one of {OPS}")
         return _Fields.__new__(cls, op, mb, piece, transfer, bucket)
 
+    @classmethod
+    def known(cls, op: str, mb: int, piece: int = -1, transfer: int = -1) -> "Action":
+        """An action whose ``op`` the caller knows is one of ``OPS`` (not checked again: the
+        schedule builder makes one per task and message)."""
+        return tuple.__new__(cls, (op, mb, piece, transfer, -1))
+
     def __str__(self) -> str:
         if self.op in COMPUTE:
             return f"{self.piece}{self.op}{self.mb}"
