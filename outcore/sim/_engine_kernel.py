@@ -361,8 +361,7 @@ def _execute(A, P, T, B, O, D, cnt, E, M, H, Q, rf, ri, reached, k, t):
             ri[I_ACTIVE, r] = 1
             ri[I_ORDER, cnt[C_ACTIVE]] = r
             cnt[C_ACTIVE] += 1
-            ri[I_JACT, r] = k
-            ri[I_JVER, r] = 0
+            ri[I_JACT, r] = k  # (its version continues the rank's count: see _Engine)
             rf[R_JSTART, r] = t
             rf[R_JREM, r] = dur
             _reschedule(rf, ri, cnt, Q, D[12], t)

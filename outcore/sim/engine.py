@@ -162,6 +162,9 @@ class _Engine:
         # ranks sharing ``cores`` host cores (local CPU workers): computes share them equally
         self.cores = cluster.host_cores
         self.active: dict[int, list] = {}  # rank -> [action, start, remaining work, version]
+        # per rank, the version of its last queued end: a rank's next compute continues the
+        # count, so an end its previous compute left queued can never pass for the new one's
+        self.version = [0] * R
         self.last_change = 0.0
         self.seq = 0
         self.finish = [0.0] * R
@@ -303,12 +306,13 @@ class _Engine:
         rate = self._rate(len(self.active))
         for r, job in self.active.items():
             job[3] += 1
+            self.version[r] = job[3]
             self.seq += 1
             heapq.heappush(self.queue, (t + job[2] / rate, self.seq, r, job[3]))
 
     def _start_shared(self, r: int, a: Action, t: float, dur: float) -> None:
         self._advance(t)
-        self.active[r] = [a, t, dur, 0]
+        self.active[r] = [a, t, dur, self.version[r]]
         self._reschedule(t)
 
     def _done_shared(self, r: int, version: int, t: float) -> None:

@@ -423,3 +423,26 @@ def test_a_search_simulates_an_identical_plan_once():
         assert simulate(plan([0, 1], graph=other), other).iteration_s > first.iteration_s
         assert memo.hits == 1
     assert simulate(plan([0, 1]), g).timeline is not first.timeline  # outside: none kept
+
+
+def test_a_rank_s_next_compute_is_not_ended_by_a_stale_rate_change():
+    """Shared cores: a compute rescheduled earlier (another rank finished) leaves its older
+    end queued; the rank's next compute must not take that end for its own (it did: rank 2's
+    last backward below ended at 10.2 s). Three ranks on one core, four independent nodes,
+    worked by hand: rank 0 runs F 0.1 s then B 2.2 s, rank 1 F 0.6 s then B 2.7 s, rank 2
+    two pieces, F 0.2 s and 1.6 s, then B 1.6 s and 1.8 s; each runs at 1/3 speed while three
+    run, 1/2 while two do."""
+    from dataclasses import replace
+
+    g = gbuild("four", fwd_s=[0.6, 0.2, 0.1, 1.6], bwd_s=[2.7, 1.8, 2.2, 1.6],
+               out_bytes=[0] * 4, saved_bytes=[0] * 4, batch_size=1)
+    p = make_plan(g, np.array([1, 2, 0, 2]), strategy="manual", devices=3, memory_bytes=None,
+                  cluster=flat_cluster_doc(
+                      {"bandwidth": 1e9, "latency_s": 0.0, "mem_bandwidth": 1e20}, 3))
+    r = simulate(p, g, cluster=replace(p.cluster_or_default(), host_cores=1), schedule="gpipe")
+    spans = {e.label: (e.start_s, e.end_s) for e in r.timeline.events if e.kind in ("F", "B")}
+    expected = {"2F0": (0.0, 0.3), "1F0": (0.0, 0.6), "0F0": (0.0, 1.8), "3F0": (0.6, 5.4),
+                "2B0": (0.3, 6.9), "0B0": (1.8, 8.9), "3B0": (5.4, 9.0), "1B0": (9.0, 10.8)}
+    for label, span in expected.items():
+        assert spans[label] == pytest.approx(span), label
+    assert r.iteration_s == pytest.approx(10.8)
