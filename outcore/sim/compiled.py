@@ -100,7 +100,8 @@ def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs,
     P = len(s.pieces.pieces)
     tb = np.asarray(costs.transfer_bytes, np.float64)
     src, dst = s.pieces.transfer_pieces
-    remote = np.array([not t.local for t in s.pieces.transfers], np.bool_)
+    dev = np.asarray(s.pieces.device_of, np.int64)
+    remote = dev[src] != dev[dst]  # (a transfer is local when its pieces share a device)
     in_grad = np.zeros(P)
     np.add.at(in_grad, dst[remote], tb[remote])  # in transfer order, as the reference sums
     grads = np.asarray(costs.grad_bytes, np.float64) if costs.grad_bytes is not None \
@@ -153,11 +154,10 @@ def _transfers(s: Schedule, costs: PieceCosts, cluster: Cluster):
     """Per-transfer arrays: bytes, source and destination devices and source piece, and per
     direction (row 0: source to destination; 1: back) its ports, latency, bandwidth and
     whether the link copies a message out in the send call; and the number of ports."""
-    src_p, _ = s.pieces.transfer_pieces
+    src_p, dst_p = s.pieces.transfer_pieces
     dev = np.asarray(s.pieces.device_of, np.int64)
     T = len(src_p)
-    dst_p = s.pieces.transfer_pieces[1]
-    a, b = (dev[src_p], dev[dst_p]) if T else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    a, b = dev[src_p], dev[dst_p]
     R = max(s.num_ranks, 1)
     pairs, inverse = np.unique(np.concatenate([a * R + b, b * R + a]), return_inverse=True)
     ids: dict = {}
@@ -172,9 +172,10 @@ def _transfers(s: Schedule, costs: PieceCosts, cluster: Cluster):
         rows[:, j] = (ids.setdefault(out, len(ids)), ids.setdefault(into, len(ids)),
                       link.latency_s, link.bandwidth, link.copy_on_send)
     per = rows[:, inverse].reshape(5, 2, T)
+    # (contiguous copies throughout: one compiled signature serves every schedule)
     return (np.asarray(costs.transfer_bytes, np.float64), a, b, src_p,
-            per[0].astype(np.int64), per[1].astype(np.int64), per[2], per[3],
-            per[4].astype(np.bool_)), max(len(ids), 1)
+            per[0].astype(np.int64), per[1].astype(np.int64), np.ascontiguousarray(per[2]),
+            np.ascontiguousarray(per[3]), per[4].astype(np.bool_)), max(len(ids), 1)
 
 
 def _buckets(s: Schedule, cluster: Cluster, opt, R: int):
