@@ -5,6 +5,9 @@ emulator with port contention, and the few of them the simulator should judge
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 from outcore.errors import InfeasibleError
 from outcore.graph.ir import Graph
 from outcore.plan.request import PlanRequest
@@ -13,6 +16,9 @@ from outcore.plan.request import PlanRequest
 # and every contiguous split (the simple plans the search must never lose to); any of them the
 # estimate puts past search.PRUNE_RATIO x the best simulated plan is still skipped
 SIMULATED_PER_SEARCH = 2
+
+# planners placing side by side (OUTCORE_PLANNER_THREADS=1: one at a time)
+PLANNER_THREADS = int(os.environ.get("OUTCORE_PLANNER_THREADS") or min(2, os.cpu_count() or 1))
 
 
 def to_simulate(placed: list, est: list[float]) -> set[int]:
@@ -30,46 +36,60 @@ def to_simulate(placed: list, est: list[float]) -> set[int]:
 
 
 def place(g: Graph, req: PlanRequest, budget: float | None, names: tuple[str, ...],
-                check_fit: bool):
+          check_fit: bool):
     """Every planner's placement(s) as ``(name, PartitionResult)``, emulated, not simulated.
 
     A planner that finds nothing under ``budget`` places under a relaxed limit (the tightest
     of 1.5x, 2x, 4x, 8x, unlimited that it can meet) when memory policies may close the gap.
+    The planners run side by side on :data:`PLANNER_THREADS` threads (their compiled loops
+    release the interpreter); the results are listed in ``names`` order, as run one by one.
     """
-    from outcore.partition import contiguous_results, subgraph_results
-
-    several = {"contiguous": contiguous_results, "subgraph": subgraph_results}
+    floor = spread_floor(g, req, budget)
+    relaxable = req.memory_policy != "none" and check_fit and budget is not None
+    outcomes = side_by_side(lambda name: _planner(g, req, budget, name, floor, relaxable),
+                            names)
     placed: list[tuple[str, object]] = []
     notes: list[str] = []
     first_error: InfeasibleError | None = None
-    floor = spread_floor(g, req, budget)
-    relaxable = req.memory_policy != "none" and check_fit and budget is not None
-    for name in names:
-        for relax in (1.0, 1.5, 2.0, 4.0, 8.0, None) if relaxable else (1.0,):
-            limit = None if relax is None or budget is None else budget * relax
-            if limit is not None and floor is not None and limit < floor[0]:
-                error = floor[1]()  # every planner would fail under this limit
-                first_error = first_error or error
-                continue
-            try:
-                if name in several:  # planners that offer several placements
-                    results = several[name](
-                        g, req.model_parallel_devices, memory_bytes=limit,
-                        cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
-                        microbatches=req.microbatches)
-                else:
-                    results = [partition_one(g, req, limit, name)]
-            except InfeasibleError as e:
-                if relax == 1.0:
-                    first_error = first_error or e
-                    error = e
-                continue
-            placed.extend((name, r) for r in results)
-            break
-        else:
-            notes.append(f"{name}: {error}" + ("; memory policies cannot close the gap either"
-                                               if relaxable else ""))
+    for name, (results, error, note) in zip(names, outcomes):
+        placed.extend((name, r) for r in results)
+        first_error = first_error or error
+        if note:
+            notes.append(note)
     return placed, notes, first_error
+
+
+def _planner(g: Graph, req: PlanRequest, budget: float | None, name: str, floor,
+             relaxable: bool) -> tuple[list, InfeasibleError | None, str | None]:
+    """One planner's placements under ``budget`` (relaxed as :func:`place` says): ``(results,
+    the first refusal, a note when it placed nothing)``."""
+    from outcore.partition import contiguous_results, subgraph_results
+
+    several = {"contiguous": contiguous_results, "subgraph": subgraph_results}
+    first_error: InfeasibleError | None = None
+    error: InfeasibleError | None = None
+    for relax in (1.0, 1.5, 2.0, 4.0, 8.0, None) if relaxable else (1.0,):
+        limit = None if relax is None or budget is None else budget * relax
+        if limit is not None and floor is not None and limit < floor[0]:
+            error = floor[1]()  # every planner would fail under this limit
+            first_error = first_error or error
+            continue
+        try:
+            if name in several:  # planners that offer several placements
+                results = several[name](
+                    g, req.model_parallel_devices, memory_bytes=limit,
+                    cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
+                    microbatches=req.microbatches)
+            else:
+                results = [partition_one(g, req, limit, name)]
+        except InfeasibleError as e:
+            if relax == 1.0:
+                first_error = first_error or e
+                error = e
+            continue
+        return results, first_error, None
+    return [], first_error, f"{name}: {error}" + (
+        "; memory policies cannot close the gap either" if relaxable else "")
 
 
 def spread_floor(g: Graph, req: PlanRequest, budget: float | None):
@@ -114,5 +134,17 @@ def contended_runs(g: Graph, req: PlanRequest, placed: list) -> list:
 
     ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
                        optimizer=req.optimizer, microbatches=req.microbatches)
-    return [run(ctx, colocated_params(g, r.assignment), critical_path=False, contend=True)
-            for _, r in placed]
+    def one(item):
+        return run(ctx, colocated_params(g, item[1].assignment), critical_path=False,
+                   contend=True)
+
+    return side_by_side(one, placed)
+
+
+def side_by_side(fn, items) -> list:
+    """``[fn(x) for x in items]`` on :data:`PLANNER_THREADS` threads, in ``items`` order."""
+    items = list(items)
+    if min(PLANNER_THREADS, len(items)) < 2:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(PLANNER_THREADS, len(items))) as pool:
+        return list(pool.map(fn, items))
