@@ -78,6 +78,9 @@ class EventColumns(Sequence):
     def __repr__(self) -> str:
         return f"EventColumns({len(self)} events)"
 
+    def __reduce__(self):  # pickled (and deep-copied) as the tuple of events it stands for
+        return tuple, (self._all(),)
+
 
 def event_columns(events: Iterable[Event]) -> dict[str, np.ndarray]:
     """:class:`EventColumns`' columns of any events, in their order."""

@@ -80,3 +80,18 @@ def test_a_changed_rule_is_caught(compared, monkeypatch):
     monkeypatch.setattr(engine, "RECV_POST_AHEAD", 1)
     simulate(p, g, checked=False)
     assert compared == [True, False]
+
+
+def test_a_compiled_timeline_pickles_and_copies_as_its_events():
+    import copy
+    import pickle
+
+    g = make("nas", 200)
+    split = np.minimum(np.arange(g.num_nodes) * 2 // g.num_nodes, 1)
+    req = outcore.plan_request(2, None, bandwidth="16GB/s")
+    p = make_plan(g, split, strategy="m", devices=2, memory_bytes=None, cluster=req.cluster)
+    tl = simulate(p, g, checked=False).timeline
+    assert isinstance(tl.events, EventColumns)
+    for other in (pickle.loads(pickle.dumps(tl)), copy.deepcopy(tl)):
+        assert other.events == tl.events and len(other.events) == len(tl.events) > 0
+        assert np.array_equal(other.busy_s(), tl.busy_s())
