@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from outcore.errors import InfeasibleError
+from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.plan.request import PlanRequest
 
@@ -17,8 +17,22 @@ from outcore.plan.request import PlanRequest
 # estimate puts past search.PRUNE_RATIO x the best simulated plan is still skipped
 SIMULATED_PER_SEARCH = 2
 
-# planners placing side by side (OUTCORE_PLANNER_THREADS=1: one at a time)
-PLANNER_THREADS = int(os.environ.get("OUTCORE_PLANNER_THREADS") or min(2, os.cpu_count() or 1))
+# planners placing side by side; None: OUTCORE_PLANNER_THREADS, else two where there are two
+# cores (OUTCORE_PLANNER_THREADS=1: one at a time)
+PLANNER_THREADS: int | None = None
+
+
+def planner_threads() -> int:
+    """How many threads :func:`side_by_side` uses (see :data:`PLANNER_THREADS`)."""
+    if PLANNER_THREADS is not None:
+        return PLANNER_THREADS
+    text = os.environ.get("OUTCORE_PLANNER_THREADS", "").strip()
+    if not text:
+        return min(2, os.cpu_count() or 1)
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise UsageError(f"OUTCORE_PLANNER_THREADS={text!r}: give a whole number of threads, at "
+                     "least 1 (1: the planners place one at a time)")
 
 
 def to_simulate(placed: list, est: list[float]) -> set[int]:
@@ -41,7 +55,7 @@ def place(g: Graph, req: PlanRequest, budget: float | None, names: tuple[str, ..
 
     A planner that finds nothing under ``budget`` places under a relaxed limit (the tightest
     of 1.5x, 2x, 4x, 8x, unlimited that it can meet) when memory policies may close the gap.
-    The planners run side by side on :data:`PLANNER_THREADS` threads (their compiled loops
+    The planners run side by side (:func:`planner_threads`) (their compiled loops
     release the interpreter); the results are listed in ``names`` order, as run one by one.
     """
     floor = spread_floor(g, req, budget)
@@ -142,9 +156,10 @@ def contended_runs(g: Graph, req: PlanRequest, placed: list) -> list:
 
 
 def side_by_side(fn, items) -> list:
-    """``[fn(x) for x in items]`` on :data:`PLANNER_THREADS` threads, in ``items`` order."""
+    """``[fn(x) for x in items]`` on :func:`planner_threads` threads, in ``items`` order."""
     items = list(items)
-    if min(PLANNER_THREADS, len(items)) < 2:
+    threads = min(planner_threads(), len(items))
+    if threads < 2:
         return [fn(x) for x in items]
-    with ThreadPoolExecutor(min(PLANNER_THREADS, len(items))) as pool:
+    with ThreadPoolExecutor(threads) as pool:
         return list(pool.map(fn, items))

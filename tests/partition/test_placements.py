@@ -39,3 +39,13 @@ def test_planners_side_by_side_place_as_one_at_a_time(family, share, monkeypatch
     together = _placed(g, req, req.memory_bytes, 2, monkeypatch)
     assert alone == together
     assert len(alone[0]) >= len(AUTO_CANDIDATES)  # every planner placed something
+
+
+def test_a_bad_thread_count_is_refused_with_its_setting(monkeypatch):
+    from outcore.errors import UsageError
+
+    monkeypatch.setenv("OUTCORE_PLANNER_THREADS", "two")
+    with pytest.raises(UsageError, match="OUTCORE_PLANNER_THREADS='two'"):
+        placements.planner_threads()
+    monkeypatch.setenv("OUTCORE_PLANNER_THREADS", "1")
+    assert placements.planner_threads() == 1
