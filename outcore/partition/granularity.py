@@ -29,15 +29,27 @@ STALL_ROUNDS = 4
 
 def _prices_s(pieces, cluster: Cluster, scale: float) -> np.ndarray:
     """Per piece, its fixed runtime cost per micro-batch: its overheads and its messages (each
-    remote transfer's link time, forward and backward)."""
+    remote transfer's link time, forward and backward), summed in transfer order."""
     d = cluster.device
     n = len(pieces.pieces)
-    sent, received = [0.0] * n, [0.0] * n  # each end pays its side's link
-    for t, (a, b) in zip(pieces.transfers, pieces.transfer_devices):
-        if not t.local:
-            sent[t.src] += cluster.link(a, b).time(t.bytes * scale)
-            received[t.dst] += cluster.link(b, a).time(t.bytes * scale)
-    return d.fwd_overhead_s + d.bwd_overhead_s + 2.0 * np.array(sent) + 2.0 * np.array(received)
+    src, dst = pieces.transfer_pieces
+    dev = pieces.device_of
+    a, b = dev[src], dev[dst]
+    remote = np.flatnonzero(a != b)
+    nbytes = np.fromiter((t.bytes for t in pieces.transfers), np.float64,
+                         len(pieces.transfers))[remote] * scale
+    # each end pays its side's link: LinkSpec.time per (source, destination) device pair
+    sent, received = np.zeros(remote.size), np.zeros(remote.size)
+    radix = int(dev.max()) + 1 if len(dev) else 1
+    pairs = a[remote] * radix + b[remote]
+    for code in np.unique(pairs).tolist():
+        x, y = divmod(code, radix)
+        at = pairs == code
+        for out, link in ((sent, cluster.link(x, y)), (received, cluster.link(y, x))):
+            out[at] = np.where(nbytes[at] > 0, link.latency_s + nbytes[at] / link.bandwidth, 0.0)
+    return d.fwd_overhead_s + d.bwd_overhead_s + \
+        2.0 * np.bincount(src[remote], weights=sent, minlength=n) + \
+        2.0 * np.bincount(dst[remote], weights=received, minlength=n)
 
 
 def _best_neighbour(pieces, p: int) -> int | None:
