@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from outcore.errors import UsageError
 
 
@@ -162,6 +164,15 @@ class Cluster:
     def link(self, a: int, b: int) -> LinkSpec:
         """The link between devices ``a`` and ``b``."""
         return self.intra if self.node_of(a) == self.node_of(b) else self.inter
+
+    def link_times(self, a, b, nbytes) -> np.ndarray:
+        """``link(a[i], b[i]).time(nbytes[i])`` for every ``i`` at once (the same
+        arithmetic)."""
+        same = np.asarray(a) // self.devices_per_node == np.asarray(b) // self.devices_per_node
+        latency = np.where(same, self.intra.latency_s, self.inter.latency_s)
+        bandwidth = np.where(same, self.intra.bandwidth, self.inter.bandwidth)
+        nbytes = np.asarray(nbytes, np.float64)
+        return np.where(nbytes > 0, latency + nbytes / bandwidth, 0.0)
 
     def with_memory(self, memory_bytes: float) -> "Cluster":
         return replace(self, device=replace(self.device, memory_bytes=memory_bytes))

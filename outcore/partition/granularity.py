@@ -38,15 +38,9 @@ def _prices_s(pieces, cluster: Cluster, scale: float) -> np.ndarray:
     remote = np.flatnonzero(a != b)
     nbytes = np.fromiter((t.bytes for t in pieces.transfers), np.float64,
                          len(pieces.transfers))[remote] * scale
-    # each end pays its side's link: LinkSpec.time per (source, destination) device pair
-    sent, received = np.zeros(remote.size), np.zeros(remote.size)
-    radix = int(dev.max()) + 1 if len(dev) else 1
-    pairs = a[remote] * radix + b[remote]
-    for code in np.unique(pairs).tolist():
-        x, y = divmod(code, radix)
-        at = pairs == code
-        for out, link in ((sent, cluster.link(x, y)), (received, cluster.link(y, x))):
-            out[at] = np.where(nbytes[at] > 0, link.latency_s + nbytes[at] / link.bandwidth, 0.0)
+    # each end pays its side's link
+    sent = cluster.link_times(a[remote], b[remote], nbytes)
+    received = cluster.link_times(b[remote], a[remote], nbytes)
     return d.fwd_overhead_s + d.bwd_overhead_s + \
         2.0 * np.bincount(src[remote], weights=sent, minlength=n) + \
         2.0 * np.bincount(dst[remote], weights=received, minlength=n)

@@ -109,10 +109,17 @@ def _compiled_list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str,
     src, dst = pieces.transfer_pieces
     nbytes = costs.transfer_bytes
     delay_f, delay_b = np.zeros(len(trs)), np.zeros(len(trs))
-    for t, (a, b) in zip(trs, pieces.transfer_devices):
-        if not t.local:
-            delay_f[t.id] = link_time(a, b, nbytes[t.id])
-            delay_b[t.id] = link_time(b, a, nbytes[t.id])
+    if isinstance(link_time, ClusterLinkTime):  # every remote transfer at once
+        a, b = pieces.device_of[src], pieces.device_of[dst]
+        remote = np.flatnonzero(a != b)
+        nb = np.asarray(nbytes, np.float64)[remote]
+        delay_f[remote] = link_time.many(a[remote], b[remote], nb)
+        delay_b[remote] = link_time.many(b[remote], a[remote], nb)
+    else:
+        for t, (a, b) in zip(trs, pieces.transfer_devices):
+            if not t.local:
+                delay_f[t.id] = link_time(a, b, nbytes[t.id])
+                delay_b[t.id] = link_time(b, a, nbytes[t.id])
     in_ptr, in_tr = _csr(pieces.inputs_of)
     out_ptr, out_tr = _csr(pieces.outputs_of)
     rank, op, piece, mb = list_schedule(
@@ -329,6 +336,20 @@ def with_messages(pieces: Pieces, order: list[list[tuple[str, int, int]]]) -> li
             acts += [make(send, m, -1, t) for t in after]
         out.append(acts)
     return out
+
+
+class ClusterLinkTime:
+    """A :data:`LinkTime` over a cluster's links (nothing within a rank), which the compiled
+    builder also asks for many transfers at once (:meth:`many`)."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
+
+    def __call__(self, a: int, b: int, nbytes: float) -> float:
+        return self.cluster.link(a, b).time(nbytes) if a != b else 0.0
+
+    def many(self, a: np.ndarray, b: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        return np.where(a != b, self.cluster.link_times(a, b, nbytes), 0.0)
 
 
 def simple_link(bandwidth: float, latency_s: float) -> LinkTime:

@@ -29,7 +29,7 @@ from outcore.plan.pieces import Pieces, cut
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
 from outcore.plan.replicas import expand, expand_policies
-from outcore.schedule.build import build
+from outcore.schedule.build import ClusterLinkTime, build
 from outcore.schedule.check import check
 from outcore.schedule.costs import PieceCosts, loss_cost_s, mb_scale, piece_costs
 from outcore.schedule.ir import Action, Schedule
@@ -288,8 +288,7 @@ def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatc
                         loss_s=loss_cost_s(cluster.device),
                         **(shard.cost_options() if shard else {}))
 
-    def link_time(a: int, b: int, nbytes: float) -> float:
-        return cluster.link(a, b).time(nbytes) if a != b else 0.0
+    link_time = ClusterLinkTime(cluster)
 
     s = build(pieces, num_ranks, microbatches, kind, costs, link_time, buckets=groups)
     s = place_allreduces(s, g, names)
