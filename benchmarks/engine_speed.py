@@ -34,27 +34,16 @@ from outcore.graph.generators import make
 from outcore.plan import make_plan
 from outcore.schedule.lower import lower
 from outcore.sim.compiled import simulate_compiled
+from outcore.sim.simulate import sim_options
 
 engine = importlib.import_module("outcore.sim.engine")
-sim_module = importlib.import_module("outcore.sim.simulate")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _inputs(g, p):
     """The schedule, costs, cluster and options ``simulate`` hands the event loop."""
-    seen = {}
-    original = sim_module.simulate_schedule
-
-    def grab(s, costs, cluster, options=engine.SimOptions()):
-        seen["args"] = (s, costs, cluster, options)
-        return original(s, costs, cluster, options)
-
-    sim_module.simulate_schedule = grab
-    try:
-        sim_module.simulate(p, g, lowered=lower(g, p, checked=False), checked=False)
-    finally:
-        sim_module.simulate_schedule = original
-    return seen["args"]
+    low = lower(g, p, checked=False)
+    return low.schedule, low.costs, low.cluster, sim_options(p, g, low)
 
 
 def _median_s(fn, repeats: int):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Callable, Iterable, NamedTuple
@@ -110,7 +111,11 @@ class Timeline:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def columns(self) -> dict[str, np.ndarray]:
-        """The events as columns (:class:`EventColumns`), in their order."""
+        """The events as columns (:class:`EventColumns`), in their order (made once)."""
+        return self._columns
+
+    @cached_property
+    def _columns(self) -> dict[str, np.ndarray]:
         if isinstance(self.events, EventColumns):
             return self.events.columns
         return event_columns(self.events)

@@ -14,6 +14,8 @@ from outcore.hardware.spec import COLD_START_FRACTION, COLD_START_IDLE_S, Cluste
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import RECV_POST_AHEAD, Schedule
 from outcore.sim import _engine_kernel as K
+from outcore.sim.engine import (_pair_recv_bytes, _paired_buckets, ar_buffer_bytes, grad_bytes,
+                                held_at_start, link_ports)
 from outcore.trace import Event, EventColumns, Timeline
 
 # keyed tables past this many entries are not held as arrays (the reference runs instead)
@@ -42,8 +44,9 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
     A = (ptr, op, mbs, pcs, trs, bks, rank_of, nmb, RECV_POST_AHEAD)
     Pa, left = _pieces(s, costs, cluster, opt, op, mbs, pcs, R)
     Ta, nports = _transfers(s, costs, cluster)
-    Ba = _buckets(s, cluster, opt, R)
-    Oa = _optimizer(s, costs, cluster, opt, R)
+    paired = _paired_buckets(s, cluster, opt)
+    Ba = _buckets(s, cluster, opt, R, paired)
+    Oa = _optimizer(s, costs, cluster, opt, R, paired)
     dev = cluster.device
     D = np.array([dev.send_overhead_s, dev.send_byte_s, dev.recv_overhead_s, dev.recv_byte_s,
                   opt.step_host_s,
@@ -61,10 +64,8 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
          np.zeros(n_ev), np.zeros(n_ev, np.int64))
     n_mem = 2 * R + 6 * len(flat) + 16
     M = (np.zeros(n_mem, np.int64), np.zeros(n_mem), np.zeros(n_mem))
-    later = np.bincount(np.asarray(s.pieces.device_of, np.int64), weights=Pa[6],
-                        minlength=R) if P else np.zeros(R)
     M[0][:R] = np.arange(R)  # the static state, less the gradients the step makes
-    M[2][:R] = [float(costs.static_bytes[r] - later[r]) for r in range(R)]
+    M[2][:R] = held_at_start(s, costs, Pa[6])
     key = T * 2 * nmb
     H = (np.zeros(key), np.zeros(T * nmb), np.zeros(P * nmb), np.zeros(P, np.bool_),
          np.zeros(nports), np.zeros(nports), np.zeros(key, np.int8), np.full(key, -1, np.int64))
@@ -104,8 +105,7 @@ def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs,
     remote = dev[src] != dev[dst]  # (a transfer is local when its pieces share a device)
     in_grad = np.zeros(P)
     np.add.at(in_grad, dst[remote], tb[remote])  # in transfer order, as the reference sums
-    grads = np.asarray(costs.grad_bytes, np.float64) if costs.grad_bytes is not None \
-        else np.zeros(P)
+    grads = np.asarray(grad_bytes(s, costs), np.float64)
     last_b = np.full(P, -1, np.int64)
     b = np.flatnonzero(op == K.OP_B)[::-1]  # the last backward of each piece in rank order
     with_b, first = np.unique(pcs[b], return_index=True)
@@ -163,12 +163,7 @@ def _transfers(s: Schedule, costs: PieceCosts, cluster: Cluster):
     ids: dict = {}
     rows = np.zeros((5, len(pairs)))
     for j, code in enumerate(pairs.tolist()):
-        x, y = divmod(code, R)
-        if cluster.size >= max(x, y) + 1 and cluster.node_of(x) != cluster.node_of(y):
-            out, into, link = ("nic", cluster.node_of(x)), ("nic", cluster.node_of(y)), \
-                cluster.inter
-        else:
-            out, into, link = ("dev", x), ("dev", y), cluster.intra
+        out, into, link = link_ports(cluster, *divmod(code, R))
         rows[:, j] = (ids.setdefault(out, len(ids)), ids.setdefault(into, len(ids)),
                       link.latency_s, link.bandwidth, link.copy_on_send)
     per = rows[:, inverse].reshape(5, 2, T)
@@ -178,23 +173,19 @@ def _transfers(s: Schedule, costs: PieceCosts, cluster: Cluster):
             np.ascontiguousarray(per[3]), per[4].astype(np.bool_)), max(len(ids), 1)
 
 
-def _buckets(s: Schedule, cluster: Cluster, opt, R: int):
+def _buckets(s: Schedule, cluster: Cluster, opt, R: int, paired: frozenset[int]):
     """The gradient buckets: members (in the schedule's order), the buffer each member holds,
-    bytes, the seconds added to the collective's start, arrival state, and each rank's
-    buckets in order."""
-    from outcore.sim.engine import _paired_buckets
-
+    bytes, the seconds added to the collective's start (``paired``: summed over a pair's own
+    link), arrival state, and each rank's buckets in order."""
     nb = len(s.buckets)
     ptr = np.zeros(nb + 1, np.int64)
     ptr[1:] = np.cumsum([len(g) for g in s.buckets])
     members = np.array([m for g in s.buckets for m in g], np.int64)
     held, nbytes, add = np.zeros(nb), np.zeros(nb), np.zeros((4, max(nb, 1)))
-    paired = _paired_buckets(s, cluster, opt)
     dev = cluster.device
     for b, group in enumerate(s.buckets):
         ring = opt.bucket_ring[b] if b < len(opt.bucket_ring) else 0
-        if ring != 1 and b < len(opt.bucket_bytes):
-            held[b] = float(opt.bucket_bytes[b])
+        held[b] = ar_buffer_bytes(opt, b)
         nbytes[b] = opt.bucket_bytes[b] if b < len(opt.bucket_bytes) else 0.0
         link = cluster.link(min(group), max(group))
         if b in paired:  # one message each way over the pair's own link
@@ -210,12 +201,11 @@ def _buckets(s: Schedule, cluster: Cluster, opt, R: int):
             np.zeros(nb), np.zeros(nb, np.bool_), rb_ptr, rb_list)
 
 
-def _optimizer(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, R: int):
+def _optimizer(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, R: int,
+               paired: frozenset[int]):
     """Per rank: the pair-sum buffer, the step's working memory and seconds; the ranks that
     step; the loop's clock and the synchronisation's end (NaN until known)."""
-    from outcore.sim.engine import _paired_buckets, _pair_recv_bytes
-
-    pair = np.array(_pair_recv_bytes(s, _paired_buckets(s, cluster, opt), opt), np.float64)
+    pair = np.array(_pair_recv_bytes(s, paired, opt), np.float64)
     work = np.array([float(costs.param_bytes[r]) * opt.optimizer_transient for r in range(R)])
     dur = np.zeros(R)
     for r in range(R):

@@ -111,14 +111,11 @@ class _Engine:
         self.events: list[Event] = []
         # gradients: made by each piece's first backward of the step, freed once the
         # optimizer has stepped (the rest of the static state stays)
-        self.grads = costs.grad_bytes if costs.grad_bytes is not None \
-            else np.zeros(len(s.pieces.pieces))
+        self.grads = grad_bytes(s, costs)
         self.grads_live = [0.0] * R
         self.grads_made: set[int] = set()
-        later = np.bincount(np.asarray(s.pieces.device_of, np.int64), weights=self.grads,
-                            minlength=R) if len(self.grads) else np.zeros(R)
         self.mem: list[list[tuple[float, float]]] = [
-            [(0.0, float(costs.static_bytes[r] - later[r]))] for r in range(R)]
+            [(0.0, held)] for held in held_at_start(s, costs, self.grads)]
         self.arrival: dict[tuple[int, str, int], float] = {}
         self.waiting: dict[tuple[int, str, int], int] = {}
         self.blocked_since: dict[int, float] = {}
@@ -185,12 +182,7 @@ class _Engine:
     def ports(self, a: int, b: int) -> tuple[object, object, LinkSpec]:
         found = self._ports.get((a, b))
         if found is None:
-            cl = self.cluster
-            if cl.size >= max(a, b) + 1 and cl.node_of(a) != cl.node_of(b):
-                found = ("nic", cl.node_of(a)), ("nic", cl.node_of(b)), cl.inter
-            else:
-                found = ("dev", a), ("dev", b), cl.intra
-            self._ports[a, b] = found
+            found = self._ports[a, b] = link_ports(self.cluster, a, b)
         return found
 
     def cold(self, r: int, t: float, dur: float) -> float:
@@ -423,7 +415,7 @@ class _Engine:
         group = self.s.buckets[a.bucket] if a.bucket < len(self.s.buckets) else (r,)
         arrived = self.ar_arrived.setdefault(a.bucket, {})
         arrived[r] = t
-        held = self._ar_buffer_bytes(a.bucket)
+        held = ar_buffer_bytes(self.opt, a.bucket)
         if held:
             self.add_mem(r, t, held)
             self.ar_held[r] += held
@@ -453,14 +445,6 @@ class _Engine:
                 self.wake(w, end)
         return t
 
-    def _ar_buffer_bytes(self, bucket: int) -> float:
-        """Bytes of the flat buffer a rank all-reduces ``bucket`` in (none for a bucket whose
-        shards nobody else holds)."""
-        ring = self.opt.bucket_ring[bucket] if bucket < len(self.opt.bucket_ring) else 0
-        if ring == 1 or bucket >= len(self.opt.bucket_bytes):
-            return 0.0
-        return float(self.opt.bucket_bytes[bucket])
-
     def dp_allreduce(self, r: int, piece: int | None, t: float, b_start: float) -> None:
         """Overlapped data-parallel all-reduce of one piece's gradients (``None``: all of the
         rank's) over ``dp`` copies (its last backward ran from ``b_start`` to ``t``)."""
@@ -488,6 +472,38 @@ class _Engine:
             self.events.append(Event(r, "allreduce", f"DP{'' if piece is None else piece}",
                                      start, end, "comm", piece=-1 if piece is None else piece,
                                      bytes=int(share)))
+
+
+def grad_bytes(s: Schedule, costs: PieceCosts) -> np.ndarray:
+    """Per piece, the gradient bytes its first backward of the step makes."""
+    return costs.grad_bytes if costs.grad_bytes is not None else np.zeros(len(s.pieces.pieces))
+
+
+def held_at_start(s: Schedule, costs: PieceCosts, grads: np.ndarray) -> list[float]:
+    """Per rank, the bytes held when the step starts: the static state less the gradients
+    the step makes (they exist from each piece's first backward until the optimizer step)."""
+    R = s.num_ranks
+    later = np.bincount(np.asarray(s.pieces.device_of, np.int64), weights=grads,
+                        minlength=R) if len(grads) else np.zeros(R)
+    return [float(costs.static_bytes[r] - later[r]) for r in range(R)]
+
+
+def link_ports(cluster: Cluster, a: int, b: int) -> tuple[object, object, LinkSpec]:
+    """``(out port, in port, link)`` of a message from rank ``a`` to ``b``: the nodes' network
+    ports across nodes of the cluster, else the ranks' own ports (one transfer at a time per
+    port and direction)."""
+    if cluster.size >= max(a, b) + 1 and cluster.node_of(a) != cluster.node_of(b):
+        return ("nic", cluster.node_of(a)), ("nic", cluster.node_of(b)), cluster.inter
+    return ("dev", a), ("dev", b), cluster.intra
+
+
+def ar_buffer_bytes(opt: SimOptions, bucket: int) -> float:
+    """Bytes of the flat buffer a rank all-reduces ``bucket`` in (none for a bucket whose
+    shards nobody else holds)."""
+    ring = opt.bucket_ring[bucket] if bucket < len(opt.bucket_ring) else 0
+    if ring == 1 or bucket >= len(opt.bucket_bytes):
+        return 0.0
+    return float(opt.bucket_bytes[bucket])
 
 
 def _paired_buckets(s: Schedule, cluster: Cluster, opt: SimOptions) -> frozenset[int]:

@@ -168,8 +168,21 @@ def _simulated(plan: Plan, g: Graph, cluster: Cluster | None, microbatches: int 
     low = lowered or lower(g, plan, microbatches=microbatches, schedule=schedule,
                            cluster=cluster, global_batch=global_batch, checked=checked)
     sched, costs, cl = low.schedule, low.costs, low.cluster
+    opts = sim_options(plan, g, low, dp, collective, dp_bucket_bytes, dp_fused)
+    tl = simulate_schedule(sched, costs, cl, opts)
+    result = summarize(tl, sched, costs, low.batch, dp, plan.memory_bytes)
+    if plan.spatial is not None:  # the extra tile ranks of spatial parallelism
+        from outcore.sim.spatial import with_tile_ranks
+        result = with_tile_ranks(result, plan, g, low)
+    return result
+
+
+def sim_options(plan: Plan, g: Graph, low: Lowered, dp: int = 1, collective: str = "auto",
+                dp_bucket_bytes: float = 0.0, dp_fused: bool = False) -> SimOptions:
+    """The :class:`SimOptions` :func:`simulate` runs ``low`` (``plan`` lowered) with."""
+    sched, costs, cl = low.schedule, low.costs, low.cluster
     opt_scale = optimizer_scale(g, costs, cl, low.copies)
-    opts = SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())),
+    return SimOptions(dp=dp, bucket_bytes=tuple(sched.meta.get("bucket_bytes", ())),
                       bucket_ring=tuple(sched.meta.get("bucket_ring", ())),
                       dp_collective=collective, dp_bucket_bytes=dp_bucket_bytes,
                       dp_fused=dp_fused,
@@ -184,12 +197,6 @@ def _simulated(plan: Plan, g: Graph, cluster: Cluster | None, microbatches: int 
                       step_sync_s=step_sync_s(cl, max(plan.layout.ranks(plan.devices),
                                                       sched.num_ranks * dp)),
                       step_host_s=step_host_s(cl, sched.microbatches))
-    tl = simulate_schedule(sched, costs, cl, opts)
-    result = summarize(tl, sched, costs, low.batch, dp, plan.memory_bytes)
-    if plan.spatial is not None:  # the extra tile ranks of spatial parallelism
-        from outcore.sim.spatial import with_tile_ranks
-        result = with_tile_ranks(result, plan, g, low)
-    return result
 
 
 # The runtime's multi-tensor (foreach) Adam holds one temporary the size of all the rank's
