@@ -31,13 +31,12 @@ def _prices_s(pieces, cluster: Cluster, scale: float) -> np.ndarray:
     """Per piece, its fixed runtime cost per micro-batch: its overheads and its messages (each
     remote transfer's link time, forward and backward), summed in transfer order."""
     d = cluster.device
-    n = len(pieces.pieces)
+    n = pieces.num_pieces
     src, dst = pieces.transfer_pieces
     dev = pieces.device_of
     a, b = dev[src], dev[dst]
     remote = np.flatnonzero(a != b)
-    nbytes = np.fromiter((t.bytes for t in pieces.transfers), np.float64,
-                         len(pieces.transfers))[remote] * scale
+    nbytes = pieces.transfer_bytes[remote].astype(np.float64) * scale
     # each end pays its side's link
     sent = cluster.link_times(a[remote], b[remote], nbytes)
     received = cluster.link_times(b[remote], a[remote], nbytes)
@@ -46,15 +45,21 @@ def _prices_s(pieces, cluster: Cluster, scale: float) -> np.ndarray:
         2.0 * np.bincount(dst[remote], weights=received, minlength=n)
 
 
+def _touching(pieces, p: int) -> list[int]:
+    """The transfers into ``p``, then those out of it (ids ascending in each)."""
+    (ip, ii), (op, oi) = pieces.inputs_csr, pieces.outputs_csr
+    return ii[ip[p]:ip[p + 1]].tolist() + oi[op[p]:op[p + 1]].tolist()
+
+
 def _best_neighbour(pieces, p: int) -> int | None:
     """The device of the remote neighbour ``p`` exchanges the most bytes with."""
-    dev = pieces.pieces[p].device
+    device, src, dst = pieces.device_of, pieces.transfer_src, pieces.transfer_dst
+    dev = int(device[p])
     volume: dict[int, float] = {}
-    for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:
-        t = pieces.transfers[tid]
-        other = pieces.pieces[t.dst if t.src == p else t.src].device
-        if other != dev:
-            volume[other] = volume.get(other, 0.0) + t.bytes + 1.0  # +1: ties by count
+    for tid in _touching(pieces, p):
+        other = int(device[dst[tid] if src[tid] == p else src[tid]])
+        if other != dev:  # +1: ties by count
+            volume[other] = volume.get(other, 0.0) + int(pieces.transfer_bytes[tid]) + 1.0
     return max(volume, key=lambda k: (volume[k], -k)) if volume else None
 
 
@@ -81,7 +86,7 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
     fewest, stalled = g.num_nodes + 1, 0  # the fewest small pieces a round began with
     for _ in range(max_rounds):
         pieces = cut(g, a)
-        comp = np.bincount(pieces.piece_of, weights=work, minlength=len(pieces.pieces)) * scale
+        comp = np.bincount(pieces.piece_of, weights=work, minlength=pieces.num_pieces) * scale
         small = comp < factor * _prices_s(pieces, cluster, scale)
         if small.sum() < fewest:
             fewest, stalled = int(small.sum()), 0
@@ -94,7 +99,7 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
         for p in np.argsort(comp, kind="stable").tolist():
             if p in touched or not small[p]:
                 continue
-            nodes = list(pieces.pieces[p].nodes)
+            nodes = pieces.nodes_of(p).tolist()
             if settled[nodes].any():
                 continue
             dev = _best_neighbour(pieces, p)
@@ -104,13 +109,12 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
                 settled[nodes] = True
             else:
                 for v in nodes:
-                    left.setdefault(v, set()).add(pieces.pieces[p].device)
+                    left.setdefault(v, set()).add(int(pieces.device_of[p]))
             a[nodes] = dev
             moved = True
             touched.add(p)
-            for tid in pieces.inputs_of[p] + pieces.outputs_of[p]:
-                t = pieces.transfers[tid]
-                touched.update((t.src, t.dst))
+            for tid in _touching(pieces, p):
+                touched.update((int(pieces.transfer_src[tid]), int(pieces.transfer_dst[tid])))
         if not moved:
             break
     return a

@@ -253,7 +253,7 @@ def _trimmed(g: Graph, plan: Plan, fitted: tuple, group_of: np.ndarray, policies
 def _held_at_peak(sim) -> tuple[np.ndarray, ...]:
     """Per rank of a simulation, per piece of its schedule: how many micro-batches' saved
     activations the rank holds at its peak (forward ended, backward not yet)."""
-    n_pieces = len(sim.schedule.pieces.pieces)
+    n_pieces = sim.schedule.pieces.num_pieces
     rows = [(e.rank, e.piece, e.end_s, 1 if e.kind == "F" else -1)
             for e in sim.timeline.events if e.piece >= 0 and e.kind in ("F", "B")]
     rank, piece, end, step = (np.array(c) for c in zip(*rows)) if rows else \

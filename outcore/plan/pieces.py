@@ -53,52 +53,112 @@ class Transfer(NamedTuple):
 
 @dataclass(frozen=True, eq=False)
 class Pieces:
-    pieces: tuple[Piece, ...]
-    transfers: tuple[Transfer, ...]
+    """The cut of a placed graph, as columns: per piece its device, hop, memory-policy group
+    and nodes (``node_idx[node_ptr[k]:node_ptr[k + 1]]``, topological order); per transfer its
+    source and destination piece, bytes, whether it stays on one device and its tensors
+    (``tensor_idx[tensor_ptr[t]:tensor_ptr[t + 1]]``). :attr:`pieces` and :attr:`transfers`
+    are the same as named tuples, made when first read (a cut of a large plan has tens of
+    thousands; the lowering and the simulator read the columns)."""
+
     piece_of: np.ndarray  # int64[n]: piece of each node
+    device_of: np.ndarray  # int64[pieces]
+    hop_of: np.ndarray  # int64[pieces]
+    group_of: np.ndarray  # int64[pieces]: memory-policy group (-1: none)
+    node_ptr: np.ndarray  # int64[pieces + 1]
+    node_idx: np.ndarray  # int64[n]
+    transfer_src: np.ndarray  # int64[transfers]: source piece
+    transfer_dst: np.ndarray  # int64[transfers]: destination piece
+    transfer_bytes: np.ndarray  # int64[transfers]
+    transfer_local: np.ndarray  # bool[transfers]
+    tensor_ptr: np.ndarray  # int64[transfers + 1]
+    tensor_idx: np.ndarray  # int64: producer nodes, per transfer
+
+    @property
+    def num_pieces(self) -> int:
+        return int(self.device_of.size)
+
+    @property
+    def num_transfers(self) -> int:
+        return int(self.transfer_src.size)
 
     @cached_property
-    def device_of(self) -> np.ndarray:
-        """``int64[pieces]``: the device of each piece."""
-        return np.array([p.device for p in self.pieces], dtype=np.int64)
+    def pieces(self) -> tuple[Piece, ...]:
+        flat, bounds = self.node_idx.tolist(), self.node_ptr.tolist()
+        dev, hop, grp = self.device_of.tolist(), self.hop_of.tolist(), self.group_of.tolist()
+        return tuple(Piece(k, dev[k], hop[k], tuple(flat[bounds[k]:bounds[k + 1]]), grp[k])
+                     for k in range(len(dev)))
 
     @cached_property
+    def transfers(self) -> tuple[Transfer, ...]:
+        flat, bounds = self.tensor_idx.tolist(), self.tensor_ptr.tolist()
+        a, b = self.transfer_src.tolist(), self.transfer_dst.tolist()
+        total, local = self.transfer_bytes.tolist(), self.transfer_local.tolist()
+        new = tuple.__new__  # (the fields are made here: Transfer's own __new__ adds nothing)
+        return tuple(new(Transfer, (k, a[k], b[k], tuple(flat[bounds[k]:bounds[k + 1]]),
+                                    total[k], local[k])) for k in range(len(a)))
+
+    def nodes_of(self, piece: int) -> np.ndarray:
+        """The nodes of ``piece`` (topological order)."""
+        return self.node_idx[self.node_ptr[piece]:self.node_ptr[piece + 1]]
+
+    def tensors_of(self, transfer: int) -> np.ndarray:
+        """The producer nodes whose outputs ``transfer`` carries."""
+        return self.tensor_idx[self.tensor_ptr[transfer]:self.tensor_ptr[transfer + 1]]
+
+    @property
     def transfer_pieces(self) -> tuple[np.ndarray, np.ndarray]:
         """``(int64[transfers], int64[transfers])``: each transfer's source and destination
         piece."""
-        n = len(self.transfers)
-        return (np.fromiter((t.src for t in self.transfers), np.int64, n),
-                np.fromiter((t.dst for t in self.transfers), np.int64, n))
+        return self.transfer_src, self.transfer_dst
 
     @cached_property
     def transfer_devices(self) -> list[tuple[int, int]]:
         """Per transfer, ``(source device, destination device)`` (the ranks its send and
         receive run on)."""
-        dev = self.device_of.tolist()
-        return [(dev[t.src], dev[t.dst]) for t in self.transfers]
+        return list(zip(self.device_of[self.transfer_src].tolist(),
+                        self.device_of[self.transfer_dst].tolist()))
 
     @cached_property
     def by_device(self) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
-        for p in self.pieces:
-            out.setdefault(p.device, []).append(p.id)
+        for k, d in enumerate(self.device_of.tolist()):
+            out.setdefault(d, []).append(k)
         return out
+
+    @cached_property
+    def inputs_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ptr, ids)``: the transfers into piece ``p`` are ``ids[ptr[p]:ptr[p + 1]]``, in
+        id order."""
+        return _csr(self.transfer_dst, self.num_pieces)
+
+    @cached_property
+    def outputs_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ptr, ids)``: the transfers out of each piece, in id order."""
+        return _csr(self.transfer_src, self.num_pieces)
 
     @cached_property
     def inputs_of(self) -> list[list[int]]:
         """Transfer ids into each piece."""
-        out: list[list[int]] = [[] for _ in self.pieces]
-        for t in self.transfers:
-            out[t.dst].append(t.id)
-        return out
+        return _lists(*self.inputs_csr)
 
     @cached_property
     def outputs_of(self) -> list[list[int]]:
         """Transfer ids out of each piece."""
-        out: list[list[int]] = [[] for _ in self.pieces]
-        for t in self.transfers:
-            out[t.src].append(t.id)
-        return out
+        return _lists(*self.outputs_csr)
+
+
+def _csr(key: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row pointers and the indices of ``key`` grouped by value (``0..n-1``), ascending
+    within a group."""
+    ids = np.argsort(key, kind="stable").astype(np.int64)
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(key, minlength=n), out=ptr[1:])
+    return ptr, ids
+
+
+def _lists(ptr: np.ndarray, ids: np.ndarray) -> list[list[int]]:
+    flat, bounds = ids.tolist(), ptr.tolist()
+    return [flat[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
 
 
 def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None,
@@ -160,15 +220,12 @@ def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,
     piece_of = new_id[root]
     by_piece = np.lexsort((pos, piece_of))  # nodes by piece, then topological position
     starts = np.searchsorted(piece_of[by_piece], np.arange(rank.size + 1))
-    flat = by_piece.tolist()
     heads = by_piece[starts[:-1]]
-    dev_of, hop_of = assignment[heads].tolist(), hop[heads].tolist()
-    grp_of = groups[heads].tolist() if groups is not None else [-1] * rank.size
-    bounds = starts.tolist()
-    pieces = tuple(Piece(k, dev_of[k], hop_of[k], tuple(flat[bounds[k]:bounds[k + 1]]),
-                         grp_of[k]) for k in range(rank.size))
-    transfers = _transfers(g, piece_of, assignment[heads], relay=whole is None)
-    return Pieces(pieces, transfers, piece_of)
+    dev_of = assignment[heads]
+    grp_of = groups[heads] if groups is not None else np.full(rank.size, -1, np.int64)
+    columns = _transfers(g, piece_of, dev_of, relay=whole is None)
+    return Pieces(piece_of, dev_of, hop[heads], grp_of, starts.astype(np.int64), by_piece,
+                  *columns)
 
 
 def _relayed(a: np.ndarray, b: np.ndarray, prod: np.ndarray, nbytes: np.ndarray,
@@ -206,14 +263,13 @@ def _relayed(a: np.ndarray, b: np.ndarray, prod: np.ndarray, nbytes: np.ndarray,
 
 
 def _transfers(g: Graph, piece_of: np.ndarray, dev: np.ndarray, *, relay: bool = True
-               ) -> tuple[Transfer, ...]:
+               ) -> tuple[np.ndarray, ...]:
     """One transfer per (source piece, destination piece) pair of crossing edges, in that
     order; its tensors are the distinct producers, each counted once at its largest edge.
-    With ``relay``, a tensor crosses to a device once (:func:`_relayed`)."""
+    With ``relay``, a tensor crosses to a device once (:func:`_relayed`). Returns the columns
+    ``(src, dst, bytes, local, tensor_ptr, tensor_idx)``."""
     ps, pd = piece_of[g.src], piece_of[g.dst]
     crossing = np.flatnonzero(ps != pd)
-    if not crossing.size:
-        return ()
     a, b = ps[crossing], pd[crossing]
     prod = np.asarray(g.src, np.int64)[crossing]
     nbytes = np.asarray(g.edge_bytes, np.int64)[crossing]
@@ -227,12 +283,7 @@ def _transfers(g: Graph, piece_of: np.ndarray, dev: np.ndarray, *, relay: bool =
     head = np.ones(a.size, dtype=bool)
     head[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
     starts = np.flatnonzero(head)
-    total = np.add.reduceat(nbytes, starts).tolist()
-    bounds = starts.tolist() + [a.size]
-    prods = prod.tolist()
-    al, bl = a[starts].tolist(), b[starts].tolist()
-    local = (dev[a[starts]] == dev[b[starts]]).tolist()
-    new = tuple.__new__  # (the fields are made here: Transfer's own __new__ adds nothing)
-    return tuple(new(Transfer, (k, al[k], bl[k], tuple(prods[bounds[k]:bounds[k + 1]]),
-                                total[k], local[k]))
-                 for k in range(len(al)))
+    total = np.add.reduceat(nbytes, starts) if starts.size else np.zeros(0, np.int64)
+    ptr = np.append(starts, a.size).astype(np.int64)
+    return (a[starts].astype(np.int64), b[starts].astype(np.int64), total.astype(np.int64),
+            dev[a[starts]] == dev[b[starts]], ptr, prod.astype(np.int64))

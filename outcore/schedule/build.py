@@ -39,16 +39,18 @@ LinkTime = Callable[[int, int, float], float]  # (src rank, dst rank, bytes) -> 
 
 def inflight_limits(pieces: Pieces, num_ranks: int) -> list[int]:
     """1F1B bound per rank: 1 + most device hops from any of its pieces to a sink piece."""
-    after = [0] * len(pieces.pieces)
-    for p in reversed(pieces.pieces):
+    P = pieces.num_pieces
+    after = [0] * P
+    ptr, ids = (x.tolist() for x in pieces.outputs_csr)
+    dst, local = pieces.transfer_dst.tolist(), pieces.transfer_local.tolist()
+    for p in range(P - 1, -1, -1):  # transfers go to higher piece ids (pieces.cut)
         best = 0
-        for t in pieces.outputs_of[p.id]:
-            tr = pieces.transfers[t]
-            best = max(best, after[tr.dst] + (0 if tr.local else 1))
-        after[p.id] = best
+        for t in ids[ptr[p]:ptr[p + 1]]:
+            best = max(best, after[dst[t]] + (0 if local[t] else 1))
+        after[p] = best
     limit = [1] * num_ranks
-    for p in pieces.pieces:
-        limit[p.device] = max(limit[p.device], after[p.id] + 1)
+    for d, a in zip(pieces.device_of.tolist(), after):
+        limit[d] = max(limit[d], a + 1)
     return limit
 
 
@@ -71,7 +73,8 @@ def build(pieces: Pieces, num_ranks: int, microbatches: int, kind: str, costs: P
         raise UsageError(f"unknown schedule {kind!r}; choose one of: {', '.join(KINDS)}")
     if microbatches < 1:
         raise UsageError(f"micro-batches must be at least 1, got {microbatches}")
-    if any(p.device >= num_ranks or p.device < 0 for p in pieces.pieces):
+    if pieces.num_pieces and (pieces.device_of.max() >= num_ranks or
+                              pieces.device_of.min() < 0):
         raise ScheduleError(f"a piece is placed on a rank outside 0..{num_ranks - 1}")
     order = _list_schedule(pieces, num_ranks, microbatches, kind, costs, link_time)
     actions = with_messages(pieces, order)
@@ -93,7 +96,7 @@ def _list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str, costs: Pie
                    link_time: LinkTime) -> list[list[tuple[str, int, int]]]:
     """Per rank, the compute tasks ``(op, piece, mb)`` in the order a simulation ran them
     (compiled when numba is installed: :mod:`outcore.schedule._list_kernel`)."""
-    if HAVE_NUMBA and pieces.pieces:
+    if HAVE_NUMBA and pieces.num_pieces:
         return _compiled_list_schedule(pieces, num_ranks, M, kind, costs, link_time)
     state = _ListState(pieces, num_ranks, M, kind, costs, link_time)
     for _ in range(2 * len(pieces.pieces) * M):
@@ -105,10 +108,10 @@ def _compiled_list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str,
                             costs: PieceCosts, link_time: LinkTime
                             ) -> list[list[tuple[str, int, int]]]:
     """:func:`_list_schedule` by the compiled kernel (the same order as :class:`_ListState`)."""
-    P, trs = len(pieces.pieces), pieces.transfers
+    P, T = pieces.num_pieces, pieces.num_transfers
     src, dst = pieces.transfer_pieces
     nbytes = costs.transfer_bytes
-    delay_f, delay_b = np.zeros(len(trs)), np.zeros(len(trs))
+    delay_f, delay_b = np.zeros(T), np.zeros(T)
     if isinstance(link_time, ClusterLinkTime):  # every remote transfer at once
         a, b = pieces.device_of[src], pieces.device_of[dst]
         remote = np.flatnonzero(a != b)
@@ -116,12 +119,13 @@ def _compiled_list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str,
         delay_f[remote] = link_time.many(a[remote], b[remote], nb)
         delay_b[remote] = link_time.many(b[remote], a[remote], nb)
     else:
-        for t, (a, b) in zip(trs, pieces.transfer_devices):
-            if not t.local:
-                delay_f[t.id] = link_time(a, b, nbytes[t.id])
-                delay_b[t.id] = link_time(b, a, nbytes[t.id])
-    in_ptr, in_tr = _csr(pieces.inputs_of)
-    out_ptr, out_tr = _csr(pieces.outputs_of)
+        for t, ((a, b), local) in enumerate(zip(pieces.transfer_devices,
+                                                 pieces.transfer_local.tolist())):
+            if not local:
+                delay_f[t] = link_time(a, b, nbytes[t])
+                delay_b[t] = link_time(b, a, nbytes[t])
+    in_ptr, in_tr = pieces.inputs_csr
+    out_ptr, out_tr = pieces.outputs_csr
     rank, op, piece, mb = list_schedule(
         P, M, num_ranks, kind == "gpipe", pieces.device_of, in_ptr, in_tr, out_ptr, out_tr,
         src, dst, delay_f, delay_b, np.asarray(costs.fwd_s, np.float64),
@@ -135,13 +139,6 @@ def _compiled_list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str,
     for r, o, p, m in zip(rank.tolist(), op.tolist(), piece.tolist(), mb.tolist()):
         order[r].append((names[o], p, m))
     return order
-
-
-def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    ptr = np.zeros(len(lists) + 1, np.int64)
-    np.cumsum([len(x) for x in lists], out=ptr[1:])
-    flat = np.fromiter((t for x in lists for t in x), np.int64, int(ptr[-1]))
-    return ptr, flat
 
 
 class _ListState:
@@ -318,9 +315,9 @@ def with_messages(pieces: Pieces, order: list[list[tuple[str, int, int]]]) -> li
     remote output transfer. Before ``B(p, m)``: receive the gradients of every remote output
     transfer; after it, send the gradients of every remote input transfer.
     """
-    tr = pieces.transfers
-    remote_in = [[t for t in ts if not tr[t].local] for ts in pieces.inputs_of]
-    remote_out = [[t for t in ts if not tr[t].local] for ts in pieces.outputs_of]
+    local = pieces.transfer_local.tolist()
+    remote_in = [[t for t in ts if not local[t]] for ts in pieces.inputs_of]
+    remote_out = [[t for t in ts if not local[t]] for ts in pieces.outputs_of]
     out: list[list[Action]] = []
     make = Action.known
     for tasks in order:

@@ -125,7 +125,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     (whole) bytes over them. ``loss_s`` times the loss (forward, backward) on a model output of
     so many bytes (:func:`loss_cost_s`): the piece holding the output pays it.
     """
-    n_p = len(pieces.pieces)
+    n_p = pieces.num_pieces
     piece_of = pieces.piece_of
     fwd = np.bincount(piece_of, weights=g.fwd_s, minlength=n_p) * scale
     bwd = np.bincount(piece_of, weights=g.bwd_s, minlength=n_p) * scale
@@ -148,7 +148,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
             saved[piece_of[v]] += float(g.out_bytes[v]) * scale
     transient = np.zeros(n_p)
     np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) * scale)
-    tbytes = np.array([t.bytes for t in pieces.transfers], dtype=np.float64) * scale
+    tbytes = pieces.transfer_bytes.astype(np.float64) * scale
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
     factor = state_factor(optimizer)
     pol = tuple(policies) if policies is not None else ("none",) * n_p
@@ -300,12 +300,14 @@ def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     last) and not when a layer without a policy saves it already (its consumer, or its producer
     when that saves its output). Tensors received from another rank are held as received (the
     simulator counts them there)."""
-    n_p, piece_of, n, device = len(pieces.pieces), pieces.piece_of, g.num_nodes, pieces.device_of
+    n_p, piece_of, n, device = pieces.num_pieces, pieces.piece_of, g.num_nodes, pieces.device_of
     ckpt = np.array([name == "checkpoint" for name in pol], dtype=bool)
     held = g.nodes_with_op("input").astype(np.int64)
-    local = [(t.dst, u) for t in pieces.transfers if t.local for u in t.tensors]
-    P = np.concatenate([piece_of[held], np.array([d for d, _ in local], dtype=np.int64)])
-    U = np.concatenate([held, np.array([u for _, u in local], dtype=np.int64)])
+    # every tensor of a local transfer, with its destination piece, in transfer order
+    tid = np.repeat(np.arange(pieces.num_transfers), np.diff(pieces.tensor_ptr))
+    local = pieces.transfer_local[tid]
+    P = np.concatenate([piece_of[held], pieces.transfer_dst[tid[local]]])
+    U = np.concatenate([held, pieces.tensor_idx[local]])
     take = ckpt[P]
     P, U = P[take], U[take]
     if not P.size:
@@ -335,7 +337,7 @@ def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], scale: float
                     t_bwd: np.ndarray, grad_tmp: np.ndarray, static_piece: np.ndarray,
                     piece_params: np.ndarray) -> None:
     """Apply the pieces' memory policies to their costs in place (see the module docstring)."""
-    n_p, piece_of = len(pieces.pieces), pieces.piece_of
+    n_p, piece_of = pieces.num_pieces, pieces.piece_of
     inputs = _kept_inputs(g, pieces, pol) * scale
     kept_saved = _saved_received(g, piece_of, pieces.device_of, n_p, same_rank=True) * scale
     for p, name in enumerate(pol):

@@ -166,10 +166,10 @@ def place_allreduces(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) 
     """Move each rank's ``AR`` of a bucket to right after its last backward touching it."""
     if not s.buckets:
         return s
-    piece_params: list[set[str]] = [set() for _ in s.pieces.pieces]
-    for p in s.pieces.pieces:
-        for v in p.nodes:
-            piece_params[p.id].update(_node_params(g, v))
+    piece_params: list[set[str]] = [set() for _ in range(s.pieces.num_pieces)]
+    for p, params in enumerate(piece_params):
+        for v in s.pieces.nodes_of(p).tolist():
+            params.update(_node_params(g, v))
     actions = []
     for r, acts in enumerate(s.actions):
         acts = [a for a in acts if a.op != "AR"]
@@ -275,7 +275,7 @@ def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatc
     check. ``depth = (stages, dp, depth)`` shards the parameters of every slot over its
     data-parallel copies (:func:`sharded_buckets`)."""
     pieces = cut(g, assignment, policies.group_of if policies is not None else None, whole)
-    piece_policies = tuple(policies.policy_of_group(p.group) for p in pieces.pieces) \
+    piece_policies = tuple(policies.policy_of_group(k) for k in pieces.group_of.tolist()) \
         if policies is not None else None
     groups, names, sizes = shared_param_buckets(g, assignment)
     shard = _Sharding(g, groups, names, depth, cluster) if depth else None

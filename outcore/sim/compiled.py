@@ -35,7 +35,7 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
     if (bks[op == K.OP_AR] >= len(s.buckets)).any():
         return None
     nmb = int(max(mbs.max(), 0)) + 1
-    T, P = len(s.pieces.transfers), len(s.pieces.pieces)
+    T, P = s.pieces.num_transfers, s.pieces.num_pieces
     if (T * 2 + P) * nmb > MAX_TABLE:
         return None
     ptr = np.zeros(R + 1, np.int64)
@@ -98,7 +98,7 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
 
 def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs, R: int):
     """Per-piece arrays (and each rank's count of pieces with a last backward)."""
-    P = len(s.pieces.pieces)
+    P = s.pieces.num_pieces
     tb = np.asarray(costs.transfer_bytes, np.float64)
     src, dst = s.pieces.transfer_pieces
     dev = np.asarray(s.pieces.device_of, np.int64)

@@ -476,7 +476,7 @@ class _Engine:
 
 def grad_bytes(s: Schedule, costs: PieceCosts) -> np.ndarray:
     """Per piece, the gradient bytes its first backward of the step makes."""
-    return costs.grad_bytes if costs.grad_bytes is not None else np.zeros(len(s.pieces.pieces))
+    return costs.grad_bytes if costs.grad_bytes is not None else np.zeros(s.pieces.num_pieces)
 
 
 def held_at_start(s: Schedule, costs: PieceCosts, grads: np.ndarray) -> list[float]:

@@ -59,8 +59,8 @@ class SimResult:
                 "peak_bytes": self.peak_bytes.tolist(),
                 "memory_limit_bytes": self.memory_limit_bytes,
                 "schedule": self.schedule.kind, "microbatches": self.schedule.microbatches,
-                "pieces": len(self.schedule.pieces.pieces),
-                "transfers": len(self.schedule.pieces.transfers)}
+                "pieces": self.schedule.pieces.num_pieces,
+                "transfers": self.schedule.pieces.num_transfers}
 
     @property
     def fits(self) -> bool:
