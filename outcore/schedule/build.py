@@ -29,7 +29,7 @@ from outcore.graph._jit import HAVE_NUMBA
 from outcore.plan.pieces import Pieces
 from outcore.schedule._list_kernel import list_schedule
 from outcore.schedule.costs import PieceCosts
-from outcore.schedule.ir import Action, Schedule
+from outcore.schedule.ir import OPS, Action, ActionColumns, Schedule
 
 KINDS = {"gpipe": "all forwards, then all backwards (GPipe)",
          "1f1b": "one forward, one backward; bounded micro-batches in flight (PipeDream-flush)"}
@@ -76,38 +76,69 @@ def build(pieces: Pieces, num_ranks: int, microbatches: int, kind: str, costs: P
     if pieces.num_pieces and (pieces.device_of.max() >= num_ranks or
                               pieces.device_of.min() < 0):
         raise ScheduleError(f"a piece is placed on a rank outside 0..{num_ranks - 1}")
-    order = _list_schedule(pieces, num_ranks, microbatches, kind, costs, link_time)
-    actions = with_messages(pieces, order)
-    tail: list[list[Action]] = [[] for _ in range(num_ranks)]
-    for b, group in enumerate(buckets):
-        for r in group:
-            tail[r].append(Action("AR", bucket=b))
-    if step:
-        for r in range(num_ranks):
-            if actions[r] or tail[r]:
-                tail[r].append(Action("OPT"))
-    full = tuple(tuple(actions[r] + tail[r]) for r in range(num_ranks))
+    limits = inflight_limits(pieces, num_ranks)
+    tasks = _tasks(pieces, num_ranks, microbatches, kind, costs, link_time, limits)
+    columns = _message_columns(pieces, num_ranks, *tasks)
+    full = tuple(_with_tail(columns[r], [b for b, group in enumerate(buckets) if r in group],
+                            step) for r in range(num_ranks))
     return Schedule(kind, num_ranks, microbatches, pieces, full, tuple(buckets),
-                    meta={"limits": inflight_limits(pieces, num_ranks) if kind == "1f1b" else
-                          None})
+                    meta={"limits": limits if kind == "1f1b" else None})
 
 
-def _list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str, costs: PieceCosts,
-                   link_time: LinkTime) -> list[list[tuple[str, int, int]]]:
-    """Per rank, the compute tasks ``(op, piece, mb)`` in the order a simulation ran them
-    (compiled when numba is installed: :mod:`outcore.schedule._list_kernel`)."""
+def _with_tail(columns: tuple[np.ndarray, ...], buckets: list[int], step: bool
+               ) -> ActionColumns:
+    """A rank's actions and, after them, an ``AR`` of each of its ``buckets`` and (with
+    ``step``, when it has any action) ``OPT``."""
+    op, mb, piece, transfer = columns
+    extra = [(_AR, b) for b in buckets] + ([(_OPT, -1)] if step and (op.size or buckets) else [])
+    if not extra:
+        return ActionColumns(op, mb, piece, transfer, np.full(op.size, -1, np.int64))
+    k = len(extra)
+    none = np.full(k, -1, np.int64)
+    return ActionColumns(np.concatenate([op, [e[0] for e in extra]]), np.concatenate([mb, none]),
+                         np.concatenate([piece, none]), np.concatenate([transfer, none]),
+                         np.concatenate([np.full(op.size, -1, np.int64),
+                                         [e[1] for e in extra]]).astype(np.int64))
+
+
+_F, _B, _SF, _SB, _RF, _RB, _AR, _OPT = range(len(OPS))  # op indices of ActionColumns
+
+
+def _tasks(pieces: Pieces, num_ranks: int, M: int, kind: str, costs: PieceCosts,
+           link_time: LinkTime, limits: list[int]) -> tuple[np.ndarray, ...]:
+    """The compute tasks ``(rank, op, piece, mb)`` (op 0: forward, 1: backward), each rank's in
+    the order a simulation ran them (compiled when numba is installed:
+    :mod:`outcore.schedule._list_kernel`)."""
     if HAVE_NUMBA and pieces.num_pieces:
-        return _compiled_list_schedule(pieces, num_ranks, M, kind, costs, link_time)
+        return _compiled_tasks(pieces, num_ranks, M, kind, costs, link_time, limits)
     state = _ListState(pieces, num_ranks, M, kind, costs, link_time)
-    for _ in range(2 * len(pieces.pieces) * M):
+    for _ in range(2 * pieces.num_pieces * M):
         state.run_next()
-    return state.order
+    rows = [(r, 0 if op == "F" else 1, p, m) for r, tasks in enumerate(state.order)
+            for op, p, m in tasks]
+    if not rows:
+        return tuple(np.zeros(0, np.int64) for _ in range(4))
+    return tuple(np.array(c, np.int64) for c in zip(*rows))
 
 
 def _compiled_list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str,
                             costs: PieceCosts, link_time: LinkTime
                             ) -> list[list[tuple[str, int, int]]]:
-    """:func:`_list_schedule` by the compiled kernel (the same order as :class:`_ListState`)."""
+    """Per rank, the compute tasks ``(op, piece, mb)`` the compiled kernel orders (the same
+    order as :class:`_ListState`: the tests compare them)."""
+    rank, op, piece, mb = _compiled_tasks(pieces, num_ranks, M, kind, costs, link_time,
+                                          inflight_limits(pieces, num_ranks))
+    order: list[list[tuple[str, int, int]]] = [[] for _ in range(num_ranks)]
+    names = ("F", "B")
+    for r, o, p, m in zip(rank.tolist(), op.tolist(), piece.tolist(), mb.tolist()):
+        order[r].append((names[o], p, m))
+    return order
+
+
+def _compiled_tasks(pieces: Pieces, num_ranks: int, M: int, kind: str,
+                    costs: PieceCosts, link_time: LinkTime, limits: list[int]
+                    ) -> tuple[np.ndarray, ...]:
+    """:func:`_tasks` by the compiled kernel."""
     P, T = pieces.num_pieces, pieces.num_transfers
     src, dst = pieces.transfer_pieces
     nbytes = costs.transfer_bytes
@@ -130,15 +161,12 @@ def _compiled_list_schedule(pieces: Pieces, num_ranks: int, M: int, kind: str,
         P, M, num_ranks, kind == "gpipe", pieces.device_of, in_ptr, in_tr, out_ptr, out_tr,
         src, dst, delay_f, delay_b, np.asarray(costs.fwd_s, np.float64),
         np.asarray(costs.bwd_s, np.float64),
-        np.asarray(inflight_limits(pieces, num_ranks), np.int64))
+        np.asarray(limits, np.int64))
     if rank.size < 2 * P * M:
         raise ScheduleError("the schedule builder is stuck: no rank has a runnable task "
                             "(the piece graph is inconsistent)")
-    order: list[list[tuple[str, int, int]]] = [[] for _ in range(num_ranks)]
-    names = ("F", "B")
-    for r, o, p, m in zip(rank.tolist(), op.tolist(), piece.tolist(), mb.tolist()):
-        order[r].append((names[o], p, m))
-    return order
+    return (np.asarray(rank, np.int64), np.asarray(op, np.int64), np.asarray(piece, np.int64),
+            np.asarray(mb, np.int64))
 
 
 class _ListState:
@@ -309,30 +337,68 @@ def _first(heap: list, runnable: Callable[[tuple], bool], at: int) -> tuple | No
 
 
 def with_messages(pieces: Pieces, order: list[list[tuple[str, int, int]]]) -> list[list[Action]]:
-    """Insert sends and receives around each rank's compute tasks.
-
-    Before ``F(p, m)``: receive every remote input transfer of ``p``; after it, send every
-    remote output transfer. Before ``B(p, m)``: receive the gradients of every remote output
-    transfer; after it, send the gradients of every remote input transfer.
-    """
-    local = pieces.transfer_local.tolist()
-    remote_in = [[t for t in ts if not local[t]] for ts in pieces.inputs_of]
-    remote_out = [[t for t in ts if not local[t]] for ts in pieces.outputs_of]
-    out: list[list[Action]] = []
-    make = Action.known
-    for tasks in order:
-        acts: list[Action] = []
+    """Insert sends and receives around each rank's compute tasks ``(op, piece, mb)``
+    (:func:`_message_columns`, as actions)."""
+    rows = []
+    for r, tasks in enumerate(order):
         for op, p, m in tasks:
             if op not in ("F", "B"):
                 raise ScheduleError(f"unknown compute task {op!r}: expected F or B")
-            before, after = (remote_in[p], remote_out[p]) if op == "F" else \
-                (remote_out[p], remote_in[p])
-            recv, send = ("RF", "SF") if op == "F" else ("RB", "SB")
-            acts += [make(recv, m, -1, t) for t in before]
-            acts.append(make(op, m, p))
-            acts += [make(send, m, -1, t) for t in after]
-        out.append(acts)
-    return out
+            rows.append((r, 0 if op == "F" else 1, p, m))
+    tasks = tuple(np.array(c, np.int64) for c in zip(*rows)) if rows else \
+        tuple(np.zeros(0, np.int64) for _ in range(4))
+    return [list(_with_tail(c, [], False))
+            for c in _message_columns(pieces, len(order), *tasks)]
+
+
+def _message_columns(pieces: Pieces, num_ranks: int, rank: np.ndarray, op: np.ndarray,
+                     piece: np.ndarray, mb: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+    """Per rank, ``(op, mb, piece, transfer)`` columns of its compute tasks (``op`` 0:
+    forward, 1: backward; each rank's in order) with their messages around them.
+
+    Before ``F(p, m)``: receive every remote input transfer of ``p``; after it, send every
+    remote output transfer. Before ``B(p, m)``: receive the gradients of every remote output
+    transfer; after it, send the gradients of every remote input transfer (transfer ids
+    ascending in each).
+    """
+    o = np.argsort(rank, kind="stable")
+    rank, op, piece, mb = rank[o], op[o], piece[o], mb[o]
+    remote = ~pieces.transfer_local
+    in_ptr, ins = _kept(*pieces.inputs_csr, remote)
+    out_ptr, outs = _kept(*pieces.outputs_csr, remote)
+    ids = np.concatenate([ins, outs])  # one table: outputs after the inputs
+    fwd = op == 0
+    n_in, n_out = np.diff(in_ptr)[piece], np.diff(out_ptr)[piece]
+    before = np.where(fwd, n_in, n_out)
+    after = np.where(fwd, n_out, n_in)
+    size = before + 1 + after
+    start = np.zeros(size.size + 1, np.int64)
+    np.cumsum(size, out=start[1:])
+    total = int(start[-1])
+    a_op, a_tr = np.empty(total, np.int64), np.full(total, -1, np.int64)
+    a_piece, a_mb = np.full(total, -1, np.int64), np.repeat(mb, size)
+    at = start[:-1] + before
+    a_op[at], a_piece[at] = np.where(fwd, _F, _B), piece
+    in_base, out_base = in_ptr[piece], ins.size + out_ptr[piece]
+    for n, first, base, codes in (
+            (before, start[:-1], np.where(fwd, in_base, out_base), np.where(fwd, _RF, _RB)),
+            (after, at + 1, np.where(fwd, out_base, in_base), np.where(fwd, _SF, _SB))):
+        task = np.repeat(np.arange(n.size), n)
+        k = np.arange(task.size) - np.repeat(np.cumsum(n) - n, n)
+        a_op[first[task] + k] = codes[task]
+        a_tr[first[task] + k] = ids[base[task] + k]
+    bounds = start[np.searchsorted(rank, np.arange(num_ranks + 1))]
+    return [(a_op[i:j], a_mb[i:j], a_piece[i:j], a_tr[i:j])
+            for i, j in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+
+
+def _kept(ptr: np.ndarray, ids: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A CSR table (``ptr``, ``ids``) with only the ids where ``keep``."""
+    mask = keep[ids]
+    row = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
+    new = np.zeros(ptr.size, np.int64)
+    np.cumsum(np.bincount(row[mask], minlength=ptr.size - 1), out=new[1:])
+    return new, ids[mask]
 
 
 class ClusterLinkTime:

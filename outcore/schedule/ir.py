@@ -17,8 +17,11 @@ The simulator and the runtime execute the same lists: what is predicted is what 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from outcore.errors import ScheduleError
 from outcore.plan.pieces import Pieces
@@ -95,6 +98,62 @@ class Action(_Fields):
         return Action("OPT")
 
 
+class ActionColumns(Sequence):
+    """One rank's actions held as columns, as the schedule builder makes them: ``op`` (the
+    index of each action's op in :data:`OPS`), ``mb``, ``piece``, ``transfer``, ``bucket``
+    (``int64`` arrays). Read one by one they are :class:`Action` tuples, made on first use
+    (the simulator's compiled loop reads the columns); equal to the tuple of those actions,
+    and pickled as it."""
+
+    def __init__(self, op: np.ndarray, mb: np.ndarray, piece: np.ndarray,
+                 transfer: np.ndarray, bucket: np.ndarray) -> None:
+        self.columns = (op, mb, piece, transfer, bucket)
+        self._actions: tuple[Action, ...] | None = None
+
+    def _all(self) -> tuple[Action, ...]:
+        if self._actions is None:
+            new, ops = tuple.__new__, OPS
+            self._actions = tuple(new(Action, (ops[o], m, p, t, b)) for o, m, p, t, b in
+                                  zip(*(c.tolist() for c in self.columns)))
+        return self._actions
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and \
+            tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __add__(self, other):
+        return self._all() + tuple(other)
+
+    def __repr__(self) -> str:
+        return f"ActionColumns({len(self)} actions)"
+
+    def __reduce__(self):  # pickled (and deep-copied) as the tuple of actions it stands for
+        return tuple, (self._all(),)
+
+
+def action_columns(actions: Sequence[Action]) -> tuple[np.ndarray, ...]:
+    """``(op, mb, piece, transfer, bucket)`` columns of any rank's actions (as
+    :class:`ActionColumns` holds them)."""
+    if isinstance(actions, ActionColumns):
+        return actions.columns
+    index = {op: k for k, op in enumerate(OPS)}
+    rows = [(index[a.op], a.mb, a.piece, a.transfer, a.bucket) for a in actions]
+    if not rows:
+        return tuple(np.zeros(0, np.int64) for _ in range(5))
+    return tuple(np.array(c, np.int64) for c in zip(*rows))
+
+
 def F(piece: int, mb: int) -> Action:
     return Action("F", mb=mb, piece=piece)
 
@@ -112,7 +171,8 @@ class Schedule:
         num_ranks: ranks that take part (a rank may have an empty list).
         microbatches: micro-batches per iteration.
         pieces: the cut of the placed graph (pieces and transfers; ``piece.device`` is its rank).
-        actions: ``actions[r]`` is rank ``r``'s ordered list.
+        actions: ``actions[r]`` is rank ``r``'s ordered list (a tuple of actions, or the
+            :class:`ActionColumns` the builder makes).
         buckets: for each ``AR`` bucket, the ranks that take part (empty: no all-reduce).
         meta: builder parameters (in-flight limits, micro-batch scale, ...).
     """
@@ -121,7 +181,7 @@ class Schedule:
     num_ranks: int
     microbatches: int
     pieces: Pieces
-    actions: tuple[tuple[Action, ...], ...]
+    actions: tuple[Sequence[Action], ...]
     buckets: tuple[tuple[int, ...], ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
 

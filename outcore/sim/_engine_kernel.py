@@ -18,13 +18,16 @@ import numpy as np
 
 from outcore.graph._heap import heap_pop, heap_push
 from outcore.graph._jit import njit
+from outcore.schedule.ir import OPS
 
 __all__ = ["run_events", "OP_CODES", "EVENT_KINDS"]
 
-OP_CODES = {"F": 0, "B": 1, "SF": 2, "SB": 3, "RF": 4, "RB": 5, "AR": 6, "OPT": 7}
+# action ops as the schedule's columns number them (outcore.schedule.ir.OPS)
+OP_CODES = {op: k for k, op in enumerate(OPS)}
 # event kinds, as the codes the kernel writes (5: a data-parallel all-reduce, labelled DP<piece>)
 EVENT_KINDS = ("F", "B", "send", "recv", "allreduce", "allreduce", "optim")
-OP_F, OP_B, OP_SF, OP_SB, OP_RF, OP_RB, OP_AR, OP_OPT = range(8)
+OP_F, OP_B, OP_SF, OP_SB, OP_RF, OP_RB, OP_AR, OP_OPT = (
+    OP_CODES[op] for op in ("F", "B", "SF", "SB", "RF", "RB", "AR", "OPT"))
 K_F, K_B, K_SEND, K_RECV, K_AR, K_DP, K_OPT = range(7)
 
 # rows of the per-rank float state

@@ -12,7 +12,7 @@ from outcore.errors import ScheduleError
 from outcore.hardware.collectives import dp_allreduce as dp_phases, ring_allreduce_s
 from outcore.hardware.spec import COLD_START_FRACTION, COLD_START_IDLE_S, Cluster
 from outcore.schedule.costs import PieceCosts
-from outcore.schedule.ir import RECV_POST_AHEAD, Schedule
+from outcore.schedule.ir import RECV_POST_AHEAD, Schedule, action_columns
 from outcore.sim import _engine_kernel as K
 from outcore.sim.engine import (_pair_recv_bytes, _paired_buckets, ar_buffer_bytes, grad_bytes,
                                 held_at_start, link_ports)
@@ -26,12 +26,12 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
     """``simulate_schedule(s, costs, cluster, opt)`` on the compiled loop, or None when the
     schedule is one it does not pack."""
     R = s.num_ranks
-    flat = [a for acts in s.actions for a in acts]
-    if not flat:
+    columns = [action_columns(acts) for acts in s.actions]
+    n_actions = sum(len(c[0]) for c in columns)
+    if not n_actions:
         return None
-    ops, mbs, pcs, trs, bks = (np.array(col) for col in zip(*flat))
-    op = np.array([K.OP_CODES[o] for o in ops.tolist()], np.int64)
-    mbs, pcs, trs, bks = (x.astype(np.int64) for x in (mbs, pcs, trs, bks))
+    op, mbs, pcs, trs, bks = (np.concatenate([c[k] for c in columns]).astype(np.int64)
+                              for k in range(5))
     if (bks[op == K.OP_AR] >= len(s.buckets)).any():
         return None
     nmb = int(max(mbs.max(), 0)) + 1
@@ -39,14 +39,15 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
     if (T * 2 + P) * nmb > MAX_TABLE:
         return None
     ptr = np.zeros(R + 1, np.int64)
-    ptr[1:] = np.cumsum([len(acts) for acts in s.actions])
+    ptr[1:] = np.cumsum([len(c[0]) for c in columns])
     rank_of = np.repeat(np.arange(R, dtype=np.int64), np.diff(ptr))
     A = (ptr, op, mbs, pcs, trs, bks, rank_of, nmb, RECV_POST_AHEAD)
     Pa, left = _pieces(s, costs, cluster, opt, op, mbs, pcs, R)
     Ta, nports = _transfers(s, costs, cluster)
     paired = _paired_buckets(s, cluster, opt)
     Ba = _buckets(s, cluster, opt, R, paired)
-    Oa = _optimizer(s, costs, cluster, opt, R, paired)
+    Oa = _optimizer(s, costs, cluster, opt, R, paired,
+                    sum(bool((c[0] == K.OP_OPT).any()) for c in columns))
     dev = cluster.device
     D = np.array([dev.send_overhead_s, dev.send_byte_s, dev.recv_overhead_s, dev.recv_byte_s,
                   opt.step_host_s,
@@ -54,15 +55,15 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
                   COLD_START_IDLE_S, opt.dp, opt.dp_bucket_bytes, 1.0 if opt.dp_fused else 0.0,
                   opt.step_sync_s, float(cluster.host_cores or 0)], np.float64)
     n_compute = int(((op == K.OP_F) | (op == K.OP_B)).sum())
-    pushes = 2 * R + 2 * len(flat) + R * (len(s.buckets) + 1) + 16 + \
+    pushes = 2 * R + 2 * n_actions + R * (len(s.buckets) + 1) + 16 + \
         (2 * n_compute * R if cluster.host_cores else 0)
     if pushes > MAX_TABLE:
         return None
-    n_ev = len(flat) + len(Ba[1]) + P + R + 16
+    n_ev = n_actions + len(Ba[1]) + P + R + 16
     E = (np.zeros(n_ev, np.int64), np.zeros(n_ev, np.int64), np.zeros(n_ev, np.int64),
          np.zeros(n_ev), np.zeros(n_ev), np.zeros(n_ev, np.int64), np.zeros(n_ev, np.int64),
          np.zeros(n_ev), np.zeros(n_ev, np.int64))
-    n_mem = 2 * R + 6 * len(flat) + 16
+    n_mem = 2 * R + 6 * n_actions + 16
     M = (np.zeros(n_mem, np.int64), np.zeros(n_mem), np.zeros(n_mem))
     M[0][:R] = np.arange(R)  # the static state, less the gradients the step makes
     M[2][:R] = held_at_start(s, costs, Pa[6])
@@ -80,7 +81,7 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
     ri[K.I_SYNCORD] = -1
     cnt = np.zeros(7, np.int64)
     cnt[K.C_MEM] = R
-    reached = np.full(len(flat), np.nan)
+    reached = np.full(n_actions, np.nan)
     K.run_events(A, Pa, Ta, Ba, Oa, D, cnt, E, M, H, Q, rf, ri, reached)
     pc = ri[K.I_PC]
     unfinished = [f"rank {r} at {s.actions[r][pc[r]]}" for r in range(R)
@@ -90,7 +91,7 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
                             "; ".join(unfinished[:6]))
     iteration = max(rf[K.R_FINISH].tolist() + [0.0])
     limit = cluster.device.memory_bytes
-    return Timeline(R, _events(E, int(cnt[K.C_EV]), flat), iteration,
+    return Timeline(R, _events(E, int(cnt[K.C_EV]), s.actions), iteration,
                     _memory(M, int(cnt[K.C_MEM]), R),
                     limit if np.isfinite(limit) else None, "simulated",
                     {"schedule": s.kind, "microbatches": s.microbatches, "dp": opt.dp})
@@ -202,9 +203,10 @@ def _buckets(s: Schedule, cluster: Cluster, opt, R: int, paired: frozenset[int])
 
 
 def _optimizer(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, R: int,
-               paired: frozenset[int]):
+               paired: frozenset[int], steps: int):
     """Per rank: the pair-sum buffer, the step's working memory and seconds; the ranks that
-    step; the loop's clock and the synchronisation's end (NaN until known)."""
+    step (``steps``, counted by the caller); the loop's clock and the synchronisation's end
+    (NaN until known)."""
     pair = np.array(_pair_recv_bytes(s, paired, opt), np.float64)
     work = np.array([float(costs.param_bytes[r]) * opt.optimizer_transient for r in range(R)])
     dur = np.zeros(R)
@@ -212,11 +214,10 @@ def _optimizer(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, R: int,
         tensors = float(costs.param_tensors[r]) if costs.param_tensors is not None else 0.0
         dur[r] = opt.optimizer_s(float(costs.param_bytes[r]), tensors,
                                  cluster.device.mem_bandwidth)
-    steps = sum(any(a.op == "OPT" for a in acts) for acts in s.actions)
     return pair, work, dur, steps, np.array([0.0, np.nan])
 
 
-def _events(E, n: int, flat: list) -> EventColumns:
+def _events(E, n: int, actions) -> EventColumns:
     """The kernel's events as the reference's, in its order (by start, rank, stream, then as
     recorded): columns now, :class:`~outcore.trace.Event` tuples when read."""
     rank, kind, act, start, end = E[0][:n], E[1][:n], E[2][:n], E[3][:n], E[4][:n]
@@ -230,6 +231,7 @@ def _events(E, n: int, flat: list) -> EventColumns:
 
     def make() -> tuple[Event, ...]:
         names = K.EVENT_KINDS
+        flat = [a for acts in actions for a in acts]
         out = []
         for j, (r, k, a, t0, t1, mb, p, b, peer, on) in enumerate(zip(
                 cols["rank"].tolist(), kind.tolist(), act.tolist(), cols["start_s"].tolist(),
