@@ -30,7 +30,7 @@ from outcore.partition.context import make_context
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("family", help="unet, rnn, resnet, nas, transformer")
+    ap.add_argument("family", help="unet, rnn, resnet, nas, transformer, chain")
     ap.add_argument("nodes", type=int)
     ap.add_argument("cap", type=float, help="memory cap as a multiple of the fair share")
     ap.add_argument("--devices", type=int, default=4)

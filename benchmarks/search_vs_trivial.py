@@ -25,7 +25,7 @@ from outcore.plan import make_plan
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("family", help="unet, rnn, resnet, nas, transformer")
+    ap.add_argument("family", help="unet, rnn, resnet, nas, transformer, chain")
     ap.add_argument("bandwidth", help="e.g. 16GB/s")
     ap.add_argument("nodes", type=int, nargs="?", default=10_000)
     ap.add_argument("--no-memory", action="store_true", help="no memory cap")

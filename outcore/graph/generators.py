@@ -18,6 +18,9 @@ RNN, Transformer-XL, AmoebaNet and a wide ResNet; the U-Net family adds long ski
 * ``nas``: AmoebaNet-like cells: each reads the two previous cells and runs five pairs of random
   branches (a seeded normal and a reduction genotype, repeated as in the paper's model).
 * ``unet``: an encoder-decoder with a long skip from each encoder level to its decoder level.
+* ``chain``: a VGG-like chain of layers without skips, whose activations shrink and parameters
+  grow with depth (a memory-balanced split and a time-balanced one differ), layer widths
+  drawn at random per stage.
 """
 
 from __future__ import annotations
@@ -379,9 +382,54 @@ def make_unet(target_nodes: int = 10_000, seed: int = 0) -> Graph:
     return nb.graph("unet", seed, {"levels": levels, "convs_per_level": per}, batch_size=b)
 
 
+def make_chain(target_nodes: int = 10_000, seed: int = 0) -> Graph:
+    """A chain on 32 x 32 images: five stages of conv-relu layers (spatial size halving,
+    channels doubling from a random width, a max-pool between stages), then a classifier of
+    three wide linears."""
+    target = _check(target_nodes, 20, "chain")
+    rng = np.random.default_rng(seed)
+    b = 32
+    head = 7  # flatten, (linear, relu) x 2, linear, loss
+    layers = max(5, (target - head - 4) // 2)
+    per_stage = [layers // 5 + (1 if s < layers % 5 else 0) for s in range(5)]
+    c0 = int(rng.choice([16, 32, 64]))
+    nb = _Nodes()
+    first = nb.grow(1)
+    nb.at([first], "input", 0, b * 3 * 32 * 32 * _F32, 0, 0)
+    prev, cin = first, 3
+    for s, count in enumerate(per_stage):
+        c, hw = c0 * 2 ** s, (32 >> s) ** 2
+        act = b * hw * c * _F32
+        if s:
+            pool = nb.grow(1)
+            nb.at([pool], "max_pool", b * hw * 4 * cin, b * hw * cin * _F32)
+            nb.edges(prev, pool)
+            prev = pool
+        base = nb.grow(2 * count) + 2 * np.arange(count, dtype=np.int64)
+        nb.at(base[:1], "conv2d", 2 * b * hw * 9 * cin * c, act, 9 * cin * c * _F32)
+        nb.at(base[1:], "conv2d", 2 * b * hw * 9 * c * c, act, 9 * c * c * _F32)
+        nb.at(base + 1, "relu", b * hw * c, act)
+        nb.edges(np.concatenate(([prev], base[:-1] + 1)), base)
+        nb.edges(base, base + 1)
+        prev, cin = int(base[-1] + 1), c
+    flat = cin  # after a last pool to 1 x 1
+    wide = int(rng.choice([2048, 4096]))
+    hd = nb.grow(head) + np.arange(head)
+    nb.at(hd[:1], "flatten", b * flat, b * flat * _F32, 0, 0)
+    nb.at(hd[1:2], "linear", 2 * b * flat * wide, b * wide * _F32, flat * wide * _F32)
+    nb.at(hd[2:3], "relu", b * wide, b * wide * _F32)
+    nb.at(hd[3:4], "linear", 2 * b * wide * wide, b * wide * _F32, wide * wide * _F32)
+    nb.at(hd[4:5], "relu", b * wide, b * wide * _F32)
+    nb.at(hd[5:6], "linear", 2 * b * wide * 1000, b * 1000 * _F32, wide * 1000 * _F32)
+    nb.at(hd[6:], "cross_entropy", 4 * b * 1000, b * _F32, 0, b * 1000 * _F32)
+    nb.edges(np.concatenate(([prev], hd[:-1])), hd)
+    return nb.graph("chain", seed, {"layers": layers, "width": c0, "classifier": wide},
+                    batch_size=b)
+
+
 FAMILIES: dict[str, Callable[[int, int], Graph]] = {
     "rnn": make_rnn, "resnet": make_resnet, "transformer": make_transformer, "nas": make_nas,
-    "unet": make_unet,
+    "unet": make_unet, "chain": make_chain,
 }
 
 

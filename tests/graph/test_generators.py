@@ -92,3 +92,14 @@ def test_bad_family_and_size():
         make("lstm", 100)
     with pytest.raises(UsageError):
         make_rnn(3)
+
+
+def test_chain_is_one_path_whose_activations_shrink_as_its_parameters_grow():
+    from outcore.graph.generators import make_chain
+
+    g = make_chain(2000, seed=0)
+    assert (g.dst == g.src + 1).all() and g.num_edges == g.num_nodes - 1  # one path, no skips
+    convs = np.flatnonzero(np.array(g.ops) == "conv2d")
+    first, last = convs[: convs.size // 5], convs[-(convs.size // 5):]
+    assert g.saved_bytes[first].mean() > 8 * g.saved_bytes[last].mean()
+    assert g.param_bytes[last].mean() > 8 * g.param_bytes[first].mean()
