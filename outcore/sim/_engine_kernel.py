@@ -6,10 +6,12 @@ the order the reference records them), so the timelines agree exactly; the refer
 in plain Python and the tests compare the two. :mod:`outcore.sim.compiled` packs a schedule
 into these arrays and reads the result back.
 
-State lives in a few arrays: ``rf`` (floats per rank, rows ``R_*``), ``ri`` (integers per rank,
-rows ``I_*``), ``cnt`` (counters, ``C_*``), and one array per keyed table of the reference
-(message arrivals and waiters by ``(transfer, direction, micro-batch)``, held bytes by
-``(transfer, micro-batch)`` and ``(piece, micro-batch)``, all-reduce arrivals by bucket).
+The kernel allocates nothing and is compiled without numba's reference counting
+(:func:`~outcore.graph._jit.njit_borrowing`). State lives in a few arrays: ``rf`` (floats per
+rank, rows ``R_*``), ``ri`` (integers per rank, rows ``I_*``), ``cnt`` (counters, ``C_*``), and
+one array per keyed table of the reference (message arrivals and waiters by ``(transfer,
+direction, micro-batch)``, held bytes by ``(transfer, micro-batch)`` and ``(piece,
+micro-batch)``, all-reduce arrivals by bucket).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from outcore.graph._heap import heap_pop, heap_push
-from outcore.graph._jit import njit
+from outcore.graph._jit import njit_borrowing as njit
 from outcore.schedule.ir import OPS
 
 __all__ = ["run_events", "OP_CODES", "EVENT_KINDS"]
