@@ -210,6 +210,8 @@ class Graph:
         fields.update(changes)
         out = Graph(**fields)
         self.structure  # noqa: B018 (made now, so that every copy that keeps the edges shares it)
+        if "ops" not in changes:
+            self._nodes_by_op  # noqa: B018 (likewise: every lowering of a copy reads it)
         for cache, needs in _STRUCTURE_CACHES.items():
             if cache in self.__dict__ and all(fields[f] is getattr(self, f) for f in needs):
                 out.__dict__[cache] = self.__dict__[cache]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.partition._jit import njit
+from outcore.partition._jit import njit, njit_borrowing
 from outcore.partition._sched_kernel import _fheap_pop, _fheap_push
 from outcore.partition.dominators import _lca
 
 
-@njit
+@njit_borrowing
 def _find(uf, x):
     while uf[x] != x:
         uf[x] = uf[uf[x]]
@@ -66,7 +66,7 @@ def _tree_intervals(parent, root):
     return tin, tout
 
 
-@njit
+@njit_borrowing
 def _search(f, c, starts, nstart, sid, ptr, idx, rank, stamp, lab, keys, items, uf, buf):
     """Branches of the region from fork ``f``'s successors ``starts`` to the join ``c``.
 
@@ -198,7 +198,7 @@ def _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, sink, 
             out_nodes[:out_ptr[nreg]].copy(), out_lab[:out_ptr[nreg]].copy(), truncated)
 
 
-@njit
+@njit_borrowing
 def _closure_kernel(targets, blocked, mark, stamp, sp, si, pp, pi, stack, out):
     """`outcore.partition.branches._Adjacency.closure` on arrays. ``mark[v]``: ``stamp`` a
     target, ``stamp + 2`` a target whose predecessors were pushed (a target listed twice pushes

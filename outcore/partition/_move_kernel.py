@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.partition._jit import njit
+from outcore.partition._jit import njit, njit_borrowing
 
 
-@njit
+@njit_borrowing
 def edge_cost(a, b, eb, lat, inv_bw):
     """Forward + backward transfer seconds of ``eb`` bytes from device ``a`` to ``b``."""
     if a == b or eb <= 0:
@@ -20,7 +20,7 @@ def edge_cost(a, b, eb, lat, inv_bw):
     return 2.0 * (lat[a, b] + eb * inv_bw[a, b])
 
 
-@njit
+@njit_borrowing
 def set_move_delta(nodes, target, assign, mark, succ_ptr, succ_idx, succ_edge, pred_ptr,
                    pred_idx, pred_edge, edge_bytes, lat, inv_bw):
     """Change of communication seconds if every node of ``nodes`` moves to ``target``.
@@ -109,7 +109,7 @@ def cluster_moves(ptr, nodes, assign, num_dev, succ_ptr, succ_idx, succ_edge, pr
     return target, gain
 
 
-@njit
+@njit_borrowing
 def _gap_start(ready, dur, ptr, starts, ends, x, max_scan):
     """Earliest start >= ready of an idle gap of length ``dur`` on device ``x`` (inf: none).
 

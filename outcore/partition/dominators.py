@@ -15,7 +15,7 @@ import numpy as np
 
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
-from outcore.partition._jit import njit
+from outcore.partition._jit import njit, njit_borrowing
 
 VIRTUAL = -1  # the virtual source or sink
 
@@ -36,7 +36,7 @@ def _augmented(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return ptr, d.astype(np.int64), topo
 
 
-@njit
+@njit_borrowing
 def _lca(a, b, parent, jump, depth):
     if depth[a] < depth[b]:
         a, b = b, a

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.partition._jit import njit
+from outcore.partition._jit import njit, njit_borrowing
 from outcore.partition.context import Context
 from outcore.partition.pardnn_slicing import Slices
 
@@ -56,7 +56,7 @@ def map_secondaries(ctx: Context, sl: Slices) -> np.ndarray:
     return part
 
 
-@njit
+@njit_borrowing
 def _fen_add(fen, d, i, x):
     i += 1
     size = fen.shape[1]
@@ -65,7 +65,7 @@ def _fen_add(fen, d, i, x):
         i += i & (-i)
 
 
-@njit
+@njit_borrowing
 def _fen_prefix(fen, d, i):
     """Sum of buckets ``0 .. i-1``."""
     s = 0.0

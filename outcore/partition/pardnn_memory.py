@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from outcore.partition._jit import njit
+from outcore.partition._jit import njit, njit_borrowing
 from outcore.partition._move_kernel import edge_cost
 from outcore.partition._sched_kernel import _fheap_pop as _pop
 from outcore.partition._sched_kernel import _fheap_push as _push
@@ -103,7 +103,7 @@ def _consumer_counts(src: np.ndarray, dst: np.ndarray, a: np.ndarray, n: int, k:
     return np.bincount(src * k + a[dst], minlength=n * k).astype(np.int32).reshape(n, k)
 
 
-@njit
+@njit_borrowing
 def _freed(v, d, a, cnt, umax, factor, mbs, param, saved, pred_ptr, pred_idx):
     """Bytes device ``d`` frees when ``v`` leaves it."""
     b = factor * param[v] + mbs * saved[v]
@@ -116,7 +116,7 @@ def _freed(v, d, a, cnt, umax, factor, mbs, param, saved, pred_ptr, pred_idx):
     return b
 
 
-@njit
+@njit_borrowing
 def _added(v, x, a, cnt, umax, trans, factor, mbs, param, saved, out, pred_ptr, pred_idx):
     """Bytes device ``x`` gains when ``v`` moves onto it."""
     b = factor * param[v] + mbs * saved[v]
@@ -131,7 +131,7 @@ def _added(v, x, a, cnt, umax, trans, factor, mbs, param, saved, out, pred_ptr, 
     return b
 
 
-@njit
+@njit_borrowing
 def _best_move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out, succ_ptr,
                succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat, inv_bw, k):
     """(target, comm delta s, bytes added on target) of the best move of ``v`` off ``d``."""
@@ -232,7 +232,7 @@ def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved
     return moved
 
 
-@njit
+@njit_borrowing
 def _key(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out, succ_ptr,
          succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat, inv_bw, k, eps):
     """Cost per byte freed of moving ``v`` off ``d`` (inf: frees nothing or fits nowhere)."""

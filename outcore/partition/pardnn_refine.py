@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from outcore.partition._jit import njit
+from outcore.partition._jit import njit_borrowing
 from outcore.partition._level_kernel import bottom_levels, top_levels
 from outcore.partition._move_kernel import cluster_moves, cp_switch_gains, set_move_delta
 from outcore.partition.emulate import Emulation, run
@@ -256,7 +256,7 @@ def _fits_window(ctx: Context, a: np.ndarray, ptr: np.ndarray, nodes: np.ndarray
     return in_window + cw <= (hi - lo) + 1e-12
 
 
-@njit
+@njit_borrowing
 def _apply(order, ptr, nodes, target, assign, used, limit):
     """Apply candidate moves in ``order`` whose node sets are disjoint; at most ``limit``."""
     count = 0

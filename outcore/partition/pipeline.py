@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.partition._jit import njit
+from outcore.partition._jit import njit_borrowing
 from outcore.partition.context import Context
 
 
@@ -118,7 +118,7 @@ def fewest_stages(ctx: Context, *, inflight: str = "all", cap: int | None = None
     return None
 
 
-@njit
+@njit_borrowing
 def _greedy(bottleneck, stages, mode, limit, mbs, order, rank, w, ct, static, saved, out_bytes,
             umax, pred_ptr, pred_idx, bounds, seen):
     """Cut ``order`` into at most ``stages`` stages of time <= ``bottleneck`` that fit ``limit``.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.graph._jit import njit
+from outcore.graph._jit import njit, njit_borrowing
 
 __all__ = ["hop_levels", "piece_components"]
 
@@ -64,7 +64,7 @@ def hop_levels(order, pred_ptr, pred_idx, succ_ptr, succ_idx, key, cut_after):
     return out
 
 
-@njit
+@njit_borrowing
 def _sends_between(sends, lo, hi):
     """Whether a value of the sorted ``sends`` lies in ``[lo, hi)``."""
     i = np.searchsorted(sends, lo)

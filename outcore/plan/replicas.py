@@ -70,7 +70,7 @@ def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:
     maps = np.asarray(rep.maps, dtype=np.int64)
     assign = np.concatenate([d * rep.stages + maps[k][plan.assignment]
                              for d in range(rep.dp) for k in range(rep.replicas)])
-    base = list(g.names) if g.names is not None else [g.name_of(i) for i in range(n)]
+    base = list(g.names) if g.names is not None else [f"n{i}" for i in g.ids.tolist()]
     names = [prefix + name for prefix in map(copy_prefix, range(C)) for name in base]
     offs = np.repeat(np.arange(C, dtype=np.int64) * n, g.num_edges)
     attrs = None
@@ -84,4 +84,7 @@ def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:
         ops=list(g.ops) * C if g.ops is not None else None,
         modules=list(g.modules) * C if g.modules is not None else None, attrs=attrs,
         batch_size=g.batch_size, meta={**g.meta, "copies": C}, check=False)
+    offsets = np.arange(C, dtype=np.int64)[:, None] * n  # each copy's nodes, by op, in order
+    big.__dict__["_nodes_by_op"] = {op: (v[None, :] + offsets).ravel()
+                                    for op, v in g._nodes_by_op.items()}
     return big, assign, C

@@ -17,12 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 from outcore.graph._heap import heap_pop, heap_push
-from outcore.graph._jit import njit
+from outcore.graph._jit import njit, njit_borrowing
 
 __all__ = ["list_schedule"]
 
 
-@njit
+@njit_borrowing
 def _runnable(key, gpipe, r, M, P, f_left, inflight, limits, f_started):
     """Whether rank ``r`` may run the task of priority ``key`` now (the gate of
     ``_ListState._gate``; tasks of class 0 always may)."""
@@ -34,7 +34,7 @@ def _runnable(key, gpipe, r, M, P, f_left, inflight, limits, f_started):
     return inflight[r] < limits[r] or f_started[r * M + m]
 
 
-@njit
+@njit_borrowing
 def _first(keys, items, size, only_gated, gpipe, r, M, P, f_left, inflight, limits,
            f_started, skip_k, skip_i):
     """Pop the first runnable entry of a heap in heap order, leaving the others; return
@@ -177,14 +177,14 @@ def _counts(P, M, R, dev, in_ptr, out_ptr):
     return f_left, b_left, deps
 
 
-@njit
+@njit_borrowing
 def _key(op, p, m, gpipe, M, P):
     """The priority of task (op, p, m) (module docstring)."""
     c = op if gpipe else 1 - op
     return (c * M + m) * P + (p if op == 0 else P - 1 - p)
 
 
-@njit
+@njit_borrowing
 def _task(key, gpipe, M, P):
     """The index ``(op * P + p) * M + m`` of the task of priority ``key``."""
     c = key // (M * P)
@@ -195,7 +195,7 @@ def _task(key, gpipe, M, P):
     return (op * P + p) * M + m
 
 
-@njit
+@njit_borrowing
 def _release(op, q, m, at, gpipe, M, P, dev, deps, ready, pend_k, pend_i, n_pend, off, dirty):
     """One dependency of task (op, q, m) is met at ``at``; queued on its rank once all are."""
     i = (op * P + q) * M + m
@@ -209,7 +209,7 @@ def _release(op, q, m, at, gpipe, M, P, dev, deps, ready, pend_k, pend_i, n_pend
         dirty[r] = True
 
 
-@njit
+@njit_borrowing
 def _pick(r, gpipe, M, P, free, pk, pi, k0, i0, k1, i1, n_pend, n_r0, n_r1, held, ready,
           f_left, inflight, limits, f_started, skip_k, skip_i):
     """Hold the task rank ``r`` runs next (``_Pool.pick``): the best-priority runnable task
