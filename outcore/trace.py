@@ -43,10 +43,11 @@ class Event(NamedTuple):
 
 
 class EventColumns(Sequence):
-    """A timeline's events held as columns (``rank``, ``start_s``, ``end_s``, ``bytes``; and
-    ``compute``, ``fb``, ``sent``: on the compute stream, a forward or backward, a send or
-    all-reduce), as the compiled simulator makes them; read one by one they are
-    :class:`Event` tuples, made on first use (``make``) — a search reads only the sums."""
+    """A timeline's events held as columns (``rank``, ``start_s``, ``end_s``, ``bytes``,
+    ``piece``; and ``compute``, ``fb``, ``forward``, ``sent``: on the compute stream, a forward
+    or backward, a forward, a send or all-reduce), as the compiled simulator makes them;
+    read one by one they are :class:`Event` tuples, made on first use (``make``) — a search
+    reads only the columns."""
 
     def __init__(self, columns: dict[str, np.ndarray], make: Callable[[], tuple[Event, ...]]
                  ) -> None:
@@ -92,6 +93,8 @@ def event_columns(events: Iterable[Event]) -> dict[str, np.ndarray]:
             "bytes": np.array([e.bytes for e in ev], np.int64),
             "compute": np.array([e.stream == "compute" for e in ev], np.bool_),
             "fb": np.array([e.kind in ("F", "B") for e in ev], np.bool_),
+            "forward": np.array([e.kind == "F" for e in ev], np.bool_),
+            "piece": np.array([e.piece for e in ev], np.int64),
             "sent": np.array([e.kind in ("send", "allreduce") for e in ev], np.bool_)}
 
 

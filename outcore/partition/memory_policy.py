@@ -23,7 +23,6 @@ checkpointing makes such a run fit.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,9 +31,10 @@ from outcore.cost.memory import state_factor
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
+from outcore.plan._pieces_kernel import segment_bounds
 from outcore.plan.pieces import cut
 from outcore.plan.plan import Plan
-from outcore.plan.policies import CHOICES, MemoryPolicies, segments
+from outcore.plan.policies import CHOICES, MemoryPolicies
 from outcore.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -59,15 +59,19 @@ def options(g: Graph, assignment: np.ndarray, devices: list[int], mode: str,
     factor = state_factor(optimizer)
     P = cut(g, assignment)
     seg_of = np.full(g.num_nodes, -1, dtype=np.int64)
-    segs: list[np.ndarray] = []
-    for p in P.pieces:
-        if p.device not in devices:
-            continue
-        nodes = np.asarray(p.nodes)
-        k = max(1, int(round(math.sqrt(nodes.size))))
-        for part in segments(nodes, k, g.saved_bytes[nodes]):
-            seg_of[part] = len(segs)
-            segs.append(part)
+    # each piece in about sqrt(its size) segments of near-equal saved bytes (plan.policies.
+    # segments, for all pieces at once)
+    counts = np.maximum(1, np.rint(np.sqrt(np.diff(P.node_ptr)))).astype(np.int64)
+    rows = np.flatnonzero(np.isin(P.device_of, devices))
+    start, row = segment_bounds(P.node_ptr, rows, g.saved_bytes[P.node_idx].astype(np.float64),
+                                counts)
+    end, last = np.empty_like(start), np.ones(start.size, bool)
+    end[:-1], last[:-1] = start[1:], row[1:] != row[:-1]
+    end[last] = P.node_ptr[row[last] + 1]  # a piece's last segment ends with it
+    segs = [P.node_idx[a:b] for a, b in zip(start.tolist(), end.tolist())]
+    length = end - start
+    at = np.repeat(start - (np.cumsum(length) - length), length) + np.arange(int(length.sum()))
+    seg_of[P.node_idx[at]] = np.repeat(np.arange(len(segs)), length)
     n_seg = len(segs)
     inputs = _segment_inputs(g, seg_of, n_seg)
     placed = seg_of >= 0
@@ -254,10 +258,10 @@ def _held_at_peak(sim) -> tuple[np.ndarray, ...]:
     """Per rank of a simulation, per piece of its schedule: how many micro-batches' saved
     activations the rank holds at its peak (forward ended, backward not yet)."""
     n_pieces = sim.schedule.pieces.num_pieces
-    rows = [(e.rank, e.piece, e.end_s, 1 if e.kind == "F" else -1)
-            for e in sim.timeline.events if e.piece >= 0 and e.kind in ("F", "B")]
-    rank, piece, end, step = (np.array(c) for c in zip(*rows)) if rows else \
-        (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
+    c = sim.timeline.columns()
+    sel = c["fb"] & (c["piece"] >= 0)
+    rank, piece, end = c["rank"][sel], c["piece"][sel], c["end_s"][sel]
+    step = np.where(c["forward"][sel], 1, -1)
     out = []
     for r, (times, values) in enumerate(sim.timeline.memory):
         held = np.zeros(n_pieces, dtype=np.int64)

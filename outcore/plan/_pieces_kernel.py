@@ -13,7 +13,7 @@ import numpy as np
 
 from outcore.graph._jit import njit, njit_borrowing
 
-__all__ = ["hop_levels", "piece_components"]
+__all__ = ["hop_levels", "piece_components", "segment_bounds"]
 
 
 @njit
@@ -96,3 +96,62 @@ def piece_components(n, src, dst, key, hop):
             r = parent[r]
         parent[v] = r
     return parent
+
+
+@njit
+def segment_bounds(ptr, rows, weights, counts):
+    """Consecutive segments of each row ``r`` of ``rows`` (the slice ``ptr[r]:ptr[r + 1]`` of
+    ``weights``, per position), ``counts[r]`` of them, cut as :func:`outcore.plan.policies.
+    segments` cuts (near-equal weight, or equal length when the row weighs nothing): returns
+    ``(start, row)`` per segment, starts as positions in ``weights``, rows in order."""
+    total = 0
+    for j in range(rows.shape[0]):
+        r = rows[j]
+        total += max(1, min(counts[r], ptr[r + 1] - ptr[r]))
+    start = np.empty(total, np.int64)
+    row = np.empty(total, np.int64)
+    cuts = np.empty(max(total, 1), np.int64)
+    m = 0
+    for j in range(rows.shape[0]):
+        r = rows[j]
+        lo, size = ptr[r], ptr[r + 1] - ptr[r]
+        count = max(1, min(counts[r], size))
+        weighs = False
+        for i in range(lo, lo + size):
+            if weights[i] != 0.0:
+                weighs = True
+        start[m] = lo
+        row[m] = r
+        m += 1
+        if count == 1:
+            continue
+        if not weighs:  # numpy's array_split: the first size % count parts one longer
+            base, extra = size // count, size % count
+            at = lo
+            for q in range(count - 1):
+                at += base + (1 if q < extra else 0)
+                start[m] = at
+                row[m] = r
+                m += 1
+            continue
+        cum_last = 0.0
+        for i in range(lo, lo + size):
+            cum_last += weights[i]
+        n_cut = 0
+        i, acc = 0, weights[lo]  # acc: the running sum through position i (numpy's cumsum)
+        for q in range(1, count):  # searchsorted(cum, cum[-1] * q / count, side="right")
+            thr = cum_last * q / count  # (ascending in q: the scan goes on from i)
+            while i < size and acc <= thr:
+                i += 1
+                if i < size:
+                    acc += weights[lo + i]
+            cuts[n_cut] = min(max(i, 1), size - 1)
+            n_cut += 1
+        last = 0
+        for q in range(n_cut):  # already ascending: keep the distinct ones
+            if cuts[q] != last:
+                start[m] = lo + cuts[q]
+                row[m] = r
+                m += 1
+                last = cuts[q]
+    return start[:m], row[:m]

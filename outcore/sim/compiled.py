@@ -226,7 +226,8 @@ def _events(E, n: int, actions) -> EventColumns:
     nbytes = np.trunc(E[7][:n]).astype(np.int64)[order]
     kind, act = kind[order], act[order]
     cols = {"rank": rank[order], "start_s": start[order], "end_s": end[order], "bytes": nbytes,
-            "compute": compute[order], "fb": kind <= K.K_B,
+            "compute": compute[order], "fb": kind <= K.K_B, "forward": kind == K.K_F,
+            "piece": E[6][:n][order],
             "sent": (kind == K.K_SEND) | (kind == K.K_AR) | (kind == K.K_DP)}
 
     def make() -> tuple[Event, ...]:
