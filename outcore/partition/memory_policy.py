@@ -163,7 +163,7 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
     group_of = np.full(g.num_nodes, -1, dtype=np.int64)
     policies: list[str] = []
     used = np.zeros(g.num_nodes, dtype=bool)
-    priced: dict[int, list[_Option]] = {}
+    priced: dict[int, _Priced] = {}
     kept: dict[int, list[tuple[np.ndarray, float]]] = {}  # per device, (segment, bytes freed)
     current = plan
     for _ in range(max_rounds):
@@ -176,16 +176,18 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
         held = _held_at_peak(sim)
         for d in over:
             if d not in priced:
-                priced[d] = [o for o in options(g, plan.assignment, [d], mode, cluster,
-                                                plan.optimizer) if o.freed_bytes > 0]
-            cands = [o for o in priced[d] if not used[o.nodes].any()]
-            if not cands:
+                priced[d] = _Priced([o for o in options(g, plan.assignment, [d], mode,
+                                                        cluster, plan.optimizer)
+                                     if o.freed_bytes > 0])
+            # (a segment's options are taken whole: one node taken, all of it was)
+            cands = np.flatnonzero(~used[priced[d].first])
+            if not cands.size:
                 raise _too_big(sim.peak_bytes, limit, f"even with every allowed memory "
                                                       f"policy ({mode}) device {d} does not "
                                                       "fit: add devices or raise --memory")
             need = sim.peak_bytes[d] - limit + margin * limit
-            for o, frees in _take(_by_price(cands, held, sim, d, plan.microbatches), used,
-                                  need):
+            for o, frees in _take(_by_price(priced[d], cands, held, sim, d,
+                                            plan.microbatches), used, need):
                 group_of[o.nodes] = len(policies)
                 policies.append(o.policy)
                 taken.setdefault(d, []).append(o.nodes)
@@ -273,27 +275,40 @@ def _held_at_peak(sim) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
-def _by_price(cands: list[_Option], held: tuple[np.ndarray, ...], sim, d: int,
+class _Priced:
+    """One device's options (:func:`options`) and, as arrays, what ranking them reads: each
+    one's first node, whether it offloads parameters, the bytes it frees, its cost, its key."""
+
+    def __init__(self, opts: list[_Option]) -> None:
+        self.opts = opts
+        self.first = np.array([int(o.nodes[0]) for o in opts], np.int64)
+        self.params = np.array([o.policy == "offload-params" for o in opts], bool)
+        self.freed = np.array([o.freed_bytes for o in opts], np.float64)
+        self.cost = np.array([o.cost_s for o in opts], np.float64)
+        self.key = np.array([o.key for o in opts], np.int64)
+
+
+def _by_price(priced: _Priced, cands: np.ndarray, held: tuple[np.ndarray, ...], sim, d: int,
               microbatches: int) -> list[tuple[_Option, float]]:
-    """``(option, bytes it frees at device d's simulated peak)``, cheapest per byte first.
+    """``(option, bytes it frees at device d's simulated peak)`` of the options ``cands``
+    (indices into ``priced``), cheapest per byte first (ties: the first node, then the order
+    of the options).
 
     An activation option frees its bytes once per micro-batch whose activations its piece
     holds at the peak (none: it does not lower this peak); a parameter option frees its bytes
     once. Options that free nothing at the peak come last, counted at every micro-batch in
     flight (the peak may move to where they do)."""
-    piece_of = sim.schedule.pieces.piece_of
     live = held[d] if d < len(held) else np.zeros(0, np.int64)
-    rows = []
-    for o in cands:
-        if o.policy == "offload-params":
-            frees = o.freed_bytes
-        else:
-            p = int(piece_of[o.nodes[0]])
-            frees = o.freed_bytes * max(0, int(live[p]) if p < live.size else 0)
-        rows.append((frees <= 0, o.cost_s / (frees or o.freed_bytes), o.key, o,
-                     frees or o.freed_bytes * max(1, microbatches)))
-    rows.sort(key=lambda r: r[:3])
-    return [(r[3], r[4]) for r in rows]
+    piece = sim.schedule.pieces.piece_of[priced.first[cands]]
+    count = np.zeros(cands.size, np.int64)
+    inside = piece < live.size
+    count[inside] = np.maximum(0, live[piece[inside]])
+    freed = priced.freed[cands]
+    frees = np.where(priced.params[cands], freed, freed * count)
+    per = np.where(frees != 0, frees, freed)  # what the price divides by
+    order = np.lexsort((priced.key[cands], priced.cost[cands] / per, frees <= 0))
+    last = np.where(frees != 0, frees, freed * max(1, microbatches))
+    return [(priced.opts[k], v) for k, v in zip(cands[order].tolist(), last[order].tolist())]
 
 
 def _compact(group_of: np.ndarray, policies: list[str]) -> MemoryPolicies:

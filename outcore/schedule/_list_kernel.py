@@ -19,7 +19,7 @@ import numpy as np
 from outcore.graph._heap import heap_pop, heap_push
 from outcore.graph._jit import njit, njit_borrowing
 
-__all__ = ["list_schedule"]
+__all__ = ["list_schedule", "sink_hops"]
 
 
 @njit_borrowing
@@ -236,3 +236,22 @@ def _pick(r, gpipe, M, P, free, pk, pi, k0, i0, k1, i1, n_pend, n_r0, n_r1, held
                              limits, f_started, skip_k, skip_i)
         n_pend[r] = size
     held[r] = found
+
+
+@njit
+def sink_hops(out_ptr, out_tr, tr_dst, tr_local, dev, R):
+    """Per rank, 1 + the most device hops from any of its pieces to a sink piece (the 1F1B
+    in-flight bound, :func:`outcore.schedule.build.inflight_limits`): one pass over the pieces
+    in reverse id order (transfers go to higher ids)."""
+    P = dev.shape[0]
+    after = np.zeros(P, np.int64)
+    for p in range(P - 1, -1, -1):
+        best = 0
+        for j in range(out_ptr[p], out_ptr[p + 1]):
+            t = out_tr[j]
+            best = max(best, after[tr_dst[t]] + (0 if tr_local[t] else 1))
+        after[p] = best
+    limit = np.ones(R, np.int64)
+    for p in range(P):
+        limit[dev[p]] = max(limit[dev[p]], after[p] + 1)
+    return limit

@@ -27,7 +27,7 @@ import numpy as np
 from outcore.errors import ScheduleError, UsageError
 from outcore.graph._jit import HAVE_NUMBA
 from outcore.plan.pieces import Pieces
-from outcore.schedule._list_kernel import list_schedule
+from outcore.schedule._list_kernel import list_schedule, sink_hops
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import OPS, Action, ActionColumns, Schedule
 
@@ -38,20 +38,12 @@ LinkTime = Callable[[int, int, float], float]  # (src rank, dst rank, bytes) -> 
 
 
 def inflight_limits(pieces: Pieces, num_ranks: int) -> list[int]:
-    """1F1B bound per rank: 1 + most device hops from any of its pieces to a sink piece."""
-    P = pieces.num_pieces
-    after = [0] * P
-    ptr, ids = (x.tolist() for x in pieces.outputs_csr)
-    dst, local = pieces.transfer_dst.tolist(), pieces.transfer_local.tolist()
-    for p in range(P - 1, -1, -1):  # transfers go to higher piece ids (pieces.cut)
-        best = 0
-        for t in ids[ptr[p]:ptr[p + 1]]:
-            best = max(best, after[dst[t]] + (0 if local[t] else 1))
-        after[p] = best
-    limit = [1] * num_ranks
-    for d, a in zip(pieces.device_of.tolist(), after):
-        limit[d] = max(limit[d], a + 1)
-    return limit
+    """1F1B bound per rank: 1 + most device hops from any of its pieces to a sink piece
+    (transfers go to higher piece ids, :func:`outcore.plan.pieces.cut`: one pass in reverse;
+    compiled, :func:`outcore.schedule._list_kernel.sink_hops`)."""
+    ptr, ids = pieces.outputs_csr
+    return sink_hops(ptr, ids, pieces.transfer_dst, pieces.transfer_local, pieces.device_of,
+                     num_ranks).tolist()
 
 
 def build(pieces: Pieces, num_ranks: int, microbatches: int, kind: str, costs: PieceCosts,
