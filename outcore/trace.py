@@ -11,10 +11,11 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
+
+from outcore.lazytuple import LazyTuple
 
 
 class Event(NamedTuple):
@@ -42,46 +43,19 @@ class Event(NamedTuple):
         return self.end_s - self.start_s
 
 
-class EventColumns(Sequence):
+class EventColumns(LazyTuple):
     """A timeline's events held as columns (``rank``, ``start_s``, ``end_s``, ``bytes``,
     ``piece``; and ``compute``, ``fb``, ``forward``, ``sent``: on the compute stream, a forward
     or backward, a forward, a send or all-reduce), as the compiled simulator makes them;
     read one by one they are :class:`Event` tuples, made on first use (``make``) — a search
     reads only the columns."""
 
+    noun = "events"
+
     def __init__(self, columns: dict[str, np.ndarray], make: Callable[[], tuple[Event, ...]]
                  ) -> None:
+        super().__init__(len(columns["rank"]), make)
         self.columns = columns
-        self._make: Callable[[], tuple[Event, ...]] | None = make
-        self._events: tuple[Event, ...] = ()
-
-    def _all(self) -> tuple[Event, ...]:
-        if self._make is not None:
-            self._events, self._make = self._make(), None
-        return self._events
-
-    def __len__(self) -> int:
-        return len(self.columns["rank"])
-
-    def __getitem__(self, i):
-        return self._all()[i]
-
-    def __iter__(self):
-        return iter(self._all())
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and tuple(self) == tuple(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __add__(self, other):
-        return self._all() + tuple(other)
-
-    def __repr__(self) -> str:
-        return f"EventColumns({len(self)} events)"
-
-    def __reduce__(self):  # pickled (and deep-copied) as the tuple of events it stands for
-        return tuple, (self._all(),)
 
 
 def event_columns(events: Iterable[Event]) -> dict[str, np.ndarray]:

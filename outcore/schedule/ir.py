@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from outcore.errors import ScheduleError
+from outcore.lazytuple import LazyTuple
 from outcore.plan.pieces import Pieces
 
 COMPUTE = ("F", "B")
@@ -98,48 +99,26 @@ class Action(_Fields):
         return Action("OPT")
 
 
-class ActionColumns(Sequence):
+class ActionColumns(LazyTuple):
     """One rank's actions held as columns, as the schedule builder makes them: ``op`` (the
     index of each action's op in :data:`OPS`), ``mb``, ``piece``, ``transfer``, ``bucket``
     (``int64`` arrays). Read one by one they are :class:`Action` tuples, made on first use
     (the simulator's compiled loop reads the columns); equal to the tuple of those actions,
     and pickled as it."""
 
+    noun = "actions"
+
     def __init__(self, op: np.ndarray, mb: np.ndarray, piece: np.ndarray,
                  transfer: np.ndarray, bucket: np.ndarray) -> None:
-        self.columns = (op, mb, piece, transfer, bucket)
-        self._actions: tuple[Action, ...] | None = None
+        columns = (op, mb, piece, transfer, bucket)
+        super().__init__(len(op), lambda: _actions_of(columns))  # (no cycle through self)
+        self.columns = columns
 
-    def _all(self) -> tuple[Action, ...]:
-        if self._actions is None:
-            new, ops = tuple.__new__, OPS
-            self._actions = tuple(new(Action, (ops[o], m, p, t, b)) for o, m, p, t, b in
-                                  zip(*(c.tolist() for c in self.columns)))
-        return self._actions
 
-    def __len__(self) -> int:
-        return len(self.columns[0])
-
-    def __getitem__(self, i):
-        return self._all()[i]
-
-    def __iter__(self):
-        return iter(self._all())
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and not isinstance(other, str) and \
-            tuple(self) == tuple(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __add__(self, other):
-        return self._all() + tuple(other)
-
-    def __repr__(self) -> str:
-        return f"ActionColumns({len(self)} actions)"
-
-    def __reduce__(self):  # pickled (and deep-copied) as the tuple of actions it stands for
-        return tuple, (self._all(),)
+def _actions_of(columns: tuple[np.ndarray, ...]) -> tuple[Action, ...]:
+    new, ops = tuple.__new__, OPS
+    return tuple(new(Action, (ops[o], m, p, t, b))
+                 for o, m, p, t, b in zip(*(c.tolist() for c in columns)))
 
 
 def action_columns(actions: Sequence[Action]) -> tuple[np.ndarray, ...]:
