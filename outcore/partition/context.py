@@ -143,12 +143,21 @@ class Context:
         """``(static, activations of one micro-batch (saved + received), transient)`` per device."""
         g = self.g
         k = self.devices if devices is None else devices
-        a = np.asarray(assignment, dtype=np.int64)
-        static = np.bincount(a, weights=g.param_bytes * self.factor, minlength=k)
-        act = np.bincount(a, weights=g.saved_bytes.astype(np.float64), minlength=k)
-        act += received_bytes(g, a, k)
-        trans = _max_by_device(a, np.asarray(g.out_bytes, np.float64), k)
+        a = np.ascontiguousarray(assignment, dtype=np.int64)
+        state, saved, out = self._node_bytes
+        static = np.bincount(a, weights=state, minlength=k)
+        act = np.bincount(a, weights=saved, minlength=k)
+        act += received_bytes(g, a, k, self.edge_bytes)
+        trans = _max_by_device(a, out, k)
         return static[:k], act[:k], trans
+
+    @cached_property
+    def _node_bytes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per node, as floats: parameter state (x the optimizer's factor), saved
+        activations, output (what :meth:`memory_parts` sums; made once per context)."""
+        g = self.g
+        return (g.param_bytes * self.factor, g.saved_bytes.astype(np.float64),
+                np.asarray(g.out_bytes, np.float64))
 
     def memory(self, assignment: np.ndarray, inflight: np.ndarray | float | None = None,
                devices: int | None = None) -> np.ndarray:
@@ -161,13 +170,16 @@ class Context:
         return self.memory_bytes is None or bool((peak_bytes <= self.memory_bytes).all())
 
 
-def received_bytes(g: Graph, assignment: np.ndarray, devices: int) -> np.ndarray:
+def received_bytes(g: Graph, assignment: np.ndarray, devices: int,
+                   edge_bytes: np.ndarray | None = None) -> np.ndarray:
     """Bytes of boundary tensors each device receives (one micro-batch; each tensor once, at
-    its largest edge to that device). Compiled (:func:`_received_kernel`)."""
+    its largest edge to that device). Compiled (:func:`_received_kernel`); ``edge_bytes``:
+    the graph's as ``int64`` when the caller holds them already."""
     if g.num_edges == 0:
         return np.zeros(devices)
     return _received_kernel(g.num_nodes, g.succ_ptr, g.succ_idx, g.succ_edge,
-                            np.asarray(g.edge_bytes, np.int64),
+                            np.asarray(g.edge_bytes, np.int64) if edge_bytes is None
+                            else edge_bytes,
                             np.ascontiguousarray(assignment, dtype=np.int64), devices)
 
 
