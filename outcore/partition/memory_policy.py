@@ -176,11 +176,9 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
         held = _held_at_peak(sim)
         for d in over:
             if d not in priced:
-                priced[d] = _Priced([o for o in options(g, plan.assignment, [d], mode,
-                                                        cluster, plan.optimizer)
-                                     if o.freed_bytes > 0])
-            # (a segment's options are taken whole: one node taken, all of it was)
-            cands = np.flatnonzero(~used[priced[d].first])
+                priced[d] = _Priced(options(g, plan.assignment, [d], mode, cluster,
+                                            plan.optimizer))
+            cands = priced[d].unused(used)
             if not cands.size:
                 raise _too_big(sim.peak_bytes, limit, f"even with every allowed memory "
                                                       f"policy ({mode}) device {d} does not "
@@ -276,16 +274,22 @@ def _held_at_peak(sim) -> tuple[np.ndarray, ...]:
 
 
 class _Priced:
-    """One device's options (:func:`options`) and, as arrays, what ranking them reads: each
-    one's first node, whether it offloads parameters, the bytes it frees, its cost, its key."""
+    """One device's options that free bytes (of :func:`options`) and, as arrays, what ranking
+    them reads: each one's first node, whether it offloads parameters, the bytes it frees, its
+    cost, its key."""
 
     def __init__(self, opts: list[_Option]) -> None:
-        self.opts = opts
+        self.opts = opts = [o for o in opts if o.freed_bytes > 0]
         self.first = np.array([int(o.nodes[0]) for o in opts], np.int64)
         self.params = np.array([o.policy == "offload-params" for o in opts], bool)
         self.freed = np.array([o.freed_bytes for o in opts], np.float64)
         self.cost = np.array([o.cost_s for o in opts], np.float64)
         self.key = np.array([o.key for o in opts], np.int64)
+
+    def unused(self, used: np.ndarray) -> np.ndarray:
+        """Indices of the options none of whose nodes is ``used`` (a segment's nodes are
+        taken together: its first one tells)."""
+        return np.flatnonzero(~used[self.first])
 
 
 def _by_price(priced: _Priced, cands: np.ndarray, held: tuple[np.ndarray, ...], sim, d: int,
