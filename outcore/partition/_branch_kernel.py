@@ -238,3 +238,233 @@ def _closure_kernel(targets, blocked, mark, stamp, sp, si, pp, pi, stack, out):
                     stack[top] = q
                     top += 1
     return found
+
+
+@njit
+def _feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_nodes, sp, si, pp,
+                    pi):
+    """`outcore.partition.branches._with_feeders` on arrays: for the chosen regions in order
+    (interiors ``int_nodes[int_ptr[r]:int_ptr[r + 1]]``, branches ``rb_ptr[r]:rb_ptr[r + 1]``
+    of ``br_ptr`` / ``br_nodes``), each branch's feeders (the closure of its nodes, and the
+    side components that feed it alone) and each region's extra side branches. Returns
+    ``(fed_ptr, fed_nodes, ex_rptr, ex_ptr, ex_nodes)``: per branch its feeders, sorted; per
+    region its range of extra branches, each sorted, ordered by their smallest node."""
+    R = forks.shape[0]
+    blocked = np.zeros(n, np.uint8)
+    for r in range(R):
+        for k in range(int_ptr[r], int_ptr[r + 1]):
+            blocked[int_nodes[k]] = 1
+        if forks[r] >= 0:
+            blocked[forks[r]] = 1
+        if joins[r] >= 0:
+            blocked[joins[r]] = 1
+    mark = np.full(n, -1, np.int64)
+    stack = np.empty(si.shape[0] + 1, np.int64)
+    out = np.empty(n + 1, np.int64)
+    owner = np.full(n, -1, np.int64)
+    comp_of = np.full(n, -1, np.int64)
+    B = br_ptr.shape[0] - 1
+    fed_ptr = np.zeros(B + 1, np.int64)
+    fed_nodes = np.empty(n, np.int64)
+    ex_rptr = np.zeros(R + 1, np.int64)
+    ex_ptr = np.zeros(n + 1, np.int64)
+    ex_nodes = np.empty(n, np.int64)
+    tmp = np.empty(n, np.int64)  # this region's closures, branch after branch
+    tptr = np.zeros(B + 1, np.int64)
+    side_node = np.empty(n, np.int64)
+    hits = np.empty(n, np.int64)
+    stamp = 0
+    nfed = 0
+    nex = 0
+    nexn = 0
+    for r in range(R):
+        b0, b1 = rb_ptr[r], rb_ptr[r + 1]
+        ntmp = 0
+        for b in range(b0, b1):  # each branch's closure
+            stamp += 3
+            found = _closure_kernel(br_nodes[br_ptr[b]:br_ptr[b + 1]], blocked, mark, stamp,
+                                    sp, si, pp, pi, stack, out)
+            tptr[b] = ntmp
+            tmp[ntmp:ntmp + found] = np.sort(out[:found])
+            ntmp += found
+        tptr[b1] = ntmp
+        # the side: the closure of the interior, the feeders and the join
+        m = int_ptr[r + 1] - int_ptr[r]
+        inside = np.empty(m + ntmp + 1, np.int64)
+        inside[:m] = int_nodes[int_ptr[r]:int_ptr[r + 1]]
+        inside[m:m + ntmp] = tmp[:ntmp]
+        size = m + ntmp
+        if joins[r] >= 0:
+            inside[size] = joins[r]
+            size += 1
+        stamp += 3
+        nside = _closure_kernel(inside[:size], blocked, mark, stamp, sp, si, pp, pi, stack,
+                                out)
+        side = np.sort(out[:nside])
+        comp_first = np.empty(0, np.int64)
+        if nside:
+            for b in range(b0, b1):
+                for k in range(br_ptr[b], br_ptr[b + 1]):
+                    owner[br_nodes[k]] = b - b0
+                for k in range(tptr[b], tptr[b + 1]):
+                    owner[tmp[k]] = b - b0
+            for i in range(nside):  # components among the side's nodes (roots: their least)
+                comp_of[side[i]] = side[i]
+            for i in range(nside):
+                v = side[i]
+                for j in range(sp[v], sp[v + 1]):
+                    s = si[j]
+                    if comp_of[s] >= 0:
+                        a = _find(comp_of, v)
+                        c = _find(comp_of, s)
+                        if a < c:
+                            comp_of[c] = a
+                        elif c < a:
+                            comp_of[a] = c
+            for i in range(nside):
+                side_node[i] = _find(comp_of, side[i])
+            comp_first = np.unique(side_node[:nside])  # the components, by least node
+        # per branch: its closure and the components that feed it alone
+        extra_start = nex
+        ex_rptr[r] = extra_start
+        assign = np.full(comp_first.shape[0], -1, np.int64)
+        for c in range(comp_first.shape[0]):
+            root = comp_first[c]
+            nh = 0
+            for i in range(nside):
+                if side_node[i] != root:
+                    continue
+                v = side[i]
+                for j in range(sp[v], sp[v + 1]):
+                    o = owner[si[j]]
+                    if o >= 0:
+                        seen = False
+                        for q in range(nh):
+                            if hits[q] == o:
+                                seen = True
+                                break
+                        if not seen:
+                            hits[nh] = o
+                            nh += 1
+            if nh == 1:
+                assign[c] = hits[0]
+        for b in range(b0, b1):
+            start = nfed
+            for k in range(tptr[b], tptr[b + 1]):
+                fed_nodes[nfed] = tmp[k]
+                nfed += 1
+            for c in range(comp_first.shape[0]):
+                if assign[c] == b - b0:
+                    for i in range(nside):
+                        if side_node[i] == comp_first[c]:
+                            fed_nodes[nfed] = side[i]
+                            nfed += 1
+            fed_nodes[start:nfed] = np.sort(fed_nodes[start:nfed])
+            fed_ptr[b + 1] = nfed
+            for k in range(start, nfed):
+                blocked[fed_nodes[k]] = 1
+        for c in range(comp_first.shape[0]):
+            if assign[c] >= 0:
+                continue
+            ex_ptr[nex] = nexn
+            for i in range(nside):
+                if side_node[i] == comp_first[c]:
+                    ex_nodes[nexn] = side[i]
+                    blocked[side[i]] = 1
+                    nexn += 1
+            nex += 1
+            ex_ptr[nex] = nexn
+        if nside:  # reset this region's scratch
+            for b in range(b0, b1):
+                for k in range(br_ptr[b], br_ptr[b + 1]):
+                    owner[br_nodes[k]] = -1
+                for k in range(tptr[b], tptr[b + 1]):
+                    owner[tmp[k]] = -1
+            for i in range(nside):
+                comp_of[side[i]] = -1
+    ex_rptr[R] = nex
+    return fed_ptr, fed_nodes[:nfed], ex_rptr, ex_ptr[:nex + 1], ex_nodes[:nexn]
+
+
+@njit_borrowing
+def _block_sum(a, lo, n):
+    """numpy's sum of ``a[lo:lo + n]`` for ``n <= 128``: in order below 8 values, else eight
+    accumulators combined pairwise and the remainder in order."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - (n % 8):
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit_borrowing
+def _pairwise(a, lo, n, st_lo, st_n, st_step, vals):
+    """``a[lo:lo + n].sum()`` as numpy sums a contiguous float64 array, to the last bit: its
+    pairwise summation (:func:`_block_sum` up to 128 values, else the sum of the halves, the
+    first a multiple of 8), walked with an explicit stack (``st_*``, ``vals``: 64 entries;
+    numba's cache does not load recursive kernels reliably)."""
+    if n <= 128:
+        return _block_sum(a, lo, n)
+    st_lo[0], st_n[0], st_step[0] = lo, n, 0
+    top, nv = 1, 0
+    while top > 0:
+        k = top - 1
+        at, m = st_lo[k], st_n[k]
+        if m <= 128:
+            vals[nv] = _block_sum(a, at, m)
+            nv += 1
+            top -= 1
+            continue
+        half = m // 2
+        half -= half % 8
+        if st_step[k] < 2:  # the first half, then the second
+            st_step[k] += 1
+            first = st_step[k] == 1
+            st_lo[top] = at if first else at + half
+            st_n[top] = half if first else m - half
+            st_step[top] = 0
+            top += 1
+        else:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+            top -= 1
+    return vals[0]
+
+
+@njit
+def _row_sums(w, a_ptr, a_idx, b_ptr, b_idx):
+    """Per row ``k``: ``w[a_idx[a_ptr[k]:a_ptr[k + 1]]].sum() + w[b_idx[...]].sum()``, the
+    same floats as numpy's (:func:`_pairwise` on the gathered values)."""
+    rows = a_ptr.shape[0] - 1
+    out = np.empty(rows, np.float64)
+    buf = np.empty(max(a_idx.shape[0], b_idx.shape[0], 1), np.float64)
+    st_lo, st_n, st_step = np.empty(64, np.int64), np.empty(64, np.int64), np.empty(64, np.int64)
+    vals = np.empty(64, np.float64)
+    for k in range(rows):
+        n = a_ptr[k + 1] - a_ptr[k]
+        for i in range(n):
+            buf[i] = w[a_idx[a_ptr[k] + i]]
+        x = _pairwise(buf, 0, n, st_lo, st_n, st_step, vals)
+        n = b_ptr[k + 1] - b_ptr[k]
+        for i in range(n):
+            buf[i] = w[b_idx[b_ptr[k] + i]]
+        out[k] = x + _pairwise(buf, 0, n, st_lo, st_n, st_step, vals)
+    return out

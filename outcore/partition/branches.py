@@ -57,7 +57,8 @@ import numpy as np
 
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
-from outcore.partition._branch_kernel import _closure_kernel, _regions_kernel, _tree_intervals
+from outcore.partition._branch_kernel import (_closure_kernel, _feeders_kernel, _regions_kernel,
+                                              _row_sums, _tree_intervals)
 from outcore.partition.dominators import _augmented, _post_dominators
 from outcore.partition.dominators import post_dominators  # noqa: F401  (re-exported)
 
@@ -333,6 +334,46 @@ def _reweighed(r: Region, w: np.ndarray) -> Region:
 
 
 def _with_feeders(g: Graph, regions: tuple[Region, ...], w: np.ndarray
+                  ) -> tuple[Region, ...]:
+    """:func:`attach_feeders`' regions, found by the compiled walk
+    (:func:`outcore.partition._branch_kernel._feeders_kernel`; :func:`_with_feeders_py` is
+    its plain twin, which a test holds it to)."""
+    if not regions:
+        return ()
+    branches = [b for r in regions for b in r.branches]
+    rb_ptr = np.zeros(len(regions) + 1, np.int64)
+    np.cumsum([len(r.branches) for r in regions], out=rb_ptr[1:])
+    br_ptr, br_nodes = _flat(branches)
+    int_ptr, int_nodes = _flat([r.interior for r in regions])
+    fed_ptr, fed_nodes, ex_rptr, ex_ptr, ex_nodes = _feeders_kernel(
+        g.num_nodes, np.array([r.fork for r in regions], np.int64),
+        np.array([r.join for r in regions], np.int64), int_ptr, int_nodes, rb_ptr, br_ptr,
+        br_nodes, g.succ_ptr, g.succ_idx, g.pred_ptr, g.pred_idx)
+    empty = np.zeros(0, np.int64)
+    fp, ep, rp, xr = fed_ptr.tolist(), ex_ptr.tolist(), rb_ptr.tolist(), ex_rptr.tolist()
+    # each branch's work with its feeders, extra branches (no feeders) after all the others
+    work = _row_sums(np.ascontiguousarray(w, np.float64),
+                     *_flat(branches + [ex_nodes[ep[c]:ep[c + 1]] for c in range(len(ep) - 1)]),
+                     np.append(fed_ptr, np.full(len(ep) - 1, fed_ptr[-1])), fed_nodes).tolist()
+    out = []
+    for i, r in enumerate(regions):
+        extra = tuple(ex_nodes[ep[c]:ep[c + 1]] for c in range(xr[i], xr[i + 1]))
+        fed = tuple(fed_nodes[fp[b]:fp[b + 1]] for b in range(rp[i], rp[i + 1])) + \
+            (empty,) * len(extra)
+        mine = work[rp[i]:rp[i + 1]] + work[len(branches) + xr[i]:len(branches) + xr[i + 1]]
+        out.append(Region(r.fork, r.join, tuple(r.branches) + extra, fed, np.array(mine),
+                          len(extra)))
+    return tuple(out)
+
+
+def _flat(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Row pointers and the concatenation of ``arrays`` (``int64``)."""
+    ptr = np.zeros(len(arrays) + 1, np.int64)
+    np.cumsum([a.size for a in arrays], out=ptr[1:])
+    return ptr, (np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64))
+
+
+def _with_feeders_py(g: Graph, regions: tuple[Region, ...], w: np.ndarray
                   ) -> tuple[Region, ...]:
     n = g.num_nodes
     blocked = np.zeros(n, np.uint8)

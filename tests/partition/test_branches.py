@@ -387,3 +387,51 @@ def test_chosen_regions_are_disjoint_and_deterministic(g):
     again = find_branches(g)
     assert [(r.fork, r.join, as_sets(r)) for r in again.regions] == \
         [(r.fork, r.join, as_sets(r)) for r in br.regions]
+
+
+@pytest.mark.parametrize("graph", ["nas0", "nas1", "transformer", "random"])
+def test_the_compiled_feeder_walk_attaches_what_the_plain_one_does(graph, monkeypatch):
+    """``_with_feeders`` (one compiled walk over the chosen regions, numpy's summation for
+    the work) returns the regions ``_with_feeders_py`` does: branches, feeders, side
+    branches and work, to the last bit (AmoebaNet-like cells have a side branch each)."""
+    from outcore.partition import branches as B
+
+    if graph == "random":
+        rng = np.random.default_rng(3)
+        pairs = sorted({tuple(sorted(rng.integers(0, 300, 2).tolist())) for _ in range(700)})
+        src, dst = zip(*[p for p in pairs if p[0] != p[1]])
+        g = build("random", fwd_s=rng.uniform(0, 1e-3, 300), src=src, dst=dst)
+    else:
+        g = make_nas(1500, seed=int(graph[-1])) if graph.startswith("nas") else \
+            make_transformer(1500)
+    chosen: list = []
+    monkeypatch.setattr(B, "attach_feeders", lambda g, regions: chosen.append(regions) or ())
+    B.select_regions(g, B.fork_join_regions(g)[0])
+    regions, w = chosen[0], B._weights(g)
+    assert regions
+    fast, plain = B._with_feeders(g, regions, w), B._with_feeders_py(g, regions, w)
+    assert [(r.fork, r.join, r.side) for r in fast] == [(r.fork, r.join, r.side) for r in plain]
+    for a, b in zip(fast, plain):
+        assert len(a.branches) == len(b.branches) and len(a.feeders) == len(b.feeders)
+        assert all(np.array_equal(x, y) for x, y in zip(a.branches + a.feeders,
+                                                        b.branches + b.feeders))
+        assert np.array_equal(a.work_s, b.work_s)
+    if graph == "nas0":
+        assert sum(r.side for r in plain) > 0  # the case the side components exercise
+
+
+def test_row_sums_add_as_numpy_does():
+    """A branch's work summed in the compiled walk is numpy's sum to the last bit (its
+    pairwise summation: blocks of 8 accumulators, halves past 128 values)."""
+    from outcore.partition._branch_kernel import _row_sums
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal(5000) * 10.0 ** rng.uniform(-6, 6, 5000)
+    sizes = [0, 1, 7, 8, 9, 127, 128, 129, 300, 1000, 2049]
+    rows = [rng.choice(5000, size=s, replace=False) for s in sizes]
+    extra = [rng.choice(5000, size=s, replace=False) for s in reversed(sizes)]
+    ptr = lambda xs: np.concatenate([[0], np.cumsum([x.size for x in xs])]).astype(np.int64)
+    got = _row_sums(w, ptr(rows), np.concatenate(rows).astype(np.int64), ptr(extra),
+                    np.concatenate(extra).astype(np.int64))
+    want = [float(w[a].sum() + w[b].sum()) for a, b in zip(rows, extra)]
+    assert got.tolist() == want
