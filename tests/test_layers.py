@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "outcore"
 
 # package (or module) -> layer; DESIGN.md's table (runtime is 4', beside the simulator)
 LAYERS = {
-    "errors": 0, "units": 0, "jsonfile": 0,
+    "errors": 0, "units": 0, "jsonfile": 0, "lazytuple": 0,
     "graph": 1, "graph.capture": 1, "hardware": 1, "zoo": 1,
     "cost": 2,
     "plan": 3, "schedule": 3, "trace": 3,
@@ -26,7 +26,7 @@ LAYERS = {
     "api": 6, "job": 6, "__init__": 6,
     "cli": 7,
 }
-TORCH_FREE = ("errors", "units", "jsonfile", "graph", "hardware.spec", "hardware.presets",
+TORCH_FREE = ("errors", "units", "jsonfile", "lazytuple", "graph", "hardware.spec", "hardware.presets",
               "hardware.cluster", "hardware.collectives", "cost.memory", "cost.analytical",
               "cost.regression", "cost.tensor", "cost.grid", "cost.spatial",
               "cost.spatial_geometry", "graph.tensor_pairs",
