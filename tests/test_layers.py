@@ -26,8 +26,9 @@ LAYERS = {
     "api": 6, "job": 6, "__init__": 6,
     "cli": 7,
 }
-TORCH_FREE = ("errors", "units", "jsonfile", "lazytuple", "graph", "hardware.spec", "hardware.presets",
-              "hardware.cluster", "hardware.collectives", "cost.memory", "cost.analytical",
+TORCH_FREE = ("errors", "units", "jsonfile", "lazytuple", "graph", "hardware.spec",
+              "hardware.presets", "hardware.cluster", "hardware.collectives", "cost.memory",
+              "cost.analytical",
               "cost.regression", "cost.tensor", "cost.grid", "cost.spatial",
               "cost.spatial_geometry", "graph.tensor_pairs",
               "plan",
