@@ -29,7 +29,7 @@ from outcore.graph._jit import HAVE_NUMBA
 from outcore.plan.pieces import Pieces
 from outcore.schedule._list_kernel import list_schedule, sink_hops
 from outcore.schedule.costs import PieceCosts
-from outcore.schedule.ir import OPS, Action, ActionColumns, Schedule
+from outcore.schedule.ir import OP_INDEX, Action, ActionColumns, Schedule
 
 KINDS = {"gpipe": "all forwards, then all backwards (GPipe)",
          "1f1b": "one forward, one backward; bounded micro-batches in flight (PipeDream-flush)"}
@@ -82,18 +82,17 @@ def _with_tail(columns: tuple[np.ndarray, ...], buckets: list[int], step: bool
     """A rank's actions and, after them, an ``AR`` of each of its ``buckets`` and (with
     ``step``, when it has any action) ``OPT``."""
     op, mb, piece, transfer = columns
-    extra = [(_AR, b) for b in buckets] + ([(_OPT, -1)] if step and (op.size or buckets) else [])
-    if not extra:
-        return ActionColumns(op, mb, piece, transfer, np.full(op.size, -1, np.int64))
-    k = len(extra)
-    none = np.full(k, -1, np.int64)
-    return ActionColumns(np.concatenate([op, [e[0] for e in extra]]), np.concatenate([mb, none]),
+    bucket = list(buckets) + ([-1] if step and (op.size or buckets) else [])
+    tail = np.array([_AR] * len(buckets) + [_OPT] * (len(bucket) - len(buckets)), np.int64)
+    none = np.full(len(bucket), -1, np.int64)
+    return ActionColumns(np.concatenate([op, tail]), np.concatenate([mb, none]),
                          np.concatenate([piece, none]), np.concatenate([transfer, none]),
                          np.concatenate([np.full(op.size, -1, np.int64),
-                                         [e[1] for e in extra]]).astype(np.int64))
+                                         np.array(bucket, np.int64)]))
 
 
-_F, _B, _SF, _SB, _RF, _RB, _AR, _OPT = range(len(OPS))  # op indices of ActionColumns
+_F, _B, _SF, _SB, _RF, _RB, _AR, _OPT = (  # op numbers of ActionColumns
+    OP_INDEX[op] for op in ("F", "B", "SF", "SB", "RF", "RB", "AR", "OPT"))
 
 
 def _tasks(pieces: Pieces, num_ranks: int, M: int, kind: str, costs: PieceCosts,
@@ -106,8 +105,18 @@ def _tasks(pieces: Pieces, num_ranks: int, M: int, kind: str, costs: PieceCosts,
     state = _ListState(pieces, num_ranks, M, kind, costs, link_time)
     for _ in range(2 * pieces.num_pieces * M):
         state.run_next()
-    rows = [(r, 0 if op == "F" else 1, p, m) for r, tasks in enumerate(state.order)
-            for op, p, m in tasks]
+    return _task_arrays(state.order)
+
+
+def _task_arrays(order: list[list[tuple[str, int, int]]]) -> tuple[np.ndarray, ...]:
+    """Per-rank compute tasks ``(op, piece, mb)`` as the arrays ``(rank, op, piece, mb)`` (op 0:
+    forward, 1: backward)."""
+    rows = []
+    for r, tasks in enumerate(order):
+        for op, p, m in tasks:
+            if op not in ("F", "B"):
+                raise ScheduleError(f"unknown compute task {op!r}: expected F or B")
+            rows.append((r, 0 if op == "F" else 1, p, m))
     if not rows:
         return tuple(np.zeros(0, np.int64) for _ in range(4))
     return tuple(np.array(c, np.int64) for c in zip(*rows))
@@ -331,16 +340,8 @@ def _first(heap: list, runnable: Callable[[tuple], bool], at: int) -> tuple | No
 def with_messages(pieces: Pieces, order: list[list[tuple[str, int, int]]]) -> list[list[Action]]:
     """Insert sends and receives around each rank's compute tasks ``(op, piece, mb)``
     (:func:`_message_columns`, as actions)."""
-    rows = []
-    for r, tasks in enumerate(order):
-        for op, p, m in tasks:
-            if op not in ("F", "B"):
-                raise ScheduleError(f"unknown compute task {op!r}: expected F or B")
-            rows.append((r, 0 if op == "F" else 1, p, m))
-    tasks = tuple(np.array(c, np.int64) for c in zip(*rows)) if rows else \
-        tuple(np.zeros(0, np.int64) for _ in range(4))
     return [list(_with_tail(c, [], False))
-            for c in _message_columns(pieces, len(order), *tasks)]
+            for c in _message_columns(pieces, len(order), *_task_arrays(order))]
 
 
 def _message_columns(pieces: Pieces, num_ranks: int, rank: np.ndarray, op: np.ndarray,

@@ -32,6 +32,8 @@ SENDS = ("SF", "SB")
 RECVS = ("RF", "RB")
 COLLECTIVE = ("AR",)
 OPS = COMPUTE + SENDS + RECVS + COLLECTIVE + ("OPT",)
+# each op's number in the columns of a schedule (ActionColumns) and in the compiled simulator
+OP_INDEX = {op: k for k, op in enumerate(OPS)}
 # a rank posts each receive (and allocates its buffer) when it reaches the action this many
 # places before it (the first ones at the start of the step), so the data flows meanwhile
 RECV_POST_AHEAD = 3
@@ -126,8 +128,7 @@ def action_columns(actions: Sequence[Action]) -> tuple[np.ndarray, ...]:
     :class:`ActionColumns` holds them)."""
     if isinstance(actions, ActionColumns):
         return actions.columns
-    index = {op: k for k, op in enumerate(OPS)}
-    rows = [(index[a.op], a.mb, a.piece, a.transfer, a.bucket) for a in actions]
+    rows = [(OP_INDEX[a.op], a.mb, a.piece, a.transfer, a.bucket) for a in actions]
     if not rows:
         return tuple(np.zeros(0, np.int64) for _ in range(5))
     return tuple(np.array(c, np.int64) for c in zip(*rows))

@@ -20,16 +20,15 @@ import numpy as np
 
 from outcore.graph._heap import heap_pop, heap_push
 from outcore.graph._jit import njit_borrowing as njit
-from outcore.schedule.ir import OPS
+from outcore.schedule.ir import OP_INDEX
 
-__all__ = ["run_events", "OP_CODES", "EVENT_KINDS"]
+__all__ = ["run_events", "EVENT_KINDS"]
 
-# action ops as the schedule's columns number them (outcore.schedule.ir.OPS)
-OP_CODES = {op: k for k, op in enumerate(OPS)}
 # event kinds, as the codes the kernel writes (5: a data-parallel all-reduce, labelled DP<piece>)
 EVENT_KINDS = ("F", "B", "send", "recv", "allreduce", "allreduce", "optim")
+# action ops as the schedule's columns number them
 OP_F, OP_B, OP_SF, OP_SB, OP_RF, OP_RB, OP_AR, OP_OPT = (
-    OP_CODES[op] for op in ("F", "B", "SF", "SB", "RF", "RB", "AR", "OPT"))
+    OP_INDEX[op] for op in ("F", "B", "SF", "SB", "RF", "RB", "AR", "OPT"))
 K_F, K_B, K_SEND, K_RECV, K_AR, K_DP, K_OPT = range(7)
 
 # rows of the per-rank float state
