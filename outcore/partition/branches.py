@@ -319,18 +319,30 @@ def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     shapes = _shape_cache(g)
     w = _weights(g)
     if key in shapes:  # the same regions of the same edges: only the work is new
-        return tuple(_reweighed(r, w) for r in shapes[key])
+        return _reweighed(shapes[key], w)
     shapes[key] = out = _with_feeders(g, regions, w)
     return out
 
 
-def _reweighed(r: Region, w: np.ndarray) -> Region:
-    """``r`` with its branches' work taken from the node weights ``w``."""
-    out = replace(r, work_s=np.array([float(w[b].sum() + w[f].sum())
-                                      for b, f in zip(r.branches, r.feeders)]))
-    if "interior" in r.__dict__:
-        out.__dict__["interior"] = r.__dict__["interior"]
-    return out
+def _reweighed(regions: tuple[Region, ...], w: np.ndarray) -> tuple[Region, ...]:
+    """``regions`` with their branches' work taken from the node weights ``w``."""
+    work = _works(w, [b for r in regions for b in r.branches],
+                  [f for r in regions for f in r.feeders])
+    out, k = [], 0
+    for r in regions:
+        new = replace(r, work_s=np.array(work[k:k + len(r.branches)]))
+        k += len(r.branches)
+        if "interior" in r.__dict__:
+            new.__dict__["interior"] = r.__dict__["interior"]
+        out.append(new)
+    return tuple(out)
+
+
+def _works(w: np.ndarray, branches: list[np.ndarray], feeders: list[np.ndarray]) -> list[float]:
+    """Each branch's work with its feeders: ``w[b].sum() + w[f].sum()``, numpy's floats,
+    compiled (:func:`outcore.partition._branch_kernel._row_sums`)."""
+    return _row_sums(np.ascontiguousarray(w, np.float64), *_flat(branches),
+                     *_flat(feeders)).tolist()
 
 
 def _with_feeders(g: Graph, regions: tuple[Region, ...], w: np.ndarray
@@ -340,10 +352,9 @@ def _with_feeders(g: Graph, regions: tuple[Region, ...], w: np.ndarray
     its plain twin, which a test holds it to)."""
     if not regions:
         return ()
-    branches = [b for r in regions for b in r.branches]
     rb_ptr = np.zeros(len(regions) + 1, np.int64)
     np.cumsum([len(r.branches) for r in regions], out=rb_ptr[1:])
-    br_ptr, br_nodes = _flat(branches)
+    br_ptr, br_nodes = _flat([b for r in regions for b in r.branches])
     int_ptr, int_nodes = _flat([r.interior for r in regions])
     fed_ptr, fed_nodes, ex_rptr, ex_ptr, ex_nodes = _feeders_kernel(
         g.num_nodes, np.array([r.fork for r in regions], np.int64),
@@ -351,18 +362,18 @@ def _with_feeders(g: Graph, regions: tuple[Region, ...], w: np.ndarray
         br_nodes, g.succ_ptr, g.succ_idx, g.pred_ptr, g.pred_idx)
     empty = np.zeros(0, np.int64)
     fp, ep, rp, xr = fed_ptr.tolist(), ex_ptr.tolist(), rb_ptr.tolist(), ex_rptr.tolist()
-    # each branch's work with its feeders, extra branches (no feeders) after all the others
-    work = _row_sums(np.ascontiguousarray(w, np.float64),
-                     *_flat(branches + [ex_nodes[ep[c]:ep[c + 1]] for c in range(len(ep) - 1)]),
-                     np.append(fed_ptr, np.full(len(ep) - 1, fed_ptr[-1])), fed_nodes).tolist()
-    out = []
+    parts, feds = [], []  # per region: its branches, then its extra (side) branches
     for i, r in enumerate(regions):
         extra = tuple(ex_nodes[ep[c]:ep[c + 1]] for c in range(xr[i], xr[i + 1]))
-        fed = tuple(fed_nodes[fp[b]:fp[b + 1]] for b in range(rp[i], rp[i + 1])) + \
-            (empty,) * len(extra)
-        mine = work[rp[i]:rp[i + 1]] + work[len(branches) + xr[i]:len(branches) + xr[i + 1]]
-        out.append(Region(r.fork, r.join, tuple(r.branches) + extra, fed, np.array(mine),
-                          len(extra)))
+        parts.append(tuple(r.branches) + extra)
+        feds.append(tuple(fed_nodes[fp[b]:fp[b + 1]] for b in range(rp[i], rp[i + 1]))
+                    + (empty,) * len(extra))
+    work = _works(w, [b for x in parts for b in x], [f for x in feds for f in x])
+    out, k = [], 0
+    for r, x, f in zip(regions, parts, feds):
+        out.append(Region(r.fork, r.join, x, f, np.array(work[k:k + len(x)]),
+                          len(x) - len(r.branches)))
+        k += len(x)
     return tuple(out)
 
 
@@ -374,7 +385,7 @@ def _flat(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _with_feeders_py(g: Graph, regions: tuple[Region, ...], w: np.ndarray
-                  ) -> tuple[Region, ...]:
+                     ) -> tuple[Region, ...]:
     n = g.num_nodes
     blocked = np.zeros(n, np.uint8)
     for r in regions:
