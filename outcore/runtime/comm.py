@@ -23,7 +23,10 @@ here); ``OUTCORE_P2P=gloo`` turns that off. Collectives stay on the process grou
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -59,6 +62,30 @@ def allreduce_into(tensors: list[torch.Tensor], group: Any, divide_by: int = 1) 
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+# gloo's worker thread marks a collective done, which wakes the waiting rank, and only then drops
+# its own references to the collective's tensors: on a busy core the rank runs on while that
+# thread waits for the core, so a buffer the program has finished with stays allocated for a
+# while (measured: a spatial stage's peak once 7.7 % over the model's, two scatter parts and the
+# received tile; a tile rank's 4.3 %, the received tile). Settling waits at most this long.
+_SETTLE_S = 0.02
+
+
+@contextlib.contextmanager
+def settled(*tensors: torch.Tensor):
+    """Run a blocking CPU collective over ``tensors`` inside; on leaving, wait (yielding the
+    core, at most ``_SETTLE_S``) until the communication library holds none of them any more, so
+    their memory is freed where the program drops them (and a measured peak is the program's).
+    No effect on CUDA tensors."""
+    cpu = [t for t in tensors if t.device.type == "cpu"]
+    held = [t._use_count() for t in cpu]
+    yield
+    pending = [(t, n) for t, n in zip(cpu, held) if t._use_count() > n]
+    deadline = time.perf_counter() + _SETTLE_S
+    while pending and time.perf_counter() < deadline:
+        os.sched_yield()
+        pending = [(t, n) for t, n in pending if t._use_count() > n]
 
 
 class _Layout:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from outcore.cost.spatial_geometry import TileGrid, intervals
+from outcore.runtime.comm import settled
 
 __all__ = ["SpatialGroup", "exchange_axis", "fetch_region", "lean_region", "group_sum",
            "gather_tiles", "scatter_image"]
@@ -61,8 +62,9 @@ def _p2p(sends: list, recvs: list, group) -> None:
     ops = [dist.P2POp(dist.isend, t, p, group) for t, p in sends]
     ops += [dist.P2POp(dist.irecv, t, p, group) for t, p in recvs]
     if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+        with settled(*(t for t, _ in sends), *(t for t, _ in recvs)):
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
 
 
 class _Exchange(torch.autograd.Function):
@@ -209,13 +211,15 @@ class _GroupSum(torch.autograd.Function):
     def forward(ctx, x, group):
         ctx.group = group
         y = x.clone()
-        dist.all_reduce(y, group=group)
+        with settled(y):
+            dist.all_reduce(y, group=group)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         g = grad.clone()
-        dist.all_reduce(g, group=ctx.group)
+        with settled(g):
+            dist.all_reduce(g, group=ctx.group)
         return g, None
 
 
@@ -239,7 +243,8 @@ class _Gather(torch.autograd.Function):
         ctx.region = (rows[r], cols[c])
         padded = torch.nn.functional.pad(x, (0, mw - x.shape[3], 0, mh - x.shape[2])).contiguous()
         bufs = [torch.empty_like(padded) for _ in range(grid.tiles)]
-        dist.all_gather(bufs, padded, group=sg.group)
+        with settled(padded, *bufs):
+            dist.all_gather(bufs, padded, group=sg.group)
         out = x.new_empty(x.shape[:2] + tuple(hw))
         for t, buf in enumerate(bufs):
             (a, b), (p, q) = rows[t // grid.cols], cols[t % grid.cols]
@@ -266,10 +271,12 @@ class _GatherTo(torch.autograd.Function):
         padded = torch.nn.functional.pad(x, (0, mw - x.shape[3], 0, mh - x.shape[2])).contiguous()
         root = sg.global_rank(dst)
         if sg.tile != dst:
-            dist.gather(padded, None, dst=root, group=sg.group)
+            with settled(padded):
+                dist.gather(padded, None, dst=root, group=sg.group)
             return x.new_empty(0)
         bufs = [torch.empty_like(padded) for _ in range(grid.tiles)]
-        dist.gather(padded, bufs, dst=root, group=sg.group)
+        with settled(padded, *bufs):
+            dist.gather(padded, bufs, dst=root, group=sg.group)
         out = x.new_empty(x.shape[:2] + tuple(hw))
         for buf, ((a, b), (p, q)) in zip(bufs, regions):
             out[:, :, a:b, p:q] = buf[:, :, :b - a, :q - p]
@@ -286,9 +293,11 @@ class _GatherTo(torch.autograd.Function):
                 g = grad[:, :, a:b, p:q]
                 parts.append(torch.nn.functional.pad(
                     g, (0, mw - g.shape[3], 0, mh - g.shape[2])).contiguous())
-            dist.scatter(recv, parts, src=root, group=sg.group)
+            with settled(recv, *parts):
+                dist.scatter(recv, parts, src=root, group=sg.group)
         else:
-            dist.scatter(recv, None, src=root, group=sg.group)
+            with settled(recv):
+                dist.scatter(recv, None, src=root, group=sg.group)
         return recv[:, :, :shape[2], :shape[3]].contiguous(), None, None, None
 
 

@@ -40,6 +40,7 @@ from torch.nn import functional as F
 
 from outcore.errors import UsageError
 from outcore.graph.tensor_pairs import TensorLayout, is_conv1d, out_features
+from outcore.runtime.comm import settled
 from outcore.runtime.values import local as _local
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,8 @@ def _is_fake(t: torch.Tensor) -> bool:
 def _all_reduce(t: torch.Tensor, group: Any) -> torch.Tensor:
     out = t.contiguous().clone()
     if not _is_fake(out):  # shape propagation (FakeTensorMode) runs no collective
-        dist.all_reduce(out, group=group)
+        with settled(out):
+            dist.all_reduce(out, group=group)
     return out
 
 
@@ -104,7 +106,8 @@ class _GatherFromTP(torch.autograd.Function):
         if _is_fake(x):
             return torch.cat([x] * size, dim=-1)
         parts = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(parts, x, group=group)
+        with settled(x, *parts):
+            dist.all_gather(parts, x, group=group)
         return torch.cat(parts, dim=-1)
 
     @staticmethod

@@ -1,9 +1,11 @@
 """A spatial plan's predicted peak per rank against the measured one (the CPU tensor tracker),
 on the huge-image benchmark's network (``benchmarks/spatial_job.py``) at 256 x 256: the spatial
-stage's rank and the extra tile rank within 5 % (measured: 1.7 % and 0.6 % in most runs; once,
-in a whole-suite run on 2026-11-26, the tile rank 4.3 %: 149 KiB more, timing-dependent, not
-explained). Before the tile ranks cut their tile out of the batch, the spatial stage measured
-9.5 % above the prediction and the tile rank 11.7 %."""
+stage's rank and the extra tile rank within 5 % (measured: 0.6 % and 0.6 %). Twice, in
+whole-suite runs, a rank measured more (the tile rank +4.3 %, the spatial stage +7.7 %): gloo's
+worker thread still held a finished gather's or scatter's tensors (``runtime.comm.settled``
+now waits for it; reproduced on one core in 4 of 24 runs before, 0 of 16 after). Before the
+tile ranks cut their tile out of the batch, the spatial stage measured 9.5 % above the
+prediction and the tile rank 11.7 %."""
 
 from __future__ import annotations
 
