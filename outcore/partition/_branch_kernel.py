@@ -468,3 +468,64 @@ def _row_sums(w, a_ptr, a_idx, b_ptr, b_idx):
             buf[i] = w[b_idx[b_ptr[k] + i]]
         out[k] = x + _pairwise(buf, 0, n, st_lo, st_n, st_step, vals)
     return out
+
+
+# ------------------------------------------------------- the choice among regions, on columns
+@njit_borrowing
+def _nest(by_size, int_ptr, int_nodes, owner, parent):
+    """``parent[i]``: the smallest larger region holding region ``i``'s first interior node
+    (-1: none), regions visited in ``by_size`` order (larger first); ``owner``: ``int64[n]``
+    of -1, scratch."""
+    for k in range(by_size.shape[0]):
+        i = by_size[k]
+        parent[i] = owner[int_nodes[int_ptr[i]]]
+        for t in range(int_ptr[i], int_ptr[i + 1]):
+            owner[int_nodes[t]] = i
+
+
+@njit_borrowing
+def _savings_choice(by_size, parent, ch_ptr, ch_idx, value, costed, best, take, covered,
+                    picked):
+    """Over the containment tree, inner regions first: a region is taken when its saving is
+    at least its children's best choice (ties: the outer region) and positive (any, on a graph
+    without costs); ``picked``: taken with no taken ancestor. ``best``, ``take``, ``covered``:
+    scratch (zeros)."""
+    R = by_size.shape[0]
+    for k in range(R - 1, -1, -1):
+        i = by_size[k]
+        inner = 0.0
+        for t in range(ch_ptr[i], ch_ptr[i + 1]):
+            inner += best[ch_idx[t]]
+        if value[i] >= inner * (1 - 1e-12) and (value[i] > 0 or not costed):
+            best[i] = value[i]
+            take[i] = True
+        else:
+            best[i] = inner
+    for k in range(R):  # parents come first in by_size
+        i = by_size[k]
+        p = parent[i]
+        covered[i] = p >= 0 and (take[p] or covered[p])
+        picked[i] = take[i] and not covered[i]
+
+
+@njit_borrowing
+def _keep_disjoint(picks, int_ptr, int_nodes, forks, joins, taken, ends, keep):
+    """Regions ``picks`` in order, each kept when its interior meets no kept interior, fork or
+    join and its fork and join lie in no kept interior. ``taken``, ``ends``: ``bool[n]``."""
+    for k in range(picks.shape[0]):
+        i = picks[k]
+        clash = False
+        for t in range(int_ptr[i], int_ptr[i + 1]):
+            v = int_nodes[t]
+            if taken[v] or ends[v]:
+                clash = True
+                break
+        if clash or (forks[i] >= 0 and taken[forks[i]]) or (joins[i] >= 0 and taken[joins[i]]):
+            continue
+        keep[k] = True
+        for t in range(int_ptr[i], int_ptr[i + 1]):
+            taken[int_nodes[t]] = True
+        if forks[i] >= 0:
+            ends[forks[i]] = True
+        if joins[i] >= 0:
+            ends[joins[i]] = True

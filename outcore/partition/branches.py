@@ -61,6 +61,7 @@ from outcore.partition._branch_kernel import (_closure_kernel, _feeders_kernel, 
                                               _row_sums, _tree_intervals)
 from outcore.partition.dominators import _augmented, _post_dominators
 from outcore.partition.dominators import post_dominators  # noqa: F401  (re-exported)
+from outcore.partition.region_sets import RegionSet, Shapes
 
 log = logging.getLogger(__name__)
 
@@ -107,26 +108,33 @@ class Region:
         return float(self.work_s.sum() - self.work_s.max()) if self.work_s.size else 0.0
 
 
-@dataclass(frozen=True, eq=False)
 class Branches:
     """What :func:`find_branches` found.
 
     Attributes:
-        regions: the chosen disjoint regions, ordered by the topological rank of their fork,
-            feeders attached.
-        candidates: every useful region found (without feeders), inner forks first.
+        chosen: the chosen disjoint regions, ordered by the topological rank of their fork,
+            feeders attached, as columns (:class:`~outcore.partition.region_sets.RegionSet`).
         truncated: True when the search stopped at its visit budget (huge nested regions); the
             regions found up to then are still exact.
     """
 
-    regions: tuple[Region, ...]
-    candidates: tuple[Region, ...]
-    truncated: bool = False
+    def __init__(self, chosen: RegionSet, shapes: Shapes, weights: np.ndarray):
+        self.chosen, self._shapes, self._weights = chosen, shapes, weights
+        self.truncated = shapes.truncated
+
+    @property
+    def regions(self) -> tuple[Region, ...]:
+        """The chosen regions as :class:`Region` objects."""
+        return self.chosen.regions
+
+    @cached_property
+    def candidates(self) -> tuple[Region, ...]:
+        """Every useful region found (without feeders), inner forks first."""
+        return self._shapes.regions(self._weights)
 
     @property
     def branch_nodes(self) -> int:
-        return int(sum(b.size + f.size for r in self.regions
-                       for b, f in zip(r.branches, r.feeders)))
+        return self.chosen.branch_nodes
 
 
 # ---------------------------------------------------------------------------- regions
@@ -155,21 +163,30 @@ def fork_join_regions(g: Graph, *, order: np.ndarray | None = None,
     Returns ``(regions, truncated)``; ``work_s`` of a branch is its forward + backward seconds
     (its node count when the graph has no costs), feeders are empty.
     """
-    n = g.num_nodes
-    if n == 0:
+    if g.num_nodes == 0:
         return (), False
-    shapes = _shape_cache(g) if order is None else {}  # another order: not remembered
-    if ("regions", max_visits) not in shapes:
-        shapes[("regions", max_visits)] = _region_shapes(
+    shapes = _shapes(g, order, max_visits)
+    return shapes.regions(_weights(g)), shapes.truncated
+
+
+def _shapes(g: Graph, order: np.ndarray | None, max_visits: int | None) -> Shapes:
+    """Every useful region of ``g``'s shape as columns, remembered per graph structure (unless
+    another ``order`` is given)."""
+    n = g.num_nodes
+    cache = _shape_cache(g) if order is None else {}  # another order: not remembered
+    if ("regions", max_visits) not in cache:
+        f, j, rptr, nodes, labels, truncated = _region_shapes(
             g, topological_order(g) if order is None else order, max_visits)
-    f, j, rptr, nodes, labels, truncated = shapes[("regions", max_visits)]
-    if truncated:  # once per graph shape: the layout search rescales the same graph
+        cache[("regions", max_visits)] = Shapes.from_search(f, j, rptr, nodes, labels, n,
+                                                            truncated, VIRTUAL)
+    shapes = cache[("regions", max_visits)]
+    if shapes.truncated:  # once per graph shape: the layout search rescales the same graph
         key = (g.name, n, g.num_edges)
         (log.debug if key in _TRUNCATED else log.warning)(
             "graph %r: the fork-join search reached its budget; outer regions were not "
             "examined", g.name)
         _TRUNCATED.add(key)
-    return _make_regions(f, j, rptr, nodes, labels, n, _weights(g)), bool(truncated)
+    return shapes
 
 
 def _region_shapes(g: Graph, order: np.ndarray, max_visits: int | None) -> tuple:
@@ -199,42 +216,11 @@ def _shape_cache(g: Graph) -> dict:
     return _SHAPES.setdefault(g.structure, {})
 
 
-def _make_regions(f: np.ndarray, j: np.ndarray, rptr: np.ndarray, nodes: np.ndarray,
-                  labels: np.ndarray, n: int, w: np.ndarray) -> tuple[Region, ...]:
-    """Regions from the kernel's flat output: branches grouped by label, ordered by first node."""
-    if f.size == 0:
-        return ()
-    reg = np.repeat(np.arange(f.size), np.diff(rptr))
-    perm = np.lexsort((nodes, labels, reg))
-    nodes, labels, reg = nodes[perm], labels[perm], reg[perm]
-    start = np.flatnonzero(np.r_[True, (reg[1:] != reg[:-1]) | (labels[1:] != labels[:-1])])
-    stop = np.r_[start[1:], nodes.size]
-    work = np.add.reduceat(w[nodes], start)
-    seg_reg = reg[start]
-    order = np.lexsort((nodes[start], seg_reg))  # per region, branches by first node
-    bounds = np.searchsorted(seg_reg[order], np.arange(f.size + 1))
-    # each region's interior, sorted, for all regions at once (select_regions reads them all)
-    inside = nodes[np.lexsort((nodes, reg))]
-    empty = np.zeros(0, np.int64)
-    # the loop below reads Python ints and slices only (15.7k regions on a 50k-node graph)
-    branch_work = work[order]
-    lo, hi = start[order].tolist(), stop[order].tolist()
-    forks = np.where(f < n, f, VIRTUAL).tolist()
-    joins = np.where(j < n, j, VIRTUAL).tolist()
-    b, rp = bounds.tolist(), rptr.tolist()
-    out = []
-    for r in range(f.size):
-        parts = tuple(nodes[lo[x]:hi[x]] for x in range(b[r], b[r + 1]))
-        region = Region(forks[r], joins[r], parts, (empty,) * len(parts),
-                        branch_work[b[r]:b[r + 1]].copy())
-        region.__dict__["interior"] = inside[rp[r]:rp[r + 1]]  # the cached property
-        out.append(region)
-    return tuple(out)
-
-
 # ---------------------------------------------------------------------------- choice
 def select_regions(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
-    """A set of disjoint regions with the largest total parallel saving (module docstring).
+    """A set of disjoint regions with the largest total parallel saving (module docstring), on
+    region objects: the reference :func:`find_branches`' choice on columns is held to
+    (:meth:`outcore.partition.region_sets.Shapes.select`, ``tests/partition/test_branches.py``).
 
     Regions with no saving are dropped when the graph has costs. The result is ordered by the
     topological rank of the fork, with feeders attached (:func:`attach_feeders`).
@@ -477,6 +463,14 @@ def find_branches(g: Graph, *, max_visits: int | None = None) -> Branches:
     depends on the edges alone is remembered for its rescaled copies too (:func:`_shape_cache`)."""
     found = _FOUND.setdefault(g, {})
     if max_visits not in found:
-        cands, truncated = fork_join_regions(g, max_visits=max_visits)
-        found[max_visits] = Branches(select_regions(g, cands), cands, truncated)
+        shapes = _shapes(g, None, max_visits)
+        w = _weights(g)
+        rank = np.empty(g.num_nodes, np.int64)
+        rank[topological_order(g)] = np.arange(g.num_nodes)
+        kept = shapes.select(w, float(g.fwd_s.sum() + g.bwd_s.sum()) > 0, rank)
+        cache = _shape_cache(g)  # which regions are kept depends on the work; their feeders not
+        key = ("chosen", max_visits, kept.tobytes())
+        if key not in cache:
+            cache[key] = RegionSet.with_feeders(g, shapes, kept)
+        found[max_visits] = Branches(cache[key].weighed(w), shapes, w)
     return found[max_visits]

@@ -51,7 +51,8 @@ from outcore.graph.algorithms import weakly_connected_components
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import LinkSpec
 from outcore.partition._jit import njit
-from outcore.partition.branches import Branches, Region, find_branches
+from outcore.partition.branches import Branches, find_branches
+from outcore.partition.region_sets import RegionSet, gather_slices
 from outcore.partition.emulate import summary
 from outcore.partition.context import Context
 from outcore.partition.pardnn import device_counts
@@ -99,21 +100,24 @@ class BranchTable:
         return int(self.work_s.size)
 
 
-def branch_table(ctx: Context, regions: tuple[Region, ...]) -> BranchTable:
-    """Flatten ``regions`` (see :class:`BranchTable`); work is taken from ``ctx.work_s``."""
+def branch_table(ctx: Context, chosen: RegionSet) -> BranchTable:
+    """Flatten the ``chosen`` regions (see :class:`BranchTable`); work is taken from
+    ``ctx.work_s``."""
     g = ctx.g
     n = g.num_nodes
-    parts = [x for r in regions for bf in zip(r.branches, r.feeders) for x in bf]
-    nb = len(parts) // 2
-    reg_ptr = np.zeros(len(regions) + 1, np.int64)
-    np.cumsum([r.num_branches for r in regions], out=reg_ptr[1:])
-    flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-    raw = np.repeat(np.arange(len(parts)) // 2, [x.size for x in parts])  # branch of each
+    nb = int(chosen.br_ptr.size - 1)
+    reg_ptr = chosen.reg_ptr
+    # each branch's nodes, then its feeders, branch after branch
+    starts = np.column_stack([chosen.br_ptr[:-1], chosen.br_nodes.size + chosen.fd_ptr[:-1]])
+    lens = np.column_stack([np.diff(chosen.br_ptr), np.diff(chosen.fd_ptr)])
+    flat = gather_slices(starts.ravel(), lens.ravel(),
+                         np.concatenate([chosen.br_nodes, chosen.fd_nodes]), np.arange(2 * nb))[1]
+    raw = np.repeat(np.arange(2 * nb) // 2, lens.ravel())  # branch of each
     # within a region, branches by decreasing work, then by first node
     w = np.bincount(raw, weights=ctx.work_s[flat], minlength=nb)
     first = np.full(nb, n, np.int64)
     np.minimum.at(first, raw, flat)
-    region_of = np.repeat(np.arange(len(regions)), np.diff(reg_ptr))
+    region_of = np.repeat(np.arange(chosen.num_regions), np.diff(reg_ptr))
     new_id = np.empty(nb, np.int64)
     new_id[np.lexsort((first, -w, region_of))] = np.arange(nb)
     member = np.full(n, -1, np.int64)
@@ -276,16 +280,16 @@ def plan(ctx: Context, branches: Branches | None = None, dp: DataParallel | None
                                        "1 device")]
     if br.truncated:
         notes.append("the fork-join search hit its budget; outer regions were not examined")
-    if not br.regions:
+    if br.chosen.num_regions == 0:
         notes.append("no fork-join region with two or more non-empty branches (a chain for "
                      "sub-graph parallelism): offered the 1-device plan and contiguous stages")
         cands += _stage_candidates(ctx)
         return _finish(ctx, cands, notes, dp)
-    shapes = sorted({r.num_branches for r in br.regions})
-    notes.append(f"{len(br.regions)} fork-join regions ({br.branch_nodes} of {g.num_nodes} "
+    shapes = sorted(set(np.diff(br.chosen.reg_ptr).tolist()))
+    notes.append(f"{br.chosen.num_regions} fork-join regions ({br.branch_nodes} of {g.num_nodes} "
                  f"nodes in branches; branches per region: {', '.join(map(str, shapes))})")
     placed = [p for k in device_counts(ctx.devices) if k >= 2
-              for p in _candidates(ctx.with_devices(k), br.regions)]
+              for p in _candidates(ctx.with_devices(k), br.chosen)]
     cands += _fit_lazily(placed, cands, dp, notes)
     if not any(c.fits for c in cands[1:]):
         notes.append("no sub-graph placement fits the memory limit: offered contiguous stages")
@@ -293,13 +297,12 @@ def plan(ctx: Context, branches: Branches | None = None, dp: DataParallel | None
     return _finish(ctx, cands, notes, dp)
 
 
-def _candidates(sub: Context, regions: tuple[Region, ...]
-                ) -> list[tuple[Context, Candidate]]:
+def _candidates(sub: Context, chosen: RegionSet) -> list[tuple[Context, Candidate]]:
     """Steps 2-4 on ``sub.devices`` devices: home and stages trunks, then follow rounds; each
     placement evaluated, not yet repaired (step 5, :func:`_fit_lazily`)."""
     g = sub.g
     k = sub.devices
-    table = branch_table(sub, regions)
+    table = branch_table(sub, chosen)
     segments = weakly_connected_components(g, table.member < 0)
     trunks = [("home", np.zeros(g.num_nodes, np.int64))]
     bounds = stage_bounds(sub, k, inflight="all")

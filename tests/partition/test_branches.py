@@ -25,6 +25,14 @@ def dag(n, edges, fwd=None, **kw):
                  edge_bytes=[8] * len(edges), **kw)
 
 
+def random_graph(seed, n, edges):
+    """A random DAG: ``edges`` draws of a node pair, each edge from the lower index."""
+    rng = np.random.default_rng(seed)
+    pairs = sorted({tuple(sorted(rng.integers(0, n, 2).tolist())) for _ in range(edges)})
+    src, dst = zip(*[p for p in pairs if p[0] != p[1]])
+    return build("random", fwd_s=rng.uniform(0, 1e-3, n), src=src, dst=dst)
+
+
 def as_sets(region):
     return [sorted(b.tolist()) for b in region.branches]
 
@@ -397,10 +405,7 @@ def test_the_compiled_feeder_walk_attaches_what_the_plain_one_does(graph, monkey
     from outcore.partition import branches as B
 
     if graph == "random":
-        rng = np.random.default_rng(3)
-        pairs = sorted({tuple(sorted(rng.integers(0, 300, 2).tolist())) for _ in range(700)})
-        src, dst = zip(*[p for p in pairs if p[0] != p[1]])
-        g = build("random", fwd_s=rng.uniform(0, 1e-3, 300), src=src, dst=dst)
+        g = random_graph(3, 300, 700)
     else:
         g = make_nas(1500, seed=int(graph[-1])) if graph.startswith("nas") else \
             make_transformer(1500)
@@ -435,3 +440,39 @@ def test_row_sums_add_as_numpy_does():
                     np.concatenate(extra).astype(np.int64))
     want = [float(w[a].sum() + w[b].sum()) for a, b in zip(rows, extra)]
     assert got.tolist() == want
+
+
+def _same_regions(a, b):
+    assert [(r.fork, r.join, r.side, len(r.branches)) for r in a] == \
+        [(r.fork, r.join, r.side, len(r.branches)) for r in b]
+    for x, y in zip(a, b):
+        assert all(np.array_equal(p, q) for p, q in zip(x.branches + x.feeders,
+                                                        y.branches + y.feeders))
+        assert np.array_equal(x.work_s, y.work_s)  # to the last bit
+
+
+@pytest.mark.parametrize("graph", ["nas", "transformer", "rnn", "random"])
+def test_the_choice_on_columns_is_the_reference_choice(graph):
+    """``find_branches`` chooses on columns (``region_sets``) what ``select_regions`` chooses
+    on region objects, feeders, side branches and work alike; on a rescaled copy of the graph
+    too (the feeders are remembered per shape, the work is not)."""
+    from outcore.partition import branches as B
+
+    if graph == "random":
+        g = random_graph(5, 400, 900)
+    else:
+        g = {"nas": make_nas, "transformer": make_transformer, "rnn": make_rnn}[graph](1500)
+    for h in (g, g.replace(fwd_s=g.fwd_s * 0.3, bwd_s=g.bwd_s * 1.7)):
+        br = find_branches(h)
+        assert br.regions or graph == "rnn"
+        _same_regions(br.regions, B.select_regions(h, B.fork_join_regions(h)[0]))
+        assert br.branch_nodes == sum(b.size + f.size for r in br.regions
+                                      for b, f in zip(r.branches, r.feeders))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags())
+def test_the_choice_on_columns_is_the_reference_choice_on_any_dag(g):
+    from outcore.partition import branches as B
+
+    _same_regions(find_branches(g).regions, B.select_regions(g, B.fork_join_regions(g)[0]))

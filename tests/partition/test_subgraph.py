@@ -88,8 +88,9 @@ def test_longest_branch_first_to_the_device_where_it_finishes_first():
 def test_a_branch_whose_transfers_cost_more_than_it_saves_stays_with_the_fork():
     g = fork_join([4.0, 4.0, 4.0, 0.2], heavy_edges=(3,))
     ctx = make_context(g, 4)
-    (region,) = find_branches(g).regions
-    a = place_branches(ctx, branch_table(ctx, (region,)), np.zeros(g.num_nodes, np.int64))
+    br = find_branches(g)
+    (region,) = br.regions
+    a = place_branches(ctx, branch_table(ctx, br.chosen), np.zeros(g.num_nodes, np.int64))
     devs = [sorted(set(a[b].tolist())) for b in region.branches]
     assert devs[3] == [0]  # the 10**12-byte branch stays on the fork's device
     assert [d[0] for d in devs[:3]] == [0, 1, 2]  # equal work: fork's device, then by index
