@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from outcore.runtime.comm import settled
 from outcore.runtime.memtrack import storage_resized
 from outcore.runtime.values import local
 
@@ -183,8 +184,10 @@ class ParamSharder:
                     p.grad = None
                 offset += n
             out = torch.empty(unit.size, dtype=flat.dtype, device=flat.device)
-            work = dist.reduce_scatter_single(out, flat, group=self.group, async_op=True)
-            self.wait(work, f"reduce-scattering {len(unit.names)} sharded gradients")
+            with settled(flat, out):  # gloo's thread lets go of flat before it is dropped
+                work = dist.reduce_scatter_single(out, flat, group=self.group, async_op=True)
+                self.wait(work, f"reduce-scattering {len(unit.names)} sharded gradients")
+                del work
             del flat
             g = unit.shard.grad
             unit.shard.grad = out if g is None else g.add_(out)
