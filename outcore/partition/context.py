@@ -145,11 +145,11 @@ class Context:
         k = self.devices if devices is None else devices
         a = np.ascontiguousarray(assignment, dtype=np.int64)
         state, saved, out = self._node_bytes
-        static = np.bincount(a, weights=state, minlength=k)
-        act = np.bincount(a, weights=saved, minlength=k)
-        act += received_bytes(g, a, k, self.edge_bytes)
-        trans = _max_by_device(a, out, k)
-        return static[:k], act[:k], trans
+        if a.size and not 0 <= int(a.min()) <= int(a.max()) < k:
+            raise UsageError(f"assignment uses devices {int(a.min())}..{int(a.max())}, the "
+                             f"memory model counts {k}")
+        return _memory_parts_kernel(a, state, saved, out, g.succ_ptr, g.succ_idx, g.succ_edge,
+                                    self.edge_bytes, k)
 
     @cached_property
     def _node_bytes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -191,6 +191,23 @@ def _max_by_device(a, values, devices):
         if values[v] > out[a[v]]:
             out[a[v]] = values[v]
     return out
+
+
+@njit
+def _memory_parts_kernel(a, state, saved, out_bytes, succ_ptr, succ_idx, succ_edge,
+                         edge_bytes, devices):
+    """:meth:`Context.memory_parts` in one call: per device the parameter state and the saved
+    activations summed in node order (as ``np.bincount`` sums them), plus the received bytes
+    (:func:`_received_kernel`), and the largest output."""
+    static = np.zeros(devices, np.float64)
+    act = np.zeros(devices, np.float64)
+    for v in range(a.shape[0]):
+        static[a[v]] += state[v]
+        act[a[v]] += saved[v]
+    if succ_idx.shape[0]:
+        act += _received_kernel(a.shape[0], succ_ptr, succ_idx, succ_edge, edge_bytes, a,
+                                devices)
+    return static, act, _max_by_device(a, out_bytes, devices)
 
 
 @njit

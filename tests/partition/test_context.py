@@ -62,3 +62,26 @@ def test_links_follow_the_cluster_hierarchy():
     ctx = make_context(fan_out(), 4, cluster=cl)
     assert ctx.lat_s[0, 1] == 1e-6 and ctx.lat_s[0, 2] == 5e-6 and ctx.lat_s[2, 2] == 0
     assert ctx.inv_bw[1, 3] == pytest.approx(1e-10)
+
+
+@pytest.mark.parametrize("family", ["nas", "transformer", "unet"])
+def test_the_memory_parts_are_numpys_sums_to_the_last_bit(family):
+    """``memory_parts`` (one compiled pass) equals the model written with numpy: per device,
+    ``np.bincount`` of state and saved bytes, the received bytes, the largest output."""
+    from outcore.graph.generators import make
+
+    g = make(family, 3000)
+    ctx = make_context(g, 4, microbatches=2)
+    rng = np.random.default_rng(0)
+    for a in (rng.integers(0, 4, g.num_nodes), np.zeros(g.num_nodes, np.int64),
+              np.repeat(np.arange(4), -(-g.num_nodes // 4))[:g.num_nodes]):
+        static, act, trans = ctx.memory_parts(a)
+        assert np.array_equal(static, np.bincount(a, weights=g.param_bytes * ctx.factor,
+                                                  minlength=4))
+        saved = np.bincount(a, weights=g.saved_bytes.astype(np.float64), minlength=4)
+        assert np.array_equal(act, saved + received_bytes(g, a, 4))
+        assert np.array_equal(trans, [max([0.0] + [float(g.out_bytes[v])
+                                                   for v in np.flatnonzero(a == d)])
+                                      for d in range(4)])
+    with pytest.raises(UsageError, match="memory model counts 4"):
+        ctx.memory_parts(np.full(g.num_nodes, 4))
