@@ -16,6 +16,7 @@ import numpy as np
 
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
+from outcore.partition._jit import njit_borrowing
 from outcore.plan.pieces import cut
 
 __all__ = ["merge_small_pieces"]
@@ -79,6 +80,99 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
     The rounds stop once :data:`STALL_ROUNDS` in a row begin with no fewer small pieces than
     the best round before them.
     """
+    a = np.asarray(assignment, dtype=np.int64).copy()
+    work = (np.asarray(g.fwd_s, dtype=np.float64) + np.asarray(g.bwd_s, dtype=np.float64))
+    k = int(a.max()) + 1 if a.size else 1
+    left = np.zeros((g.num_nodes, -(-k // _BITS)), np.int64)  # node -> devices it has left
+    settled = np.zeros(g.num_nodes, dtype=np.bool_)  # returned to a device it had left: stays
+    fewest, stalled = g.num_nodes + 1, 0  # the fewest small pieces a round began with
+    for _ in range(max_rounds):
+        pieces = cut(g, a)
+        comp = np.bincount(pieces.piece_of, weights=work, minlength=pieces.num_pieces) * scale
+        small = comp < factor * _prices_s(pieces, cluster, scale)
+        if small.sum() < fewest:
+            fewest, stalled = int(small.sum()), 0
+        else:  # moves that only make other pieces small: a placement of many tiny pieces
+            stalled += 1
+            if stalled >= STALL_ROUNDS:
+                break
+        (ip, ii), (op, oi) = pieces.inputs_csr, pieces.outputs_csr
+        moved = _merge_round(np.argsort(comp, kind="stable"), small, pieces.node_ptr,
+                             pieces.node_idx, pieces.device_of, ip, ii, op, oi,
+                             pieces.transfer_src, pieces.transfer_dst, pieces.transfer_bytes,
+                             a, settled, left, np.zeros(pieces.num_pieces, np.bool_),
+                             np.zeros(max(k, int(pieces.device_of.max(initial=0)) + 1)))
+        if not moved:
+            break
+    return a
+
+
+_BITS = 62  # devices per int64 word of the "left" sets
+
+
+@njit_borrowing
+def _merge_round(order, small, node_ptr, node_idx, device_of, ip, ii, op, oi, tsrc, tdst, tbytes,
+                 a, settled, left, touched, volume):
+    """One round of :func:`merge_small_pieces` over the pieces in ``order``: each small piece
+    not next to one moved this round, none of whose nodes has settled, moves to the device of
+    the remote neighbour it exchanges the most bytes with (+1 per transfer: ties by count; then
+    the lowest device). Updates ``a``, ``settled``, ``left`` (bit sets of the devices each node
+    has left); ``touched``, ``volume``: zeros, scratch. Returns whether anything moved."""
+    moved = False
+    for t in range(order.shape[0]):
+        p = order[t]
+        if touched[p] or not small[p]:
+            continue
+        skip = False
+        for j in range(node_ptr[p], node_ptr[p + 1]):
+            if settled[node_idx[j]]:
+                skip = True
+                break
+        if skip:
+            continue
+        dev = device_of[p]
+        for side in range(2):  # the transfers into p, then those out of it
+            ptr, ids = (ip, ii) if side == 0 else (op, oi)
+            for j in range(ptr[p], ptr[p + 1]):
+                tid = ids[j]
+                other = device_of[tdst[tid]] if tsrc[tid] == p else device_of[tsrc[tid]]
+                if other != dev:
+                    volume[other] = (volume[other] + float(tbytes[tid])) + 1.0
+        best = -1
+        for x in range(volume.shape[0]):
+            if volume[x] > 0.0 and (best < 0 or volume[x] > volume[best]):
+                best = x
+        for x in range(volume.shape[0]):
+            volume[x] = 0.0
+        if best < 0:
+            continue
+        back = False
+        for j in range(node_ptr[p], node_ptr[p + 1]):
+            if (left[node_idx[j], best // _BITS] >> (best % _BITS)) & 1:
+                back = True
+                break
+        for j in range(node_ptr[p], node_ptr[p + 1]):
+            v = node_idx[j]
+            if back:
+                settled[v] = True
+            else:
+                left[v, dev // _BITS] |= 1 << (dev % _BITS)
+            a[v] = best
+        moved = True
+        touched[p] = True
+        for side in range(2):
+            ptr, ids = (ip, ii) if side == 0 else (op, oi)
+            for j in range(ptr[p], ptr[p + 1]):
+                touched[tsrc[ids[j]]] = True
+                touched[tdst[ids[j]]] = True
+    return moved
+
+
+def _merge_small_pieces_py(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
+                           scale: float = 1.0, factor: float = 1.0,
+                           max_rounds: int = 64) -> np.ndarray:
+    """:func:`merge_small_pieces` one piece at a time in Python: the reference its compiled
+    rounds are held to (``tests/partition/test_granularity.py``)."""
     a = np.asarray(assignment, dtype=np.int64).copy()
     work = (np.asarray(g.fwd_s, dtype=np.float64) + np.asarray(g.bwd_s, dtype=np.float64))
     left: dict[int, set[int]] = {}  # node -> devices it has left

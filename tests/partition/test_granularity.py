@@ -94,3 +94,24 @@ def test_merging_stops_when_its_rounds_stop_reducing_the_small_pieces(monkeypatc
     cl = make_cluster(4, device="cpu", bandwidth="1.5GB/s", latency="100us")
     granularity.merge_small_pieces(g, np.arange(200) % 4, cl, max_rounds=64)
     assert len(rounds) == 1 + granularity.STALL_ROUNDS
+
+
+def test_the_compiled_rounds_merge_as_the_plain_ones():
+    """``merge_small_pieces`` (each round one compiled pass) returns what its plain twin
+    (``_merge_small_pieces_py``) does, on scattered placements of generated graphs where pieces
+    move, settle after swinging back, and stop stalled."""
+    from outcore.graph.generators import make
+    from outcore.partition import granularity
+
+    rng = np.random.default_rng(0)
+    for family, n, k in (("rnn", 800, 4), ("nas", 600, 3), ("transformer", 700, 4),
+                         ("unet", 500, 2)):
+        g = make(family, n)
+        for bw in ("1.5GB/s", "150GB/s"):
+            cl = make_cluster(k, device="cpu", bandwidth=bw, latency="100us")
+            for a in (rng.integers(0, k, g.num_nodes), np.arange(g.num_nodes) % k,
+                      (np.arange(g.num_nodes) // 7) % k):
+                for factor in (1.0, 30.0):
+                    fast = merge_small_pieces(g, a, cl, factor=factor)
+                    plain = granularity._merge_small_pieces_py(g, a, cl, factor=factor)
+                    assert np.array_equal(fast, plain), (family, bw, factor)
