@@ -529,3 +529,15 @@ def _keep_disjoint(picks, int_ptr, int_nodes, forks, joins, taken, ends, keep):
             ends[forks[i]] = True
         if joins[i] >= 0:
             ends[joins[i]] = True
+
+
+@njit
+def _sort_within(ptr, keys):
+    """The permutation sorting ``keys`` within each row ``ptr[r]:ptr[r + 1]`` (rows stay in
+    place; keys are distinct within a row): ``np.lexsort((keys, row))`` one row at a time."""
+    perm = np.empty(keys.shape[0], np.int64)
+    for r in range(ptr.shape[0] - 1):
+        lo, hi = ptr[r], ptr[r + 1]
+        if hi - lo:
+            perm[lo:hi] = np.argsort(keys[lo:hi], kind="mergesort") + lo
+    return perm

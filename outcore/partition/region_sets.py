@@ -20,7 +20,7 @@ from functools import cached_property
 import numpy as np
 
 from outcore.partition._branch_kernel import (_feeders_kernel, _keep_disjoint, _nest,
-                                              _row_sums, _savings_choice)
+                                              _row_sums, _savings_choice, _sort_within)
 
 __all__ = ["RegionSet", "Shapes", "gather_rows", "gather_slices"]
 
@@ -81,19 +81,21 @@ class Shapes:
                     virtual: int) -> "Shapes":
         """From the compiled search's flat output (``branches._region_shapes``): per region
         its nodes (``rptr``) labelled by branch."""
-        reg = np.repeat(np.arange(f.size), np.diff(rptr))
-        perm = np.lexsort((nodes, labels, reg))
-        nodes, labels, reg = nodes[perm], labels[perm], reg[perm]
+        rptr = np.asarray(rptr, np.int64)
+        reg = np.repeat(np.arange(f.size), np.diff(rptr))  # ascending: regions in order
+        # by region, branch label, node (labels < n + 2): np.lexsort's order, row by row
+        perm = _sort_within(rptr, labels.astype(np.int64) * (n + 2) + nodes)
+        nodes, labels = nodes[perm], labels[perm]
         start = np.flatnonzero(np.r_[True, (reg[1:] != reg[:-1]) | (labels[1:] != labels[:-1])]
                                ) if nodes.size else np.zeros(0, np.int64)
         seg_reg = reg[start]
         order = np.lexsort((nodes[start], seg_reg))  # per region, branches by first node
         reg_ptr = np.searchsorted(seg_reg[order], np.arange(f.size + 1)).astype(np.int64)
         br_ptr, br_nodes = gather_rows(np.r_[start, nodes.size].astype(np.int64), nodes, order)
-        inside = nodes[np.lexsort((nodes, reg))]
+        inside = nodes[_sort_within(rptr, nodes)]
         return Shapes(n, np.where(f < n, f, virtual).astype(np.int64),
                       np.where(j < n, j, virtual).astype(np.int64), reg_ptr, br_ptr, br_nodes,
-                      np.asarray(rptr, np.int64), inside.astype(np.int64), nodes, start, order,
+                      rptr, inside.astype(np.int64), nodes, start, order,
                       bool(truncated))
 
     @property
