@@ -1,4 +1,5 @@
-"""Compiled helpers that price moving nodes between devices (communication time).
+"""Compiled helpers that price moving nodes between devices (communication time), and check
+which nodes a move would take (:func:`row_marked`).
 
 ``cost(a, b, bytes)`` of an edge whose ends are on devices ``a`` and ``b`` is 0 on one device or
 for a 0-byte edge, else ``2 * (latency + bytes / bandwidth)``: the tensor in the forward and its
@@ -216,3 +217,12 @@ def cp_switch_gains(cp_phase, cp_node, assign, num_dev, release, fstart, fend, b
                 target[r] = x
         gain[r] = best
     return node, target, gain
+
+
+@njit_borrowing
+def row_marked(ptr, idx, row, mark):
+    """Whether any entry of CSR row ``row`` (``idx[ptr[row]:ptr[row + 1]]``) is marked."""
+    for j in range(ptr[row], ptr[row + 1]):
+        if mark[idx[j]]:
+            return True
+    return False

@@ -17,6 +17,7 @@ import numpy as np
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
 from outcore.partition._jit import njit_borrowing
+from outcore.partition._move_kernel import row_marked
 from outcore.plan.pieces import cut
 
 __all__ = ["merge_small_pieces"]
@@ -81,10 +82,28 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
     the best round before them.
     """
     a = np.asarray(assignment, dtype=np.int64).copy()
-    work = (np.asarray(g.fwd_s, dtype=np.float64) + np.asarray(g.bwd_s, dtype=np.float64))
     k = int(a.max()) + 1 if a.size else 1
     left = np.zeros((g.num_nodes, -(-k // _BITS)), np.int64)  # node -> devices it has left
     settled = np.zeros(g.num_nodes, dtype=np.bool_)  # returned to a device it had left: stays
+    for pieces, comp, small in _rounds(g, a, cluster, scale, factor, max_rounds):
+        (ip, ii), (op, oi) = pieces.inputs_csr, pieces.outputs_csr
+        moved = _merge_round(np.argsort(comp, kind="stable"), small, pieces.node_ptr,
+                             pieces.node_idx, pieces.device_of, ip, ii, op, oi,
+                             pieces.transfer_src, pieces.transfer_dst, pieces.transfer_bytes,
+                             a, settled, left, np.zeros(pieces.num_pieces, np.bool_),
+                             np.zeros(max(k, int(pieces.device_of.max(initial=0)) + 1)))
+        if not moved:
+            break
+    return a
+
+
+def _rounds(g: Graph, a: np.ndarray, cluster: Cluster, scale: float, factor: float,
+            max_rounds: int):
+    """Each round's ``(pieces of a, their compute, which are small)``, ``a`` as the caller has
+    moved it since; ends after ``max_rounds`` or once :data:`STALL_ROUNDS` rounds in a row
+    begin with no fewer small pieces than the best round before them (the caller stops when a
+    round moves nothing)."""
+    work = (np.asarray(g.fwd_s, dtype=np.float64) + np.asarray(g.bwd_s, dtype=np.float64))
     fewest, stalled = g.num_nodes + 1, 0  # the fewest small pieces a round began with
     for _ in range(max_rounds):
         pieces = cut(g, a)
@@ -95,16 +114,8 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
         else:  # moves that only make other pieces small: a placement of many tiny pieces
             stalled += 1
             if stalled >= STALL_ROUNDS:
-                break
-        (ip, ii), (op, oi) = pieces.inputs_csr, pieces.outputs_csr
-        moved = _merge_round(np.argsort(comp, kind="stable"), small, pieces.node_ptr,
-                             pieces.node_idx, pieces.device_of, ip, ii, op, oi,
-                             pieces.transfer_src, pieces.transfer_dst, pieces.transfer_bytes,
-                             a, settled, left, np.zeros(pieces.num_pieces, np.bool_),
-                             np.zeros(max(k, int(pieces.device_of.max(initial=0)) + 1)))
-        if not moved:
-            break
-    return a
+                return
+        yield pieces, comp, small
 
 
 _BITS = 62  # devices per int64 word of the "left" sets
@@ -121,14 +132,7 @@ def _merge_round(order, small, node_ptr, node_idx, device_of, ip, ii, op, oi, ts
     moved = False
     for t in range(order.shape[0]):
         p = order[t]
-        if touched[p] or not small[p]:
-            continue
-        skip = False
-        for j in range(node_ptr[p], node_ptr[p + 1]):
-            if settled[node_idx[j]]:
-                skip = True
-                break
-        if skip:
+        if touched[p] or not small[p] or row_marked(node_ptr, node_idx, p, settled):
             continue
         dev = device_of[p]
         for side in range(2):  # the transfers into p, then those out of it
@@ -174,20 +178,9 @@ def _merge_small_pieces_py(g: Graph, assignment: np.ndarray, cluster: Cluster, *
     """:func:`merge_small_pieces` one piece at a time in Python: the reference its compiled
     rounds are held to (``tests/partition/test_granularity.py``)."""
     a = np.asarray(assignment, dtype=np.int64).copy()
-    work = (np.asarray(g.fwd_s, dtype=np.float64) + np.asarray(g.bwd_s, dtype=np.float64))
     left: dict[int, set[int]] = {}  # node -> devices it has left
     settled = np.zeros(g.num_nodes, dtype=bool)  # returned to a device it had left: stays
-    fewest, stalled = g.num_nodes + 1, 0  # the fewest small pieces a round began with
-    for _ in range(max_rounds):
-        pieces = cut(g, a)
-        comp = np.bincount(pieces.piece_of, weights=work, minlength=pieces.num_pieces) * scale
-        small = comp < factor * _prices_s(pieces, cluster, scale)
-        if small.sum() < fewest:
-            fewest, stalled = int(small.sum()), 0
-        else:  # moves that only make other pieces small: a placement of many tiny pieces
-            stalled += 1
-            if stalled >= STALL_ROUNDS:
-                break
+    for pieces, comp, small in _rounds(g, a, cluster, scale, factor, max_rounds):
         touched: set[int] = set()
         moved = False
         for p in np.argsort(comp, kind="stable").tolist():

@@ -27,7 +27,8 @@ import numpy as np
 
 from outcore.partition._jit import njit_borrowing
 from outcore.partition._level_kernel import bottom_levels, top_levels
-from outcore.partition._move_kernel import cluster_moves, cp_switch_gains, set_move_delta
+from outcore.partition._move_kernel import (cluster_moves, cp_switch_gains, row_marked,
+                                             set_move_delta)
 from outcore.partition.emulate import Emulation, run
 from outcore.partition.context import Context
 
@@ -264,12 +265,7 @@ def _apply(order, ptr, nodes, target, assign, used, limit):
         if count >= limit:
             break
         c = order[i]
-        clash = False
-        for j in range(ptr[c], ptr[c + 1]):
-            if used[nodes[j]]:
-                clash = True
-                break
-        if clash:
+        if row_marked(ptr, nodes, c, used):
             continue
         for j in range(ptr[c], ptr[c + 1]):
             used[nodes[j]] = True
