@@ -82,20 +82,27 @@ class Shapes:
         """From the compiled search's flat output (``branches._region_shapes``): per region
         its nodes (``rptr``) labelled by branch."""
         rptr = np.asarray(rptr, np.int64)
-        reg = np.repeat(np.arange(f.size), np.diff(rptr))  # ascending: regions in order
         # by region, branch label, node (labels < n + 2): np.lexsort's order, row by row
-        perm = _sort_within(rptr, labels.astype(np.int64) * (n + 2) + nodes)
+        key = labels.astype(np.int64)
+        key *= n + 2
+        key += nodes
+        perm = _sort_within(rptr, key)
+        del key
         nodes, labels = nodes[perm], labels[perm]
-        start = np.flatnonzero(np.r_[True, (reg[1:] != reg[:-1]) | (labels[1:] != labels[:-1])]
-                               ) if nodes.size else np.zeros(0, np.int64)
-        seg_reg = reg[start]
+        del perm
+        # a branch (segment) starts where the label changes or a region starts
+        cut = np.zeros(nodes.size + 1, np.bool_)
+        cut[rptr] = True
+        cut[1:nodes.size] |= labels[1:] != labels[:-1]
+        start = np.flatnonzero(cut[:nodes.size])
+        seg_reg = np.searchsorted(rptr, start, side="right") - 1
         order = np.lexsort((nodes[start], seg_reg))  # per region, branches by first node
         reg_ptr = np.searchsorted(seg_reg[order], np.arange(f.size + 1)).astype(np.int64)
         br_ptr, br_nodes = gather_rows(np.r_[start, nodes.size].astype(np.int64), nodes, order)
         inside = nodes[_sort_within(rptr, nodes)]
         return Shapes(n, np.where(f < n, f, virtual).astype(np.int64),
                       np.where(j < n, j, virtual).astype(np.int64), reg_ptr, br_ptr, br_nodes,
-                      rptr, inside.astype(np.int64), nodes, start, order,
+                      rptr, inside.astype(np.int64, copy=False), nodes, start, order,
                       bool(truncated))
 
     @property
