@@ -218,7 +218,7 @@ def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,
     new_id = np.empty(g.num_nodes, dtype=np.int64)
     new_id[roots[rank]] = np.arange(rank.size)
     piece_of = new_id[root]
-    by_piece = np.lexsort((pos, piece_of))  # nodes by piece, then topological position
+    by_piece = _by_keys(pos, piece_of)  # nodes by piece, then topological position
     starts = np.searchsorted(piece_of[by_piece], np.arange(rank.size + 1))
     heads = by_piece[starts[:-1]]
     dev_of = assignment[heads]
@@ -226,6 +226,22 @@ def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,
     columns = _transfers(g, piece_of, dev_of, relay=whole is None)
     return Pieces(piece_of, dev_of, hop[heads], grp_of, starts.astype(np.int64), by_piece,
                   *columns)
+
+
+def _by_keys(*keys: np.ndarray) -> np.ndarray:
+    """``np.lexsort(keys)`` (the last key primary), as one stable argsort of a combined key
+    when the keys are non-negative and their ranges multiply below 2**62 (a 1M-node cut sorts
+    its crossing edges several times)."""
+    if not keys[0].size:
+        return np.zeros(0, np.int64)
+    spans = [int(k.max()) + 1 for k in keys]
+    if min(int(k.min()) for k in keys) < 0 or float(np.prod(spans, dtype=np.float64)) >= 2.0**62:
+        return np.lexsort(keys)
+    combined = np.zeros(keys[0].size, np.int64)
+    for k, span in zip(reversed(keys), reversed(spans)):
+        combined *= span
+        combined += k
+    return np.argsort(combined, kind="stable")
 
 
 def _relayed(a: np.ndarray, b: np.ndarray, prod: np.ndarray, nbytes: np.ndarray,
@@ -244,7 +260,7 @@ def _relayed(a: np.ndarray, b: np.ndarray, prod: np.ndarray, nbytes: np.ndarray,
     if remote.size < 2:
         return a, b, prod, nbytes
     key = prod[remote] * (int(dev.max()) + 1) + dev[b[remote]]
-    o = np.lexsort((b[remote], key))  # per (tensor, device): its consumer pieces, first first
+    o = _by_keys(b[remote], key)  # per (tensor, device): its consumer pieces, first first
     rows, key = remote[o], key[o]
     first = np.ones(rows.size, dtype=bool)
     first[1:] = key[1:] != key[:-1]
@@ -258,7 +274,7 @@ def _relayed(a: np.ndarray, b: np.ndarray, prod: np.ndarray, nbytes: np.ndarray,
     nbytes[rows[first]] = largest
     later = rows[~first]
     a[later] = b[carrier[~first]]  # handed on by the first consumer piece, on its device
-    o = np.lexsort((prod, b, a))
+    o = _by_keys(prod, b, a)
     return a[o], b[o], prod[o], nbytes[o]
 
 
@@ -273,11 +289,13 @@ def _transfers(g: Graph, piece_of: np.ndarray, dev: np.ndarray, *, relay: bool =
     a, b = ps[crossing], pd[crossing]
     prod = np.asarray(g.src, np.int64)[crossing]
     nbytes = np.asarray(g.edge_bytes, np.int64)[crossing]
-    o = np.lexsort((-nbytes, prod, b, a))  # largest edge first within (a, b, producer)
+    o = _by_keys(prod, b, a)
     a, b, prod, nbytes = a[o], b[o], prod[o], nbytes[o]
     new = np.ones(a.size, dtype=bool)
     new[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1]) | (prod[1:] != prod[:-1])
-    a, b, prod, nbytes = a[new], b[new], prod[new], nbytes[new]
+    starts = np.flatnonzero(new)  # one row per (a, b, producer), at its largest edge
+    big = np.maximum.reduceat(nbytes, starts) if starts.size else nbytes[:0]
+    a, b, prod, nbytes = a[starts], b[starts], prod[starts], big
     if relay:
         a, b, prod, nbytes = _relayed(a, b, prod, nbytes, dev)
     head = np.ones(a.size, dtype=bool)
