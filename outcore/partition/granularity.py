@@ -82,7 +82,7 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
     the best round before them.
     """
     a = np.asarray(assignment, dtype=np.int64).copy()
-    k = int(a.max()) + 1 if a.size else 1
+    k = int(a.max()) + 1 if a.size else 1  # moves only go to devices the placement uses
     left = np.zeros((g.num_nodes, -(-k // _BITS)), np.int64)  # node -> devices it has left
     settled = np.zeros(g.num_nodes, dtype=np.bool_)  # returned to a device it had left: stays
     for pieces, comp, small in _rounds(g, a, cluster, scale, factor, max_rounds):
@@ -91,7 +91,7 @@ def merge_small_pieces(g: Graph, assignment: np.ndarray, cluster: Cluster, *,
                              pieces.node_idx, pieces.device_of, ip, ii, op, oi,
                              pieces.transfer_src, pieces.transfer_dst, pieces.transfer_bytes,
                              a, settled, left, np.zeros(pieces.num_pieces, np.bool_),
-                             np.zeros(max(k, int(pieces.device_of.max(initial=0)) + 1)))
+                             np.zeros(k))
         if not moved:
             break
     return a

@@ -206,11 +206,8 @@ class RegionSet:
         until :meth:`weighed`."""
         if kept.size == 0:
             return RegionSet.empty()
-        counts = np.diff(shapes.reg_ptr)[kept]
-        rb_ptr = np.zeros(kept.size + 1, np.int64)
-        np.cumsum(counts, out=rb_ptr[1:])
-        branch_ids = np.repeat(shapes.reg_ptr[kept] - rb_ptr[:-1], counts) + np.arange(
-            rb_ptr[-1], dtype=np.int64)
+        rb_ptr, branch_ids = gather_rows(shapes.reg_ptr, np.arange(shapes.br_ptr.size - 1), kept)
+        counts = np.diff(rb_ptr)
         br_ptr, br_nodes = gather_rows(shapes.br_ptr, shapes.br_nodes, branch_ids)
         int_ptr, int_nodes = gather_rows(shapes.int_ptr, shapes.int_nodes, kept)
         forks, joins = shapes.forks[kept], shapes.joins[kept]
@@ -218,13 +215,13 @@ class RegionSet:
             g.num_nodes, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_nodes,
             g.succ_ptr, g.succ_idx, g.pred_ptr, g.pred_idx)
         side = np.diff(ex_rptr)
-        nb, nx = int(rb_ptr[-1]), int(ex_rptr[-1])
-        # per region: its branches (rows 0..nb-1 of the pool), then its side branches
+        nx = int(ex_rptr[-1])
+        # per region: its branches (the pool's first rows), then its side branches
         region = np.r_[np.repeat(np.arange(kept.size), counts), np.repeat(np.arange(kept.size),
                                                                           side)]
-        row = np.lexsort((np.arange(nb + nx), region))
+        row = np.argsort(region, kind="stable")
         pool_ptr = np.r_[br_ptr[:-1], br_nodes.size + ex_ptr[:nx], br_nodes.size + ex_ptr[nx]]
-        pool = np.concatenate([br_nodes, ex_nodes[:ex_ptr[nx]]]).astype(np.int64)
+        pool = np.concatenate([br_nodes, ex_nodes[:ex_ptr[nx]]])
         lens = np.diff(pool_ptr)
         all_ptr, all_nodes = gather_slices(pool_ptr[:-1], lens, pool, row)
         fd_lens = np.r_[np.diff(fed_ptr), np.zeros(nx, np.int64)][row]
