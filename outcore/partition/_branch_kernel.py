@@ -243,7 +243,8 @@ def _closure_kernel(targets, blocked, mark, stamp, sp, si, pp, pi, stack, out):
 @njit
 def _feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_nodes, sp, si, pp,
                     pi):
-    """`outcore.partition.branches._with_feeders` on arrays: for the chosen regions in order
+    """`outcore.partition.branches.attach_feeders` on arrays (for
+    :meth:`outcore.partition.region_sets.RegionSet.with_feeders`): for the chosen regions in order
     (interiors ``int_nodes[int_ptr[r]:int_ptr[r + 1]]``, branches ``rb_ptr[r]:rb_ptr[r + 1]``
     of ``br_ptr`` / ``br_nodes``), each branch's feeders (the closure of its nodes, and the
     side components that feed it alone) and each region's extra side branches. Returns

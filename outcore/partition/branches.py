@@ -50,15 +50,15 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
-from outcore.partition._branch_kernel import (_closure_kernel, _feeders_kernel, _regions_kernel,
-                                              _row_sums, _tree_intervals)
+from outcore.partition._branch_kernel import (_closure_kernel, _regions_kernel,
+                                              _tree_intervals)
 from outcore.partition.dominators import _augmented, _post_dominators
 from outcore.partition.dominators import post_dominators  # noqa: F401  (re-exported)
 from outcore.partition.region_sets import RegionSet, Shapes
@@ -300,78 +300,10 @@ def attach_feeders(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     an ancestor of the fork (it would need a successor outside the region). Side nodes form
     weakly connected components; a component that feeds one branch joins it as feeders, the
     others become extra branches at the end of ``branches`` (``Region.side`` counts them).
+    The plain walk: the reference :class:`~outcore.partition.region_sets.RegionSet` is held
+    to (the search attaches feeders to its choice there, compiled).
     """
-    key = ("feeders", tuple((r.fork, r.join) for r in regions))
-    shapes = _shape_cache(g)
     w = _weights(g)
-    if key in shapes:  # the same regions of the same edges: only the work is new
-        return _reweighed(shapes[key], w)
-    shapes[key] = out = _with_feeders(g, regions, w)
-    return out
-
-
-def _reweighed(regions: tuple[Region, ...], w: np.ndarray) -> tuple[Region, ...]:
-    """``regions`` with their branches' work taken from the node weights ``w``."""
-    work = _works(w, [b for r in regions for b in r.branches],
-                  [f for r in regions for f in r.feeders])
-    out, k = [], 0
-    for r in regions:
-        new = replace(r, work_s=np.array(work[k:k + len(r.branches)]))
-        k += len(r.branches)
-        if "interior" in r.__dict__:
-            new.__dict__["interior"] = r.__dict__["interior"]
-        out.append(new)
-    return tuple(out)
-
-
-def _works(w: np.ndarray, branches: list[np.ndarray], feeders: list[np.ndarray]) -> list[float]:
-    """Each branch's work with its feeders: ``w[b].sum() + w[f].sum()``, numpy's floats,
-    compiled (:func:`outcore.partition._branch_kernel._row_sums`)."""
-    return _row_sums(np.ascontiguousarray(w, np.float64), *_flat(branches),
-                     *_flat(feeders)).tolist()
-
-
-def _with_feeders(g: Graph, regions: tuple[Region, ...], w: np.ndarray
-                  ) -> tuple[Region, ...]:
-    """:func:`attach_feeders`' regions, found by the compiled walk
-    (:func:`outcore.partition._branch_kernel._feeders_kernel`; :func:`_with_feeders_py` is
-    its plain twin, which a test holds it to)."""
-    if not regions:
-        return ()
-    rb_ptr = np.zeros(len(regions) + 1, np.int64)
-    np.cumsum([len(r.branches) for r in regions], out=rb_ptr[1:])
-    br_ptr, br_nodes = _flat([b for r in regions for b in r.branches])
-    int_ptr, int_nodes = _flat([r.interior for r in regions])
-    fed_ptr, fed_nodes, ex_rptr, ex_ptr, ex_nodes = _feeders_kernel(
-        g.num_nodes, np.array([r.fork for r in regions], np.int64),
-        np.array([r.join for r in regions], np.int64), int_ptr, int_nodes, rb_ptr, br_ptr,
-        br_nodes, g.succ_ptr, g.succ_idx, g.pred_ptr, g.pred_idx)
-    empty = np.zeros(0, np.int64)
-    fp, ep, rp, xr = fed_ptr.tolist(), ex_ptr.tolist(), rb_ptr.tolist(), ex_rptr.tolist()
-    parts, feds = [], []  # per region: its branches, then its extra (side) branches
-    for i, r in enumerate(regions):
-        extra = tuple(ex_nodes[ep[c]:ep[c + 1]] for c in range(xr[i], xr[i + 1]))
-        parts.append(tuple(r.branches) + extra)
-        feds.append(tuple(fed_nodes[fp[b]:fp[b + 1]] for b in range(rp[i], rp[i + 1]))
-                    + (empty,) * len(extra))
-    work = _works(w, [b for x in parts for b in x], [f for x in feds for f in x])
-    out, k = [], 0
-    for r, x, f in zip(regions, parts, feds):
-        out.append(Region(r.fork, r.join, x, f, np.array(work[k:k + len(x)]),
-                          len(x) - len(r.branches)))
-        k += len(x)
-    return tuple(out)
-
-
-def _flat(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Row pointers and the concatenation of ``arrays`` (``int64``)."""
-    ptr = np.zeros(len(arrays) + 1, np.int64)
-    np.cumsum([a.size for a in arrays], out=ptr[1:])
-    return ptr, (np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64))
-
-
-def _with_feeders_py(g: Graph, regions: tuple[Region, ...], w: np.ndarray
-                     ) -> tuple[Region, ...]:
     n = g.num_nodes
     blocked = np.zeros(n, np.uint8)
     for r in regions:

@@ -397,34 +397,6 @@ def test_chosen_regions_are_disjoint_and_deterministic(g):
         [(r.fork, r.join, as_sets(r)) for r in br.regions]
 
 
-@pytest.mark.parametrize("graph", ["nas0", "nas1", "transformer", "random"])
-def test_the_compiled_feeder_walk_attaches_what_the_plain_one_does(graph, monkeypatch):
-    """``_with_feeders`` (one compiled walk over the chosen regions, numpy's summation for
-    the work) returns the regions ``_with_feeders_py`` does: branches, feeders, side
-    branches and work, to the last bit (AmoebaNet-like cells have a side branch each)."""
-    from outcore.partition import branches as B
-
-    if graph == "random":
-        g = random_graph(3, 300, 700)
-    else:
-        g = make_nas(1500, seed=int(graph[-1])) if graph.startswith("nas") else \
-            make_transformer(1500)
-    chosen: list = []
-    monkeypatch.setattr(B, "attach_feeders", lambda g, regions: chosen.append(regions) or ())
-    B.select_regions(g, B.fork_join_regions(g)[0])
-    regions, w = chosen[0], B._weights(g)
-    assert regions
-    fast, plain = B._with_feeders(g, regions, w), B._with_feeders_py(g, regions, w)
-    assert [(r.fork, r.join, r.side) for r in fast] == [(r.fork, r.join, r.side) for r in plain]
-    for a, b in zip(fast, plain):
-        assert len(a.branches) == len(b.branches) and len(a.feeders) == len(b.feeders)
-        assert all(np.array_equal(x, y) for x, y in zip(a.branches + a.feeders,
-                                                        b.branches + b.feeders))
-        assert np.array_equal(a.work_s, b.work_s)
-    if graph == "nas0":
-        assert sum(r.side for r in plain) > 0  # the case the side components exercise
-
-
 def test_row_sums_add_as_numpy_does():
     """A branch's work summed in the compiled walk is numpy's sum to the last bit (its
     pairwise summation: blocks of 8 accumulators, halves past 128 values)."""
@@ -451,23 +423,31 @@ def _same_regions(a, b):
         assert np.array_equal(x.work_s, y.work_s)  # to the last bit
 
 
-@pytest.mark.parametrize("graph", ["nas", "transformer", "rnn", "random"])
+@pytest.mark.parametrize("graph", ["nas0", "nas1", "transformer", "rnn", "random3", "random5"])
 def test_the_choice_on_columns_is_the_reference_choice(graph):
-    """``find_branches`` chooses on columns (``region_sets``) what ``select_regions`` chooses
-    on region objects, feeders, side branches and work alike; on a rescaled copy of the graph
-    too (the feeders are remembered per shape, the work is not)."""
+    """``find_branches`` chooses on columns (``region_sets``: the choice in compiled loops, the
+    feeders in one compiled walk, numpy's summation for the work) what ``select_regions``
+    chooses on region objects with the plain feeder walk (``attach_feeders``): branches,
+    feeders, side branches and work, to the last bit (AmoebaNet-like cells have a side branch
+    each); on a rescaled copy of the graph too (the feeders are remembered per shape, the work
+    is not)."""
     from outcore.partition import branches as B
 
-    if graph == "random":
-        g = random_graph(5, 400, 900)
+    if graph.startswith("random"):
+        g = random_graph(int(graph[-1]), 300 if graph == "random3" else 400,
+                         700 if graph == "random3" else 900)
+    elif graph.startswith("nas"):
+        g = make_nas(1500, seed=int(graph[-1]))
     else:
-        g = {"nas": make_nas, "transformer": make_transformer, "rnn": make_rnn}[graph](1500)
+        g = {"transformer": make_transformer, "rnn": make_rnn}[graph](1500)
     for h in (g, g.replace(fwd_s=g.fwd_s * 0.3, bwd_s=g.bwd_s * 1.7)):
         br = find_branches(h)
         assert br.regions or graph == "rnn"
         _same_regions(br.regions, B.select_regions(h, B.fork_join_regions(h)[0]))
         assert br.branch_nodes == sum(b.size + f.size for r in br.regions
                                       for b, f in zip(r.branches, r.feeders))
+    if graph == "nas0":
+        assert sum(r.side for r in br.regions) > 0  # the case the side components exercise
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
