@@ -162,10 +162,17 @@ def _best_move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved,
     return best, best_cost, best_add
 
 
+# a node with more edges than this whose move's cost is already queued is not costed again
+# each time a neighbour moves (the weight an unrolled RNN layer reads at every time step: one
+# costing walks all its edges); its cost is checked again when it comes out of the queue
+WIDE = 64
+
+
 @njit
 def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved, out, succ_ptr,
              succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat, inv_bw, k):
-    """Greedy min-knapsack on device ``d``: move nodes until ``need`` bytes are freed.
+    """Greedy min-knapsack on device ``d``: move nodes until ``need`` bytes are freed (the
+    cheapest per byte first; a move re-costs its neighbours, except :data:`WIDE` ones).
 
     Updates ``a`` (and the scratch ``mem``, ``cnt``, ``trans``) in place; returns nodes moved.
     """
@@ -176,6 +183,7 @@ def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved
             cap += 1 + (succ_ptr[v + 1] - succ_ptr[v]) + (pred_ptr[v + 1] - pred_ptr[v])
     keys = np.empty(cap, np.float64)
     items = np.empty(cap, np.int64)
+    queued = np.zeros(n, np.int32)  # entries of each node in the heap
     size = 0
     eps = 1e-12
     for v in range(n):
@@ -186,12 +194,14 @@ def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved
                    inv_bw, k, eps)
         if key < np.inf:
             size = _push(keys, items, size, key, v)
+            queued[v] += 1
     freed = 0.0
     moved = 0
     while size > 0 and freed < need:
         key = keys[0]
         v = items[0]
         size = _pop(keys, items, size)
+        queued[v] -= 1
         if a[v] != d:
             continue
         now = _key(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out,
@@ -201,6 +211,7 @@ def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved
             continue
         if now > key + 1e-18 + 1e-9 * abs(key) and size < cap:
             size = _push(keys, items, size, now, v)
+            queued[v] += 1
             continue
         x, _, add = _best_move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved,
                                out, succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge,
@@ -224,11 +235,15 @@ def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved
                 y = succ_idx[j] if side == 0 else pred_idx[j]
                 if a[y] != d or size >= cap:
                     continue
+                if queued[y] > 0 and (succ_ptr[y + 1] - succ_ptr[y] + pred_ptr[y + 1]
+                                      - pred_ptr[y]) > WIDE:
+                    continue  # its key is re-checked when it is popped
                 ky = _key(y, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out,
                           succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge,
                           edge_bytes, lat, inv_bw, k, eps)
                 if ky < np.inf:
                     size = _push(keys, items, size, ky, y)
+                    queued[y] += 1
     return moved
 
 
