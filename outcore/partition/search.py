@@ -280,16 +280,7 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     no faster than ``beat_s`` by their compute alone (:func:`_not_simulated`). Where nothing
     over the devices fits, every node on one device is tried too (:func:`_on_one_device`).
     ``fastest_copy``: a list to receive the simulated placement fastest as one copy."""
-    if req.strategy == "auto" and req.model_parallel_devices == 1:
-        # one device per copy: every planner would return this placement
-        placed, notes, first_error = [("single", _all_on_one(g, req, "one device per copy"))], \
-            [], None
-    else:
-        names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
-        placed, notes, first_error = place(g, req, budget, names, check_fit)
-    # as GEMS replicas, a placement takes at least its busiest device's compute over them
-    est = [as_replicated(req, em.busy_s, em.makespan_s, replicas)
-           for em in contended_runs(g, req, placed)]
+    placed, notes, first_error, est = _placed(g, req, budget, check_fit, replicas)
     chosen = to_simulate(placed, est)
     tried: list[tuple[float, int, Plan]] = []
     bound = beat_s  # the fastest simulated plan that fits so far (or another layout's)
@@ -340,6 +331,37 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
         fastest_copy.append(min(tried, key=lambda t: (not fits(t[2]),
                                                       t[2].predicted["iteration_s"], t[1]))[2])
     return _finished(g, req, placed, tried, notes, check_fit)
+
+
+def _placed(g: Graph, req: PlanRequest, budget: float | None, check_fit: bool,
+            replicas: int) -> tuple[list, list[str], InfeasibleError | None, list[float]]:
+    """Every planner's placements of ``g`` (:func:`~outcore.partition.placements.place`),
+    the notes, the first refusal, and each placement's time by the emulator with port
+    contention (as ``replicas`` GEMS replicas, at least its busiest device's compute over
+    them). A graph above :data:`~outcore.partition.coarse.COARSEN_ABOVE` nodes is placed and
+    emulated coarsened (:func:`~outcore.partition.coarse.coarsened`); the placements come
+    back projected onto ``g``, whose simulation judges them."""
+    from outcore.partition.coarse import coarsened
+
+    co = coarsened(g)
+    pg = g if co is None else co.graph
+    if req.strategy == "auto" and req.model_parallel_devices == 1:
+        # one device per copy: every planner would return this placement
+        placed, notes, first_error = [("single", _all_on_one(pg, req, "one device per copy"))], \
+            [], None
+    else:
+        names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
+        placed, notes, first_error = place(pg, req, budget, names, check_fit)
+    est = [as_replicated(req, em.busy_s, em.makespan_s, replicas)
+           for em in contended_runs(pg, req, placed)]
+    if co is not None:
+        from outcore.partition.context import make_context
+        bound = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
+                             optimizer=req.optimizer,
+                             microbatches=req.microbatches).lower_bound_s()
+        placed = [(name, co.projected(r, bound)) for name, r in placed]
+        notes.append(co.note())
+    return placed, notes, first_error, est
 
 
 def _not_simulated(name: str, result, est: float, chosen: bool, bound: float | None,
@@ -426,14 +448,21 @@ def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) 
     into a neighbour's device (:func:`outcore.partition.granularity.merge_small_pieces`, costed
     with the cluster's per-piece overheads and links), when the simulator finds that faster and
     it still fits; the plan's notes say so. Granularity as a planner decision (issue 17)."""
+    from outcore.partition.coarse import coarsened
     from outcore.partition.granularity import merge_small_pieces
     if req.model_parallel_devices < 2 or req.strategy != "auto":  # a named planner's plan stays
         return best
-    merged = merge_small_pieces(g, result.assignment, req.cluster.slots(req.tp))
-    if np.array_equal(merged, result.assignment):
+    # a placement made on the coarsened graph is merged and emulated there too
+    co = coarsened(g)
+    on = None if co is None else co.on_clusters(result.assignment)
+    mg, a = (g, result.assignment) if on is None else (co.graph, on)
+    merged = merge_small_pieces(mg, a, req.cluster.slots(req.tp))
+    if np.array_equal(merged, a):
         return best
+    was, now = contended(mg, req, [(None, replace(result, assignment=a)),
+                                   (None, replace(result, assignment=merged))])
+    merged = merged if on is None else merged[co.group]
     moved = int((merged != result.assignment).sum())
-    was, now = contended(g, req, [(None, result), (None, replace(result, assignment=merged))])
     if now >= was:  # the emulator costs each piece as the simulator does: no gain to find
         return best.with_notes(f"granularity: merging {moved} node(s) of pieces too small to "
                                f"pay for their overhead emulates {now * 1e3:.2f} ms against "
