@@ -28,7 +28,7 @@ from outcore.hardware.spec import Cluster
 from outcore.plan.pieces import Pieces, cut
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
-from outcore.plan.replicas import expand, expand_policies
+from outcore.plan.replicas import expand, expand_policies, fx_name
 from outcore.schedule.build import ClusterLinkTime, build
 from outcore.schedule.check import check
 from outcore.schedule.costs import PieceCosts, loss_cost_s, mb_scale, piece_costs
@@ -132,6 +132,10 @@ def _tiled_mask(g: Graph, plan: Plan, copies: int) -> np.ndarray | None:
 
 
 def _node_params(g: Graph, i: int) -> list[str]:
+    """The parameters node ``i`` reads: its own and the shared ones it calls (one tensor named
+    after the node when the graph names none: :func:`_unnamed`)."""
+    if g.attrs is None:
+        return [_unnamed(g, i)] if g.param_bytes[i] > 0 else []
     return list(g.attr(i, "params", []) or []) + list(g.attr(i, "shared_params", []) or [])
 
 
@@ -141,10 +145,12 @@ def shared_param_buckets(g: Graph, assignment: np.ndarray) -> tuple[
 
     Returns ``(groups, names, bytes)``: per bucket the ranks that hold a copy, the parameter
     names, and their bytes (one copy). Built from capture's ``params`` / ``shared_params``
-    attrs, so it covers shared modules, tied weights and replicated copies alike.
+    attrs, so it covers shared modules, tied weights and replicated copies alike; a graph
+    without them (a generated graph, a graph file) has one parameter tensor per node that
+    owns parameter bytes (:func:`_unnamed_buckets`).
     """
     if g.attrs is None:
-        return (), (), ()
+        return _unnamed_buckets(g, assignment)
     ranks: dict[str, set[int]] = defaultdict(set)
     size: dict[str, float] = {}
     for i in range(g.num_nodes):
@@ -162,14 +168,69 @@ def shared_param_buckets(g: Graph, assignment: np.ndarray) -> tuple[
             tuple(sum(size.get(n, 0.0) for n in by_group[k]) for k in groups))
 
 
+def _unnamed(g: Graph, v: int) -> str:
+    """The parameter tensor of node ``v`` of a graph without parameter names: named after
+    the node as the model copy names it (``c1/n5`` and ``n5`` hold ``n5.params``)."""
+    return f"{fx_name(g.name_of(v))}.params"
+
+
+def _unnamed_buckets(g: Graph, assignment: np.ndarray) -> tuple[
+        tuple[tuple[int, ...], ...], tuple[tuple[str, ...], ...], tuple[float, ...]]:
+    """:func:`shared_param_buckets` of a graph without parameter names: each node that owns
+    parameter bytes holds one tensor, shared only by the copies of a graph :func:`expand`
+    copied per replica (``meta["copies"]``), whose node ``c * n + v`` is copy ``c``'s node
+    ``v``: so data parallelism on a generated graph all-reduces its gradients as on a captured
+    model. Vectorised: a 1M-node graph's four copies are 4M nodes."""
+    copies = int(g.meta.get("copies", 1))
+    n = g.num_nodes // copies
+    held = np.flatnonzero(np.asarray(g.param_bytes[:n]) > 0)
+    if copies < 2 or not held.size:
+        return (), (), ()
+    ranks = np.sort(np.asarray(assignment, np.int64).reshape(copies, n)[:, held].T, axis=1)
+    rows, row_of = np.unique(ranks, axis=0, return_inverse=True)
+    by_group: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for r, row in enumerate(rows.tolist()):
+        group = tuple(sorted(set(row)))
+        if len(group) > 1:
+            by_group[group].append(r)
+    groups = tuple(sorted(by_group))
+    names, sizes = [], []
+    for group in groups:
+        members = held[np.isin(row_of.reshape(-1), by_group[group])]
+        names.append(tuple(sorted(_unnamed(g, v) for v in members.tolist())))
+        sizes.append(float(np.asarray(g.param_bytes)[members].sum()))
+    return groups, tuple(names), tuple(sizes)
+
+
+def _touching(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> list[set[int]]:
+    """Per bucket, the pieces with a node that holds one of its parameters."""
+    bucket_of = {name: b for b, ns in enumerate(names) for name in ns}
+    out: list[set[int]] = [set() for _ in names]
+    piece_of = s.pieces.piece_of
+    if g.attrs is None:  # copy c's node c * n + v holds copy 0's node v's tensor
+        n = g.num_nodes // int(g.meta.get("copies", 1))
+        held = np.flatnonzero(np.asarray(g.param_bytes) > 0)
+        base = np.full(n, -1, np.int64)
+        for v in held[held < n].tolist():
+            base[v] = bucket_of.get(_unnamed(g, v), -1)
+        b = base[held % n]
+        pairs = np.unique(np.stack([b[b >= 0], piece_of[held[b >= 0]]], axis=1), axis=0)
+        for bucket, piece in pairs.tolist():
+            out[bucket].add(piece)
+        return out
+    for v in range(g.num_nodes):
+        for name in _node_params(g, v):
+            k = bucket_of.get(name)
+            if k is not None:
+                out[k].add(int(piece_of[v]))
+    return out
+
+
 def place_allreduces(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> Schedule:
     """Move each rank's ``AR`` of a bucket to right after its last backward touching it."""
     if not s.buckets:
         return s
-    piece_params: list[set[str]] = [set() for _ in range(s.pieces.num_pieces)]
-    for p, params in enumerate(piece_params):
-        for v in s.pieces.nodes_of(p).tolist():
-            params.update(_node_params(g, v))
+    touching = _touching(s, g, names)
     actions = []
     for r, acts in enumerate(s.actions):
         acts = [a for a in acts if a.op != "AR"]
@@ -177,9 +238,8 @@ def place_allreduces(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) 
         for b, group in enumerate(s.buckets):
             if r not in group:
                 continue
-            wanted = set(names[b])
             last = max((k for k, a in enumerate(acts)
-                        if a.op == "B" and piece_params[a.piece] & wanted), default=None)
+                        if a.op == "B" and a.piece in touching[b]), default=None)
             if last is None:  # no piece here touches it: launch before the step
                 last = next(k for k, a in enumerate(acts) if a.op == "OPT") - 1
             # after the backward's gradient sends, so they are not delayed
@@ -243,8 +303,9 @@ class _Sharding:
         self.sharded = sharded_buckets(groups, stages, self.dp)
         names_in = {n for b, ns in enumerate(names) if self.sharded[b] for n in ns}
         self.node_bytes = np.zeros(g.num_nodes)
-        for i in range(g.num_nodes):
-            owned = g.attr(i, "params", []) or []
+        for i in (range(g.num_nodes) if g.attrs is not None else  # (owners only, unnamed)
+                  np.flatnonzero(np.asarray(g.param_bytes) > 0).tolist()):
+            owned = g.attr(i, "params", []) or [] if g.attrs is not None else _node_params(g, i)
             if owned:
                 k = sum(n in names_in for n in owned)
                 self.node_bytes[i] = float(g.param_bytes[i]) * k / len(owned)

@@ -102,3 +102,45 @@ def test_random_partitions_always_give_valid_schedules(n, k, m, kind, seed):
     P = cut(g, rng.integers(0, k, n))
     s = build(P, k, m, kind, piece_costs(g, P, k), simple_link(1e9, 1e-5))
     check(s)  # every task once, messages matched, no deadlock
+
+
+@pytest.mark.parametrize("family", ["rnn", "nas"])
+def test_copies_of_a_graph_without_parameter_names_all_reduce_their_gradients(family):
+    """A generated graph (or a graph file) names no parameters: each node owning parameter
+    bytes holds one tensor, and data-parallel copies all-reduce it as those of a captured
+    model do (before, data parallelism on such a graph cost no communication at all)."""
+    import outcore
+    from outcore.graph.generators import make
+    from outcore.hardware.collectives import allreduce_s
+    from outcore.plan import make_plan
+    from outcore.plan.layout import Layout
+    from outcore.schedule.lower import lower
+    from outcore.sim.simulate import simulate
+
+    g = make(family, 800)
+    assert g.attrs is None
+    cluster = outcore.plan_request(4, None, bandwidth="16GB/s").cluster
+    from outcore.graph.algorithms import topological_order
+    a = np.empty(g.num_nodes, np.int64)  # two stages
+    a[topological_order(g)] = np.arange(g.num_nodes) * 2 // g.num_nodes
+    base = make_plan(g, a, strategy="split", devices=2, memory_bytes=None, cluster=cluster)
+    rep = base.replace(devices=4, layout=Layout.replicate("mp", 2, 1, 2))
+    low = lower(g, rep)
+    held = g.param_bytes > 0
+    # one bucket per stage holding parameters: that stage's rank in each copy
+    stages = {int(d) for d in np.asarray(rep.assignment)[held]}
+    assert set(low.schedule.buckets) == {(d, d + 2) for d in stages}
+    names = low.schedule.meta["bucket_params"]
+    assert sorted(n for ns in names for n in ns) == sorted(
+        f"{g.name_of(v)}.params" for v in np.flatnonzero(held))
+    assert sum(low.schedule.meta["bucket_bytes"]) == pytest.approx(g.param_bytes.sum())
+    for r, acts in enumerate(low.schedule.actions):  # each rank holding some, once
+        assert sum(a.op == "AR" for a in acts) == int(r % 2 in stages)
+    one, copies = simulate(base, g), simulate(rep, g)
+    # the all-reduce costs time: at most about all gradients' at once after the backward
+    # (2 %: the step's synchronisation over twice the ranks)
+    ar = allreduce_s(float(g.param_bytes.sum()), 2, cluster.link(0, 2))
+    assert one.iteration_s < copies.iteration_s <= (one.iteration_s + ar) * 1.02
+    # and as much as the simulator's data-parallel model of one copy within 10 %
+    flat = simulate(base, g, dp=2, cluster=cluster)
+    assert copies.iteration_s == pytest.approx(flat.iteration_s, rel=0.1)
