@@ -16,6 +16,7 @@ the optimizer step waits for it: every copy sees the summed gradient and stays i
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -174,50 +175,69 @@ def _unnamed(g: Graph, v: int) -> str:
     return f"{fx_name(g.name_of(v))}.params"
 
 
-def _unnamed_buckets(g: Graph, assignment: np.ndarray) -> tuple[
-        tuple[tuple[int, ...], ...], tuple[tuple[str, ...], ...], tuple[float, ...]]:
-    """:func:`shared_param_buckets` of a graph without parameter names: each node that owns
-    parameter bytes holds one tensor, shared only by the copies of a graph :func:`expand`
-    copied per replica (``meta["copies"]``), whose node ``c * n + v`` is copy ``c``'s node
-    ``v``: so data parallelism on a generated graph all-reduces its gradients as on a captured
-    model. Vectorised: a 1M-node graph's four copies are 4M nodes."""
+def _unnamed_groups(g: Graph, assignment: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, tuple[tuple[int, ...], ...]]:
+    """For a graph without parameter names: ``(held, bucket, groups)``, the nodes of copy 0
+    that own parameter bytes, the bucket of each (-1: held on one rank only) and each
+    bucket's ranks, sorted. Node ``c * n + v`` of a graph :func:`expand` copied per replica
+    (``meta["copies"]``) is copy ``c``'s node ``v`` and holds the same tensor."""
     copies = int(g.meta.get("copies", 1))
     n = g.num_nodes // copies
     held = np.flatnonzero(np.asarray(g.param_bytes[:n]) > 0)
     if copies < 2 or not held.size:
-        return (), (), ()
+        return held[:0], held[:0], ()
     ranks = np.sort(np.asarray(assignment, np.int64).reshape(copies, n)[:, held].T, axis=1)
-    rows, row_of = np.unique(ranks, axis=0, return_inverse=True)
-    by_group: dict[tuple[int, ...], list[int]] = defaultdict(list)
-    for r, row in enumerate(rows.tolist()):
-        group = tuple(sorted(set(row)))
-        if len(group) > 1:
-            by_group[group].append(r)
-    groups = tuple(sorted(by_group))
-    names, sizes = [], []
-    for group in groups:
-        members = held[np.isin(row_of.reshape(-1), by_group[group])]
-        names.append(tuple(sorted(_unnamed(g, v) for v in members.tolist())))
-        sizes.append(float(np.asarray(g.param_bytes)[members].sum()))
-    return groups, tuple(names), tuple(sizes)
+    R = int(ranks.max()) + 1
+    if copies * math.log2(R + 1) < 62:  # each row's ranks as one number: a 1-D unique
+        key = ranks @ (R ** np.arange(copies, dtype=np.int64))
+        _, first, row_of = np.unique(key, return_index=True, return_inverse=True)
+        rows = ranks[first]
+    else:
+        rows, row_of = np.unique(ranks, axis=0, return_inverse=True)
+    sets = [tuple(sorted(set(row))) for row in rows.tolist()]
+    groups = tuple(sorted({r for r in sets if len(r) > 1}))
+    index = {group: b for b, group in enumerate(groups)}
+    bucket_of_row = np.array([index.get(r, -1) for r in sets], np.int64)
+    return held, bucket_of_row[row_of.reshape(-1)], groups
+
+
+def _unnamed_buckets(g: Graph, assignment: np.ndarray) -> tuple[
+        tuple[tuple[int, ...], ...], tuple[tuple[str, ...], ...], tuple[float, ...]]:
+    """:func:`shared_param_buckets` of a graph without parameter names: each node that owns
+    parameter bytes holds one tensor (:func:`_unnamed`), shared by the copies of the graph
+    (:func:`_unnamed_groups`), so data parallelism on a generated graph all-reduces its
+    gradients as on a captured model. Vectorised: a 1M-node graph's four copies are 4M
+    nodes. A bucket's names are in node order."""
+    held, bucket, groups = _unnamed_groups(g, assignment)
+    if not groups:
+        return (), (), ()
+    every = g.names if g.names is not None else [g.name_of(v) for v in range(held[-1] + 1)]
+    base = [fx_name(every[v]) for v in held.tolist()]
+    names = [[] for _ in groups]
+    for name, b in zip(base, bucket.tolist()):
+        if b >= 0:
+            names[b].append(f"{name}.params")
+    sizes = np.bincount(bucket[bucket >= 0], minlength=len(groups),
+                        weights=np.asarray(g.param_bytes, np.float64)[held[bucket >= 0]])
+    return groups, tuple(tuple(ns) for ns in names), tuple(float(x) for x in sizes)
 
 
 def _touching(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> list[set[int]]:
     """Per bucket, the pieces with a node that holds one of its parameters."""
-    bucket_of = {name: b for b, ns in enumerate(names) for name in ns}
     out: list[set[int]] = [set() for _ in names]
     piece_of = s.pieces.piece_of
-    if g.attrs is None:  # copy c's node c * n + v holds copy 0's node v's tensor
+    if g.attrs is None:  # the buckets of shared_param_buckets, made again from the ranks
+        held, bucket, _ = _unnamed_groups(g, s.pieces.device_of[piece_of])
         n = g.num_nodes // int(g.meta.get("copies", 1))
-        held = np.flatnonzero(np.asarray(g.param_bytes) > 0)
         base = np.full(n, -1, np.int64)
-        for v in held[held < n].tolist():
-            base[v] = bucket_of.get(_unnamed(g, v), -1)
-        b = base[held % n]
-        pairs = np.unique(np.stack([b[b >= 0], piece_of[held[b >= 0]]], axis=1), axis=0)
-        for bucket, piece in pairs.tolist():
-            out[bucket].add(piece)
+        base[held] = bucket
+        every = np.flatnonzero(np.asarray(g.param_bytes) > 0)
+        b = base[every % n]
+        key = np.unique(b[b >= 0] * np.int64(s.pieces.num_pieces) + piece_of[every[b >= 0]])
+        for k in key.tolist():
+            out[k // s.pieces.num_pieces].add(k % s.pieces.num_pieces)
         return out
+    bucket_of = {name: b for b, ns in enumerate(names) for name in ns}
     for v in range(g.num_nodes):
         for name in _node_params(g, v):
             k = bucket_of.get(name)
