@@ -53,6 +53,18 @@ def test_diamond_has_one_region_with_two_branches():
     assert r.saving_s == 3.0
 
 
+def test_a_weight_read_by_two_branches_does_not_fork():
+    # 0: a weight read by 2 and 3; 1: the activation that forks them; 4: the join
+    edges = [(0, 2), (0, 3), (1, 2), (1, 3), (2, 4), (3, 4)]
+    g = dag(5, edges, ops=["param", "input", "linear", "linear", "add"])
+    r = only(find_branches(g).regions)
+    assert (r.fork, r.join) == (1, 4)
+    assert as_sets(r) == [[2], [3], [0]]  # the weight runs beside them, a side branch
+    # the same graph with node 0 an activation: both forks give the region
+    regions, _ = fork_join_regions(dag(5, edges))
+    assert {(q.fork, q.join) for q in regions} == {(0, 4), (1, 4)}
+
+
 def test_four_way_fork_join_with_chains():
     # 0 -> {1..4}; branch i is the chain i -> i + 4 -> 9
     edges = [(0, i) for i in range(1, 5)] + [(i, i + 4) for i in range(1, 5)] \
