@@ -359,8 +359,7 @@ def _placed(g: Graph, req: PlanRequest, budget: float | None, check_fit: bool,
         bound = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
                              optimizer=req.optimizer,
                              microbatches=req.microbatches).lower_bound_s()
-        placed = [(name, co.projected(r, bound)) for name, r in placed]
-        notes.append(co.note())
+        placed = [(name, co.projected(r, bound)) for name, r in placed]  # (each notes it)
     return placed, notes, first_error, est
 
 

@@ -323,9 +323,12 @@ class _Sharding:
         self.sharded = sharded_buckets(groups, stages, self.dp)
         names_in = {n for b, ns in enumerate(names) if self.sharded[b] for n in ns}
         self.node_bytes = np.zeros(g.num_nodes)
-        for i in (range(g.num_nodes) if g.attrs is not None else  # (owners only, unnamed)
-                  np.flatnonzero(np.asarray(g.param_bytes) > 0).tolist()):
-            owned = g.attr(i, "params", []) or [] if g.attrs is not None else _node_params(g, i)
+        named = g.attrs is not None
+        # without parameter names only the nodes owning parameter bytes hold one
+        owners = range(g.num_nodes) if named else \
+            np.flatnonzero(np.asarray(g.param_bytes) > 0).tolist()
+        for i in owners:
+            owned = (g.attr(i, "params", []) or []) if named else _node_params(g, i)
             if owned:
                 k = sum(n in names_in for n in owned)
                 self.node_bytes[i] = float(g.param_bytes[i]) * k / len(owned)
