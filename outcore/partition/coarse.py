@@ -22,8 +22,9 @@ half (:data:`MIN_SHRINK`) is placed as it is.
 Coarse costs are sums over a cluster (forward, backward, parameters, saved activations); its
 output buffer is its largest member's (the memory model's working buffer), and an edge between
 clusters carries each producer's tensor once (its largest edge into the consuming cluster).
-Parameter nodes (op ``param``) stay clusters of their own, with their op, so weights are
-still placed beside their users.
+A parameter read (op ``param``) reads nothing, so it starts a cluster: it stays a node of its
+own, with its op (so the planners still move weights beside their users), unless the next node
+in the order reads it, which then joins it (the weight is placed with that reader).
 """
 
 from __future__ import annotations
