@@ -139,3 +139,35 @@ def test_the_search_places_a_large_graph_coarsened_and_judges_it_in_full(family,
     trivial = outcore.simulate(_trivial(g, 4, req), g)
     if trivial.fits:
         assert p.predicted["iteration_s"] <= trivial.iteration_s * (1 + 1e-9), p.notes
+
+
+def test_the_layout_search_on_a_coarsened_graph(monkeypatch):
+    """With the layouts open every micro-batch size's rescaled copy is placed coarsened with
+    one set of clusters, and the chosen plan's figures are its full graph's."""
+    from outcore.graph.batch import at_microbatch
+    from outcore.sim.simulate import simulate
+
+    logging.disable(logging.WARNING)
+    g = make("nas", 2500)
+    monkeypatch.setattr(coarse, "COARSEN_ABOVE", 1000)
+    monkeypatch.setattr(coarse, "TARGET_NODES", 400)
+    made: dict[int, coarse.Coarse] = {}
+    original = coarse.coarsened
+
+    def counted(graph, **kw):
+        out = original(graph, **kw)
+        if out is not None:
+            made[id(graph)] = out
+        return out
+
+    monkeypatch.setattr(coarse, "coarsened", counted)
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
+    req = outcore.plan_request(4, 1.25 * one / 4, bandwidth="16GB/s", search_layout=True)
+    p = outcore.plan(g, req)
+    assert len(made) >= 2, "several micro-batch sizes placed coarsened"
+    groups = {id(c.group) for c in made.values()}
+    structures = {id(c.graph.structure) for c in made.values()}
+    assert len(groups) == 1 and len(structures) == 1
+    chosen = next(r for r in p.extra["candidates"] if r["outcome"] == "chosen")
+    again = simulate(p, at_microbatch(g, chosen["samples"], req.cluster.device.launch_s))
+    assert again.iteration_s == pytest.approx(p.predicted["iteration_s"], rel=1e-9)
