@@ -37,6 +37,7 @@ import numpy as np
 
 from outcore.graph.ir import Graph, build
 from outcore.partition._jit import njit
+from outcore.partition.context import _max_by_device, make_context
 
 __all__ = ["COARSEN_ABOVE", "Coarse", "chain_clusters", "coarsened"]
 
@@ -108,7 +109,6 @@ def _runs(order: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray, cap: in
 def chain_clusters(g: Graph, cap: int) -> tuple[np.ndarray, int, str]:
     """``(group, clusters, order name)``: :func:`_runs` on the graph's own topological order
     and on the depth-first one, whichever gives fewer clusters (the first on a tie)."""
-    from outcore.partition.context import make_context
     from outcore.partition.contiguous import depth_first_order
 
     ctx = make_context(g, 1)
@@ -201,8 +201,7 @@ def _costed(g: Graph, s: _Shape, first: list[Graph]) -> Graph:
     per_key = (np.maximum.reduceat(np.asarray(g.edge_bytes, np.float64)[s.perm], s.starts)
                if s.starts.size else np.zeros(0))
     edge_bytes = np.bincount(s.edge_of_key, weights=per_key, minlength=s.src.size)
-    out_bytes = np.zeros(k)
-    np.maximum.at(out_bytes, s.group, np.asarray(g.out_bytes, np.float64))
+    out_bytes = _max_by_device(s.group, np.asarray(g.out_bytes, np.float64), k)  # per cluster
     costs = dict(fwd_s=sums(g.fwd_s), bwd_s=sums(g.bwd_s),
                  param_bytes=np.rint(sums(g.param_bytes)).astype(np.int64),
                  saved_bytes=np.rint(sums(g.saved_bytes)).astype(np.int64),

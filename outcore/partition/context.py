@@ -170,16 +170,14 @@ class Context:
         return self.memory_bytes is None or bool((peak_bytes <= self.memory_bytes).all())
 
 
-def received_bytes(g: Graph, assignment: np.ndarray, devices: int,
-                   edge_bytes: np.ndarray | None = None) -> np.ndarray:
+def received_bytes(g: Graph, assignment: np.ndarray, devices: int) -> np.ndarray:
     """Bytes of boundary tensors each device receives (one micro-batch; each tensor once, at
-    its largest edge to that device). Compiled (:func:`_received_kernel`); ``edge_bytes``:
-    the graph's as ``int64`` when the caller holds them already."""
+    its largest edge to that device). Compiled (:func:`_received_kernel`, which
+    :meth:`Context.memory_parts` calls within its own pass)."""
     if g.num_edges == 0:
         return np.zeros(devices)
     return _received_kernel(g.num_nodes, g.succ_ptr, g.succ_idx, g.succ_edge,
-                            np.asarray(g.edge_bytes, np.int64) if edge_bytes is None
-                            else edge_bytes,
+                            np.asarray(g.edge_bytes, np.int64),
                             np.ascontiguousarray(assignment, dtype=np.int64), devices)
 
 
