@@ -19,7 +19,8 @@ from outcore.partition import baselines, contiguous, pardnn, pipeline, subgraph
 from outcore.partition.emulate import Emulation, emulate
 from outcore.partition.feasibility import infeasible
 from outcore.partition.context import Context, make_context
-from outcore.partition.result import Candidate, PartitionResult, best_of, compact, evaluate
+from outcore.partition.result import (Candidate, PartitionResult, best_of, compact, evaluate,
+                                      listed)
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def _plan_pipeline(ctx: Context) -> tuple[Candidate | None, list[str]]:
         cands.append(evaluate(sub, a, f"{used} stages (of {k})",
                               inflight=_pad(pipeline.inflight_1f1b(sub, used), k)))
     best = best_of(cands)
-    notes = ["candidates: " + ", ".join(f"{c.label}: {c.makespan_s:.6g} s" for c in cands)]
+    notes = [listed(cands)]
     if best is not None:
         notes.append(f"chose {best.label}")
     return best, notes

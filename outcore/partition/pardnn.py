@@ -27,11 +27,9 @@ What this driver adds (``docs/planning.md`` explains why):
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 import numpy as np
 
-from outcore.partition.emulate import summary
 from outcore.partition.context import Context
 from outcore.partition.pardnn_mapping import map_secondaries
 from outcore.partition.pardnn_memory import repair_memory
@@ -39,7 +37,7 @@ from outcore.partition.pardnn_refine import refine
 from outcore.partition.pardnn_slicing import slice_graph
 from outcore.partition.feasibility import holds_floor
 from outcore.partition.pipeline import assignment_from_bounds, stage_bounds
-from outcore.partition.result import Candidate, best_of, evaluate
+from outcore.partition.result import Candidate, best_of, evaluate, listed
 from outcore.units import format_seconds
 
 log = logging.getLogger(__name__)
@@ -79,7 +77,7 @@ def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
         sub = ctx.with_devices(k)
         if k == 1:
             one = evaluate(sub, np.zeros(ctx.g.num_nodes, np.int64), "1 device")
-            cands.append(_light(one))
+            cands.append(one.light())
             continue
         if not holds_floor(ctx, k):
             notes.append(f"K={k}: not tried, {k} devices cannot hold the graph's memory floor")
@@ -115,20 +113,13 @@ def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
         notes.append(f"{c.label}: refinement {st.rounds} rounds, {st.accepted} accepted, "
                      f"{st.moved_nodes} nodes moved, {format_seconds(st.start_s)} -> "
                      f"{format_seconds(st.end_s)}")
-        cands.append(_light(evaluate(sub, a, c.label + ", refined", em=em)))
+        cands.append(evaluate(sub, a, c.label + ", refined", em=em).light())
     best = best_of(cands)
-    tried = ", ".join(f"{c.label}: {format_seconds(c.makespan_s)}"
-                      + ("" if c.fits else " (does not fit)") for c in cands)
-    notes.append(f"candidates: {tried}")
+    notes.append(listed(cands))
     if best is not None:
         notes.append(f"chose {best.label}")
     log.debug("pardnn: %s", "; ".join(notes))
     return best, notes, cands
-
-
-def _light(c: Candidate) -> Candidate:
-    """The candidate without its per-task emulation arrays (memory at 1M nodes)."""
-    return replace(c, emulation=summary(c.emulation))
 
 
 def _keep_best_emulations(cands: list[Candidate], keep: int) -> list[Candidate]:
@@ -136,4 +127,4 @@ def _keep_best_emulations(cands: list[Candidate], keep: int) -> list[Candidate]:
     ranked = sorted((i for i, c in enumerate(cands) if c.fits and c.label != "1 device"),
                     key=lambda i: (cands[i].makespan_s, cands[i].label))
     top = set(ranked[:keep])
-    return [c if i in top else _light(c) for i, c in enumerate(cands)]
+    return [c if i in top else c.light() for i, c in enumerate(cands)]

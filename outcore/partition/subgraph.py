@@ -43,7 +43,7 @@ Steps (names ours; the paper assigns branches by hand, per model, ``subgraph_top
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,12 +53,11 @@ from outcore.hardware.spec import LinkSpec
 from outcore.partition._jit import njit
 from outcore.partition.branches import Branches, find_branches
 from outcore.partition.region_sets import RegionSet, gather_slices
-from outcore.partition.emulate import summary
 from outcore.partition.context import Context
 from outcore.partition.pardnn import device_counts
 from outcore.partition.pardnn_memory import repair_memory
 from outcore.partition.pipeline import assignment_from_bounds, stage_bounds
-from outcore.partition.result import Candidate, best_of, devices_used, evaluate
+from outcore.partition.result import Candidate, best_of, devices_used, evaluate, listed
 from outcore.units import format_seconds
 
 log = logging.getLogger(__name__)
@@ -311,20 +310,14 @@ def _candidates(sub: Context, chosen: RegionSet) -> list[tuple[Context, Candidat
     out: list[tuple[Context, Candidate]] = []
     for name, trunk in trunks:
         a = place_branches(sub, table, trunk)
-        out.append((sub, _summarised(evaluate(sub, a, f"subgraph K={k} trunk={name}"))))
+        out.append((sub, evaluate(sub, a, f"subgraph K={k} trunk={name}").light()))
         for r in range(FOLLOW_ROUNDS):
             before, a = a, place_branches(sub, table, follow_branches(sub, table, a, segments))
             if np.array_equal(a, before):
                 break  # converged: further rounds repeat this placement
             label = f"subgraph K={k} trunk={name} follow {r + 1}"
-            out.append((sub, _summarised(evaluate(sub, a, label))))
+            out.append((sub, evaluate(sub, a, label).light()))
     return out
-
-
-def _summarised(cand: Candidate) -> Candidate:
-    """Candidates keep only the emulation's summary (not its per-task arrays: memory at 1M
-    nodes)."""
-    return replace(cand, emulation=summary(cand.emulation))
 
 
 def _fit_lazily(placed: list[tuple[Context, Candidate]], known: list[Candidate],
@@ -352,7 +345,7 @@ def _fit_lazily(placed: list[tuple[Context, Candidate]], known: list[Candidate],
         fixed, st = repair_memory(sub, c.assignment)
         notes.append(f"{c.label}: memory repair moved {st.moved_nodes} nodes"
                      + ("" if st.fits else " and did not fit"))
-        r = _summarised(evaluate(sub, fixed, c.label + ", memory repaired"))
+        r = evaluate(sub, fixed, c.label + ", memory repaired").light()
         out[id(c)] = r
         if r.fits:
             best = min(best, total(r))
@@ -377,15 +370,14 @@ def _finish(ctx: Context, cands: list[Candidate], notes: list[str], dp: DataPara
             ) -> tuple[Candidate | None, list[str], list[Candidate]]:
     if dp is None:
         best = best_of(cands)
-        shown = [(c, c.makespan_s) for c in cands]
+        notes.append(listed(cands))
     else:
-        shown = [(c, c.makespan_s + allreduce_s(ctx.g, c.assignment, dp)) for c in cands]
-        fit = [(t, devices_used(c.assignment), i) for i, (c, t) in enumerate(shown) if c.fits]
+        extra = [allreduce_s(ctx.g, c.assignment, dp) for c in cands]
+        fit = [(c.makespan_s + x, devices_used(c.assignment), i)
+               for i, (c, x) in enumerate(zip(cands, extra)) if c.fits]
         best = cands[min(fit)[2]] if fit else None
         notes.append(f"ranked by makespan + all-reduce over {dp.replicas} replicas")
-    notes.append("candidates: " + ", ".join(
-        f"{c.label}: {format_seconds(t)}" + ("" if c.fits else " (does not fit)")
-        for c, t in shown))
+        notes.append(listed(cands, extra))
     if best is not None:
         notes.append(f"chose {best.label}")
     log.debug("subgraph: %s", "; ".join(notes))

@@ -63,3 +63,28 @@ def test_min_max_cuts_are_optimal(seed):
                for r in range(min(parts, w.size))
                for c in itertools.combinations(range(1, w.size), r))
     assert got <= best * (1 + 1e-5)
+
+
+def test_splits_that_do_not_fit_are_not_emulated_until_asked(monkeypatch):
+    """A planner times only what it ranks: the splits over the memory limit keep their peak
+    and are emulated only when something asks for their time (then as an eager run would)."""
+    import importlib
+
+    from outcore.partition.result import listed
+
+    result = importlib.import_module("outcore.partition.result")
+    g = make("unet", 1500)
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
+    ctx = make_context(g, 4, memory_bytes=0.3 * one)
+    runs = []
+    real = result.run
+    monkeypatch.setattr(result, "run", lambda c, a: runs.append(a) or real(c, a))
+    best, notes, cands = contiguous.plan(ctx)
+    over = [c for c in cands if not c.fits]
+    fitting = sum(c.fits for c in cands)
+    assert best is not None and len(over) >= 2 and fitting
+    assert len(runs) <= fitting and not any(c.emulated for c in over)  # only those that fit
+    assert listed(over[1:]).count("does not fit (") == len(over) - 1  # by their peaks
+    c, before = over[0], len(runs)
+    eager = real(c._ctx, c.assignment).makespan_s
+    assert c.makespan_s == eager and c.emulated and len(runs) == before + 1
