@@ -141,18 +141,20 @@ def contended(g: Graph, req: PlanRequest, placed: list) -> list[float]:
 
 def contended_runs(g: Graph, req: PlanRequest, placed: list) -> list:
     """:func:`contended`'s emulations (their ``busy_s``: each device's compute, the runtime's
-    fixed cost per piece included)."""
+    fixed cost per piece included); placements alike are emulated once."""
     from outcore.partition.context import make_context
     from outcore.partition.emulate import run
     from outcore.plan.plan import colocated_params
 
     ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
                        optimizer=req.optimizer, microbatches=req.microbatches)
-    def one(item):
-        return run(ctx, colocated_params(g, item[1].assignment), critical_path=False,
-                   contend=True)
-
-    return side_by_side(one, placed)
+    runs = [colocated_params(g, r.assignment) for _, r in placed]
+    first: dict[bytes, int] = {}  # planners often agree (pardnn and pipeline on a chain)
+    of = [first.setdefault(a.tobytes(), k) for k, a in enumerate(runs)]
+    done = dict(zip(first.values(), side_by_side(
+        lambda a: run(ctx, a, critical_path=False, contend=True),
+        [runs[k] for k in first.values()])))
+    return [done[k] for k in of]
 
 
 def side_by_side(fn, items) -> list:

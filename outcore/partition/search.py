@@ -285,6 +285,7 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     tried: list[tuple[float, int, Plan]] = []
     bound = beat_s  # the fastest simulated plan that fits so far (or another layout's)
     beaten = False  # a placement lost to beat_s
+    seen: dict[bytes, str] = {}  # the planner that offered each placement simulated so far
     for k in sorted(range(len(placed)), key=lambda k: (k not in chosen, est[k], k)):
         name, result = placed[k]
         skip = _not_simulated(name, result, est[k], k in chosen, bound, beat_s, replicas)
@@ -292,6 +293,11 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
             notes.append(skip[0])
             beaten = beaten or skip[1]
             continue
+        if result.assignment.tobytes() in seen:  # it could only tie, and ties go to the first
+            notes.append(f"{name}: the placement {seen[result.assignment.tobytes()]} offered; "
+                         "simulated once")
+            continue
+        seen[result.assignment.tobytes()] = name
         try:
             p = _simulated(g, req, result, check_fit, bound)
         except InfeasibleError as e:
