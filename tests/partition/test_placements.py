@@ -49,3 +49,26 @@ def test_a_bad_thread_count_is_refused_with_its_setting(monkeypatch):
         placements.planner_threads()
     monkeypatch.setenv("OUTCORE_PLANNER_THREADS", "1")
     assert placements.planner_threads() == 1
+
+
+def test_placements_alike_are_emulated_once(monkeypatch):
+    """Planners that agree (pardnn and pipeline on a chain) cost one contended emulation, and
+    each placement gets the emulation its own run would give."""
+    import importlib
+
+    from outcore.partition.emulate import run
+
+    emulate = importlib.import_module("outcore.partition.emulate")
+    g = make("unet", 1500)
+    req = outcore.plan_request(4, None, bandwidth="16GB/s")
+    placed, _, _ = placements.place(g, req, None, AUTO_CANDIDATES, True)
+    twice = placed + placed[:2]
+    calls = []
+    monkeypatch.setattr(emulate, "run", lambda *a, **k: calls.append(1) or run(*a, **k))
+    runs = placements.contended_runs(g, req, twice)
+    distinct = {r.assignment.tobytes() for _, r in placed}
+    assert len(calls) == len(distinct) < len(twice)
+    assert runs[-2] is runs[0] and runs[-1] is runs[1]
+    for item, em in zip(twice, runs):
+        own = placements.contended_runs(g, req, [item])[0]
+        assert em.makespan_s == own.makespan_s and np.array_equal(em.busy_s, own.busy_s)
