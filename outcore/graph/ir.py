@@ -276,8 +276,7 @@ def build(
     d = np.asarray(dst, dtype=np.int64).reshape(-1)
     if s.shape != d.shape:
         raise GraphError(f"graph {name!r}: {s.size} edge sources but {d.size} destinations")
-    eb = (np.zeros(s.size, dtype=np.int64) if edge_bytes is None
-          else np.asarray(np.rint(np.asarray(edge_bytes, dtype=np.float64)), dtype=np.int64))
+    eb = _int_array(edge_bytes, s.size)
     node_ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
     bwd = 2.0 * fwd if bwd_s is None else np.asarray(bwd_s, dtype=np.float64)
     par = _int_array(param_bytes, n)
@@ -305,6 +304,8 @@ def build(
 def _int_array(values: Any, n: int) -> np.ndarray:
     if values is None:
         return np.zeros(n, dtype=np.int64)
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":  # whole already
+        return np.asarray(values, dtype=np.int64)
     return np.asarray(np.rint(np.asarray(values, dtype=np.float64)), dtype=np.int64)
 
 

@@ -17,6 +17,10 @@ batch (``M`` micro-batches per copy).
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+
 import numpy as np
 
 from outcore.errors import PlanError
@@ -25,8 +29,8 @@ from outcore.plan.layout import MODES, gems_maps
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
 
-__all__ = ["MODES", "SEP", "copy_of", "copy_prefix", "expand", "expand_policies", "fx_name",
-           "gems_maps"]
+__all__ = ["MODES", "SEP", "Copied", "copy_of", "copy_prefix", "expand", "expand_policies",
+           "fx_name", "gems_maps"]
 
 SEP = "/"
 
@@ -43,6 +47,56 @@ def fx_name(name: str) -> str:
 def copy_of(name: str) -> int:
     """The copy a node name belongs to (0 for uncopied graphs)."""
     return int(name.split(SEP, 1)[0][1:]) if SEP in name else 0
+
+
+class Copied(Sequence):
+    """A per-node string of ``copies`` copies of a graph, copy after copy, each made when
+    read: four copies of a 1M-node graph would be 4M strings a simulation of them barely reads
+    (the runtime reads its rank's). ``item(v)``: the string of node ``v`` of the graph;
+    ``prefixed``: node names, ``c<k>/`` before each (an op or a module is the same in every
+    copy). Equal to the tuple of its strings, and pickled as that tuple."""
+
+    def __init__(self, item: Callable[[int], str], n: int, copies: int,
+                 prefixed: bool) -> None:
+        self._item, self._n, self._copies, self._prefixed = item, n, copies, prefixed
+
+    def __len__(self) -> int:
+        return self._n * self._copies
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        i = operator.index(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"node {i} of {len(self)}")
+        text = self._item(i % self._n)
+        return copy_prefix(i // self._n) + text if self._prefixed else text
+
+    def __iter__(self) -> Iterator[str]:
+        for c in range(self._copies):
+            prefix = copy_prefix(c) if self._prefixed else ""
+            yield from (prefix + self._item(v) for v in range(self._n))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and \
+            len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return tuple, (tuple(self),)
+
+
+def _tiled(a: np.ndarray, copies: int, step: int = 0) -> np.ndarray:
+    """``a`` repeated ``copies`` times, copy ``c`` plus ``c * step`` (a broadcast copy:
+    ``np.tile`` is several times slower on millions of entries)."""
+    out = np.empty((copies, a.shape[0]), a.dtype)
+    out[:] = a
+    if step:
+        out += (np.arange(copies, dtype=a.dtype) * step)[:, None]
+    return out.reshape(-1)
 
 
 def expand_policies(plan: Plan, copies: int) -> MemoryPolicies | None:
@@ -70,20 +124,19 @@ def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:
     maps = np.asarray(rep.maps, dtype=np.int64)
     assign = np.concatenate([d * rep.stages + maps[k][plan.assignment]
                              for d in range(rep.dp) for k in range(rep.replicas)])
-    base = list(g.names) if g.names is not None else [f"n{i}" for i in g.ids.tolist()]
-    names = [prefix + name for prefix in map(copy_prefix, range(C)) for name in base]
-    offs = np.repeat(np.arange(C, dtype=np.int64) * n, g.num_edges)
     attrs = None
     if g.attrs is not None:
         attrs = [dict(g.attrs[i], copy=c) for c in range(C) for i in range(n)]
     big = build(
-        g.name, fwd_s=np.tile(g.fwd_s, C), bwd_s=np.tile(g.bwd_s, C),
-        param_bytes=np.tile(g.param_bytes, C), out_bytes=np.tile(g.out_bytes, C),
-        saved_bytes=np.tile(g.saved_bytes, C), src=np.tile(g.src, C) + offs,
-        dst=np.tile(g.dst, C) + offs, edge_bytes=np.tile(g.edge_bytes, C), names=names,
-        ops=list(g.ops) * C if g.ops is not None else None,
-        modules=list(g.modules) * C if g.modules is not None else None, attrs=attrs,
-        batch_size=g.batch_size, meta={**g.meta, "copies": C}, check=False)
+        g.name, fwd_s=_tiled(g.fwd_s, C), bwd_s=_tiled(g.bwd_s, C),
+        param_bytes=_tiled(g.param_bytes, C), out_bytes=_tiled(g.out_bytes, C),
+        saved_bytes=_tiled(g.saved_bytes, C), src=_tiled(g.src, C, n), dst=_tiled(g.dst, C, n),
+        edge_bytes=_tiled(g.edge_bytes, C), attrs=attrs, batch_size=g.batch_size,
+        meta={**g.meta, "copies": C}, check=False)
+    big = replace(big, names=Copied(g.name_of, n, C, True),
+                  ops=None if g.ops is None else Copied(g.ops.__getitem__, n, C, False),
+                  modules=None if g.modules is None else Copied(g.modules.__getitem__, n, C,
+                                                                False))
     offsets = np.arange(C, dtype=np.int64)[:, None] * n  # each copy's nodes, by op, in order
     big.__dict__["_nodes_by_op"] = {op: (v[None, :] + offsets).ravel()
                                     for op, v in g._nodes_by_op.items()}

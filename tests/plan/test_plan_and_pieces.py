@@ -190,3 +190,31 @@ def test_work_feeding_no_earlier_message_runs_as_early_as_it_can():
     P = cut(g, np.array([0, 1, 0, 0, 0, 1]))
     hop = {v: p.hop for p in P.pieces for v in p.nodes}
     assert hop[2] == hop[0] + 1 < hop[3]
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_copies_names_are_made_when_read_and_equal_the_plain_list(named):
+    """A replicated plan's graph names its nodes ``c<k>/<name>`` copy after copy; the names are
+    made per read (four copies of a 1M-node graph: 4M strings a simulation never reads)."""
+    import pickle
+
+    from outcore.plan.layout import Layout
+    from outcore.plan.replicas import copy_of, copy_prefix, expand, fx_name
+
+    g = build("t", fwd_s=[1.0, 2.0, 3.0], src=[0, 1], dst=[1, 2], ids=[7, 8, 9],
+              names=["a", "b", "c"] if named else None)
+    lay = Layout.replicate("mp", 1, 1, 2)
+    p = make_plan(g, np.zeros(3, np.int64), strategy="t", devices=lay.ranks(1),
+                  memory_bytes=None, layout=lay)
+    big, _, copies = expand(g, p)
+    base = ["a", "b", "c"] if named else ["n7", "n8", "n9"]
+    plain = [copy_prefix(c) + name for c in range(copies) for name in base]
+    assert copies == 2 and len(big.names) == 6
+    assert list(big.names) == plain and big.names == tuple(plain)
+    assert big.names[-1] == plain[-1] and big.names[1:4] == tuple(plain[1:4])
+    assert [big.name_of(i) for i in range(6)] == plain
+    assert [copy_of(n) for n in big.names] == [0, 0, 0, 1, 1, 1]
+    assert [fx_name(n) for n in big.names] == base * 2
+    assert pickle.loads(pickle.dumps(big.names)) == tuple(plain)
+    with pytest.raises(IndexError):
+        big.names[6]
