@@ -232,6 +232,7 @@ _STRUCTURE_CACHES = {
     "_nodes_by_op": ("ops",), "param_nodes": ("ops",),
     "index_of_name": ("names", "ids"), "index_of_id": ("ids",),
     "saved_input_pairs": ("attrs", "names", "ids"),
+    "_fingerprint": ("names", "ids", "src", "dst"),  # outcore.plan.fingerprint
 }
 
 

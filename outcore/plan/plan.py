@@ -36,7 +36,16 @@ __all__ = ["FORMAT", "Plan", "align", "fingerprint", "from_dict", "graph_ref", "
 
 
 def fingerprint(g: Graph) -> str:
-    """A short hash of the graph's structure (node names and edges), not of its costs."""
+    """A short hash of the graph's structure (node names and edges), not of its costs; made
+    once per graph (a graph does not change; a search makes and checks dozens of plans of it:
+    0.6 s at 1M nodes when hashed each time)."""
+    made = g.__dict__.get("_fingerprint")
+    if made is None:
+        made = g.__dict__["_fingerprint"] = _hashed(g)
+    return made
+
+
+def _hashed(g: Graph) -> str:
     h = hashlib.sha1()
     h.update(str(g.num_nodes).encode())
     if g.names is not None:

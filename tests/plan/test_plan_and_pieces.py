@@ -218,3 +218,15 @@ def test_copies_names_are_made_when_read_and_equal_the_plain_list(named):
     assert pickle.loads(pickle.dumps(big.names)) == tuple(plain)
     with pytest.raises(IndexError):
         big.names[6]
+
+
+def test_fingerprint_is_made_once_and_kept_by_copies_with_the_same_structure():
+    from outcore.graph.generators import make
+
+    g = make("rnn", 300)
+    fp = fingerprint(g)
+    assert g.__dict__["_fingerprint"] == fp == fingerprint(g)
+    rescaled = g.replace(fwd_s=g.fwd_s * 2)  # costs only: the same structure
+    assert rescaled.__dict__.get("_fingerprint") == fp
+    other = g.replace(dst=g.dst[::-1].copy(), src=g.src[::-1].copy())  # reordered edges
+    assert "_fingerprint" not in other.__dict__ and fingerprint(other) != fp
