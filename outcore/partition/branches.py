@@ -357,8 +357,9 @@ class _Adjacency:
         self._arrays = (g.succ_ptr, g.succ_idx, g.pred_ptr, g.pred_idx)
         self._mark = np.full(g.num_nodes, -1, np.int64)
         self._stamp = 0
-        self._stack = np.empty(g.num_edges + 1, np.int64)
+        self._stack = np.empty(g.num_nodes + 1, np.int64)  # (each node once)
         self._out = np.empty(g.num_nodes + 1, np.int64)
+        self._count = np.zeros(g.num_nodes, np.int64)
 
     def succ(self, v: int) -> list[int]:
         return self._si[self._sp[v]:self._sp[v + 1]]
@@ -366,9 +367,10 @@ class _Adjacency:
     def closure(self, targets: np.ndarray, blocked: np.ndarray) -> list[int]:
         """Nodes not blocked nor in ``targets`` whose successors all lie in ``targets`` or in
         the result (grown upward from the targets' predecessors), sorted."""
-        self._stamp += 3  # marks of earlier calls are all below the new stamp
+        self._stamp += 4  # marks of earlier calls are all below the new stamp
         found = _closure_kernel(np.asarray(targets, np.int64), blocked, self._mark,
-                                self._stamp, *self._arrays, self._stack, self._out)
+                                self._stamp, *self._arrays, self._stack, self._out,
+                                self._count)
         return sorted(self._out[:found].tolist())
 
     def components(self, nodes: list[int]) -> list[list[int]]:
