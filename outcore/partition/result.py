@@ -42,7 +42,7 @@ class PartitionResult:
 class Candidate:
     """A placement a planner considered: assignment, its memory peaks, whether it fits, and its
     emulation, run when first asked for (a planner ranks the placements that fit by time; one
-    that does not fit is often never timed: 46 of 79 emulations of a 50k-node RNN grid's
+    that does not fit is often never timed: 46 of 79 evaluations in a 50k-node RNN grid's
     layout search were of such placements)."""
 
     __slots__ = ("label", "assignment", "peak_bytes", "fits", "_ctx", "_em", "_light")
