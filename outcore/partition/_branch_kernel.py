@@ -240,6 +240,102 @@ def _closure_kernel(targets, blocked, mark, stamp, sp, si, pp, pi, stack, out, c
     return found
 
 
+@njit_borrowing
+def _own(label, lo, hi, nodes, value):
+    """``label[nodes[lo:hi]] = value``."""
+    for k in range(lo, hi):
+        label[nodes[k]] = value
+
+
+@njit
+def _side_components(side, sp, si, comp_of):
+    """The weakly connected components among the nodes ``side`` (sorted), by least node, as
+    ``(members, cptr)``: component ``c``'s nodes are ``side[members[cptr[c]:cptr[c + 1]]]``,
+    ascending. ``comp_of``: scratch, -1 for every node, left so."""
+    nside = side.shape[0]
+    for i in range(nside):
+        comp_of[side[i]] = side[i]
+    for i in range(nside):
+        v = side[i]
+        for j in range(sp[v], sp[v + 1]):
+            if comp_of[si[j]] >= 0:
+                a = _find(comp_of, v)
+                c = _find(comp_of, si[j])
+                if a < c:
+                    comp_of[c] = a
+                elif c < a:
+                    comp_of[a] = c
+    root = np.empty(nside, np.int64)
+    for i in range(nside):
+        root[i] = _find(comp_of, side[i])
+    for i in range(nside):
+        comp_of[side[i]] = -1
+    members = np.argsort(root, kind="mergesort")
+    cptr = np.zeros(nside + 1, np.int64)
+    ncomp = 0
+    for k in range(nside):
+        if k > 0 and root[members[k]] != root[members[k - 1]]:
+            ncomp += 1
+            cptr[ncomp] = k
+    if nside:
+        ncomp += 1
+        cptr[ncomp] = nside
+    return members, cptr[:ncomp + 1]
+
+
+@njit
+def _sole_feeders(side, members, cptr, sp, si, owner, hits):
+    """Per component of :func:`_side_components`, the branch (``owner`` of a consumer) it
+    feeds when that is the only branch its nodes feed, else -1. ``hits``: scratch."""
+    assign = np.full(cptr.shape[0] - 1, -1, np.int64)
+    for c in range(cptr.shape[0] - 1):
+        nh = 0
+        for k in range(cptr[c], cptr[c + 1]):
+            v = side[members[k]]
+            for j in range(sp[v], sp[v + 1]):
+                o = owner[si[j]]
+                if o >= 0:
+                    seen = False
+                    for q in range(nh):
+                        if hits[q] == o:
+                            seen = True
+                            break
+                    if not seen:
+                        hits[nh] = o
+                        nh += 1
+        if nh == 1:
+            assign[c] = hits[0]
+    return assign
+
+
+@njit
+def _fed_rows(b0, b1, tptr, tmp, side, members, cptr, assign, fed_ptr, fed_nodes, nfed,
+              blocked):
+    """Each branch ``b0 .. b1 - 1``'s feeders, sorted, written from ``fed_nodes[nfed]`` on
+    (``fed_ptr[b + 1]`` their end): its closure ``tmp[tptr[b]:tptr[b + 1]]`` and the side
+    components :func:`_sole_feeders` gave it; each is blocked for later regions. Returns the
+    new ``nfed``."""
+    by_branch = np.argsort(assign, kind="mergesort")  # components by the branch they feed
+    nxt = 0
+    while nxt < by_branch.shape[0] and assign[by_branch[nxt]] < 0:
+        nxt += 1
+    for b in range(b0, b1):
+        start = nfed
+        for k in range(tptr[b], tptr[b + 1]):
+            fed_nodes[nfed] = tmp[k]
+            nfed += 1
+        while nxt < by_branch.shape[0] and assign[by_branch[nxt]] == b - b0:
+            c = by_branch[nxt]
+            for k in range(cptr[c], cptr[c + 1]):
+                fed_nodes[nfed] = side[members[k]]
+                nfed += 1
+            nxt += 1
+        fed_nodes[start:nfed] = np.sort(fed_nodes[start:nfed])
+        fed_ptr[b + 1] = nfed
+        _own(blocked, start, nfed, fed_nodes, 1)
+    return nfed
+
+
 @njit
 def _feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_nodes, sp, si, pp,
                     pi):
@@ -251,14 +347,12 @@ def _feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_node
     ``(fed_ptr, fed_nodes, ex_rptr, ex_ptr, ex_nodes)``: per branch its feeders, sorted; per
     region its range of extra branches, each sorted, ordered by their smallest node."""
     R = forks.shape[0]
-    blocked = np.zeros(n, np.uint8)
+    blocked = np.zeros(n, np.uint8)  # the regions' forks, joins and interiors, then feeders
     for r in range(R):
-        for k in range(int_ptr[r], int_ptr[r + 1]):
-            blocked[int_nodes[k]] = 1
-        if forks[r] >= 0:
-            blocked[forks[r]] = 1
-        if joins[r] >= 0:
-            blocked[joins[r]] = 1
+        _own(blocked, int_ptr[r], int_ptr[r + 1], int_nodes, 1)
+        for end in (forks[r], joins[r]):
+            if end >= 0:
+                blocked[end] = 1
     mark = np.full(n, -1, np.int64)
     count = np.zeros(n, np.int64)
     stack = np.empty(n + 1, np.int64)  # a closure pushes each node once
@@ -273,7 +367,6 @@ def _feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_node
     ex_nodes = np.empty(n, np.int64)
     tmp = np.empty(n, np.int64)  # this region's closures, branch after branch
     tptr = np.zeros(B + 1, np.int64)
-    side_node = np.empty(n, np.int64)
     hits = np.empty(n, np.int64)
     stamp = 0
     nfed = 0
@@ -303,77 +396,16 @@ def _feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_node
         nside = _closure_kernel(inside[:size], blocked, mark, stamp, sp, si, pp, pi, stack,
                                 out, count)
         side = np.sort(out[:nside])
-        comp_first = np.empty(0, np.int64)
-        if nside:
-            for b in range(b0, b1):
-                for k in range(br_ptr[b], br_ptr[b + 1]):
-                    owner[br_nodes[k]] = b - b0
-                for k in range(tptr[b], tptr[b + 1]):
-                    owner[tmp[k]] = b - b0
-            for i in range(nside):  # components among the side's nodes (roots: their least)
-                comp_of[side[i]] = side[i]
-            for i in range(nside):
-                v = side[i]
-                for j in range(sp[v], sp[v + 1]):
-                    s = si[j]
-                    if comp_of[s] >= 0:
-                        a = _find(comp_of, v)
-                        c = _find(comp_of, s)
-                        if a < c:
-                            comp_of[c] = a
-                        elif c < a:
-                            comp_of[a] = c
-            for i in range(nside):
-                side_node[i] = _find(comp_of, side[i])
-            comp_first = np.unique(side_node[:nside])  # the components, by least node
-        # each component's members (indices into ``side``, ascending), by component
-        members = np.argsort(side_node[:nside], kind="mergesort")
-        cptr = np.zeros(comp_first.shape[0] + 1, np.int64)
-        for c in range(comp_first.shape[0]):
-            cptr[c + 1] = cptr[c]
-            while cptr[c + 1] < nside and side_node[members[cptr[c + 1]]] == comp_first[c]:
-                cptr[c + 1] += 1
+        for b in range(b0, b1):  # the branch each branch node and feeder belongs to
+            _own(owner, br_ptr[b], br_ptr[b + 1], br_nodes, b - b0)
+            _own(owner, tptr[b], tptr[b + 1], tmp, b - b0)
+        members, cptr = _side_components(side, sp, si, comp_of)
         # per branch: its closure and the components that feed it alone
-        extra_start = nex
-        ex_rptr[r] = extra_start
-        assign = np.full(comp_first.shape[0], -1, np.int64)
-        for c in range(comp_first.shape[0]):
-            nh = 0
-            for k in range(cptr[c], cptr[c + 1]):
-                v = side[members[k]]
-                for j in range(sp[v], sp[v + 1]):
-                    o = owner[si[j]]
-                    if o >= 0:
-                        seen = False
-                        for q in range(nh):
-                            if hits[q] == o:
-                                seen = True
-                                break
-                        if not seen:
-                            hits[nh] = o
-                            nh += 1
-            if nh == 1:
-                assign[c] = hits[0]
-        by_branch = np.argsort(assign, kind="mergesort")  # components by the branch they feed
-        nxt = 0
-        while nxt < by_branch.shape[0] and assign[by_branch[nxt]] < 0:
-            nxt += 1
-        for b in range(b0, b1):
-            start = nfed
-            for k in range(tptr[b], tptr[b + 1]):
-                fed_nodes[nfed] = tmp[k]
-                nfed += 1
-            while nxt < by_branch.shape[0] and assign[by_branch[nxt]] == b - b0:
-                c = by_branch[nxt]
-                for k in range(cptr[c], cptr[c + 1]):
-                    fed_nodes[nfed] = side[members[k]]
-                    nfed += 1
-                nxt += 1
-            fed_nodes[start:nfed] = np.sort(fed_nodes[start:nfed])
-            fed_ptr[b + 1] = nfed
-            for k in range(start, nfed):
-                blocked[fed_nodes[k]] = 1
-        for c in range(comp_first.shape[0]):
+        ex_rptr[r] = nex
+        assign = _sole_feeders(side, members, cptr, sp, si, owner, hits)
+        nfed = _fed_rows(b0, b1, tptr, tmp, side, members, cptr, assign, fed_ptr, fed_nodes,
+                         nfed, blocked)
+        for c in range(assign.shape[0]):
             if assign[c] >= 0:
                 continue
             ex_ptr[nex] = nexn
@@ -383,14 +415,9 @@ def _feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_node
                 nexn += 1
             nex += 1
             ex_ptr[nex] = nexn
-        if nside:  # reset this region's scratch
-            for b in range(b0, b1):
-                for k in range(br_ptr[b], br_ptr[b + 1]):
-                    owner[br_nodes[k]] = -1
-                for k in range(tptr[b], tptr[b + 1]):
-                    owner[tmp[k]] = -1
-            for i in range(nside):
-                comp_of[side[i]] = -1
+        for b in range(b0, b1):  # reset this region's scratch
+            _own(owner, br_ptr[b], br_ptr[b + 1], br_nodes, -1)
+            _own(owner, tptr[b], tptr[b + 1], tmp, -1)
     ex_rptr[R] = nex
     return fed_ptr, fed_nodes[:nfed], ex_rptr, ex_ptr[:nex + 1], ex_nodes[:nexn]
 
