@@ -28,9 +28,36 @@ from __future__ import annotations
 import numpy as np
 
 from outcore.graph._heap import heap_pop as _fheap_pop, heap_push as _fheap_push
-from outcore.partition._jit import njit
+from outcore.partition._jit import njit, njit_borrowing
 
 __all__ = ["_fheap_pop", "_fheap_push", "schedule_phase"]
+
+
+@njit
+def _delays(n, ntf_ptr, ntf_idx, ntf_edge, dev, lat, inv_bw, edge_bytes):
+    """Transfer time of each notification (by CSR entry) that crosses devices with bytes,
+    without contention: ``latency + bytes / bandwidth``; 0 for the rest."""
+    delay = np.zeros(ntf_idx.shape[0], np.float64)
+    for v in range(n):
+        dv = dev[v]
+        for k in range(ntf_ptr[v], ntf_ptr[v + 1]):
+            dw = dev[ntf_idx[k]]
+            eb = edge_bytes[ntf_edge[k]]
+            if dw != dv and eb > 0:
+                delay[k] = lat[dv, dw] + eb * inv_bw[dv, dw]
+    return delay
+
+
+@njit_borrowing
+def _sent(d, dw, nbytes, now, port_out, port_in, lat, inv_bw):
+    """A message of ``nbytes`` from device ``d`` to ``dw`` ready at ``now``: it waits for
+    ``d``'s outgoing and ``dw``'s incoming port, holds both for ``bytes / bandwidth``; returns
+    its arrival (plus the latency)."""
+    busy_s = nbytes * inv_bw[d, dw]
+    go = max(now, port_out[d], port_in[dw])
+    port_out[d] = go + busy_s
+    port_in[dw] = go + busy_s
+    return go + busy_s + lat[d, dw]
 
 
 @njit
@@ -62,15 +89,7 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
     node_at = np.empty(n, np.int64)  # the node of each priority
     for v in range(n):
         node_at[prio[v]] = v
-    nnz = ntf_idx.shape[0]
-    delay = np.zeros(nnz, np.float64)  # transfer time of each notification, by CSR entry
-    for v in range(n):
-        dv = dev[v]
-        for k in range(ntf_ptr[v], ntf_ptr[v + 1]):
-            dw = dev[ntf_idx[k]]
-            eb = edge_bytes[ntf_edge[k]]
-            if dw != dv and eb > 0:
-                delay[k] = lat[dv, dw] + eb * inv_bw[dv, dw]
+    delay = _delays(n, ntf_ptr, ntf_idx, ntf_edge, dev, lat, inv_bw, edge_bytes)
     remaining = np.empty(total, np.int32)
     ready_at = np.zeros(total, np.float64)
     data_cause = np.full(total, -1, np.int32)
@@ -151,20 +170,13 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
                     left[gi] -= 1
                     arrive = now
                     if left[gi] == 0:
-                        dw = dev[ntf_idx[k]]
-                        busy_s = grp_bytes[grp[k]] * inv_bw[d, dw]
-                        go = max(now, port_out[d], port_in[dw])
-                        port_out[d] = go + busy_s
-                        port_in[dw] = go + busy_s
-                        arrive = go + busy_s + lat[d, dw]
+                        arrive = _sent(d, dev[ntf_idx[k]], grp_bytes[grp[k]], now, port_out,
+                                       port_in, lat, inv_bw)
                 elif contend and delay[k] > 0.0:
                     dw = dev[ntf_idx[k]]
                     if sent[dw] < 0.0:
-                        busy_s = edge_bytes[ntf_edge[k]] * inv_bw[d, dw]
-                        go = max(now, port_out[d], port_in[dw])
-                        port_out[d] = go + busy_s
-                        port_in[dw] = go + busy_s
-                        sent[dw] = go + busy_s + lat[d, dw]
+                        sent[dw] = _sent(d, dw, edge_bytes[ntf_edge[k]], now, port_out,
+                                         port_in, lat, inv_bw)
                     arrive = sent[dw]
                 if data_cause[tw] < 0 or arrive > ready_at[tw]:
                     ready_at[tw] = arrive
