@@ -63,6 +63,10 @@ class Copied(Sequence):
     def __len__(self) -> int:
         return self._n * self._copies
 
+    def uncopied(self, i: int) -> str:
+        """Node ``i``'s string in the graph that was copied (``fx_name`` of its name)."""
+        return self._item(int(i) % self._n)
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return tuple(self[j] for j in range(*i.indices(len(self))))

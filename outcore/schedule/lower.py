@@ -29,7 +29,7 @@ from outcore.hardware.spec import Cluster
 from outcore.plan.pieces import Pieces, cut
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
-from outcore.plan.replicas import expand, expand_policies, fx_name
+from outcore.plan.replicas import Copied, expand, expand_policies, fx_name
 from outcore.schedule.build import ClusterLinkTime, build
 from outcore.schedule.check import check
 from outcore.schedule.costs import PieceCosts, loss_cost_s, mb_scale, piece_costs
@@ -172,7 +172,9 @@ def shared_param_buckets(g: Graph, assignment: np.ndarray) -> tuple[
 def _unnamed(g: Graph, v: int) -> str:
     """The parameter tensor of node ``v`` of a graph without parameter names: named after
     the node as the model copy names it (``c1/n5`` and ``n5`` hold ``n5.params``)."""
-    return f"{fx_name(g.name_of(v))}.params"
+    names = g.names
+    own = names.uncopied(v) if isinstance(names, Copied) else fx_name(g.name_of(v))
+    return f"{own}.params"
 
 
 def _unnamed_groups(g: Graph, assignment: np.ndarray
@@ -211,8 +213,12 @@ def _unnamed_buckets(g: Graph, assignment: np.ndarray) -> tuple[
     held, bucket, groups = _unnamed_groups(g, assignment)
     if not groups:
         return (), (), ()
-    every = g.names if g.names is not None else [g.name_of(v) for v in range(held[-1] + 1)]
-    base = [fx_name(every[v]) for v in held.tolist()]
+    every = g.names
+    if isinstance(every, Copied):  # made per read: the copied graph's own names
+        base = [every.uncopied(v) for v in held.tolist()]
+    else:
+        every = every if every is not None else [g.name_of(v) for v in range(held[-1] + 1)]
+        base = [fx_name(every[v]) for v in held.tolist()]
     names = [[] for _ in groups]
     for name, b in zip(base, bucket.tolist()):
         if b >= 0:

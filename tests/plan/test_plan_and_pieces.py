@@ -230,3 +230,12 @@ def test_fingerprint_is_made_once_and_kept_by_copies_with_the_same_structure():
     assert rescaled.__dict__.get("_fingerprint") == fp
     other = g.replace(dst=g.dst[::-1].copy(), src=g.src[::-1].copy())  # reordered edges
     assert "_fingerprint" not in other.__dict__ and fingerprint(other) != fp
+
+
+def test_a_copied_name_knows_the_name_it_copies():
+    from outcore.plan.replicas import Copied
+
+    g = build("t", fwd_s=[1.0, 2.0], src=[0], dst=[1], names=["a", "b"])
+    names = Copied(g.name_of, 2, 3, True)
+    assert [names.uncopied(i) for i in range(6)] == ["a", "b"] * 3
+    assert names[3] == "c1/b"
