@@ -55,6 +55,7 @@ from outcore.partition._jit import njit
 from outcore.partition.branches import Branches, find_branches
 from outcore.partition.region_sets import RegionSet, gather_slices
 from outcore.partition.context import Context
+from outcore.partition.feasibility import holds_floor
 from outcore.partition.pardnn import device_counts
 from outcore.partition.pardnn_memory import repair_memory
 from outcore.partition.pipeline import assignment_from_bounds, stage_bounds
@@ -288,8 +289,11 @@ def plan(ctx: Context, branches: Branches | None = None, dp: DataParallel | None
     shapes = sorted(set(np.diff(br.chosen.reg_ptr).tolist()))
     notes.append(f"{br.chosen.num_regions} fork-join regions ({br.branch_nodes} of {g.num_nodes} "
                  f"nodes in branches; branches per region: {', '.join(map(str, shapes))})")
-    placed = [p for k in device_counts(ctx.devices) if k >= 2
-              for p in _candidates(ctx.with_devices(k), br.chosen)]
+    counts = [k for k in device_counts(ctx.devices) if k >= 2]
+    held = [k for k in counts if holds_floor(ctx, k)]  # the others fit no placement
+    notes += [f"K={k}: not tried, {k} devices cannot hold the graph's memory floor"
+              for k in counts if k not in held]
+    placed = [p for k in held for p in _candidates(ctx.with_devices(k), br.chosen)]
     cands += _fit_lazily(placed, cands, dp, notes)
     if not any(c.fits for c in cands[1:]):
         notes.append("no sub-graph placement fits the memory limit: offered contiguous stages")

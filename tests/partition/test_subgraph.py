@@ -281,3 +281,19 @@ def test_memory_repair_order_needs_only_the_emulations_it_reads(family, cap, mon
     lazy = [r.label.removesuffix(", memory repaired") for r in out
             if r.label.endswith("memory repaired")]
     assert repaired and sorted(lazy) == sorted(repaired)
+
+
+def test_device_counts_that_cannot_hold_the_graph_are_not_placed():
+    """SUPER, like ParDNN and the contiguous splits, skips a device count whose devices
+    cannot hold the graph's memory floor: none of its placements could fit, even repaired."""
+    from outcore.graph.generators import make
+    from outcore.partition.feasibility import holds_floor
+
+    g = make("nas", 2500)
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
+    ctx = make_context(g, 4, memory_bytes=0.3 * one)
+    assert holds_floor(ctx, 4) and not holds_floor(ctx, 2)
+    best, notes, cands = subgraph.plan(ctx)
+    assert "K=2: not tried, 2 devices cannot hold the graph's memory floor" in notes
+    assert not any("K=2" in c.label for c in cands)
+    assert any("K=4" in c.label for c in cands)
