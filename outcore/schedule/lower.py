@@ -136,7 +136,7 @@ def _node_params(g: Graph, i: int) -> list[str]:
     """The parameters node ``i`` reads: its own and the shared ones it calls (one tensor named
     after the node when the graph names none: :func:`_unnamed`)."""
     if g.attrs is None:
-        return [_unnamed(g, i)] if g.param_bytes[i] > 0 else []
+        return _unnamed(g, [i]) if g.param_bytes[i] > 0 else []
     return list(g.attr(i, "params", []) or []) + list(g.attr(i, "shared_params", []) or [])
 
 
@@ -169,12 +169,15 @@ def shared_param_buckets(g: Graph, assignment: np.ndarray) -> tuple[
             tuple(sum(size.get(n, 0.0) for n in by_group[k]) for k in groups))
 
 
-def _unnamed(g: Graph, v: int) -> str:
-    """The parameter tensor of node ``v`` of a graph without parameter names: named after
-    the node as the model copy names it (``c1/n5`` and ``n5`` hold ``n5.params``)."""
+def _unnamed(g: Graph, nodes: list[int]) -> list[str]:
+    """The parameter tensor of each of ``nodes`` of a graph without parameter names: named
+    after the node as the model copy names it (``c1/n5`` and ``n5`` hold ``n5.params``)."""
     names = g.names
-    own = names.uncopied(v) if isinstance(names, Copied) else fx_name(g.name_of(v))
-    return f"{own}.params"
+    if isinstance(names, Copied):  # made per read: the copied graph's own names
+        own = [names.uncopied(v) for v in nodes]
+    else:
+        own = [fx_name(g.name_of(v)) for v in nodes]
+    return [f"{name}.params" for name in own]
 
 
 def _unnamed_groups(g: Graph, assignment: np.ndarray
@@ -213,16 +216,10 @@ def _unnamed_buckets(g: Graph, assignment: np.ndarray) -> tuple[
     held, bucket, groups = _unnamed_groups(g, assignment)
     if not groups:
         return (), (), ()
-    every = g.names
-    if isinstance(every, Copied):  # made per read: the copied graph's own names
-        base = [every.uncopied(v) for v in held.tolist()]
-    else:
-        every = every if every is not None else [g.name_of(v) for v in range(held[-1] + 1)]
-        base = [fx_name(every[v]) for v in held.tolist()]
     names = [[] for _ in groups]
-    for name, b in zip(base, bucket.tolist()):
+    for name, b in zip(_unnamed(g, held.tolist()), bucket.tolist()):
         if b >= 0:
-            names[b].append(f"{name}.params")
+            names[b].append(name)
     sizes = np.bincount(bucket[bucket >= 0], minlength=len(groups),
                         weights=np.asarray(g.param_bytes, np.float64)[held[bucket >= 0]])
     return groups, tuple(tuple(ns) for ns in names), tuple(float(x) for x in sizes)
