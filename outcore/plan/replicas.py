@@ -18,13 +18,14 @@ batch (``M`` micro-batches per copy).
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import numpy as np
 
 from outcore.errors import PlanError
 from outcore.graph.ir import Graph, build
+from outcore.lazytuple import LazyTuple
 from outcore.plan.layout import MODES, gems_maps
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
@@ -49,19 +50,21 @@ def copy_of(name: str) -> int:
     return int(name.split(SEP, 1)[0][1:]) if SEP in name else 0
 
 
-class Copied(Sequence):
+class Copied(LazyTuple):
     """A per-node string of ``copies`` copies of a graph, copy after copy, each made when
     read: four copies of a 1M-node graph would be 4M strings a simulation of them barely reads
     (the runtime reads its rank's). ``item(v)``: the string of node ``v`` of the graph;
     ``prefixed``: node names, ``c<k>/`` before each (an op or a module is the same in every
-    copy). Equal to the tuple of its strings, and pickled as that tuple."""
+    copy). A :class:`~outcore.lazytuple.LazyTuple` (equal to the tuple of its strings, and
+    pickled as it) whose items are also made one by one, without the whole tuple."""
+
+    noun = "node strings"
 
     def __init__(self, item: Callable[[int], str], n: int, copies: int,
                  prefixed: bool) -> None:
-        self._item, self._n, self._copies, self._prefixed = item, n, copies, prefixed
-
-    def __len__(self) -> int:
-        return self._n * self._copies
+        super().__init__(n * copies, lambda: tuple(_strings(item, n, copies, prefixed)))
+        self._item, self._n, self._prefixed = item, n, prefixed
+        self._copies = copies
 
     def uncopied(self, i: int) -> str:
         """Node ``i``'s string in the graph that was copied (``fx_name`` of its name)."""
@@ -79,18 +82,14 @@ class Copied(Sequence):
         return copy_prefix(i // self._n) + text if self._prefixed else text
 
     def __iter__(self) -> Iterator[str]:
-        for c in range(self._copies):
-            prefix = copy_prefix(c) if self._prefixed else ""
-            yield from (prefix + self._item(v) for v in range(self._n))
+        return _strings(self._item, self._n, self._copies, self._prefixed)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and not isinstance(other, str) and \
-            len(other) == len(self) and all(a == b for a, b in zip(self, other))
 
-    __hash__ = None  # type: ignore[assignment]
-
-    def __reduce__(self):
-        return tuple, (tuple(self),)
+def _strings(item: Callable[[int], str], n: int, copies: int, prefixed: bool
+             ) -> Iterator[str]:
+    for c in range(copies):
+        prefix = copy_prefix(c) if prefixed else ""
+        yield from (prefix + item(v) for v in range(n))
 
 
 def _tiled(a: np.ndarray, copies: int, step: int = 0) -> np.ndarray:
