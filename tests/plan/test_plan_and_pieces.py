@@ -225,11 +225,11 @@ def test_fingerprint_is_made_once_and_kept_by_copies_with_the_same_structure():
 
     g = make("rnn", 300)
     fp = fingerprint(g)
-    assert g.__dict__["_fingerprint"] == fp == fingerprint(g)
+    assert g.__dict__["fingerprint"] == fp == fingerprint(g)
     rescaled = g.replace(fwd_s=g.fwd_s * 2)  # costs only: the same structure
-    assert rescaled.__dict__.get("_fingerprint") == fp
+    assert rescaled.__dict__.get("fingerprint") == fp
     other = g.replace(dst=g.dst[::-1].copy(), src=g.src[::-1].copy())  # reordered edges
-    assert "_fingerprint" not in other.__dict__ and fingerprint(other) != fp
+    assert "fingerprint" not in other.__dict__ and fingerprint(other) != fp
 
 
 def test_a_copied_name_knows_the_name_it_copies():
