@@ -293,11 +293,11 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
             notes.append(skip[0])
             beaten = beaten or skip[1]
             continue
-        if result.assignment.tobytes() in seen:  # it could only tie, and ties go to the first
-            notes.append(f"{name}: the placement {seen[result.assignment.tobytes()]} offered; "
-                         "simulated once")
+        alike = result.assignment.tobytes()
+        if alike in seen:  # it could only tie, and ties go to the first
+            notes.append(f"{name}: the placement {seen[alike]} offered; simulated once")
             continue
-        seen[result.assignment.tobytes()] = name
+        seen[alike] = name
         try:
             p = _simulated(g, req, result, check_fit, bound)
         except InfeasibleError as e:
