@@ -26,6 +26,7 @@ from outcore.cost.tensor import tensor_graph
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
+from outcore.lazytuple import LazyTuple
 from outcore.plan.pieces import Pieces, cut
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
@@ -216,13 +217,17 @@ def _unnamed_buckets(g: Graph, assignment: np.ndarray) -> tuple[
     held, bucket, groups = _unnamed_groups(g, assignment)
     if not groups:
         return (), (), ()
-    names = [[] for _ in groups]
-    for name, b in zip(_unnamed(g, held.tolist()), bucket.tolist()):
-        if b >= 0:
-            names[b].append(name)
-    sizes = np.bincount(bucket[bucket >= 0], minlength=len(groups),
-                        weights=np.asarray(g.param_bytes, np.float64)[held[bucket >= 0]])
-    return groups, tuple(tuple(ns) for ns in names), tuple(float(x) for x in sizes)
+    shared = bucket >= 0
+    order = np.argsort(bucket[shared], kind="stable")  # node order within each bucket
+    nodes = np.split(held[shared][order], np.cumsum(np.bincount(bucket[shared],
+                                                                minlength=len(groups)))[:-1])
+    sizes = np.bincount(bucket[shared], minlength=len(groups),
+                        weights=np.asarray(g.param_bytes, np.float64)[held[shared]])
+    # a bucket's names are made when read (the runtime's ranks, sharding): a search simulates
+    # dozens of plans of one graph and reads none of them
+    names = tuple(LazyTuple(len(ns), lambda ns=ns: tuple(_unnamed(g, ns.tolist())))
+                  for ns in nodes)
+    return groups, names, tuple(float(x) for x in sizes)
 
 
 def _touching(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> list[set[int]]:
