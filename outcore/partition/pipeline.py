@@ -21,6 +21,10 @@ import numpy as np
 from outcore.partition._jit import njit_borrowing
 from outcore.partition.context import Context
 
+# :func:`stage_bounds` probes just under its best bottleneck once the bisection's interval is
+# within this fraction of it
+PROBE_WITHIN = 1e-3
+
 
 def cut_comm_s(ctx: Context) -> np.ndarray:
     """``float64[n]``: forward + backward transfer seconds of the cut after each position."""
@@ -64,19 +68,30 @@ def stage_bounds(ctx: Context, stages: int, *, inflight: str = "1f1b") -> np.nda
     mode = 0 if inflight == "1f1b" else 1
     out = np.zeros(stages, np.int64)
     seen = np.full(n, -1, np.int64)
+    slowest = np.zeros(1)
     hi = float(arrs[2].sum() + 2.0 * (arrs[3].max() if n else 0.0)) * (1 + 1e-9) + 1e-12
-    if _greedy(hi, stages, mode, limit, ctx.microbatches, *arrs, out, seen) < 0:
+    if _greedy(hi, stages, mode, limit, ctx.microbatches, *arrs, out, seen, slowest) < 0:
         return None
-    lo = 0.0
-    for _ in range(64):
-        mid = 0.5 * (lo + hi)
-        if _greedy(mid, stages, mode, limit, ctx.microbatches, *arrs, out, seen) >= 0:
-            hi = mid
-        else:
-            lo = mid
+    # Bisection on the bottleneck, with two shortcuts (the same split, in fewer greedy runs):
+    # the split found under a bottleneck is found again under its own slowest stage's time
+    # (no stage it cut grows), so the upper end drops to that time; and once the interval is
+    # within PROBE_WITHIN, the next run probes just under the best time found, which ends the
+    # search when it fails (the greedy's stage times are discrete). No split beats the mean
+    # stage's work or the heaviest node.
+    hi = slowest[0]
+    lo = min(hi, max(float(arrs[2].sum()) / stages, float(arrs[2].max()))) * (1 - 1e-12)
+    probed = False
+    for _ in range(128):
         if hi - lo <= 1e-9 * hi:
             break
-    used = _greedy(hi, stages, mode, limit, ctx.microbatches, *arrs, out, seen)
+        probe = not probed and hi - lo <= PROBE_WITHIN * hi  # (after a probe that found a
+        mid = hi * (1 - 1e-9) if probe else 0.5 * (lo + hi)  # faster split, bisect once)
+        if _greedy(mid, stages, mode, limit, ctx.microbatches, *arrs, out, seen, slowest) >= 0:
+            hi = slowest[0]
+        else:
+            lo = mid
+        probed = probe
+    used = _greedy(hi, stages, mode, limit, ctx.microbatches, *arrs, out, seen, slowest)
     return out[:used].copy()
 
 
@@ -105,14 +120,15 @@ def fewest_stages(ctx: Context, *, inflight: str = "all", cap: int | None = None
     arrs = _arrays(ctx)
     out = np.zeros(max(cap, 1), np.int64)
     seen = np.full(n, -1, np.int64)
+    slowest = np.zeros(1)
     limit = float(ctx.memory_bytes)
     if inflight == "all":
-        used = _greedy(np.inf, cap, 1, limit, ctx.microbatches, *arrs, out, seen)
+        used = _greedy(np.inf, cap, 1, limit, ctx.microbatches, *arrs, out, seen, slowest)
         return used if used >= 0 else None
     # 1F1B: in-flight counts depend on S; find the first S whose greedy fits
     s = 1
     while s <= cap:
-        if _greedy(np.inf, s, 0, limit, ctx.microbatches, *arrs, out, seen) >= 0:
+        if _greedy(np.inf, s, 0, limit, ctx.microbatches, *arrs, out, seen, slowest) >= 0:
             return s
         s = s + 1 if s < 64 else s * 2
     return None
@@ -120,16 +136,18 @@ def fewest_stages(ctx: Context, *, inflight: str = "all", cap: int | None = None
 
 @njit_borrowing
 def _greedy(bottleneck, stages, mode, limit, mbs, order, rank, w, ct, static, saved, out_bytes,
-            umax, pred_ptr, pred_idx, bounds, seen):
+            umax, pred_ptr, pred_idx, bounds, seen, slowest):
     """Cut ``order`` into at most ``stages`` stages of time <= ``bottleneck`` that fit ``limit``.
 
-    Returns the number of stages used, or -1. ``seen`` is scratch (per-producer stage marks).
+    Returns the number of stages used, or -1; ``slowest[0]``: the time of its slowest stage.
+    ``seen`` is scratch (per-producer stage marks).
     """
     n = order.shape[0]
     for i in range(n):
         seen[i] = -1
     i = 0
     s = 0
+    slowest[0] = 0.0
     while i < n:
         if s >= stages:
             return -1
@@ -142,6 +160,7 @@ def _greedy(bottleneck, stages, mode, limit, mbs, order, rank, w, ct, static, sa
         act = 0.0
         tr = 0.0
         best = -1
+        best_s = 0.0
         j = i
         while j < n:
             v = order[j]
@@ -162,9 +181,12 @@ def _greedy(bottleneck, stages, mode, limit, mbs, order, rank, w, ct, static, sa
             cout = ct[j] if j < n - 1 else 0.0
             if work + cin + cout <= bottleneck:
                 best = j
+                best_s = work + cin + cout
             j += 1
         if best < 0:
             return -1
+        if best_s > slowest[0]:
+            slowest[0] = best_s
         bounds[s] = best + 1
         i = best + 1
         s += 1
@@ -182,13 +204,14 @@ def least_memory(ctx: Context, stages: int, *, inflight: str = "all") -> float |
     arrs = _arrays(ctx)
     out = np.zeros(max(stages, 1), np.int64)
     seen = np.full(n, -1, np.int64)
+    slowest = np.zeros(1)
     mode = 0 if inflight == "1f1b" else 1
     m = float(ctx.microbatches)
     hi = float(arrs[4].sum() + m * (arrs[5].sum() + arrs[7].sum()) + arrs[6].max()) + 1.0
     lo = 0.0
     for _ in range(100):
         mid = 0.5 * (lo + hi)
-        if _greedy(np.inf, stages, mode, mid, ctx.microbatches, *arrs, out, seen) >= 0:
+        if _greedy(np.inf, stages, mode, mid, ctx.microbatches, *arrs, out, seen, slowest) >= 0:
             hi = mid
         else:
             lo = mid
