@@ -113,8 +113,10 @@ def emulate(g: Graph, assignment: np.ndarray, cluster: Cluster | None = None, *,
 
 
 def run(ctx: Context, assignment: np.ndarray, *, timeline: bool = False,
-        critical_path: bool = True, contend: bool = False) -> Emulation:
+        critical_path: bool = True, contend: bool = False,
+        peak_bytes: np.ndarray | None = None) -> Emulation:
     """Emulate with a prepared :class:`Context` (planners call this in their loops).
+    ``peak_bytes``: ``ctx.memory(assignment)`` when the caller has it already.
 
     ``contend``: as the schedule simulator runs it (the search ranks placements so): transfers
     queue for each device's one outgoing and one incoming port instead of never contending,
@@ -154,7 +156,7 @@ def run(ctx: Context, assignment: np.ndarray, *, timeline: bool = False,
           else np.zeros((0, 3), np.int32))
     # contended: what the simulator's pieces compute, their fixed costs included
     busy = mbs * np.bincount(a, weights=fdur + bdur if contend else ctx.work_s, minlength=k)
-    peak = ctx.memory(a)
+    peak = ctx.memory(a) if peak_bytes is None else peak_bytes
     shape = (mbs, n)
     em = Emulation(makespan, forward_s, busy, fstart.reshape(shape), fend.reshape(shape),
                    bstart.reshape(shape), bend.reshape(shape), cp, peak)

@@ -45,15 +45,19 @@ class Candidate:
     that does not fit is often never timed: 46 of 79 evaluations in a 50k-node RNN grid's
     layout search were of such placements)."""
 
-    __slots__ = ("label", "assignment", "peak_bytes", "fits", "_ctx", "_em", "_light")
+    __slots__ = ("label", "assignment", "peak_bytes", "fits", "_ctx", "_em", "_light",
+                 "_all_inflight")
 
     def __init__(self, label: str, assignment: np.ndarray, peak_bytes: np.ndarray, fits: bool,
-                 ctx: Context | None = None, em: Emulation | None = None) -> None:
+                 ctx: Context | None = None, em: Emulation | None = None, *,
+                 all_inflight: bool = False) -> None:
         if ctx is None and em is None:
             raise ValueError("a candidate needs its emulation or the context to run it in")
         self.label, self.assignment, self.peak_bytes, self.fits = label, assignment, \
             peak_bytes, fits
         self._ctx, self._em, self._light = ctx, em, False
+        # peak_bytes is the memory model's with every micro-batch in flight (the emulation's)
+        self._all_inflight = all_inflight
 
     @property
     def emulated(self) -> bool:
@@ -62,7 +66,8 @@ class Candidate:
     @property
     def emulation(self) -> Emulation:
         if self._em is None:
-            em = run(self._ctx, self.assignment)
+            em = run(self._ctx, self.assignment,
+                     peak_bytes=self.peak_bytes if self._all_inflight else None)
             self._em, self._ctx = summary(em) if self._light else em, None
             return em
         return self._em
@@ -75,7 +80,8 @@ class Candidate:
         """This candidate keeping only its emulation's summary, not its per-task arrays
         (memory at 1M nodes); one not yet emulated stays so."""
         out = Candidate(self.label, self.assignment, self.peak_bytes, self.fits,
-                        ctx=self._ctx, em=None if self._em is None else summary(self._em))
+                        ctx=self._ctx, em=None if self._em is None else summary(self._em),
+                        all_inflight=self._all_inflight)
         out._light = True
         return out
 
@@ -86,7 +92,8 @@ def evaluate(ctx: Context, assignment: np.ndarray, label: str, *,
     first asked for (:attr:`Candidate.emulation`)."""
     a = np.ascontiguousarray(assignment, dtype=np.int64)
     peak = ctx.memory(a, inflight)
-    return Candidate(label, a, peak, ctx.fits(peak), ctx=ctx, em=em)
+    return Candidate(label, a, peak, ctx.fits(peak), ctx=ctx, em=em,
+                     all_inflight=inflight is None)
 
 
 def listed(cands: list[Candidate], extra_s: list[float] | None = None) -> str:

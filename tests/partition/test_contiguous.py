@@ -78,7 +78,7 @@ def test_splits_that_do_not_fit_are_not_emulated_until_asked(monkeypatch):
     ctx = make_context(g, 4, memory_bytes=0.3 * one)
     runs = []
     real = result.run
-    monkeypatch.setattr(result, "run", lambda c, a: runs.append(a) or real(c, a))
+    monkeypatch.setattr(result, "run", lambda c, a, **kw: runs.append(a) or real(c, a, **kw))
     best, notes, cands = contiguous.plan(ctx)
     over = [c for c in cands if not c.fits]
     fitting = sum(c.fits for c in cands)
