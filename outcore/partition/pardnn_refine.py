@@ -35,6 +35,8 @@ from outcore.partition.context import Context
 log = logging.getLogger(__name__)
 
 MAX_RUN_MOVES = 256  # device changes of the critical path whose runs are considered per round
+# a round's moves are kept when they shorten the emulated iteration by more than this fraction
+MIN_GAIN = 1e-4
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def refine(ctx: Context, assign: np.ndarray, sec_ptr: np.ndarray, sec_nodes: np.
                 continue
             break
         em2 = run(ctx, b)
-        if em2.makespan_s < em.makespan_s * (1.0 - 1e-9):
+        if em2.makespan_s < em.makespan_s * (1.0 - MIN_GAIN):
             moved += int((b != a).sum())
             a, em = b, em2
             accepted += 1
