@@ -239,3 +239,24 @@ def test_a_copied_name_knows_the_name_it_copies():
     names = Copied(g.name_of, 2, 3, True)
     assert [names.uncopied(i) for i in range(6)] == ["a", "b"] * 3
     assert names[3] == "c1/b"
+
+
+@pytest.mark.parametrize("family", ["rnn", "nas", "unet"])
+def test_copies_adjacency_is_the_one_their_edges_give(family):
+    """``expand`` gives the copies the graph's adjacency copy by copy instead of sorting four
+    times the edges again: the same arrays (values and types) as built from the copies' edges."""
+    from outcore.graph.generators import make
+    from outcore.graph.ir import _csr
+    from outcore.plan.layout import Layout
+    from outcore.plan.replicas import expand
+
+    g = make(family, 400)
+    lay = Layout.replicate("mast", 2, 2, 2)
+    a = np.arange(g.num_nodes, dtype=np.int64) * 2 // g.num_nodes
+    p = make_plan(g, a, strategy="t", devices=lay.ranks(2), memory_bytes=None, layout=lay)
+    big, _, copies = expand(g, p)
+    assert copies == 4 and big.num_nodes == 4 * g.num_nodes
+    for cache, (x, y) in (("_succ", (big.src, big.dst)), ("_pred", (big.dst, big.src))):
+        made = big.__dict__[cache]
+        for mine, ref in zip(made, _csr(x, y, big.num_nodes)):
+            assert mine.dtype == ref.dtype and np.array_equal(mine, ref)
