@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from outcore.cost.memory import state_factor
+from outcore.graph._jit import njit
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import DeviceSpec
@@ -222,29 +223,50 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2
     n = g.num_nodes
     if not n or not n_p:
         return np.zeros(n_p)
-    pos = np.empty(n, dtype=np.int64)
-    pos[topological_order(g)] = np.arange(n)
-    same = piece_of[g.src] == piece_of[g.dst]
-    grads_in = np.zeros(n)
-    np.maximum.at(grads_in, g.dst[same], g.edge_bytes[same].astype(np.float64))
     # a view's input gradient is a view of its output's (a transposed expert weight's 512 KiB
     # gradient counted twice put hf:mixtral's piece 1.19 MiB over its start, 0.44 measured)
+    aliasing = np.zeros(n, dtype=np.bool_)
     for op in ALIASING_BACKWARD_OPS:
-        grads_in[g.nodes_with_op(op)] = 0.0
-    order = np.lexsort((-pos, piece_of))  # per piece, its nodes from last to first
-    saved = g.saved_bytes[order].astype(np.float64)
-    before = np.cumsum(saved) - saved  # saved bytes of the nodes earlier in this order ...
-    first = np.searchsorted(piece_of[order], np.arange(n_p))  # ... less other pieces'
-    before -= (np.cumsum(saved) - saved)[np.minimum(first, n - 1)][piece_of[order]]
-    # an output two consumers return gradients for: the gradient held and the one arriving
-    # (added into it in place), less one when it came from another piece (held there)
-    consumers = np.bincount(g.src[same], minlength=n)
-    outside = np.zeros(n, dtype=np.int64)
-    outside[g.src[~same]] = 1
-    factor = np.where(consumers + outside >= 2, summed - outside, np.minimum(consumers, 1))
-    work = factor[order] * g.out_bytes[order].astype(np.float64) + grads_in[order] - before
+        aliasing[g.nodes_with_op(op)] = True
+    return _working_kernel(np.asarray(topological_order(g), np.int64),
+                           np.asarray(piece_of, np.int64), n_p, g.src, g.dst,
+                           np.asarray(g.edge_bytes, np.float64),
+                           np.asarray(g.saved_bytes, np.float64),
+                           np.asarray(g.out_bytes, np.float64), aliasing, summed)
+
+
+@njit
+def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes, aliasing,
+                    summed):
+    """:func:`_backward_working` in two passes (compiled): the edges, then the nodes in
+    reverse topological order, each piece's saved bytes freed so far summed as it goes."""
+    n = order.shape[0]
+    grads_in = np.zeros(n)  # the largest gradient a node's input from its own piece returns
+    consumers = np.zeros(n, np.int64)  # consumers in its own piece
+    outside = np.zeros(n, np.int64)  # 1: a consumer in another piece
+    for e in range(src.shape[0]):
+        u, v = src[e], dst[e]
+        if piece_of[u] == piece_of[v]:
+            if edge_bytes[e] > grads_in[v]:
+                grads_in[v] = edge_bytes[e]
+            consumers[u] += 1
+        else:
+            outside[u] = 1
+    freed = np.zeros(n_p)  # saved bytes of the piece's later nodes, freed already
     out = np.zeros(n_p)
-    np.maximum.at(out, piece_of[order], work)
+    for i in range(n - 1, -1, -1):
+        v = order[i]
+        p = piece_of[v]
+        # an output two consumers return gradients for: the gradient held and the one
+        # arriving (added into it in place), less one when it came from another piece
+        if consumers[v] + outside[v] >= 2:
+            held = summed - outside[v]
+        else:
+            held = min(consumers[v], 1)
+        work = held * out_bytes[v] + (0.0 if aliasing[v] else grads_in[v]) - freed[p]
+        if work > out[p]:
+            out[p] = work
+        freed[p] += saved[v]
     return out
 
 
