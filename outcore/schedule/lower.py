@@ -34,7 +34,7 @@ from outcore.plan.replicas import Copied, expand, expand_policies, fx_name
 from outcore.schedule.build import ClusterLinkTime, build
 from outcore.schedule.check import check
 from outcore.schedule.costs import PieceCosts, loss_cost_s, mb_scale, piece_costs
-from outcore.schedule.ir import Action, Schedule
+from outcore.schedule.ir import OP_INDEX, ActionColumns, Schedule, action_columns
 
 __all__ = ["Lowered", "lower", "make_schedule", "place_allreduces", "shared_param_buckets",
            "sharded_buckets"]
@@ -255,30 +255,32 @@ def _touching(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> list
 
 
 def place_allreduces(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> Schedule:
-    """Move each rank's ``AR`` of a bucket to right after its last backward touching it."""
+    """Move each rank's ``AR`` of a bucket to right after its last backward touching it (and
+    the gradient sends that follow it); a bucket no piece of the rank touches, to just before
+    the step. On the actions' columns: a replicated RNN grid's ranks hold ~100k actions."""
     if not s.buckets:
         return s
     touching = _touching(s, g, names)
+    AR, B, SB, OPT = (OP_INDEX[op] for op in ("AR", "B", "SB", "OPT"))
     actions = []
     for r, acts in enumerate(s.actions):
-        acts = [a for a in acts if a.op != "AR"]
-        inserts: dict[int, list[Action]] = defaultdict(list)
+        cols = action_columns(acts)
+        cols = tuple(c[cols[0] != AR] for c in cols)
+        op, piece = cols[0], cols[2]
+        at, added = [], []
         for b, group in enumerate(s.buckets):
             if r not in group:
                 continue
-            last = max((k for k, a in enumerate(acts)
-                        if a.op == "B" and a.piece in touching[b]), default=None)
-            if last is None:  # no piece here touches it: launch before the step
-                last = next(k for k, a in enumerate(acts) if a.op == "OPT") - 1
+            hits = np.flatnonzero((op == B) & np.isin(piece, list(touching[b])))
+            last = int(hits[-1]) if hits.size else int(np.flatnonzero(op == OPT)[0]) - 1
             # after the backward's gradient sends, so they are not delayed
-            while last + 1 < len(acts) and acts[last + 1].op == "SB":
+            while last + 1 < op.size and op[last + 1] == SB:
                 last += 1
-            inserts[last].append(Action("AR", bucket=b))
-        out = []
-        for k, a in enumerate(acts):
-            out.append(a)
-            out += inserts.get(k, [])
-        actions.append(tuple(out))
+            at.append(last + 1)
+            added.append(b)
+        rows = [[AR] * len(at), [-1] * len(at), [-1] * len(at), [-1] * len(at), added]
+        actions.append(ActionColumns(*(np.insert(c, at, np.asarray(v, np.int64))
+                                       for c, v in zip(cols, rows))))
     return Schedule(s.kind, s.num_ranks, s.microbatches, s.pieces, tuple(actions), s.buckets,
                     s.meta)
 
