@@ -6,7 +6,8 @@ emulator with port contention, and the few of them the simulator should judge
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
@@ -23,7 +24,7 @@ PLANNER_THREADS: int | None = None
 
 
 def planner_threads() -> int:
-    """How many threads :func:`side_by_side` uses (see :data:`PLANNER_THREADS`)."""
+    """How many threads :func:`place` uses (see :data:`PLANNER_THREADS`)."""
     if PLANNER_THREADS is not None:
         return PLANNER_THREADS
     text = os.environ.get("OUTCORE_PLANNER_THREADS", "").strip()
@@ -50,27 +51,46 @@ def to_simulate(placed: list, est: list[float]) -> set[int]:
 
 
 def place(g: Graph, req: PlanRequest, budget: float | None, names: tuple[str, ...],
-          check_fit: bool):
+          check_fit: bool, *, contend: bool = False):
     """Every planner's placement(s) as ``(name, PartitionResult)``, emulated, not simulated.
 
     A planner that finds nothing under ``budget`` places under a relaxed limit (the tightest
     of 1.5x, 2x, 4x, 8x, unlimited that it can meet) when memory policies may close the gap.
     The planners run side by side (:func:`planner_threads`) (their compiled loops
     release the interpreter); the results are listed in ``names`` order, as run one by one.
+    ``contend``: also return each placement's :func:`contended_runs` emulation, each
+    planner's queued as soon as it returns, so that they fill the threads while the slowest
+    planner still places (the same emulations as :func:`contended_runs` after the planners).
     """
     floor = spread_floor(g, req, budget)
     relaxable = req.memory_policy != "none" and check_fit and budget is not None
-    outcomes = side_by_side(lambda name: _planner(g, req, budget, name, floor, relaxable),
-                            names)
-    placed: list[tuple[str, object]] = []
-    notes: list[str] = []
-    first_error: InfeasibleError | None = None
-    for name, (results, error, note) in zip(names, outcomes):
-        placed.extend((name, r) for r in results)
-        first_error = first_error or error
-        if note:
-            notes.append(note)
-    return placed, notes, first_error
+    threads = min(planner_threads(), len(names))
+    pool = ThreadPoolExecutor(threads) if threads >= 2 else None
+    try:
+        runs = _Runs(g, req, pool) if contend else None
+
+        def planner(name: str):
+            out = _planner(g, req, budget, name, floor, relaxable)
+            if runs is not None:
+                runs.add(out[0])  # queued behind the planners not yet started
+            return out
+
+        outcomes = [f.result() for f in [pool.submit(planner, n) for n in names]] \
+            if pool is not None else [planner(n) for n in names]
+        placed: list[tuple[str, object]] = []
+        notes: list[str] = []
+        first_error: InfeasibleError | None = None
+        for name, (results, error, note) in zip(names, outcomes):
+            placed.extend((name, r) for r in results)
+            first_error = first_error or error
+            if note:
+                notes.append(note)
+        if runs is not None:
+            return placed, notes, first_error, [runs.of(r) for _, r in placed]
+        return placed, notes, first_error
+    finally:
+        if pool is not None:
+            pool.shutdown()
 
 
 def _planner(g: Graph, req: PlanRequest, budget: float | None, name: str, floor,
@@ -142,26 +162,53 @@ def contended(g: Graph, req: PlanRequest, placed: list) -> list[float]:
 def contended_runs(g: Graph, req: PlanRequest, placed: list) -> list:
     """:func:`contended`'s emulations (their ``busy_s``: each device's compute, the runtime's
     fixed cost per piece included); placements alike are emulated once."""
-    from outcore.partition.context import make_context
-    from outcore.partition.emulate import run
-    from outcore.plan.plan import colocated_params
-
-    ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
-                       optimizer=req.optimizer, microbatches=req.microbatches)
-    runs = [colocated_params(g, r.assignment) for _, r in placed]
-    first: dict[bytes, int] = {}  # planners often agree (pardnn and pipeline on a chain)
-    of = [first.setdefault(a.tobytes(), k) for k, a in enumerate(runs)]
-    done = dict(zip(first.values(), side_by_side(
-        lambda a: run(ctx, a, critical_path=False, contend=True),
-        [runs[k] for k in first.values()])))
-    return [done[k] for k in of]
+    threads = min(planner_threads(), len(placed))
+    pool = ThreadPoolExecutor(threads) if threads >= 2 else None
+    try:
+        runs = _Runs(g, req, pool)
+        runs.add([r for _, r in placed])
+        return [runs.of(r) for _, r in placed]
+    finally:
+        if pool is not None:
+            pool.shutdown()
 
 
-def side_by_side(fn, items) -> list:
-    """``[fn(x) for x in items]`` on :func:`planner_threads` threads, in ``items`` order."""
-    items = list(items)
-    threads = min(planner_threads(), len(items))
-    if threads < 2:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(fn, items))
+class _Runs:
+    """Contended emulations of placements (of the assignment each plan would run: weights
+    moved to their users' device, :func:`outcore.plan.plan.colocated_params`), each run on
+    ``pool`` (None: at once) and placements alike once (planners often agree: pardnn and
+    pipeline on a chain)."""
+
+    def __init__(self, g: Graph, req: PlanRequest, pool: ThreadPoolExecutor | None) -> None:
+        from outcore.partition.context import make_context
+
+        self.g, self.pool = g, pool
+        self.ctx = make_context(g, req.model_parallel_devices,
+                                cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
+                                microbatches=req.microbatches)
+        self.lock = threading.Lock()
+        self.by_bytes: dict[bytes, Future] = {}
+        self.key_of: dict[int, bytes] = {}  # id of each result added -> its assignment's bytes
+
+    def add(self, results: list) -> None:
+        from outcore.partition.emulate import run
+        from outcore.plan.plan import colocated_params
+
+        for r in results:
+            a = colocated_params(self.g, r.assignment)
+            key = a.tobytes()
+            with self.lock:
+                self.key_of[id(r)] = key
+                if key in self.by_bytes:
+                    continue
+                if self.pool is not None:
+                    self.by_bytes[key] = self.pool.submit(run, self.ctx, a, critical_path=False,
+                                                          contend=True)
+                    continue
+                done: Future = Future()
+                self.by_bytes[key] = done
+            done.set_result(run(self.ctx, a, critical_path=False, contend=True))
+
+    def of(self, result):
+        """The emulation of an added ``result``."""
+        return self.by_bytes[self.key_of[id(result)]].result()

@@ -355,11 +355,12 @@ def _placed(g: Graph, req: PlanRequest, budget: float | None, check_fit: bool,
         # one device per copy: every planner would return this placement
         placed, notes, first_error = [("single", _all_on_one(pg, req, "one device per copy"))], \
             [], None
+        runs = contended_runs(pg, req, placed)
     else:
         names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
-        placed, notes, first_error = place(pg, req, budget, names, check_fit)
-    est = [as_replicated(req, em.busy_s, em.makespan_s, replicas)
-           for em in contended_runs(pg, req, placed)]
+        placed, notes, first_error, runs = place(pg, req, budget, names, check_fit,
+                                                 contend=True)
+    est = [as_replicated(req, em.busy_s, em.makespan_s, replicas) for em in runs]
     if co is not None:
         from outcore.partition.context import make_context
         bound = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),

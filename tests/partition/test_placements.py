@@ -18,10 +18,13 @@ from outcore.partition.search import AUTO_CANDIDATES
 def _placed(g, req, budget, threads, monkeypatch):
     monkeypatch.setattr(placements, "PLANNER_THREADS", threads)
     try:
-        placed, notes, error = placements.place(g, req, budget, AUTO_CANDIDATES, True)
+        placed, notes, error, runs = placements.place(g, req, budget, AUTO_CANDIDATES, True,
+                                                      contend=True)
     except InfeasibleError as e:  # (place reports refusals; it raises none of its own)
         return ("raised", str(e))
-    runs = placements.contended_runs(g, req, placed)
+    after = placements.contended_runs(g, req, placed)  # after the planners, not overlapped
+    assert [(em.makespan_s, list(em.busy_s)) for em in runs] == \
+        [(em.makespan_s, list(em.busy_s)) for em in after]
     return ([(name, r.strategy, r.assignment.tolist()) for name, r in placed], notes,
             str(error) if error else None, [(em.makespan_s, list(em.busy_s)) for em in runs])
 
