@@ -12,7 +12,7 @@ from collections import deque
 import numpy as np
 
 from outcore.errors import GraphError
-from outcore.graph._jit import njit
+from outcore.graph._level_kernel import bottom_levels, top_levels
 from outcore.graph.ir import Graph
 
 
@@ -96,52 +96,25 @@ def longest_from_sources(g: Graph, node_w: np.ndarray, edge_w: np.ndarray,
     ``tl(v)`` is the earliest start of ``v`` with unlimited devices. ``edge_w`` is indexed by
     edge number.
     """
-    order = topological_order(g) if order is None else order
-    return _top_levels(*_sweep_args(order, node_w, edge_w, g.pred_edge, g.pred_ptr,
-                                    g.pred_idx))
+    return top_levels(*_sweep_args(g, order, node_w, edge_w, g.pred_ptr, g.pred_idx,
+                                   g.pred_edge))
 
 
 def longest_to_sinks(g: Graph, node_w: np.ndarray, edge_w: np.ndarray,
                      order: np.ndarray | None = None) -> np.ndarray:
     """Bottom level: ``bl(v) = node_w(v) + max_s edge_w(v, s) + bl(s)``, including ``v`` itself."""
+    return bottom_levels(*_sweep_args(g, order, node_w, edge_w, g.succ_ptr, g.succ_idx,
+                                      g.succ_edge))
+
+
+def _sweep_args(g: Graph, order, node_w, edge_w, ptr, idx, edges) -> tuple:
+    """The compiled sweeps' arguments (:mod:`outcore.graph._level_kernel`), every node active
+    and none clustered: every edge costs its weight."""
     order = topological_order(g) if order is None else order
-    return _bottom_levels(*_sweep_args(order, node_w, edge_w, g.succ_edge, g.succ_ptr,
-                                       g.succ_idx))
-
-
-def _sweep_args(order, node_w, edge_w, edges, ptr, idx) -> tuple[np.ndarray, ...]:
-    """The compiled sweeps' arguments: order, node and (adjacency-ordered) edge weights, CSR."""
-    return (np.ascontiguousarray(order, np.int64), np.ascontiguousarray(node_w, np.float64),
-            np.asarray(edge_w, dtype=np.float64)[edges], np.ascontiguousarray(ptr, np.int64),
-            np.ascontiguousarray(idx, np.int64))
-
-
-# the two longest-path sweeps, compiled when numba is present
-@njit
-def _top_levels(order, w, ew, ptr, pred):
-    tl = np.zeros(w.shape[0])
-    for v in order:
-        best = 0.0
-        for k in range(ptr[v], ptr[v + 1]):
-            t = tl[pred[k]] + w[pred[k]] + ew[k]
-            if t > best:
-                best = t
-        tl[v] = best
-    return tl
-
-
-@njit
-def _bottom_levels(order, w, ew, ptr, succ):
-    bl = np.zeros(w.shape[0])
-    for i in range(order.shape[0] - 1, -1, -1):
-        v = order[i]
-        best = 0.0
-        for k in range(ptr[v], ptr[v + 1]):
-            t = ew[k] + bl[succ[k]]
-            if t > best:
-                best = t
-        bl[v] = w[v] + best
-    return bl
+    n = g.num_nodes
+    return (np.ascontiguousarray(order, np.int64), ptr, idx, edges,
+            np.ascontiguousarray(node_w, np.float64), np.asarray(edge_w, dtype=np.float64),
+            np.full(n, -1, np.int64), np.ones(n, dtype=np.bool_))
 
 
 def critical_path(g: Graph, node_w: np.ndarray | None = None,

@@ -23,7 +23,7 @@ import logging
 import numpy as np
 
 from outcore.partition._jit import njit
-from outcore.partition._level_kernel import bottom_levels
+from outcore.graph._level_kernel import bottom_levels
 from outcore.partition.context import Context
 
 log = logging.getLogger(__name__)

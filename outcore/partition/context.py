@@ -36,7 +36,7 @@ from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster, flat_cluster
 from outcore.partition._jit import njit
-from outcore.partition._level_kernel import bottom_levels
+from outcore.graph._level_kernel import bottom_levels
 
 
 def link_matrices(cluster: Cluster, devices: int) -> tuple[np.ndarray, np.ndarray]:

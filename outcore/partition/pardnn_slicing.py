@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from outcore.partition._jit import njit
-from outcore.partition._level_kernel import bottom_levels, top_levels
+from outcore.graph._level_kernel import bottom_levels, top_levels
 from outcore.partition.context import Context
 
 
