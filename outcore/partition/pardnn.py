@@ -94,12 +94,13 @@ def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:
             if not rs.fits:
                 line += " and did not fit"
         notes.append(line)
-        cands.append(evaluate(sub, a, f"pardnn K={k}"))
+        cands.append(evaluate(sub, a, f"pardnn K={k}", traced=True))
         if limited:
             bounds = stage_bounds(sub, k, inflight="all")
             if bounds is not None:
                 seed = assignment_from_bounds(sub, bounds)
-                cands.append(evaluate(sub, seed, f"pardnn K={k} from a contiguous split"))
+                cands.append(evaluate(sub, seed, f"pardnn K={k} from a contiguous split",
+                                      traced=True))
         cands = _keep_best_emulations(cands, keep)
     multi = sorted((c for c in cands if c.fits and c.label != "1 device"),
                    key=lambda c: (c.makespan_s, c.label))

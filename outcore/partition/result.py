@@ -46,11 +46,11 @@ class Candidate:
     layout search were of such placements)."""
 
     __slots__ = ("label", "assignment", "peak_bytes", "fits", "_ctx", "_em", "_light",
-                 "_all_inflight")
+                 "_all_inflight", "_traced")
 
     def __init__(self, label: str, assignment: np.ndarray, peak_bytes: np.ndarray, fits: bool,
                  ctx: Context | None = None, em: Emulation | None = None, *,
-                 all_inflight: bool = False) -> None:
+                 all_inflight: bool = False, traced: bool = False) -> None:
         if ctx is None and em is None:
             raise ValueError("a candidate needs its emulation or the context to run it in")
         self.label, self.assignment, self.peak_bytes, self.fits = label, assignment, \
@@ -58,6 +58,7 @@ class Candidate:
         self._ctx, self._em, self._light = ctx, em, False
         # peak_bytes is the memory model's with every micro-batch in flight (the emulation's)
         self._all_inflight = all_inflight
+        self._traced = traced  # its emulation traces the critical path (ParDNN refines it)
 
     @property
     def emulated(self) -> bool:
@@ -66,7 +67,7 @@ class Candidate:
     @property
     def emulation(self) -> Emulation:
         if self._em is None:
-            em = run(self._ctx, self.assignment,
+            em = run(self._ctx, self.assignment, critical_path=self._traced,
                      peak_bytes=self.peak_bytes if self._all_inflight else None)
             self._em, self._ctx = summary(em) if self._light else em, None
             return em
@@ -81,19 +82,21 @@ class Candidate:
         (memory at 1M nodes); one not yet emulated stays so."""
         out = Candidate(self.label, self.assignment, self.peak_bytes, self.fits,
                         ctx=self._ctx, em=None if self._em is None else summary(self._em),
-                        all_inflight=self._all_inflight)
+                        all_inflight=self._all_inflight, traced=self._traced)
         out._light = True
         return out
 
 
 def evaluate(ctx: Context, assignment: np.ndarray, label: str, *,
-             inflight: np.ndarray | float | None = None, em: Emulation | None = None) -> Candidate:
+             inflight: np.ndarray | float | None = None, em: Emulation | None = None,
+             traced: bool = False) -> Candidate:
     """``assignment`` checked against the memory limit, its emulation ``em`` or one run when
-    first asked for (:attr:`Candidate.emulation`)."""
+    first asked for (:attr:`Candidate.emulation`; with ``traced``, with its critical path,
+    which ParDNN's refinement starts from)."""
     a = np.ascontiguousarray(assignment, dtype=np.int64)
     peak = ctx.memory(a, inflight)
     return Candidate(label, a, peak, ctx.fits(peak), ctx=ctx, em=em,
-                     all_inflight=inflight is None)
+                     all_inflight=inflight is None, traced=traced)
 
 
 def listed(cands: list[Candidate], extra_s: list[float] | None = None) -> str:
