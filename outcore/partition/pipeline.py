@@ -74,10 +74,10 @@ def stage_bounds(ctx: Context, stages: int, *, inflight: str = "1f1b") -> np.nda
         return None
     # Bisection on the bottleneck, with two shortcuts (the same split, in fewer greedy runs):
     # the split found under a bottleneck is found again under its own slowest stage's time
-    # (no stage it cut grows), so the upper end drops to that time; and once the interval is
-    # within PROBE_WITHIN, the next run probes just under the best time found, which ends the
-    # search when it fails (the greedy's stage times are discrete). No split beats the mean
-    # stage's work or the heaviest node.
+    # (the greedy makes the same cuts), so the upper end drops to that time; and once the
+    # interval is within PROBE_WITHIN, the next run probes just under the best time found,
+    # which ends the search when it fails (the greedy's stage times are discrete). No split
+    # beats the mean stage's work or the heaviest node.
     hi = slowest[0]
     lo = min(hi, max(float(arrs[2].sum()) / stages, float(arrs[2].max()))) * (1 - 1e-12)
     probed = False

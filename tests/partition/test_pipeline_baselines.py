@@ -27,6 +27,41 @@ def test_stages_balance_the_bottleneck_with_uneven_sizes():
     assert bounds.tolist() == [3, 4, 7]
 
 
+@pytest.mark.parametrize("family", ["rnn", "nas", "unet", "transformer"])
+@pytest.mark.parametrize("share", [None, 1.3])
+def test_stage_bounds_shortcuts_find_the_split_plain_bisection_finds(family, share):
+    """``stage_bounds`` drops to each split's slowest stage and probes just under its best:
+    the split a plain bisection to 1e-9 finds, in fewer greedy runs."""
+    from outcore.graph.generators import make
+    from outcore.partition.pipeline import _arrays, _greedy
+
+    g = make(family, 600)
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, np.int64)).max())
+    for k in (2, 3, 4):
+        for inflight, mode in (("1f1b", 0), ("all", 1)):
+            ctx = make_context(g, k, memory_bytes=None if share is None else share * one / k,
+                               microbatches=2)
+            arrs, limit = _arrays(ctx), -1.0 if share is None else float(ctx.memory_bytes)
+            out, seen, slowest = np.zeros(k, np.int64), np.full(g.num_nodes, -1), np.zeros(1)
+
+            def fits(t):
+                return _greedy(t, k, mode, limit, 2, *arrs, out, seen, slowest)
+
+            hi = float(arrs[2].sum() + 2.0 * arrs[3].max()) * (1 + 1e-9) + 1e-12
+            got = stage_bounds(ctx, k, inflight=inflight)
+            if fits(hi) < 0:
+                assert got is None
+                continue
+            lo = 0.0
+            for _ in range(64):  # the bisection as it was before the shortcuts
+                mid = 0.5 * (lo + hi)
+                lo, hi = (lo, mid) if fits(mid) >= 0 else (mid, hi)
+                if hi - lo <= 1e-9 * hi:
+                    break
+            used = fits(hi)
+            assert got.tolist() == out[:used].tolist()
+
+
 def test_pipeline_memory_counts_1f1b_micro_batches_in_flight():
     # saved 100 bytes per node; with 4 micro-batches stage 0 of 2 keeps 2, stage 1 keeps 1
     g = chain([1, 1, 1, 1], saved_bytes=[100] * 4, out_bytes=[0] * 4)
