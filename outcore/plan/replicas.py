@@ -143,8 +143,10 @@ def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:
     offsets = np.arange(C, dtype=np.int64)[:, None] * n  # each copy's nodes, by op, in order
     big.__dict__["_nodes_by_op"] = {op: (v[None, :] + offsets).ravel()
                                     for op, v in g._nodes_by_op.items()}
-    m = g.num_edges  # the adjacency of the copies is the graph's, copy by copy (as Graph._csr
-    for cache in ("_succ", "_pred"):  # would sort it again: stable, copy c's edges c * m + e)
+    # the copies' adjacency is the graph's, copy by copy: what Graph._csr's stable sort of the
+    # copies' edges would give (copy c's edge e is edge c * m + e), without sorting them again
+    m = g.num_edges
+    for cache in ("_succ", "_pred"):
         ptr, idx, edge = getattr(g, cache)
         big.__dict__[cache] = (np.concatenate((ptr[:1], _tiled(ptr[1:], C, m))),
                                _tiled(idx, C, n), _tiled(edge, C, m))
