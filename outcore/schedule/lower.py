@@ -223,27 +223,32 @@ def _unnamed_buckets(g: Graph, assignment: np.ndarray) -> tuple[
                                                                 minlength=len(groups)))[:-1])
     sizes = np.bincount(bucket[shared], minlength=len(groups),
                         weights=np.asarray(g.param_bytes, np.float64)[held[shared]])
-    # a bucket's names are made when read (the runtime's ranks, sharding): a search simulates
-    # dozens of plans of one graph and reads none of them
-    names = tuple(LazyTuple(len(ns), lambda ns=ns: tuple(_unnamed(g, ns.tolist())))
-                  for ns in nodes)
-    return groups, names, tuple(float(x) for x in sizes)
+    return groups, tuple(_HeldParams(g, ns) for ns in nodes), tuple(float(x) for x in sizes)
+
+
+class _HeldParams(LazyTuple):
+    """One bucket's parameter names of a graph without parameter names (:func:`_unnamed`),
+    made when read (the runtime's ranks, sharding: a search simulates dozens of plans of one
+    graph and reads none of them), and ``nodes``: the nodes of copy 0 that hold them, which
+    :func:`place_allreduces` places the bucket's all-reduce by."""
+
+    noun = "parameter names"
+
+    def __init__(self, g: Graph, nodes: np.ndarray) -> None:
+        super().__init__(len(nodes), lambda: tuple(_unnamed(g, nodes.tolist())))
+        self.nodes = nodes
 
 
 def _touching(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> list[set[int]]:
     """Per bucket, the pieces with a node that holds one of its parameters."""
     out: list[set[int]] = [set() for _ in names]
     piece_of = s.pieces.piece_of
-    if g.attrs is None:  # the buckets of shared_param_buckets, made again from the ranks
-        held, bucket, _ = _unnamed_groups(g, s.pieces.device_of[piece_of])
-        n = g.num_nodes // int(g.meta.get("copies", 1))
-        base = np.full(n, -1, np.int64)
-        base[held] = bucket
-        every = np.flatnonzero(np.asarray(g.param_bytes) > 0)
-        b = base[every % n]
-        key = np.unique(b[b >= 0] * np.int64(s.pieces.num_pieces) + piece_of[every[b >= 0]])
-        for k in key.tolist():
-            out[k // s.pieces.num_pieces].add(k % s.pieces.num_pieces)
+    if g.attrs is None:  # _unnamed_buckets' buckets: their nodes in every copy
+        copies = int(g.meta.get("copies", 1))
+        n = g.num_nodes // copies
+        for b, held in enumerate(names):
+            every = (held.nodes[None, :] + n * np.arange(copies)[:, None]).ravel()
+            out[b] = set(np.unique(piece_of[every]).tolist())
         return out
     bucket_of = {name: b for b, ns in enumerate(names) for name in ns}
     for v in range(g.num_nodes):
