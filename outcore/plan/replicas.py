@@ -31,7 +31,7 @@ from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
 
 __all__ = ["MODES", "SEP", "Copied", "copy_of", "copy_prefix", "expand", "expand_policies",
-           "fx_name", "gems_maps"]
+           "fx_name", "gems_maps", "tiled"]
 
 SEP = "/"
 
@@ -92,7 +92,7 @@ def _strings(item: Callable[[int], str], n: int, copies: int, prefixed: bool
         yield from (prefix + item(v) for v in range(n))
 
 
-def _tiled(a: np.ndarray, copies: int, step: int = 0) -> np.ndarray:
+def tiled(a: np.ndarray, copies: int, step: int = 0) -> np.ndarray:
     """``a`` repeated ``copies`` times, copy ``c`` plus ``c * step`` (a broadcast copy:
     ``np.tile`` is several times slower on millions of entries)."""
     out = np.empty((copies, a.shape[0]), a.dtype)
@@ -107,7 +107,7 @@ def expand_policies(plan: Plan, copies: int) -> MemoryPolicies | None:
     pol = plan.policies
     if pol is None or copies == 1:
         return pol
-    return MemoryPolicies(np.tile(pol.group_of, copies), pol.policies)
+    return MemoryPolicies(tiled(pol.group_of, copies), pol.policies)
 
 
 def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:
@@ -131,23 +131,22 @@ def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:
     if g.attrs is not None:
         attrs = [dict(g.attrs[i], copy=c) for c in range(C) for i in range(n)]
     big = build(
-        g.name, fwd_s=_tiled(g.fwd_s, C), bwd_s=_tiled(g.bwd_s, C),
-        param_bytes=_tiled(g.param_bytes, C), out_bytes=_tiled(g.out_bytes, C),
-        saved_bytes=_tiled(g.saved_bytes, C), src=_tiled(g.src, C, n), dst=_tiled(g.dst, C, n),
-        edge_bytes=_tiled(g.edge_bytes, C), attrs=attrs, batch_size=g.batch_size,
+        g.name, fwd_s=tiled(g.fwd_s, C), bwd_s=tiled(g.bwd_s, C),
+        param_bytes=tiled(g.param_bytes, C), out_bytes=tiled(g.out_bytes, C),
+        saved_bytes=tiled(g.saved_bytes, C), src=tiled(g.src, C, n), dst=tiled(g.dst, C, n),
+        edge_bytes=tiled(g.edge_bytes, C), attrs=attrs, batch_size=g.batch_size,
         meta={**g.meta, "copies": C}, check=False)
     big = replace(big, names=Copied(g.name_of, n, C, True),
                   ops=None if g.ops is None else Copied(g.ops.__getitem__, n, C, False),
                   modules=None if g.modules is None else Copied(g.modules.__getitem__, n, C,
                                                                 False))
-    offsets = np.arange(C, dtype=np.int64)[:, None] * n  # each copy's nodes, by op, in order
-    big.__dict__["_nodes_by_op"] = {op: (v[None, :] + offsets).ravel()
-                                    for op, v in g._nodes_by_op.items()}
-    # the copies' adjacency is the graph's, copy by copy: what Graph._csr's stable sort of the
-    # copies' edges would give (copy c's edge e is edge c * m + e), without sorting them again
+    # each copy's nodes by op, in order, and the copies' adjacency: the graph's, copy by copy
+    # (what Graph._csr's stable sort of the copies' edges would give: copy c's edge e is edge
+    # c * m + e), without sorting them again
+    big.__dict__["_nodes_by_op"] = {op: tiled(v, C, n) for op, v in g._nodes_by_op.items()}
     m = g.num_edges
     for cache in ("_succ", "_pred"):
         ptr, idx, edge = getattr(g, cache)
-        big.__dict__[cache] = (np.concatenate((ptr[:1], _tiled(ptr[1:], C, m))),
-                               _tiled(idx, C, n), _tiled(edge, C, m))
+        big.__dict__[cache] = (np.concatenate((ptr[:1], tiled(ptr[1:], C, m))),
+                               tiled(idx, C, n), tiled(edge, C, m))
     return big, assign, C

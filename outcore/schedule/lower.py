@@ -30,7 +30,7 @@ from outcore.lazytuple import LazyTuple
 from outcore.plan.pieces import Pieces, cut
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
-from outcore.plan.replicas import Copied, expand, expand_policies, fx_name
+from outcore.plan.replicas import Copied, expand, expand_policies, fx_name, tiled
 from outcore.schedule.build import ClusterLinkTime, build
 from outcore.schedule.check import check
 from outcore.schedule.costs import PieceCosts, loss_cost_s, mb_scale, piece_costs
@@ -130,7 +130,7 @@ def _tiled_mask(g: Graph, plan: Plan, copies: int) -> np.ndarray | None:
         return None
     mask = np.zeros(g.num_nodes, dtype=bool)
     mask[plan.spatial.indices(g)] = True
-    return np.tile(mask, copies)
+    return tiled(mask, copies)
 
 
 def _node_params(g: Graph, i: int) -> list[str]:
@@ -247,8 +247,7 @@ def _touching(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> list
         copies = int(g.meta.get("copies", 1))
         n = g.num_nodes // copies
         for b, held in enumerate(names):
-            every = (held.nodes[None, :] + n * np.arange(copies)[:, None]).ravel()
-            out[b] = set(np.unique(piece_of[every]).tolist())
+            out[b] = set(np.unique(piece_of[tiled(held.nodes, copies, n)]).tolist())
         return out
     bucket_of = {name: b for b, ns in enumerate(names) for name in ns}
     for v in range(g.num_nodes):
