@@ -6,8 +6,10 @@ graph is built, with a memory cap: K = 4, 16 GB/s, the cap a multiple of the fai
     PYTHONPATH=. .venv/bin/python benchmarks/search_speed.py transformer 50000 1.0 --profile
     PYTHONPATH=. .venv/bin/python benchmarks/search_speed.py transformer 50000 1.25 --layouts
 
-``--layouts`` opens the layout (data parallelism, GEMS mode, micro-batches: what
-``outcore plan`` searches when no layout option is given).
+``--layouts`` opens the layout as ``outcore plan GRAPH --layout auto`` does (data parallelism,
+GEMS mode, micro-batches, tensor-parallel degree and sharding: ``tp`` and ``depth`` left to the
+search). Before session 46 it left ``tp`` and sharding at 1, which the command does not: the
+figures recorded before then are of that narrower search.
 
 The first run in a fresh checkout compiles the numba kernels (about a minute): run twice.
 """
@@ -35,14 +37,16 @@ def main() -> int:
     ap.add_argument("cap", type=float, help="memory cap as a multiple of the fair share")
     ap.add_argument("--devices", type=int, default=4)
     ap.add_argument("--layouts", action="store_true",
-                    help="the search also chooses dp, GEMS mode and micro-batches")
+                    help="the search also chooses dp, GEMS mode, micro-batches, the "
+                         "tensor-parallel degree and sharding (as `outcore plan --layout auto`)")
     ap.add_argument("--profile", action="store_true", help="print the 30 costliest calls")
     args = ap.parse_args()
     g = make(args.family, args.nodes)
     one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
     req = outcore.plan_request(args.devices, args.cap * one / args.devices,
                                bandwidth="16GB/s",
-                               search_layout=args.layouts)
+                               search_layout=args.layouts,
+                               **({"tp": None, "depth": None} if args.layouts else {}))
     g.succ_ptr, g.pred_ptr  # adjacency built as a graph reader would
     prof = cProfile.Profile() if args.profile else None
     t = time.perf_counter()
