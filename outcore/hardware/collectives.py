@@ -34,6 +34,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from outcore.errors import UsageError
 from outcore.hardware.spec import Cluster, LinkSpec
 
@@ -54,8 +56,14 @@ def ring_allreduce_s(nbytes: float, n: int, link: LinkSpec) -> float:
     return 2 * (n - 1) * (link.latency_for_collectives + nbytes / n / link.bandwidth)
 
 
-def ring_reduce_scatter_s(nbytes: float, n: int, link: LinkSpec) -> float:
-    """Ring reduce-scatter (or all-gather) time: ``n - 1`` steps of ``nbytes / n`` each."""
+def ring_reduce_scatter_s(nbytes: float | np.ndarray, n: int, link: LinkSpec
+                          ) -> float | np.ndarray:
+    """Ring reduce-scatter (or all-gather) time: ``n - 1`` steps of ``nbytes / n`` each (of
+    each entry, for an array of byte counts)."""
+    if np.ndim(nbytes):
+        b = np.asarray(nbytes, np.float64)
+        t = (n - 1) * (link.latency_for_collectives + b / n / link.bandwidth)
+        return np.where(b > 0, t, 0.0) if n > 1 else np.zeros_like(b)
     if n <= 1 or nbytes <= 0:
         return 0.0
     return (n - 1) * (link.latency_for_collectives + nbytes / n / link.bandwidth)

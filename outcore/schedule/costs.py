@@ -113,8 +113,8 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 host_bandwidth: float = 12e9, host_is_device: bool = False,
                 fwd_overhead_s: float = 0.0, bwd_overhead_s: float = 0.0,
                 overhead_overlaps: bool = False, sharded_bytes: np.ndarray | None = None,
-                depth: int = 1, gather_s: Callable[[float], float] | None = None,
-                scatter_s: Callable[[float], float] | None = None,
+                depth: int = 1, gather_s: Callable[[np.ndarray], np.ndarray] | None = None,
+                scatter_s: Callable[[np.ndarray], np.ndarray] | None = None,
                 loss_s: Callable[[float], tuple[float, float]] | None = None) -> PieceCosts:
     """Sum node costs over each piece, scaled to one micro-batch; apply memory policies.
 
@@ -123,7 +123,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     with ``overhead_overlaps`` (GPUs) it is host work overlapping the device's, and a piece
     takes the longer of the two. ``sharded_bytes`` (per node) are parameter bytes sharded over
     ``depth`` copies; ``gather_s`` / ``scatter_s`` time an all-gather / reduce-scatter of so many
-    (whole) bytes over them. ``loss_s`` times the loss (forward, backward) on a model output of
+    (whole) bytes over them, per piece (an array of bytes in, of seconds out). ``loss_s`` times the loss (forward, backward) on a model output of
     so many bytes (:func:`loss_cost_s`): the piece holding the output pays it.
     """
     n_p = pieces.num_pieces
@@ -297,22 +297,24 @@ def _input_share(g: Graph, savers: np.ndarray, producers: np.ndarray) -> np.ndar
 
 
 def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, factor: float,
-           gather_s: Callable[[float], float] | None, scatter_s: Callable[[float], float] | None,
+           gather_s: Callable[[np.ndarray], np.ndarray] | None,
+           scatter_s: Callable[[np.ndarray], np.ndarray] | None,
            fwd: np.ndarray, bwd: np.ndarray, transient: np.ndarray, t_bwd: np.ndarray,
            static_piece: np.ndarray, piece_params: np.ndarray, grad_tmp: np.ndarray) -> None:
-    """Apply FSDP / ZeRO-3 sharding to the piece costs in place (see the module docstring)."""
+    """Apply FSDP / ZeRO-3 sharding to the piece costs in place (see the module docstring);
+    ``gather_s`` / ``scatter_s`` take the pieces' sharded bytes as an array."""
     sb = np.bincount(piece_of, weights=sharded, minlength=n_p)
-    for p in np.flatnonzero(sb > 0):
-        b = float(sb[p])
-        static_piece[p] -= b * factor * (1 - 1 / depth)
-        piece_params[p] -= b * (1 - 1 / depth)  # what this rank's optimizer updates
-        transient[p] += b  # the gathered parameters, while the forward runs
-        # gathered parameters and the whole gradients (which hold the fresh gradient of the
-        # largest layer already counted), then the gradients and their flat copy
-        t_bwd[p] += 2 * b - min(float(grad_tmp[p]), b)
-        gather = gather_s(b) if gather_s is not None else 0.0
-        fwd[p] += gather
-        bwd[p] += gather + (scatter_s(b) if scatter_s is not None else 0.0)
+    p = np.flatnonzero(sb > 0)
+    b = sb[p]
+    static_piece[p] -= b * factor * (1 - 1 / depth)
+    piece_params[p] -= b * (1 - 1 / depth)  # what this rank's optimizer updates
+    transient[p] += b  # the gathered parameters, while the forward runs
+    # gathered parameters and the whole gradients (which hold the fresh gradient of the
+    # largest layer already counted), then the gradients and their flat copy
+    t_bwd[p] += 2 * b - np.minimum(grad_tmp[p], b)
+    gather = gather_s(b) if gather_s is not None else 0.0
+    fwd[p] += gather
+    bwd[p] += gather + (scatter_s(b) if scatter_s is not None else 0.0)
 
 
 def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:

@@ -310,9 +310,14 @@ def shard_units(g: Graph, assignment: np.ndarray, policies: MemoryPolicies | Non
         for k, part in enumerate(segments(mine, units, g.param_bytes[mine])):
             unit[part] = k
     old = policies.group_of if policies is not None else np.full(g.num_nodes, -1, np.int64)
-    pairs, group_of = np.unique(np.stack([old, unit, assignment]), axis=1, return_inverse=True)
+    a = np.asarray(assignment, np.int64)
+    # the (old group, unit, rank) triples as one number, in their lexicographic order: groups
+    # numbered as np.unique over the stacked rows numbers them, without its slow sort by rows
+    ranks = int(a.max()) + 1 if a.size else 1
+    key = ((np.asarray(old, np.int64) + 1) * units + unit) * ranks + a
+    first, group_of = np.unique(key, return_inverse=True)
     names = tuple(policies.policy_of_group(int(o)) if policies is not None else "none"
-                  for o in pairs[0])
+                  for o in (first // (units * ranks) - 1).tolist())
     return MemoryPolicies(np.asarray(group_of, dtype=np.int64).reshape(-1), names)
 
 
@@ -335,17 +340,7 @@ class _Sharding:
 
         stages, self.dp, self.depth = layout
         self.sharded = sharded_buckets(groups, stages, self.dp)
-        names_in = {n for b, ns in enumerate(names) if self.sharded[b] for n in ns}
-        self.node_bytes = np.zeros(g.num_nodes)
-        named = g.attrs is not None
-        # without parameter names only the nodes owning parameter bytes hold one
-        owners = range(g.num_nodes) if named else \
-            np.flatnonzero(np.asarray(g.param_bytes) > 0).tolist()
-        for i in owners:
-            owned = (g.attr(i, "params", []) or []) if named else _node_params(g, i)
-            if owned:
-                k = sum(n in names_in for n in owned)
-                self.node_bytes[i] = float(g.param_bytes[i]) * k / len(owned)
+        self.node_bytes = _sharded_node_bytes(g, names, self.sharded)
         link = cluster.link(0, min(stages, cluster.size - 1)) if stages < cluster.size \
             else cluster.link(0, 1)
         self.collective_s = lambda b: ring_reduce_scatter_s(b, self.depth, link)
@@ -361,6 +356,29 @@ class _Sharding:
                 "bucket_ring": tuple(self.dp // self.depth if sh else 0
                                      for sh in self.sharded),
                 "bucket_sharded": self.sharded, "depth": self.depth}
+
+
+def _sharded_node_bytes(g: Graph, names: tuple[tuple[str, ...], ...],
+                        sharded: tuple[bool, ...]) -> np.ndarray:
+    """Per node, the bytes of its own parameters that sharding divides: those in the
+    ``sharded`` buckets (a node owning several tensors, its bytes split evenly among them).
+    A graph without parameter names has one tensor per node owning parameter bytes, held by
+    the bucket's nodes (:class:`_HeldParams`) in every copy of the graph."""
+    out = np.zeros(g.num_nodes)
+    if g.attrs is None:
+        held = [ns.nodes for ns, sh in zip(names, sharded) if sh]
+        if held:
+            copies = int(g.meta.get("copies", 1))
+            idx = tiled(np.concatenate(held), copies, g.num_nodes // copies)
+            out[idx] = np.asarray(g.param_bytes, np.float64)[idx]
+        return out
+    names_in = {n for ns, sh in zip(names, sharded) if sh for n in ns}
+    for i in range(g.num_nodes):
+        owned = g.attr(i, "params", []) or []
+        if owned:
+            k = sum(n in names_in for n in owned)
+            out[i] = float(g.param_bytes[i]) * k / len(owned)
+    return out
 
 
 def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatches: int,

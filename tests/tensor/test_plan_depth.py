@@ -155,3 +155,71 @@ def test_the_layout_search_shards_copies_that_do_not_fit_whole():
     roomy = outcore.plan(g, 2, "1GiB", search_layout=True, depth=None)
     sharded = [r["outcome"] for r in roomy.extra["candidates"] if r["depth"] > 1]
     assert sharded and all(o.startswith("not tried") for o in sharded)
+
+
+def _units_by_rows(g, assignment, policies, units):
+    """shard_units by its definition: np.unique over the stacked (policy group, unit, rank)
+    rows (the implementation numbers one key per triple instead)."""
+    from outcore.graph.algorithms import topological_order
+    from outcore.plan.policies import segments
+
+    order = topological_order(g)
+    unit = np.zeros(g.num_nodes, dtype=np.int64)
+    for r in np.unique(assignment):
+        mine = order[assignment[order] == r]
+        for k, part in enumerate(segments(mine, units, g.param_bytes[mine])):
+            unit[part] = k
+    old = policies.group_of if policies is not None else np.full(g.num_nodes, -1, np.int64)
+    pairs, group_of = np.unique(np.stack([old, unit, assignment]), axis=1, return_inverse=True)
+    names = tuple(policies.policy_of_group(int(o)) if policies is not None else "none"
+                  for o in pairs[0])
+    return group_of.reshape(-1), names
+
+
+def _sharded_bytes_by_names(g, names, sharded):
+    """Per node, the bytes of its parameters in a sharded bucket, read by name."""
+    from outcore.schedule.lower import _node_params
+
+    names_in = {n for ns, sh in zip(names, sharded) if sh for n in ns}
+    out = np.zeros(g.num_nodes)
+    for i in range(g.num_nodes):
+        owned = (g.attr(i, "params", []) or []) if g.attrs is not None else _node_params(g, i)
+        if owned:
+            out[i] = float(g.param_bytes[i]) * sum(n in names_in for n in owned) / len(owned)
+    return out
+
+
+@pytest.mark.parametrize("source", ["generated", "captured"])
+def test_sharding_bytes_and_gather_units_follow_their_definitions(source):
+    """Sharding's per-node bytes (arrays over the buckets' nodes on a graph without parameter
+    names) and its gather units (one key per (group, unit, rank)) equal the name-by-name and
+    row-by-row definitions, on a graph of four copies with memory-policy groups."""
+    from outcore.graph.generators import make
+    from outcore.plan.policies import MemoryPolicies
+    from outcore.plan.replicas import expand
+    from outcore.schedule.lower import (_sharded_node_bytes, shard_units, shared_param_buckets,
+                                        sharded_buckets)
+
+    if source == "generated":
+        g = make("transformer", 600)
+    else:
+        g = graph_for(TrainConfig(model=MODEL, batch_size=8, microbatches=1))
+    stages, dp = 2, 4
+    plan = _plan(g, stages, dp, 2, 1)
+    big, assignment, copies = expand(g, plan)
+    assert copies == dp
+    rng = np.random.default_rng(0)
+    groups = rng.integers(-1, 3, big.num_nodes)
+    pol = MemoryPolicies(groups, ("checkpoint", "offload", "checkpoint"))
+    for policies in (None, pol):
+        got = shard_units(big, assignment, policies)
+        want, names = _units_by_rows(big, assignment, policies, 8)
+        np.testing.assert_array_equal(got.group_of, want)
+        assert got.policies == names
+    bgroups, names, _ = shared_param_buckets(big, assignment)
+    sharded = sharded_buckets(bgroups, stages, dp)
+    assert any(sharded) and big.param_bytes.sum() > 0
+    for mask in (sharded, tuple(not s for s in sharded)):
+        got = _sharded_node_bytes(big, names, mask)
+        np.testing.assert_array_equal(got, _sharded_bytes_by_names(big, names, mask))
+    assert _sharded_node_bytes(big, names, sharded).sum() > 0
