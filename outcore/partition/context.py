@@ -162,7 +162,12 @@ class Context:
     def memory(self, assignment: np.ndarray, inflight: np.ndarray | float | None = None,
                devices: int | None = None) -> np.ndarray:
         """Peak bytes per device (module docstring); ``inflight`` defaults to M."""
-        static, act, trans = self.memory_parts(assignment, devices)
+        return self.peak(self.memory_parts(assignment, devices), inflight)
+
+    def peak(self, parts: tuple[np.ndarray, np.ndarray, np.ndarray],
+             inflight: np.ndarray | float | None = None) -> np.ndarray:
+        """:meth:`memory` from the assignment's :meth:`memory_parts`, when they are known."""
+        static, act, trans = parts
         m = float(self.microbatches) if inflight is None else np.asarray(inflight, np.float64)
         return static + m * act + trans
 

@@ -65,14 +65,15 @@ def repair_memory(ctx: Context, assign: np.ndarray, *, max_passes: int | None = 
         np.maximum.at(umax, g.src, g.edge_bytes.astype(np.float64))
     original = a.copy()
     done = 0
+    parts = ctx.memory_parts(a)  # of the current assignment
     for _ in range(passes):
-        mem = ctx.memory(a)
+        mem = ctx.peak(parts)
         over = mem - limit
         if (over <= 0).all():
             break
         done += 1
         cnt = _consumer_counts(g.src, g.dst, a, g.num_nodes, k)
-        _, _, trans = ctx.memory_parts(a)
+        trans = parts[2]
         progress = False
         for d in np.argsort(-over, kind="stable").tolist():
             if over[d] <= 0:
@@ -84,12 +85,13 @@ def repair_memory(ctx: Context, assign: np.ndarray, *, max_passes: int | None = 
                              g.pred_ptr, g.pred_idx, g.pred_edge, ctx.edge_bytes, ctx.lat_s,
                              ctx.inv_bw, k)
             progress |= moved > 0
-            mem = ctx.memory(a)
+            parts = ctx.memory_parts(a)
+            mem = ctx.peak(parts)
             cnt = _consumer_counts(g.src, g.dst, a, g.num_nodes, k)
-            _, _, trans = ctx.memory_parts(a)
+            trans = parts[2]
         if not progress:
             break
-    fits = ctx.fits(ctx.memory(a))
+    fits = ctx.fits(ctx.peak(parts))
     moved_nodes = int((a != original).sum())
     log.debug("memory repair: %d passes, %d nodes moved, fits=%s", done, moved_nodes, fits)
     return a, RepairStats(done, moved_nodes, fits)
