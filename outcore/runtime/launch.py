@@ -300,6 +300,41 @@ def _run_workers(ctx: Any, fn: Callable[..., Any], world_size: int, args: tuple,
     return _attempt(*run, retry=False)  # the last start raises the run's own error
 
 
+# a local run's rendezvous directory (its FileStore) in the temporary directory, named by the
+# launching process: "outcore-rdzv-<pid>-<random>"
+RENDEZVOUS_PREFIX = "outcore-rdzv-"
+
+
+def sweep_rendezvous(tmp: str | None = None) -> list[str]:
+    """Remove the rendezvous directories of local runs whose launcher is gone, and return
+    them. A launcher removes its own when the run ends, but one the OOM killer or ``kill -9``
+    ended cannot (its workers die with it: :func:`lifetime.die_with_parent`); the next local
+    run removes what it left. Only this user's directories, named by a process id that no
+    longer exists (one whose id was reused stays until that process ends)."""
+    tmp = tmp or tempfile.gettempdir()
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    gone = []
+    try:
+        entries = os.scandir(tmp)
+    except OSError:
+        return gone
+    with entries:
+        for e in entries:
+            pid = e.name[len(RENDEZVOUS_PREFIX):].split("-")[0]
+            if not (e.name.startswith(RENDEZVOUS_PREFIX) and pid.isdigit()):
+                continue
+            try:
+                if not e.is_dir(follow_symlinks=False) or \
+                        (uid is not None and e.stat().st_uid != uid):
+                    continue
+            except OSError:
+                continue
+            if not lifetime.process_exists(int(pid)):
+                shutil.rmtree(e.path, ignore_errors=True)
+                gone.append(e.path)
+    return gone
+
+
 class _JoinFailed(Exception):
     """Every worker that failed did so joining the process group, over a connection."""
 
@@ -323,7 +358,9 @@ def _attempt(ctx: Any, fn: Callable[..., Any], world_size: int, args: tuple,
     """One start of the workers; with ``retry``, raises :class:`_JoinFailed` instead of the
     run's error when they could not join (:func:`_join_failed`)."""
     results = ctx.Queue()
-    private = tempfile.mkdtemp(prefix="outcore-rdzv-")  # mode 0700: only this user
+    sweep_rendezvous()
+    # mode 0700: only this user; named by this process, which removes it when the run ends
+    private = tempfile.mkdtemp(prefix=f"{RENDEZVOUS_PREFIX}{os.getpid()}-")
     level = logging.getLogger("outcore").getEffectiveLevel()
     procs = [ctx.Process(target=_worker, args=(r, world_size, os.path.join(private, "store"),
                                                 os.getpid(), fn, args, results, timeout_s,

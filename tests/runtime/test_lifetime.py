@@ -4,12 +4,14 @@ checkpoint folder has one writer at a time."""
 
 from __future__ import annotations
 
+import glob
 import ipaddress
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 from outcore.errors import CheckpointError, RuntimeFailure
 from outcore.runtime import ckpt_trust
 from outcore.runtime.config import TrainConfig
+from outcore.runtime import launch
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import chunks, docs_for
@@ -65,6 +68,7 @@ import sys
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from outcore.errors import OutcoreError
+from outcore.runtime import launch
 from outcore.runtime.launch import run_local
 from tests.runtime.test_lifetime import sleeper
 try:
@@ -118,6 +122,14 @@ def test_workers_end_with_the_main_process(tmp_path, sig):
         while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert all(_gone(p) for p in pids), f"orphan workers after {sig}: {pids}"
+        left = glob.glob(os.path.join(tempfile.gettempdir(),
+                                      f"{launch.RENDEZVOUS_PREFIX}{main.pid}-*"))
+        if sig == "SIGKILL":  # the launcher could not clean up; the next run's sweep does
+            assert left, "no rendezvous directory of the killed launcher: nothing tested"
+            assert set(left) <= set(launch.sweep_rendezvous())
+        assert not glob.glob(os.path.join(tempfile.gettempdir(),
+                                          f"{launch.RENDEZVOUS_PREFIX}{main.pid}-*")), \
+            f"rendezvous directory left after {sig}"
     finally:
         if main.poll() is None:
             main.kill()
