@@ -11,6 +11,10 @@ GEMS mode, micro-batches, tensor-parallel degree and sharding: ``tp`` and ``dept
 search). Before session 46 it left ``tp`` and sharding at 1, which the command does not: the
 figures recorded before then are of that narrower search.
 
+The process keeps freed memory in its heap, as ``outcore plan`` does
+(:func:`outcore.hardware.allocator.keep_heap`); ``--library-heap`` leaves glibc's default, as
+``outcore.plan`` called from a user's program has it.
+
 The first run in a fresh checkout compiles the numba kernels (about a minute): run twice.
 """
 
@@ -25,6 +29,7 @@ import time
 import numpy as np
 
 import outcore
+from outcore.hardware.allocator import keep_heap
 from outcore.graph.generators import make
 from outcore.partition.context import make_context
 
@@ -40,7 +45,11 @@ def main() -> int:
                     help="the search also chooses dp, GEMS mode, micro-batches, the "
                          "tensor-parallel degree and sharding (as `outcore plan --layout auto`)")
     ap.add_argument("--profile", action="store_true", help="print the 30 costliest calls")
+    ap.add_argument("--library-heap", action="store_true",
+                    help="leave the allocator's default (outcore plan keeps freed memory)")
     args = ap.parse_args()
+    if not args.library_heap:
+        keep_heap()  # as `outcore plan` runs the search
     g = make(args.family, args.nodes)
     one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
     req = outcore.plan_request(args.devices, args.cap * one / args.devices,
