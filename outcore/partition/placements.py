@@ -5,9 +5,12 @@ emulator with port contention, and the few of them the simulator should judge
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
@@ -61,36 +64,143 @@ def place(g: Graph, req: PlanRequest, budget: float | None, names: tuple[str, ..
     ``contend``: also return each placement's :func:`contended_runs` emulation, each
     planner's queued as soon as it returns, so that they fill the threads while the slowest
     planner still places (the same emulations as :func:`contended_runs` after the planners).
+    Within :func:`shared_threads` the planners run on its threads, and placements
+    :func:`place_ahead` started with the same arguments are taken as they are.
     """
-    floor = spread_floor(g, req, budget)
-    relaxable = req.memory_policy != "none" and check_fit and budget is not None
+    shared = _SHARED.get()
+    if shared is not None and shared.pool is not None:
+        key = (g, req, budget, names, check_fit, contend)
+        placing = shared.take(key) or _Placing(g, req, budget, names, check_fit, contend,
+                                               shared.pool)
+        return placing.result()
     threads = min(planner_threads(), len(names))
     pool = ThreadPoolExecutor(threads) if threads >= 2 else None
     try:
-        runs = _Runs(g, req, pool) if contend else None
+        return _Placing(g, req, budget, names, check_fit, contend, pool).result()
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def place_ahead(g: Graph, req: PlanRequest, budget: float | None, names: tuple[str, ...],
+                check_fit: bool, *, contend: bool = False) -> bool:
+    """Start :func:`place` on :func:`shared_threads`' threads now, for a later call with the
+    same arguments (the layout search: the next layout's planners run while this thread
+    simulates the last layout's plans). Returns whether it started (not outside
+    :func:`shared_threads`, nor with one planner thread)."""
+    shared = _SHARED.get()
+    if shared is None or shared.pool is None:
+        return False
+    key = (g, req, budget, names, check_fit, contend)
+    if shared.find(key) is None:
+        shared.ahead.append((key, _Placing(g, req, budget, names, check_fit, contend,
+                                           shared.pool)))
+    return True
+
+
+class _Placing:
+    """:func:`place`'s planners, started on ``pool`` (None: run at once, one by one)."""
+
+    def __init__(self, g: Graph, req: PlanRequest, budget: float | None,
+                 names: tuple[str, ...], check_fit: bool, contend: bool,
+                 pool: ThreadPoolExecutor | None) -> None:
+        floor = spread_floor(g, req, budget)
+        relaxable = req.memory_policy != "none" and check_fit and budget is not None
+        self.names = names
+        self.runs = _Runs(g, req, pool) if contend else None
 
         def planner(name: str):
             out = _planner(g, req, budget, name, floor, relaxable)
-            if runs is not None:
-                runs.add(out[0])  # queued behind the planners not yet started
+            if self.runs is not None:
+                self.runs.add(out[0])  # queued behind the planners not yet started
             return out
 
-        outcomes = [f.result() for f in [pool.submit(planner, n) for n in names]] \
-            if pool is not None else [planner(n) for n in names]
+        self.futures = [pool.submit(planner, n) for n in names] if pool is not None else None
+        self.done = [planner(n) for n in names] if pool is None else None
+
+    def result(self):
+        outcomes = self.done if self.futures is None else [f.result() for f in self.futures]
         placed: list[tuple[str, object]] = []
         notes: list[str] = []
         first_error: InfeasibleError | None = None
-        for name, (results, error, note) in zip(names, outcomes):
+        for name, (results, error, note) in zip(self.names, outcomes):
             placed.extend((name, r) for r in results)
             first_error = first_error or error
             if note:
                 notes.append(note)
-        if runs is not None:
-            return placed, notes, first_error, [runs.of(r) for _, r in placed]
+        if self.runs is not None:
+            return placed, notes, first_error, [self.runs.of(r) for _, r in placed]
         return placed, notes, first_error
+
+    def cancel(self) -> None:
+        for f in self.futures or ():
+            f.cancel()
+
+
+def placements_made() -> None:
+    """A layout's placements are made (the search now simulates them): call the
+    :class:`SharedThreads`' ``after_place``, if any."""
+    shared = _SHARED.get()
+    if shared is not None:
+        shared.placed()
+
+
+class SharedThreads:
+    """The planner threads of one layout search (:func:`shared_threads`), the placements
+    started ahead on them (:func:`place_ahead`), and ``after_place``: called once, at the next
+    :func:`placements_made` (the layout search starts the next layout's placements there)."""
+
+    def __init__(self, threads: int) -> None:
+        self.pool = ThreadPoolExecutor(threads) if threads >= 2 else None
+        self.ahead: list[tuple[tuple, _Placing]] = []
+        self.after_place: Callable[[], None] | None = None
+
+    def find(self, key: tuple) -> int | None:
+        g, rest = key[0], key[1:]
+        return next((i for i, (k, _) in enumerate(self.ahead) if k[0] is g and k[1:] == rest),
+                    None)
+
+    def take(self, key: tuple) -> _Placing | None:
+        i = self.find(key)
+        return None if i is None else self.ahead.pop(i)[1]
+
+    def placed(self) -> None:
+        hook, self.after_place = self.after_place, None
+        if hook is not None:
+            hook()
+
+    def close(self) -> None:
+        for _, placing in self.ahead:  # started for layouts the search did not reach
+            placing.cancel()
+        self.ahead.clear()
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+_SHARED: ContextVar[SharedThreads | None] = ContextVar("outcore_planner_threads", default=None)
+
+
+def current_threads() -> SharedThreads | None:
+    """The :func:`shared_threads` block this thread is in, if any."""
+    return _SHARED.get()
+
+
+@contextlib.contextmanager
+def shared_threads() -> Iterator[SharedThreads]:
+    """Within the block, :func:`place` runs the planners on one pool of
+    :func:`planner_threads` threads (the calling thread's block only; nested blocks share the
+    outer one's)."""
+    outer = _SHARED.get()
+    if outer is not None:
+        yield outer
+        return
+    shared = SharedThreads(planner_threads())
+    token = _SHARED.set(shared)
+    try:
+        yield shared
     finally:
-        if pool is not None:
-            pool.shutdown()
+        _SHARED.reset(token)
+        shared.close()
 
 
 def _planner(g: Graph, req: PlanRequest, budget: float | None, name: str, floor,

@@ -22,7 +22,8 @@ from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.graph.tensor_pairs import TensorLayout
 from outcore.hardware.allocator import frozen_objects
-from outcore.partition.placements import contended, contended_runs, place, to_simulate
+from outcore.partition.placements import (contended, contended_runs, place, place_ahead,
+                                           placements_made, to_simulate)
 from outcore.partition.replicated import (as_replicated, better_replicated, fits,  # noqa: F401
                                         replicate, replicated_floor)
 from outcore.plan.layout import Layout
@@ -232,14 +233,12 @@ def _replicated_plan(g: Graph, req: PlanRequest, replicas: int,
                      beat_s: float | None = None) -> Plan:
     """The best single-copy placement under ``memory / replicas``, replicated and simulated
     (not when the copy alone is no faster than ``beat_s``: :class:`Beaten`)."""
-    mem = req.memory_bytes
-    budget = None if mem is None else mem / replicas
+    placed_g, budget, check_fit = _placement_input(g, req, replicas)
     if req.depth > 1:  # placed by the shards' memory; the sharded plan is simulated below
-        base = _best_placement(shard_costed(g, req.depth), req, budget, check_fit=True,
-                               beat_s=beat_s)
+        base = _best_placement(placed_g, req, budget, check_fit=check_fit, beat_s=beat_s)
     else:
         fastest: list[Plan] = []
-        base = _best_placement(g, req, budget, check_fit=(replicas == 1), beat_s=beat_s,
+        base = _best_placement(placed_g, req, budget, check_fit=check_fit, beat_s=beat_s,
                                replicas=replicas, fastest_copy=fastest)
         if replicas == 1 and req.dp == 1:
             return base
@@ -252,6 +251,41 @@ def _replicated_plan(g: Graph, req: PlanRequest, replicas: int,
                      f"on each device, summed over the replicas it holds), no faster than the "
                      f"best plan so far ({beat_s * 1e3:.2f} ms); not replicated")
     return replicate(g, base, req, replicas)
+
+
+def _placement_input(g: Graph, req: PlanRequest, replicas: int
+                     ) -> tuple[Graph, float | None, bool]:
+    """What one copy of ``replicas`` GEMS replicas is placed on: ``(graph, memory budget per
+    device, whether placements must fit it)`` (a sharded layout: the shards' memory)."""
+    mem = req.memory_bytes
+    budget = None if mem is None else mem / replicas
+    if req.depth > 1:
+        return shard_costed(g, req.depth), budget, True
+    return g, budget, replicas == 1
+
+
+def place_next(g: Graph, req: PlanRequest) -> bool:
+    """Start the placements :func:`_search` of ``(g, req)`` begins with on the layout search's
+    planner threads (:func:`~outcore.partition.placements.place_ahead`), while this thread
+    finishes another layout; they are the same placements, only made earlier. Returns whether
+    they started (not for a layout placed on one device, a sharded one, or one the planners
+    would refuse outright)."""
+    if req.depth > 1 or (req.devices == req.tp and req.strategy in ("auto", "single")):
+        return False
+    placed_g, budget, check_fit = _placement_input(g, req, req.replica_options()[0])
+    co, names = _placement_call(placed_g, req)
+    return names is not None and place_ahead(placed_g if co is None else co.graph, req, budget,
+                                             names, check_fit, contend=True)
+
+
+def _placement_call(g: Graph, req: PlanRequest):
+    """``(g's coarsened copy or None, the planners)`` of :func:`_placed`: the copy is what they
+    place; no planner (None) with one device per copy."""
+    from outcore.partition.coarse import coarsened
+
+    names = None if req.strategy == "auto" and req.model_parallel_devices == 1 else \
+        (AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,))
+    return coarsened(g), names
 
 
 # a placement is not simulated when the emulator with port contention finds it this many times
@@ -281,6 +315,7 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     over the devices fits, every node on one device is tried too (:func:`_on_one_device`).
     ``fastest_copy``: a list to receive the simulated placement fastest as one copy."""
     placed, notes, first_error, est = _placed(g, req, budget, check_fit, replicas)
+    placements_made()  # the layout search may start the next layout's placements now
     chosen = to_simulate(placed, est)
     tried: list[tuple[float, int, Plan]] = []
     bound = beat_s  # the fastest simulated plan that fits so far (or another layout's)
@@ -347,17 +382,14 @@ def _placed(g: Graph, req: PlanRequest, budget: float | None, check_fit: bool,
     them). A graph above :data:`~outcore.partition.coarse.COARSEN_ABOVE` nodes is placed and
     emulated coarsened (:func:`~outcore.partition.coarse.coarsened`); the placements come
     back projected onto ``g``, whose simulation judges them."""
-    from outcore.partition.coarse import coarsened
-
-    co = coarsened(g)
+    co, names = _placement_call(g, req)
     pg = g if co is None else co.graph
-    if req.strategy == "auto" and req.model_parallel_devices == 1:
+    if names is None:
         # one device per copy: every planner would return this placement
         placed, notes, first_error = [("single", _all_on_one(pg, req, "one device per copy"))], \
             [], None
         runs = contended_runs(pg, req, placed)
     else:
-        names = AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,)
         placed, notes, first_error, runs = place(pg, req, budget, names, check_fit,
                                                  contend=True)
     est = [as_replicated(req, em.busy_s, em.makespan_s, replicas) for em in runs]

@@ -75,3 +75,62 @@ def test_placements_alike_are_emulated_once(monkeypatch):
     for item, em in zip(twice, runs):
         own = placements.contended_runs(g, req, [item])[0]
         assert em.makespan_s == own.makespan_s and np.array_equal(em.busy_s, own.busy_s)
+
+
+def _layout_search(family, threads, monkeypatch, taken):
+    monkeypatch.setattr(placements, "PLANNER_THREADS", threads)
+    g = make(family, 1500)
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
+    req = outcore.plan_request(4, 1.25 * one / 4, bandwidth="16GB/s", search_layout=True,
+                               tp=None, depth=None)
+    p = outcore.plan(g, req)
+    rows = [{k: v for k, v in r.items()} for r in p.extra["candidates"]]
+    return p.assignment.tolist(), p.layout, p.predicted["iteration_s"], p.notes, rows
+
+
+@pytest.mark.parametrize("family", ["nas", "rnn", "transformer"])
+def test_the_next_layouts_placements_made_ahead_change_nothing(family, monkeypatch):
+    """The layout search starts the next layout's placements while it simulates the current
+    one's (placements.place_ahead): with two planner threads the plan, its notes and every
+    layout's record are those of one thread, where nothing starts ahead."""
+    taken = []
+    take = placements.SharedThreads.take
+
+    def counted(self, key):
+        found = take(self, key)
+        taken.append(found is not None)
+        return found
+
+    monkeypatch.setattr(placements.SharedThreads, "take", counted)
+    alone = _layout_search(family, 1, monkeypatch, taken)
+    assert not any(taken)  # one thread: nothing is started ahead
+    together = _layout_search(family, 2, monkeypatch, taken)
+    assert alone == together
+    if family == "nas":  # its layouts are planned one after another, each started ahead
+        assert sum(taken) >= 2, taken
+
+
+def test_placements_started_ahead_serve_only_the_same_call(monkeypatch):
+    """place takes what place_ahead started only for the same graph, request, budget, planners
+    and flags; another call places afresh. Either way the result is a fresh place's."""
+    monkeypatch.setattr(placements, "PLANNER_THREADS", 2)
+    g = make("nas", 600)
+    one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
+    req = outcore.plan_request(2, 0.55 * one, bandwidth="16GB/s")
+
+    def shown(out):
+        placed, notes, error, runs = out
+        return ([(n, r.assignment.tolist()) for n, r in placed], notes, str(error),
+                [em.makespan_s for em in runs])
+
+    fresh = {b: shown(placements.place(g, req, b, AUTO_CANDIDATES, True, contend=True))
+             for b in (req.memory_bytes, None)}
+    with placements.shared_threads() as threads:
+        assert placements.place_ahead(g, req, req.memory_bytes, AUTO_CANDIDATES, True,
+                                      contend=True)
+        other = placements.place(g, req, None, AUTO_CANDIDATES, True, contend=True)
+        assert len(threads.ahead) == 1  # another budget: not taken
+        same = placements.place(g, req, req.memory_bytes, AUTO_CANDIDATES, True, contend=True)
+        assert not threads.ahead
+    assert shown(other) == fresh[None] and shown(same) == fresh[req.memory_bytes]
+    assert fresh[None] != fresh[req.memory_bytes]  # the budgets place differently
