@@ -384,13 +384,14 @@ class _Rescaled:
 
 def _place_next(graphs: _Rescaled, req: PlanRequest, upcoming: list[list[LayoutChoice]],
                 policy: str, best: list[Any], now: LayoutChoice) -> None:
-    """Start the placements of the layout the search tries next (the first count of the next
-    mesh no bound prunes, not a sharded one: tried only where copies do not fit whole) on the
-    planner threads while this thread simulates the plans of ``now``
-    (:func:`outcore.partition.search.place_next`): the same placements, made earlier. Only
-    when no plan of ``now`` could prune it (its time bound is at most ``now``'s, which no plan
-    of ``now`` beats): started for a layout the search then skips, they would take the
-    threads from the layouts it plans (seen on an RNN grid: the same time, 1.1x the CPU)."""
+    """Start the placements of a layout the search will plan (the first count of a later
+    mesh, not a sharded one: tried only where copies do not fit whole) on the planner threads
+    while this thread simulates the plans of ``now``
+    (:func:`outcore.partition.search.place_next`): the same placements, made earlier. The
+    first that no plan of ``now`` or of a layout between could prune: its time bound at most
+    ``now``'s, which no plan of ``now`` beats (nor of a later mesh, whose bound is higher).
+    Started for a layout the search then skips, they would take the threads from the
+    layouts it plans (seen on an RNN grid: the same time, 1.1x the CPU)."""
     from outcore.partition.search import place_next
 
     bound = min(now.time_bound_s, best[1].predicted["iteration_s"] if best else math.inf)
@@ -399,13 +400,13 @@ def _place_next(graphs: _Rescaled, req: PlanRequest, upcoming: list[list[LayoutC
         if c.depth > 1 or (req.memory_bytes and c.floor(policy) > req.memory_bytes) or \
                 (best and c.time_bound_s > best[1].predicted["iteration_s"]):
             continue  # not planned as things stand
-        if c.time_bound_s <= bound:
+        if c.time_bound_s <= bound:  # planned, after any layout before it that is
             try:
                 creq = c.request(req, policy)
                 place_next(graphs(c.samples, c.tp, creq), creq)
             except OutcoreError:
                 pass  # its own search says why
-        return
+            return
 
 
 def _search_group(graphs: _Rescaled, req: PlanRequest, group: list[LayoutChoice],
