@@ -22,6 +22,8 @@ fastest that fits is the strategy's plan.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from outcore.graph.algorithms import depth_levels
@@ -176,11 +178,22 @@ def _weights(ctx: Context) -> dict[str, np.ndarray]:
     return {"memory": memory, "time": ctx.work_s}
 
 
+# the depth-first and breadth-first orders of each graph structure: they depend on the edges
+# alone, and the layout search plans a graph's copies rescaled to each micro-batch size
+_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _orders(ctx: Context) -> dict[str, np.ndarray]:
     orders = {"topological": ctx.order}
     if ctx.g.num_nodes <= LARGE_GRAPH_NODES:
-        orders["depth-first"] = depth_first_order(ctx)
-        orders["breadth-first"] = breadth_first_order(ctx)
+        made = _ORDERS.get(ctx.g.structure)
+        if made is None:  # (two threads may both make them: the same orders)
+            made = {"depth-first": depth_first_order(ctx),
+                    "breadth-first": breadth_first_order(ctx)}
+            for a in made.values():
+                a.setflags(write=False)
+            _ORDERS[ctx.g.structure] = made
+        orders.update(made)
     return orders
 
 
