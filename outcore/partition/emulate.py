@@ -222,20 +222,41 @@ def _gradient_groups(g: Graph, a: np.ndarray, devices: int, edge_bytes: np.ndarr
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The backward's gradient groups (see :mod:`outcore.partition._sched_kernel`): per entry
     of the backward's notification CSR (consumer ``w`` notifies producer ``u``), the group of
-    ``(u, device of w)`` when that device is not ``u``'s and the edge carries bytes, else -1;
-    per group its entries and its bytes (the largest edge: the gradient of one tensor)."""
-    rows = np.repeat(np.arange(g.num_nodes, dtype=np.int64), np.diff(g.pred_ptr))
-    u = np.asarray(g.pred_idx, np.int64)
-    eb = np.asarray(edge_bytes, np.int64)[np.asarray(g.pred_edge, np.int64)]
-    remote = np.flatnonzero((a[rows] != a[u]) & (eb > 0))
-    grp = np.full(u.size, -1, np.int64)
-    if not remote.size:
-        return grp, np.zeros(0, np.int64), np.zeros(0, np.int64)
-    keys, inverse = np.unique(u[remote] * devices + a[rows[remote]], return_inverse=True)
-    grp[remote] = inverse
-    count = np.bincount(inverse, minlength=keys.size).astype(np.int64)
-    nbytes = np.zeros(keys.size, np.int64)
-    np.maximum.at(nbytes, inverse, eb[remote])
+    ``(u, device of w)`` when that device is not ``u``'s and the edge carries bytes, else -1,
+    groups numbered in ``(u, device)`` order; per group its entries and its bytes (the largest
+    edge: the gradient of one tensor). Compiled (:func:`_groups_kernel`)."""
+    return _groups_kernel(g.pred_ptr, g.pred_idx, np.asarray(g.pred_edge, np.int64),
+                          np.ascontiguousarray(a, np.int64), np.asarray(edge_bytes, np.int64),
+                          devices)
+
+
+@njit
+def _groups_kernel(pred_ptr, pred_idx, pred_edge, a, edge_bytes, devices):
+    n = pred_ptr.shape[0] - 1
+    grp = np.full(pred_idx.shape[0], -1, np.int64)
+    slot = np.full(n * devices, -1, np.int64)  # group of each (u, device) key; -2: seen
+    for w in range(n):
+        for k in range(pred_ptr[w], pred_ptr[w + 1]):
+            u = pred_idx[k]
+            if a[u] != a[w] and edge_bytes[pred_edge[k]] > 0:
+                slot[u * devices + a[w]] = -2
+    groups = 0
+    for key in range(n * devices):  # numbered in key order
+        if slot[key] == -2:
+            slot[key] = groups
+            groups += 1
+    count = np.zeros(groups, np.int64)
+    nbytes = np.zeros(groups, np.int64)
+    for w in range(n):
+        for k in range(pred_ptr[w], pred_ptr[w + 1]):
+            u = pred_idx[k]
+            eb = edge_bytes[pred_edge[k]]
+            if a[u] != a[w] and eb > 0:
+                b = slot[u * devices + a[w]]
+                grp[k] = b
+                count[b] += 1
+                if eb > nbytes[b]:
+                    nbytes[b] = eb
     return grp, count, nbytes
 
 

@@ -13,7 +13,21 @@ import numpy as np
 
 from outcore.graph._jit import njit, njit_borrowing
 
-__all__ = ["hop_levels", "piece_components", "segment_bounds"]
+__all__ = ["hop_levels", "piece_components", "segment_bounds", "sends_kernel"]
+
+
+@njit
+def sends_kernel(succ_ptr, succ_idx, key):
+    """``bool[n]``: the nodes with a successor of another ``key`` (their output leaves)."""
+    n = succ_ptr.shape[0] - 1
+    out = np.zeros(n, np.bool_)
+    for v in range(n):
+        kv = key[v]
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            if key[succ_idx[k]] != kv:
+                out[v] = True
+                break
+    return out
 
 
 @njit

@@ -21,7 +21,7 @@ import numpy as np
 
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
-from outcore.plan._pieces_kernel import hop_levels, piece_components
+from outcore.plan._pieces_kernel import hop_levels, piece_components, sends_kernel
 
 
 class Piece(NamedTuple):
@@ -182,9 +182,7 @@ def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None,
 def device_sends(g: Graph, assignment: np.ndarray) -> np.ndarray:
     """``bool[n]``: the nodes whose output another device consumes; each ends its piece
     (:func:`hops`' ``sends``, as :func:`cut` and the emulator's order use it)."""
-    sends = np.zeros(g.num_nodes, dtype=bool)
-    sends[g.src[assignment[g.src] != assignment[g.dst]]] = True
-    return sends
+    return sends_kernel(g.succ_ptr, g.succ_idx, np.asarray(assignment, np.int64))
 
 
 def cut(g: Graph, assignment: np.ndarray, groups: np.ndarray | None = None,

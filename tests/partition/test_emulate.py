@@ -210,3 +210,41 @@ def test_contended_emulation_charges_each_piece_its_runtime_cost_on_the_device()
     em = run(ctx, a, contend=True)
     assert em.fwd_start_s[0].tolist() == [0, 3.5] and em.bwd_start_s[0].tolist() == [10, 5.5]
     assert em.makespan_s == 13
+
+
+def _groups_by_definition(g, a, devices, edge_bytes):
+    """The backward's gradient groups by their definition, with numpy: one group per (producer,
+    consuming device) of a remote edge with bytes, numbered in that order."""
+    rows = np.repeat(np.arange(g.num_nodes, dtype=np.int64), np.diff(g.pred_ptr))
+    u = np.asarray(g.pred_idx, np.int64)
+    eb = np.asarray(edge_bytes, np.int64)[np.asarray(g.pred_edge, np.int64)]
+    remote = np.flatnonzero((a[rows] != a[u]) & (eb > 0))
+    grp = np.full(u.size, -1, np.int64)
+    keys, inverse = np.unique(u[remote] * devices + a[rows[remote]], return_inverse=True)
+    grp[remote] = inverse
+    nbytes = np.zeros(keys.size, np.int64)
+    np.maximum.at(nbytes, inverse, eb[remote])
+    return grp, np.bincount(inverse, minlength=keys.size), nbytes
+
+
+@pytest.mark.parametrize("family", ["nas", "rnn", "unet", "transformer"])
+def test_gradient_groups_follow_their_definition(family):
+    from outcore.graph.generators import make
+    from outcore.partition.emulate import _gradient_groups
+
+    g = make(family, 1500)
+    rng = np.random.default_rng(3)
+    for devices in (2, 4):
+        ctx = make_context(g, devices)
+        for a in (rng.integers(0, devices, g.num_nodes),
+                  np.arange(g.num_nodes) * devices // g.num_nodes,
+                  np.zeros(g.num_nodes, np.int64)):
+            # the context's bytes, and bytes that differ edge by edge (zeros among them)
+            for eb in (ctx.edge_bytes, rng.integers(0, 4, g.num_edges) * 100):
+                got = _gradient_groups(g, a, devices, eb)
+                want = _groups_by_definition(g, a, devices, eb)
+                for x, y in zip(got, want):
+                    assert x.dtype == np.int64
+                    np.testing.assert_array_equal(x, y)
+            if not a.any():  # one device: nothing crosses
+                assert got[1].size == 0 and (got[0] == -1).all()
