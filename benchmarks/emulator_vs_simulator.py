@@ -9,7 +9,7 @@ placement on 4 devices (no memory cap), emulated plainly and with port contentio
 1F1B schedule). Prints each placement's ratio emulated / simulated and, per case, whether the
 contended emulation puts first the placement the simulator finds fastest; the summary gives the
 distribution of the ratios, which is what the search's pruning margin
-(:data:`outcore.partition.search.PRUNE_RATIO`) must cover.
+(:data:`outcore.partition.placements.PRUNE_RATIO`) must cover.
 
     PYTHONPATH=. .venv/bin/python benchmarks/emulator_vs_simulator.py
     PYTHONPATH=. .venv/bin/python benchmarks/emulator_vs_simulator.py --nodes 3000 --mbs 1

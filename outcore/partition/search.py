@@ -22,8 +22,8 @@ from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.graph.tensor_pairs import TensorLayout
 from outcore.hardware.allocator import frozen_objects
-from outcore.partition.placements import (contended, contended_runs, place, place_ahead,
-                                           placements_made, to_simulate)
+from outcore.partition.placements import (contended, contended_runs, not_simulated, place,
+                                           place_ahead, placements_made, to_simulate)
 from outcore.partition.replicated import (as_replicated, better_replicated, fits,  # noqa: F401
                                         replicate, replicated_floor)
 from outcore.plan.layout import Layout
@@ -147,8 +147,9 @@ class Beaten(InfeasibleError):
 def _search(g: Graph, req: PlanRequest, beat_s: float | None = None) -> Plan:
     """The best plan of the request's layout. ``beat_s``: the time a plan must be under to
     matter (another layout's; the layout search passes it): placements the emulator finds
-    :data:`PRUNE_RATIO` times slower are not simulated, and once the best placement is no
-    faster the layout's search stops (:class:`Beaten`), as copies and replicas only add time."""
+    :data:`~outcore.partition.placements.PRUNE_RATIO` times slower are not simulated, and
+    once the best placement is no faster the layout's search stops (:class:`Beaten`), as
+    copies and replicas only add time."""
     from outcore.partition import STRATEGIES
 
     if req.strategy not in ("auto", "single") and req.strategy not in STRATEGIES:
@@ -288,13 +289,6 @@ def _placement_call(g: Graph, req: PlanRequest):
     return coarsened(g), names
 
 
-# a placement is not simulated when the emulator with port contention finds it this many times
-# slower than the best simulated plan that fits: the contended emulation is at most 1.12x the
-# simulated time over 299 placements of five graph families (benchmarks/
-# emulator_vs_simulator.py: 3k and 10k nodes, 16 and 300 GB/s, 1 and 4 micro-batches), so a
-# placement past 1.2x the best cannot be faster. (It under-estimates by up to 1.6x: the
-# per-piece overhead of fine-grained placements, 1F1B against its all-forwards-first order.)
-PRUNE_RATIO = 1.2
 
 
 def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
@@ -308,11 +302,13 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     :data:`~outcore.partition.placements.SIMULATED_PER_SEARCH` fastest other placements by the
     emulator with port contention (:func:`~outcore.partition.placements.contended`) are made
     to fit with memory policies and simulated (the simulator costs a lowering and an event run
-    each), fastest first, except those the contended emulation finds :data:`PRUNE_RATIO` times
-    slower than the best simulated plan that fits, or than ``beat_s`` (another layout's plan:
+    each), fastest first, except those the contended emulation finds
+    :data:`~outcore.partition.placements.PRUNE_RATIO` times slower than the best simulated
+    plan that fits, or than ``beat_s`` (another layout's plan:
     :func:`_search`; :class:`Beaten` when none is left) or, as ``replicas`` GEMS replicas,
-    no faster than ``beat_s`` by their compute alone (:func:`_not_simulated`). Where nothing
-    over the devices fits, every node on one device is tried too (:func:`_on_one_device`).
+    no faster than ``beat_s`` by their compute alone
+    (:func:`~outcore.partition.placements.not_simulated`). Where nothing over the devices
+    fits, every node on one device is tried too (:func:`_on_one_device`).
     ``fastest_copy``: a list to receive the simulated placement fastest as one copy."""
     placed, notes, first_error, est = _placed(g, req, budget, check_fit, replicas)
     placements_made()  # the layout search may start the next layout's placements now
@@ -323,7 +319,7 @@ def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     seen: dict[bytes, str] = {}  # the planner that offered each placement simulated so far
     for k in sorted(range(len(placed)), key=lambda k: (k not in chosen, est[k], k)):
         name, result = placed[k]
-        skip = _not_simulated(name, result, est[k], k in chosen, bound, beat_s, replicas)
+        skip = not_simulated(name, result, est[k], k in chosen, bound, beat_s, replicas)
         if skip is not None:
             notes.append(skip[0])
             beaten = beaten or skip[1]
@@ -400,29 +396,6 @@ def _placed(g: Graph, req: PlanRequest, budget: float | None, check_fit: bool,
                              microbatches=req.microbatches).lower_bound_s()
         placed = [(name, co.projected(r, bound)) for name, r in placed]  # (each notes it)
     return placed, notes, first_error, est
-
-
-def _not_simulated(name: str, result, est: float, chosen: bool, bound: float | None,
-                   beat_s: float | None, replicas: int) -> tuple[str, bool] | None:
-    """Why :func:`_best_placement` does not simulate a placement emulated at ``est`` seconds
-    (with port contention; as ``replicas`` replicas, at least their busiest device's compute),
-    and whether it lost to ``beat_s``; None: simulate it."""
-    if not chosen:
-        return (f"{name}: emulated {result.makespan_s * 1e3:.2f} ms per iteration "
-                f"({est * 1e3:.2f} ms with port contention), not simulated (slower than the "
-                "best by the emulator)", False)
-    if replicas > 1 and beat_s is not None and est >= beat_s:
-        return (f"{name}: its {replicas} replicas take at least {est * 1e3:.2f} ms (the "
-                f"contended emulation, and the compute of its busiest device over them), no "
-                f"faster than another layout's plan ({beat_s * 1e3:.2f} ms); not simulated",
-                True)
-    if bound is not None and est > PRUNE_RATIO * bound:
-        whose = "another layout's plan" if bound == beat_s else \
-            "the best simulated plan that fits"
-        return (f"{name}: emulated {est * 1e3:.2f} ms per iteration with port contention, "
-                f"over {PRUNE_RATIO}x {whose} ({bound * 1e3:.2f} ms); not simulated",
-                bound == beat_s)
-    return None
 
 
 def _finished(g: Graph, req: PlanRequest, placed: list, tried: list, notes: list[str],

@@ -123,8 +123,9 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     with ``overhead_overlaps`` (GPUs) it is host work overlapping the device's, and a piece
     takes the longer of the two. ``sharded_bytes`` (per node) are parameter bytes sharded over
     ``depth`` copies; ``gather_s`` / ``scatter_s`` time an all-gather / reduce-scatter of so many
-    (whole) bytes over them, per piece (an array of bytes in, of seconds out). ``loss_s`` times the loss (forward, backward) on a model output of
-    so many bytes (:func:`loss_cost_s`): the piece holding the output pays it.
+    (whole) bytes over them, per piece (an array of bytes in, of seconds out). ``loss_s``
+    times the loss (forward, backward) on a model output of so many bytes
+    (:func:`loss_cost_s`): the piece holding the output pays it.
     """
     n_p = pieces.num_pieces
     piece_of = pieces.piece_of

@@ -319,7 +319,7 @@ def test_the_pruning_margin_covers_the_contended_emulations_error(family, nodes)
     from outcore.partition import contiguous_results, partition, subgraph_results
     from outcore.partition.context import make_context
     from outcore.partition.emulate import run
-    from outcore.partition.search import PRUNE_RATIO
+    from outcore.partition.placements import PRUNE_RATIO
     from outcore.plan import make_plan
     g = make(family, nodes, seed=1)
     worst = 0.0
