@@ -315,6 +315,15 @@ def draw_candidates(p: Plan, path: str | os.PathLike) -> Any:
                  title=f"candidates for {p.graph.get('name', 'the graph')}")
 
 
+def keep_freed_memory() -> bool:
+    """Keep freed memory in this process's heap for the rest of the process (glibc; see
+    :func:`outcore.hardware.allocator.keep_heap`): the search frees and remakes arrays the size
+    of the graph thousands of times. ``outcore plan`` and ``outcore simulate`` do; a program
+    calling :func:`plan` may. Returns whether the allocator accepted it."""
+    from outcore.hardware.allocator import keep_heap
+    return keep_heap()
+
+
 def microbatch_graph(g: Graph, p: Plan) -> Graph:
     """``g`` at the micro-batch size of plan ``p``: ``g`` itself, or ``g`` rescaled when the
     search chose how to split its batch (``outcore.graph.batch.at_microbatch``)."""

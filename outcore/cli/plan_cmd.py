@@ -106,9 +106,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     import outcore
-    from outcore.hardware.allocator import keep_heap
 
-    keep_heap()  # the search frees and remakes graph-sized arrays; this process ends with it
+    outcore.api.keep_freed_memory()  # the search remakes graph-sized arrays; the process ends
     out = check_output_suffix(args.output, (".json",))
     schedule_out = check_output_suffix(args.schedule_out, (".json",)) \
         if args.schedule_out else None

@@ -60,10 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import outcore
-    from outcore.hardware.allocator import keep_heap
     from outcore.units import parse_bytes
 
-    keep_heap()  # as outcore plan (outcore.hardware.allocator): this process ends with it
+    outcore.api.keep_freed_memory()  # as outcore plan does; this process ends with it
     g = outcore.load_graph(args.graph)
     p = outcore.load_plan(args.plan, g)
     if args.tp and args.tp != p.layout.tp:

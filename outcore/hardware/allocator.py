@@ -13,7 +13,7 @@ The ``outcore plan`` and ``outcore simulate`` commands keep them too: the search
 arrays the size of the graph thousands of times (a 50k-node NAS graph's search with the layout
 open: 1.21 -> 1.12 s in a fresh process, 0.98 -> 0.89 s in a warm one, page faults 110k -> 57k,
 ``benchmarks/search_speed.py``). ``outcore.plan`` called from a user's own program leaves that
-program's allocator as it is (call :func:`keep_heap` first to have the same).
+program's allocator as it is (``outcore.api.keep_freed_memory()`` first to have the same).
 
 The setting stays for the rest of the process: glibc cannot be put back to its adaptive
 threshold once one is set (setting 128 KiB back made the same layers 2x *slower* than the
