@@ -66,13 +66,13 @@ def repair_memory(ctx: Context, assign: np.ndarray, *, max_passes: int | None = 
     original = a.copy()
     done = 0
     parts = ctx.memory_parts(a)  # of the current assignment
+    cnt = _consumer_counts(g.src, g.dst, a, g.num_nodes, k)  # _relieve keeps it so
     for _ in range(passes):
         mem = ctx.peak(parts)
         over = mem - limit
         if (over <= 0).all():
             break
         done += 1
-        cnt = _consumer_counts(g.src, g.dst, a, g.num_nodes, k)
         trans = parts[2]
         progress = False
         for d in np.argsort(-over, kind="stable").tolist():
@@ -87,7 +87,6 @@ def repair_memory(ctx: Context, assign: np.ndarray, *, max_passes: int | None = 
             progress |= moved > 0
             parts = ctx.memory_parts(a)
             mem = ctx.peak(parts)
-            cnt = _consumer_counts(g.src, g.dst, a, g.num_nodes, k)
             trans = parts[2]
         if not progress:
             break
@@ -176,7 +175,8 @@ def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved
     """Greedy min-knapsack on device ``d``: move nodes until ``need`` bytes are freed (the
     cheapest per byte first; a move re-costs its neighbours, except :data:`WIDE` ones).
 
-    Updates ``a`` (and the scratch ``mem``, ``cnt``, ``trans``) in place; returns nodes moved.
+    Updates ``a`` and ``cnt`` (exactly: each moved node's in-edges change device) and the
+    scratch ``mem`` and ``trans`` in place; returns nodes moved.
     """
     n = a.shape[0]
     cap = 1
