@@ -295,11 +295,9 @@ def place_allreduces(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) 
 SHARD_UNITS = 8
 
 
-def shard_units(g: Graph, assignment: np.ndarray, policies: MemoryPolicies | None,
-                units: int = SHARD_UNITS) -> MemoryPolicies:
-    """Memory-policy groups split further into gather units: every rank's nodes, in
-    topological order, cut into ``units`` consecutive parts of equal parameter bytes (each
-    part keeps its nodes' policies)."""
+def gather_units(g: Graph, assignment: np.ndarray, units: int = SHARD_UNITS) -> np.ndarray:
+    """``int64[n]``: each node's gather unit on its rank, ``0 .. units - 1``: the rank's nodes
+    in topological order cut into ``units`` consecutive parts of equal parameter bytes."""
     from outcore.graph.algorithms import topological_order
     from outcore.plan.policies import segments
 
@@ -309,6 +307,14 @@ def shard_units(g: Graph, assignment: np.ndarray, policies: MemoryPolicies | Non
         mine = order[assignment[order] == r]
         for k, part in enumerate(segments(mine, units, g.param_bytes[mine])):
             unit[part] = k
+    return unit
+
+
+def shard_units(g: Graph, assignment: np.ndarray, policies: MemoryPolicies | None,
+                units: int = SHARD_UNITS) -> MemoryPolicies:
+    """Memory-policy groups split further into gather units (:func:`gather_units`; each part
+    keeps its nodes' policies), numbered in (policy group, unit, rank) order."""
+    unit = gather_units(g, assignment, units)
     old = policies.group_of if policies is not None else np.full(g.num_nodes, -1, np.int64)
     a = np.asarray(assignment, np.int64)
     # the (old group, unit, rank) triples as one number, in their lexicographic order: groups

@@ -160,15 +160,9 @@ def test_the_layout_search_shards_copies_that_do_not_fit_whole():
 def _units_by_rows(g, assignment, policies, units):
     """shard_units by its definition: np.unique over the stacked (policy group, unit, rank)
     rows (the implementation numbers one key per triple instead)."""
-    from outcore.graph.algorithms import topological_order
-    from outcore.plan.policies import segments
+    from outcore.schedule.lower import gather_units
 
-    order = topological_order(g)
-    unit = np.zeros(g.num_nodes, dtype=np.int64)
-    for r in np.unique(assignment):
-        mine = order[assignment[order] == r]
-        for k, part in enumerate(segments(mine, units, g.param_bytes[mine])):
-            unit[part] = k
+    unit = gather_units(g, assignment, units)
     old = policies.group_of if policies is not None else np.full(g.num_nodes, -1, np.int64)
     pairs, group_of = np.unique(np.stack([old, unit, assignment]), axis=1, return_inverse=True)
     names = tuple(policies.policy_of_group(int(o)) if policies is not None else "none"
