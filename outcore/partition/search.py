@@ -14,6 +14,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from outcore.partition.replicated import (as_replicated, better_replicated, fits
 from outcore.plan.layout import Layout
 from outcore.plan.plan import Plan, make_plan
 from outcore.plan.request import PlanRequest
+
+if TYPE_CHECKING:
+    from outcore.partition.coarse import Coarse
 
 log = logging.getLogger(__name__)
 
@@ -269,8 +273,8 @@ def place_next(g: Graph, req: PlanRequest) -> bool:
     """Start the placements :func:`_search` of ``(g, req)`` begins with on the layout search's
     planner threads (:func:`~outcore.partition.placements.place_ahead`), while this thread
     finishes another layout; they are the same placements, only made earlier. Returns whether
-    they started (not for a layout placed on one device, a sharded one, or one the planners
-    would refuse outright)."""
+    they started (not for a layout of one device per copy, nor a sharded one, whose search
+    the layout search tries only where plain copies do not fit)."""
     if req.depth > 1 or (req.devices == req.tp and req.strategy in ("auto", "single")):
         return False
     placed_g, budget, check_fit = _placement_input(g, req, req.replica_options()[0])
@@ -279,7 +283,7 @@ def place_next(g: Graph, req: PlanRequest) -> bool:
                                              names, check_fit, contend=True)
 
 
-def _placement_call(g: Graph, req: PlanRequest):
+def _placement_call(g: Graph, req: PlanRequest) -> tuple[Coarse | None, tuple[str, ...] | None]:
     """``(g's coarsened copy or None, the planners)`` of :func:`_placed`: the copy is what they
     place; no planner (None) with one device per copy."""
     from outcore.partition.coarse import coarsened
@@ -287,7 +291,6 @@ def _placement_call(g: Graph, req: PlanRequest):
     names = None if req.strategy == "auto" and req.model_parallel_devices == 1 else \
         (AUTO_CANDIDATES if req.strategy == "auto" else (req.strategy,))
     return coarsened(g), names
-
 
 
 
