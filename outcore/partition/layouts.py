@@ -391,7 +391,7 @@ def _place_next(graphs: _Rescaled, req: PlanRequest, upcoming: list[list[LayoutC
     first that no plan of ``now`` or of a layout between could prune: its time bound at most
     ``now``'s, which no plan of ``now`` beats (nor of a later mesh, whose bound is higher).
     Started for a layout the search then skips, they would take the threads from the
-    layouts it plans (seen on an RNN grid: the same time, 1.1x the CPU)."""
+    layouts it plans (seen on an RNN grid: 1.1-1.3x the CPU, no faster)."""
     from outcore.partition.search import place_next
 
     bound = min(now.time_bound_s, best[1].predicted["iteration_s"] if best else math.inf)
