@@ -37,9 +37,27 @@ __all__ = ["breadth_first_order", "depth_first_order", "plan", "shared_split", "
 LARGE_GRAPH_NODES = 250_000
 
 
+# orders made per graph structure: they depend on the edges alone, and the layout search plans
+# a graph's copies rescaled to each micro-batch size
+_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _per_structure(ctx: Context, name: str, make) -> np.ndarray:
+    """A copy of ``make(ctx)``, made once per graph structure (two threads may both make it:
+    the same order)."""
+    made = _ORDERS.setdefault(ctx.g.structure, {})
+    if name not in made:
+        made[name] = make(ctx)
+    return made[name].copy()
+
+
 def depth_first_order(ctx: Context) -> np.ndarray:
     """A topological order that finishes the newest ready branch first (LIFO Kahn; ties:
-    lowest index)."""
+    lowest index). Made once per graph structure."""
+    return _per_structure(ctx, "depth-first", _depth_first)
+
+
+def _depth_first(ctx: Context) -> np.ndarray:
     g = ctx.g
     ptr = np.ascontiguousarray(g.succ_ptr, dtype=np.int64)
     idx = np.ascontiguousarray(g.succ_idx, dtype=np.int64)
@@ -81,9 +99,10 @@ def _lifo_kahn(indeg: np.ndarray, ptr: np.ndarray, idx: np.ndarray, widest: int)
 
 
 def breadth_first_order(ctx: Context) -> np.ndarray:
-    """Nodes by level (longest path from a source, in edges), then by topological rank."""
-    level = depth_levels(ctx.g, ctx.order)
-    return np.lexsort((ctx.rank, level)).astype(np.int64)
+    """Nodes by level (longest path from a source, in edges), then by topological rank. Made
+    once per graph structure."""
+    return _per_structure(ctx, "breadth-first", lambda c: np.lexsort(
+        (c.rank, depth_levels(c.g, c.order))).astype(np.int64))
 
 
 def split(order: np.ndarray, weight: np.ndarray, parts: int) -> np.ndarray:
@@ -178,22 +197,11 @@ def _weights(ctx: Context) -> dict[str, np.ndarray]:
     return {"memory": memory, "time": ctx.work_s}
 
 
-# the depth-first and breadth-first orders of each graph structure: they depend on the edges
-# alone, and the layout search plans a graph's copies rescaled to each micro-batch size
-_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _orders(ctx: Context) -> dict[str, np.ndarray]:
     orders = {"topological": ctx.order}
     if ctx.g.num_nodes <= LARGE_GRAPH_NODES:
-        made = _ORDERS.get(ctx.g.structure)
-        if made is None:  # (two threads may both make them: the same orders)
-            made = {"depth-first": depth_first_order(ctx),
-                    "breadth-first": breadth_first_order(ctx)}
-            for a in made.values():
-                a.setflags(write=False)
-            _ORDERS[ctx.g.structure] = made
-        orders.update(made)
+        orders["depth-first"] = depth_first_order(ctx)
+        orders["breadth-first"] = breadth_first_order(ctx)
     return orders
 
 
