@@ -60,13 +60,12 @@ def ring_reduce_scatter_s(nbytes: float | np.ndarray, n: int, link: LinkSpec
                           ) -> float | np.ndarray:
     """Ring reduce-scatter (or all-gather) time: ``n - 1`` steps of ``nbytes / n`` each (of
     each entry, for an array of byte counts)."""
+    if n <= 1:
+        return np.zeros(np.shape(nbytes)) if np.ndim(nbytes) else 0.0
+    t = (n - 1) * (link.latency_for_collectives + nbytes / n / link.bandwidth)
     if np.ndim(nbytes):
-        b = np.asarray(nbytes, np.float64)
-        t = (n - 1) * (link.latency_for_collectives + b / n / link.bandwidth)
-        return np.where(b > 0, t, 0.0) if n > 1 else np.zeros_like(b)
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return (n - 1) * (link.latency_for_collectives + nbytes / n / link.bandwidth)
+        return np.where(np.asarray(nbytes) > 0, t, 0.0)
+    return t if nbytes > 0 else 0.0
 
 
 def rhd_allreduce_s(nbytes: float, n: int, link: LinkSpec) -> float:

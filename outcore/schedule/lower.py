@@ -226,6 +226,13 @@ def _unnamed_buckets(g: Graph, assignment: np.ndarray) -> tuple[
     return groups, tuple(_HeldParams(g, ns) for ns in nodes), tuple(float(x) for x in sizes)
 
 
+def _in_every_copy(g: Graph, nodes: np.ndarray) -> np.ndarray:
+    """``nodes`` of copy 0 and the same nodes of every other copy of a graph :func:`expand`
+    copied (``meta["copies"]``; node ``c * n + v`` is copy ``c``'s node ``v``)."""
+    copies = int(g.meta.get("copies", 1))
+    return tiled(nodes, copies, g.num_nodes // copies)
+
+
 class _HeldParams(LazyTuple):
     """One bucket's parameter names of a graph without parameter names (:func:`_unnamed`),
     made when read (the runtime's ranks, sharding: a search simulates dozens of plans of one
@@ -244,10 +251,8 @@ def _touching(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> list
     out: list[set[int]] = [set() for _ in names]
     piece_of = s.pieces.piece_of
     if g.attrs is None:  # _unnamed_buckets' buckets: their nodes in every copy
-        copies = int(g.meta.get("copies", 1))
-        n = g.num_nodes // copies
         for b, held in enumerate(names):
-            out[b] = set(np.unique(piece_of[tiled(held.nodes, copies, n)]).tolist())
+            out[b] = set(np.unique(piece_of[_in_every_copy(g, held.nodes)]).tolist())
         return out
     bucket_of = {name: b for b, ns in enumerate(names) for name in ns}
     for v in range(g.num_nodes):
@@ -374,8 +379,7 @@ def _sharded_node_bytes(g: Graph, names: tuple[tuple[str, ...], ...],
     if g.attrs is None:
         held = [ns.nodes for ns, sh in zip(names, sharded) if sh]
         if held:
-            copies = int(g.meta.get("copies", 1))
-            idx = tiled(np.concatenate(held), copies, g.num_nodes // copies)
+            idx = _in_every_copy(g, np.concatenate(held))
             out[idx] = np.asarray(g.param_bytes, np.float64)[idx]
         return out
     names_in = {n for ns, sh in zip(names, sharded) if sh for n in ns}
