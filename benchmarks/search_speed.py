@@ -12,7 +12,7 @@ search). Before session 46 it left ``tp`` and sharding at 1, which the command d
 figures recorded before then are of that narrower search.
 
 The process keeps freed memory in its heap, as ``outcore plan`` does
-(:func:`outcore.hardware.allocator.keep_heap`); ``--library-heap`` leaves glibc's default, as
+(``outcore.api.keep_freed_memory``); ``--library-heap`` leaves glibc's default, as
 ``outcore.plan`` called from a user's program has it.
 
 The first run in a fresh checkout compiles the numba kernels (about a minute): run twice.
@@ -29,7 +29,6 @@ import time
 import numpy as np
 
 import outcore
-from outcore.hardware.allocator import keep_heap
 from outcore.graph.generators import make
 from outcore.partition.context import make_context
 
@@ -49,7 +48,7 @@ def main() -> int:
                     help="leave the allocator's default (outcore plan keeps freed memory)")
     args = ap.parse_args()
     if not args.library_heap:
-        keep_heap()  # as `outcore plan` runs the search
+        outcore.api.keep_freed_memory()  # as `outcore plan` runs the search
     g = make(args.family, args.nodes)
     one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
     req = outcore.plan_request(args.devices, args.cap * one / args.devices,

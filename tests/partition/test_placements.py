@@ -77,15 +77,15 @@ def test_placements_alike_are_emulated_once(monkeypatch):
         assert em.makespan_s == own.makespan_s and np.array_equal(em.busy_s, own.busy_s)
 
 
-def _layout_search(family, threads, monkeypatch, taken):
+def _layout_search(family, threads, monkeypatch):
     monkeypatch.setattr(placements, "PLANNER_THREADS", threads)
     g = make(family, 1500)
     one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
     req = outcore.plan_request(4, 1.25 * one / 4, bandwidth="16GB/s", search_layout=True,
                                tp=None, depth=None)
     p = outcore.plan(g, req)
-    rows = [{k: v for k, v in r.items()} for r in p.extra["candidates"]]
-    return p.assignment.tolist(), p.layout, p.predicted["iteration_s"], p.notes, rows
+    return (p.assignment.tolist(), p.layout, p.predicted["iteration_s"], p.notes,
+            p.extra["candidates"])
 
 
 @pytest.mark.parametrize("family", ["nas", "rnn", "transformer"])
@@ -102,9 +102,9 @@ def test_the_next_layouts_placements_made_ahead_change_nothing(family, monkeypat
         return found
 
     monkeypatch.setattr(placements.SharedThreads, "take", counted)
-    alone = _layout_search(family, 1, monkeypatch, taken)
+    alone = _layout_search(family, 1, monkeypatch)
     assert not any(taken)  # one thread: nothing is started ahead
-    together = _layout_search(family, 2, monkeypatch, taken)
+    together = _layout_search(family, 2, monkeypatch)
     assert alone == together
     if family == "nas":  # its layouts are planned one after another, each started ahead
         assert sum(taken) >= 2, taken
