@@ -142,10 +142,12 @@ def lower(p: Plan, g: Graph, *, schedule_file: str | os.PathLike | None = None,
           **options: Any) -> "Lowered":
     """The schedule every rank runs for plan ``p`` (``options``: ``microbatches``,
     ``schedule``, ``cluster``, ``global_batch``); with ``schedule_file``, that file's action
-    lists, checked against the plan (see :mod:`outcore.schedule.io`)."""
+    lists, checked against the plan (see :mod:`outcore.schedule.io`). ``g``: the graph at
+    the plan's micro-batch, or the graph the search split into micro-batches
+    (:func:`microbatch_graph` rescales it)."""
     from outcore.schedule import io as schedule_io
     from outcore.schedule.lower import lower as _lower
-    low = _lower(g, p, **options)
+    low = _lower(microbatch_graph(g, p), p, **options)
     return schedule_io.adopt(low, schedule_io.load(schedule_file)) if schedule_file else low
 
 
@@ -160,8 +162,9 @@ def simulate(p: Plan, g: Graph, *, microbatches: int | None = None, schedule: st
              schedule_file: str | os.PathLike | None = None, **options: Any) -> "SimResult":
     """Predict one training iteration of a plan (see :func:`outcore.sim.simulate`; ``options``
     such as ``collective``, ``dp_bucket_bytes`` and ``dp_fused`` pass through). With
-    ``schedule_file`` the file's action lists are simulated."""
+    ``schedule_file`` the file's action lists are simulated. ``g`` as for :func:`lower`."""
     from outcore.sim.simulate import simulate as _simulate
+    g = microbatch_graph(g, p)
     low = lower(p, g, microbatches=microbatches, schedule=schedule, cluster=cluster,
                 global_batch=global_batch, schedule_file=schedule_file)
     return _simulate(p, g, dp=dp, lowered=low, **options)
@@ -325,10 +328,13 @@ def keep_freed_memory() -> bool:
 
 
 def microbatch_graph(g: Graph, p: Plan) -> Graph:
-    """``g`` at the micro-batch size of plan ``p``: ``g`` itself, or ``g`` rescaled when the
-    search chose how to split its batch (``outcore.graph.batch.at_microbatch``)."""
+    """``g`` at the micro-batch size of plan ``p``: ``g`` rescaled
+    (``outcore.graph.batch.at_microbatch``) when it holds the batch the search split into
+    micro-batches and copies (the plan's micro-batch x micro-batches x copies: the graph
+    the plan was searched on), else ``g`` itself."""
     from outcore.graph.batch import at_microbatch
     size = p.graph.get("batch_size")
-    if not size or size == g.batch_size:
+    if not size or not g.batch_size or size == g.batch_size or \
+            g.batch_size != size * p.microbatches * p.layout.copies:
         return g
     return at_microbatch(g, int(size), float(p.cluster_or_default().device.launch_s))

@@ -122,10 +122,13 @@ def run(args: argparse.Namespace) -> int:
     whole, g = g, outcore.api.microbatch_graph(g, p)
     outcore.save_plan(p, out)
     note(f"wrote {out}")
-    if captured or g is not whole:  # a rescaled graph: the plan is for its micro-batch
+    if captured:  # the graph exists only here: written at the plan's micro-batch
         gpath = out.with_name(out.stem + ".graph.json")
         outcore.save_graph(g, gpath)
         note(f"wrote {gpath} (the graph the plan is for: outcore simulate {out} --graph {gpath})")
+    elif g is not whole:  # simulate rescales the input as this did (outcore.api.lower)
+        note(f"the plan is for micro-batches of {g.batch_size} samples: outcore simulate {out} "
+             f"--graph {args.source} simulates them")
     if schedule_out:
         outcore.save_schedule(outcore.lower(p, g), schedule_out)
         note(f"wrote {schedule_out}")

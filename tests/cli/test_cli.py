@@ -85,6 +85,27 @@ def test_graph_plan_simulate_pipeline(tmp_path):
     assert r.returncode == 0 and "gpipe, 4 micro-batches" in r.stdout
 
 
+def test_a_searched_plan_simulates_on_the_graph_it_was_planned_from(tmp_path):
+    """--layout auto splits the graph's batch; simulate takes the same input graph and
+    rescales it to the plan's micro-batch (no rescaled copy is written beside the plan)."""
+    import outcore
+    from outcore.graph.generators import make
+
+    g = make("unet", 600)
+    outcore.save_graph(g, tmp_path / "g.json")
+    r = run("plan", "g.json", "--devices", "4", "--layout", "auto", "-o", "p.json",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert plan["graph"]["batch_size"] < g.batch_size  # the search split the batch
+    assert not (tmp_path / "p.graph.json").exists()
+    r = run("simulate", "p.json", "--graph", "g.json", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["iteration_s"]
+    want = plan["predicted"]["iteration_s"]
+    assert abs(got - want) <= 1e-6 * want, (got, want)
+
+
 def test_plan_of_a_foreign_graph_file(tmp_path):
     """outcore plan accepts any outcore-graph/1 file, with only the required fields."""
     doc = {"format": "outcore-graph/1", "name": "foreign",

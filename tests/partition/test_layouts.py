@@ -45,11 +45,16 @@ def test_a_fixed_cost_per_node_does_not_shrink_with_the_samples(unet):
     np.testing.assert_array_equal(quarter.fwd_s[tiny], unet.fwd_s[tiny])
     # the plan's graph at its micro-batch uses the launch cost of the plan's device
     p = outcore.plan(unet, outcore.plan_request(1, None, microbatches="auto", device="cpu"))
-    p = p.replace(graph={**p.graph, "batch_size": unet.batch_size // 4})  # as if it chose 4
+    p = p.replace(graph={**p.graph, "batch_size": unet.batch_size // 4},  # as if it chose 4
+                  microbatches=4)
     small = outcore.api.microbatch_graph(unet, p)
     assert small.batch_size == unet.batch_size // 4
     launch = p.cluster_or_default().device.launch_s
     np.testing.assert_allclose(small.fwd_s, at_microbatch(unet, small.batch_size, launch).fwd_s)
+    # the graph at the micro-batch stays; so does one that is not the batch the plan split
+    assert outcore.api.microbatch_graph(small, p) is small
+    other = at_microbatch(unet, unet.batch_size // 2, launch)
+    assert outcore.api.microbatch_graph(other, p) is other
 
 
 def test_unet_under_60_percent_of_its_footprint_plans_with_microbatches(unet):
