@@ -260,15 +260,10 @@ def _groups_kernel(pred_ptr, pred_idx, pred_edge, a, edge_bytes, devices):
     return grp, count, nbytes
 
 
-def _trace(fend: np.ndarray, fcause: np.ndarray, bend: np.ndarray, bcause: np.ndarray,
-           n: int) -> np.ndarray:
-    """The chain of causes from the last backward task back to a task with no cause."""
-    rows = _trace_kernel(fend, fcause, bend, bcause, n)
-    return rows[::-1].copy()
-
-
 @njit
-def _trace_kernel(fend, fcause, bend, bcause, n):
+def _trace(fend, fcause, bend, bcause, n):
+    """``int32[m, 3]`` (backward?, micro-batch, node): the chain of causes from a task with
+    no cause to the last backward task."""
     total = fend.shape[0]
     tb = 0
     for i in range(total):  # last backward to end; ties: smallest task
@@ -287,23 +282,22 @@ def _trace_kernel(fend, fcause, bend, bcause, n):
     while t >= 0:
         m += 1
         t = fcause[t]
-    out = np.empty((m, 3), np.int32)
-    m = 0
+    out = np.empty((m, 3), np.int32)  # filled from the end: the first cause comes first
     t = tb
     while t >= 0:
+        m -= 1
         out[m, 0] = 1
         out[m, 1] = t // n
         out[m, 2] = t % n
-        m += 1
         t = bcause[t]
     t = tf
     while t >= 0:
+        m -= 1
         out[m, 0] = 0
         out[m, 1] = t // n
         out[m, 2] = t % n
-        m += 1
         t = fcause[t]
-    return out[:m]
+    return out
 
 
 def memory_timeline(ctx: Context, assignment: np.ndarray, em: Emulation
