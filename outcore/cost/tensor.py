@@ -81,8 +81,10 @@ class Collective:
     what: str = ""
 
 
-def split_compute_s(fwd_s: float, bwd_s: float, tp: int) -> tuple[float, float]:
-    """Forward and backward seconds of a layer split ``tp`` ways (arithmetic divides evenly)."""
+def split_compute_s(fwd_s: float | np.ndarray, bwd_s: float | np.ndarray, tp: int
+                    ) -> tuple[float | np.ndarray, float | np.ndarray]:
+    """Forward and backward seconds (floats or arrays) of a layer split ``tp`` ways
+    (arithmetic divides evenly)."""
     _check_degree(tp, "tp")
     return fwd_s / tp, bwd_s / tp
 
@@ -185,14 +187,18 @@ def layout_node_costs(g, layout, depth: int = 1) -> NodeCosts:
     tp = layout.tp
     fwd, bwd = g.fwd_s.astype(np.float64).copy(), g.bwd_s.astype(np.float64).copy()
     params = g.param_bytes.astype(np.float64).copy()
-    split_nodes = {s.node for s in layout.splits if s.style != "whole"}
+    split_nodes = np.array(sorted({s.node for s in layout.splits if s.style != "whole"}),
+                           dtype=np.int64)
     split_modules = {s.module for s in layout.splits if s.style != "whole"}
-    region = {i for p in layout.pairs for i in p.region}
-    for i in range(g.num_nodes):
-        if i in split_nodes or i in region:
-            fwd[i], bwd[i] = split_compute_s(fwd[i], bwd[i], tp)
-        if i in split_nodes or g.op_of(i) == "param" and g.module_of(i) in split_modules:
-            params[i] /= tp
+    sharded = np.zeros(g.num_nodes, dtype=bool)
+    sharded[split_nodes] = True
+    sharded[[i for p in layout.pairs for i in p.region]] = True
+    fwd[sharded], bwd[sharded] = split_compute_s(fwd[sharded], bwd[sharded], tp)
+    divided = np.zeros(g.num_nodes, dtype=bool)
+    divided[split_nodes] = True
+    divided[[int(i) for i in g.nodes_with_op("param") if g.module_of(int(i)) in split_modules]] \
+        = True
+    params[divided] /= tp
     params /= depth
     return NodeCosts(fwd_s=fwd, bwd_s=bwd, param_bytes=np.ceil(params).astype(np.int64),
                      collectives=layout_collectives(layout, depth))

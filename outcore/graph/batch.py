@@ -43,8 +43,8 @@ def at_microbatch(g: Graph, samples: int, fixed_s: float = 0.0) -> Graph:
         return g
     scale = samples / g.batch_size
     const = np.zeros(g.num_nodes, dtype=bool)
-    if g.ops is not None:
-        const = np.fromiter((op in CONSTANT_OPS for op in g.ops), bool, g.num_nodes)
+    for op in CONSTANT_OPS:  # the graph's index of nodes by op (made once per structure)
+        const[g.nodes_with_op(op)] = True
     act = np.where(const, 1.0, scale)
 
     def scaled(x: np.ndarray, factor: np.ndarray | float) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from outcore.cost.tensor import tensor_graph
+from outcore.cost.tensor import plan_layout, tensor_graph
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.graph.tensor_pairs import TensorLayout
@@ -216,7 +216,7 @@ def tensor_split(g: Graph, req: PlanRequest) -> tuple[Graph, TensorLayout]:
     """:func:`tensor_costed`, and the tensor-parallel layout it costed."""
     if req.tp == 1:
         return g, TensorLayout(tp=1, pairs=(), splits=())
-    tg, layout = tensor_graph(g, req.tp, req.cluster.link(0, 1))
+    layout = plan_layout(g, req.tp)
     if not layout.split_modules:
         raise InfeasibleError(f"--tp {req.tp}: no layer of {g.name!r} can be split {req.tp} "
                               f"ways (split: an nn.Linear / nn.Embedding, or in a "
@@ -224,7 +224,7 @@ def tensor_split(g: Graph, req: PlanRequest) -> tuple[Graph, TensorLayout]:
                               f"width divisible by {req.tp} and, outside a Megatron pair, at "
                               f"least 1 MiB of parameters; convolutions, norms and layers "
                               f"shared across calls stay whole); use --tp 1")
-    return tg, layout
+    return tensor_graph(g, req.tp, req.cluster.link(0, 1), layout=layout)[0], layout
 
 
 def shard_costed(g: Graph, depth: int) -> Graph:
