@@ -105,46 +105,42 @@ def _consumer_counts(src: np.ndarray, dst: np.ndarray, a: np.ndarray, n: int, k:
 
 
 @njit_borrowing
-def _freed(v, d, a, cnt, umax, factor, mbs, param, saved, pred_ptr, pred_idx):
-    """Bytes device ``d`` frees when ``v`` leaves it."""
-    b = factor * param[v] + mbs * saved[v]
+def _move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out, succ_ptr,
+          succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat, inv_bw, k, eps,
+          add):
+    """``(cost per byte freed, target, bytes added there, bytes freed on d)`` of the best
+    move of ``v`` off ``d``, as the module docstring defines them (the cost is inf and the
+    target -1 when the move frees nothing or fits nowhere). One walk of ``v``'s inputs counts
+    the bytes of every device (``add``: scratch ``float[k]``)."""
+    base = factor * param[v] + mbs * saved[v]
+    gain = base
+    for x in range(k):
+        add[x] = base
     for j in range(pred_ptr[v], pred_ptr[v + 1]):
         u = pred_idx[j]
-        if a[u] != d and cnt[u, d] == 1:
-            b += mbs * umax[u]
+        au = a[u]
+        w = mbs * umax[u]
+        if au != d and cnt[u, d] == 1:
+            gain += w
+        for x in range(k):
+            if au != x and cnt[u, x] == 0:
+                add[x] += w
     if cnt[v, d] > 0:
-        b -= mbs * umax[v]
-    return b
-
-
-@njit_borrowing
-def _added(v, x, a, cnt, umax, trans, factor, mbs, param, saved, out, pred_ptr, pred_idx):
-    """Bytes device ``x`` gains when ``v`` moves onto it."""
-    b = factor * param[v] + mbs * saved[v]
-    for j in range(pred_ptr[v], pred_ptr[v + 1]):
-        u = pred_idx[j]
-        if a[u] != x and cnt[u, x] == 0:
-            b += mbs * umax[u]
-    if cnt[v, x] > 0:
-        b -= mbs * umax[v]
-    if out[v] > trans[x]:
-        b += out[v] - trans[x]
-    return b
-
-
-@njit_borrowing
-def _best_move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out, succ_ptr,
-               succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat, inv_bw, k):
-    """(target, comm delta s, bytes added on target) of the best move of ``v`` off ``d``."""
+        gain -= mbs * umax[v]
+    if gain <= 0:
+        return np.inf, -1, 0.0, gain
     best = -1
     best_cost = 0.0
     best_add = 0.0
     for x in range(k):
         if x == d:
             continue
-        add = _added(v, x, a, cnt, umax, trans, factor, mbs, param, saved, out, pred_ptr,
-                     pred_idx)
-        if mem[x] + add > limit:
+        b = add[x]
+        if cnt[v, x] > 0:
+            b -= mbs * umax[v]
+        if out[v] > trans[x]:
+            b += out[v] - trans[x]
+        if mem[x] + b > limit:
             continue
         cost = 0.0
         for j in range(succ_ptr[v], succ_ptr[v + 1]):
@@ -159,8 +155,10 @@ def _best_move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved,
                 or (cost == best_cost and limit - mem[x] > limit - mem[best])):
             best = x
             best_cost = cost
-            best_add = add
-    return best, best_cost, best_add
+            best_add = b
+    if best < 0:
+        return np.inf, -1, 0.0, gain
+    return (best_cost + eps) / gain, best, best_add, gain
 
 
 # a node with more edges than this whose move's cost is already queued is not costed again
@@ -186,14 +184,15 @@ def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved
     keys = np.empty(cap, np.float64)
     items = np.empty(cap, np.int64)
     queued = np.zeros(n, np.int32)  # entries of each node in the heap
+    add = np.empty(k, np.float64)  # scratch of _move
     size = 0
     eps = 1e-12
     for v in range(n):
         if a[v] != d:
             continue
-        key = _key(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out,
-                   succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat,
-                   inv_bw, k, eps)
+        key = _move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out,
+                    succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes,
+                    lat, inv_bw, k, eps, add)[0]
         if key < np.inf:
             size = _push(keys, items, size, key, v)
             queued[v] += 1
@@ -206,26 +205,22 @@ def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved
         queued[v] -= 1
         if a[v] != d:
             continue
-        now = _key(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out,
-                   succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat,
-                   inv_bw, k, eps)
+        now, x, added, gain = _move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param,
+                                    saved, out, succ_ptr, succ_idx, succ_edge, pred_ptr,
+                                    pred_idx, pred_edge, edge_bytes, lat, inv_bw, k, eps, add)
         if now == np.inf:
             continue
         if now > key + 1e-18 + 1e-9 * abs(key) and size < cap:
             size = _push(keys, items, size, now, v)
             queued[v] += 1
             continue
-        x, _, add = _best_move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved,
-                               out, succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge,
-                               edge_bytes, lat, inv_bw, k)
-        gain = _freed(v, d, a, cnt, umax, factor, mbs, param, saved, pred_ptr, pred_idx)
         a[v] = x
         for j in range(pred_ptr[v], pred_ptr[v + 1]):
             u = pred_idx[j]
             cnt[u, d] -= 1
             cnt[u, x] += 1
         mem[d] -= gain
-        mem[x] += add
+        mem[x] += added
         if out[v] > trans[x]:
             trans[x] = out[v]
         freed += gain
@@ -240,25 +235,10 @@ def _relieve(d, need, limit, a, mem, cnt, trans, umax, factor, mbs, param, saved
                 if queued[y] > 0 and (succ_ptr[y + 1] - succ_ptr[y] + pred_ptr[y + 1]
                                       - pred_ptr[y]) > WIDE:
                     continue  # its key is re-checked when it is popped
-                ky = _key(y, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out,
-                          succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge,
-                          edge_bytes, lat, inv_bw, k, eps)
+                ky = _move(y, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved,
+                           out, succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge,
+                           edge_bytes, lat, inv_bw, k, eps, add)[0]
                 if ky < np.inf:
                     size = _push(keys, items, size, ky, y)
                     queued[y] += 1
     return moved
-
-
-@njit_borrowing
-def _key(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved, out, succ_ptr,
-         succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge, edge_bytes, lat, inv_bw, k, eps):
-    """Cost per byte freed of moving ``v`` off ``d`` (inf: frees nothing or fits nowhere)."""
-    gain = _freed(v, d, a, cnt, umax, factor, mbs, param, saved, pred_ptr, pred_idx)
-    if gain <= 0:
-        return np.inf
-    x, cost, _ = _best_move(v, d, limit, a, mem, cnt, umax, trans, factor, mbs, param, saved,
-                            out, succ_ptr, succ_idx, succ_edge, pred_ptr, pred_idx, pred_edge,
-                            edge_bytes, lat, inv_bw, k)
-    if x < 0:
-        return np.inf
-    return (cost + eps) / gain
