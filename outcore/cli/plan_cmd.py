@@ -13,8 +13,11 @@ DESCRIPTION = """Partition a graph over K devices so that every device's trainin
 --memory and the iteration is as fast as possible, then predict it with the simulator. Prints
 per device: nodes, compute time, peak memory against the limit, bytes sent; the predicted
 iteration time and a lower bound (the larger of the critical path and total work / K). Writes
-outcore-plan/2 JSON, and with --schedule-out the schedule every rank runs. Units: plain
-numbers are bytes, bytes/s and seconds; or 80GiB, 512MB, 16GB/s, 100Gb/s, 25us, 1.5ms."""
+outcore-plan/2 JSON, and with --schedule-out the schedule every rank runs; a MODEL's captured
+graph is written beside the plan (PLAN.graph.json) for `outcore simulate --graph`, which takes
+a GRAPH.json as it was planned (at the plan's micro-batch when the search split its batch).
+Units: plain numbers are bytes, bytes/s and seconds; or 80GiB, 512MB, 16GB/s, 100Gb/s, 25us,
+1.5ms."""
 
 
 def strategies_help() -> str:

@@ -22,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=DESCRIPTION)
     p.add_argument("plan", metavar="PLAN.json", help="a plan from `outcore plan`")
     p.add_argument("--graph", metavar="GRAPH.json", required=True,
-                   help="the graph the plan was made for")
+                   help="the graph the plan was made for (the one `outcore plan` read: "
+                        "rescaled to the plan's micro-batch when its search split the batch)")
     p.add_argument("--microbatches", type=positive_int, help="default: the plan's")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], help="default: the plan's")
     p.add_argument("--dp", type=positive_int, default=1,
