@@ -10,44 +10,49 @@ __all__ = ["heap_pop", "heap_push"]
 
 
 @njit
-def heap_push(keys, items, size, key, item):
-    """Push (key, item) on a binary min-heap ordered by (key, item); return the new size."""
+def heap_push(keys, items, size, key, item, base=0):
+    """Push (key, item) on a binary min-heap ordered by (key, item) held from ``base`` on in
+    ``keys`` and ``items`` (a region of arrays that hold several heaps: no slice per call);
+    return the new size."""
     i = size
     while i > 0:
         p = (i - 1) >> 1
-        pk = keys[p]
-        if pk < key or (pk == key and items[p] < item):
+        pk = keys[base + p]
+        if pk < key or (pk == key and items[base + p] < item):
             break
-        keys[i] = pk
-        items[i] = items[p]
+        keys[base + i] = pk
+        items[base + i] = items[base + p]
         i = p
-    keys[i] = key
-    items[i] = item
+    keys[base + i] = key
+    items[base + i] = item
     return size + 1
 
 
 @njit
-def heap_pop(keys, items, size):
-    """Remove the top of the heap (caller reads ``keys[0], items[0]`` first); return new size."""
+def heap_pop(keys, items, size, base=0):
+    """Remove the top of the heap held from ``base`` on (the caller reads ``keys[base]``,
+    ``items[base]`` first); return the new size."""
     size -= 1
     if size == 0:
         return 0
-    key = keys[size]
-    item = items[size]
+    key = keys[base + size]
+    item = items[base + size]
     i = 0
     while True:
         c = 2 * i + 1
         if c >= size:
             break
         r = c + 1
-        if r < size and (keys[r] < keys[c] or (keys[r] == keys[c] and items[r] < items[c])):
+        if r < size and (keys[base + r] < keys[base + c]
+                         or (keys[base + r] == keys[base + c]
+                             and items[base + r] < items[base + c])):
             c = r
-        if keys[c] < key or (keys[c] == key and items[c] < item):
-            keys[i] = keys[c]
-            items[i] = items[c]
+        if keys[base + c] < key or (keys[base + c] == key and items[base + c] < item):
+            keys[base + i] = keys[base + c]
+            items[base + i] = items[base + c]
             i = c
         else:
             break
-    keys[i] = key
-    items[i] = item
+    keys[base + i] = key
+    items[base + i] = item
     return size

@@ -98,7 +98,7 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
         base[dev[v] + 1] += mbs
     for d in range(num_dev):
         base[d + 1] += base[d]
-    # one heap region per device, ordered by (micro-batch, priority)
+    # one heap region per device (from base[d] on), ordered by (micro-batch, priority)
     hkeys = np.empty(total, np.float64)
     hitems = np.empty(total, np.int64)
     hsize = np.zeros(num_dev, np.int64)
@@ -107,15 +107,14 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
     ev_key = np.empty(total + 1, np.float64)
     ev_item = np.empty(total + 1, np.int64)
     nev = 0
-    for t in range(total):
-        v = t % n
-        remaining[t] = dep_ptr[v + 1] - dep_ptr[v]
-        if remaining[t] == 0:
-            ready_at[t] = release
-            d = dev[v]
-            b0, b1 = base[d], base[d + 1]
-            hsize[d] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[d], float(t // n),
-                                   prio[v])
+    for mb in range(mbs):
+        for v in range(n):
+            t = mb * n + v
+            remaining[t] = dep_ptr[v + 1] - dep_ptr[v]
+            if remaining[t] == 0:
+                ready_at[t] = release
+                d = dev[v]
+                hsize[d] = _fheap_push(hkeys, hitems, hsize[d], float(mb), prio[v], base[d])
     grouped = contend and grp.shape[0] > 0
     ngrp = grp_count.shape[0] if grouped else 0
     left = np.empty(ngrp * mbs, np.int64)
@@ -129,10 +128,10 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
         for d in range(num_dev):  # idle devices start their best ready task
             if busy[d] or hsize[d] == 0:
                 continue
-            b0, b1 = base[d], base[d + 1]
-            t = int(hkeys[b0]) * n + node_at[hitems[b0]]
-            hsize[d] = _fheap_pop(hkeys[b0:b1], hitems[b0:b1], hsize[d])
-            v = t % n
+            b0 = base[d]
+            v = node_at[hitems[b0]]
+            t = int(hkeys[b0]) * n + v
+            hsize[d] = _fheap_pop(hkeys, hitems, hsize[d], b0)
             start[t] = now
             end[t] = now + dur[v]
             if data_cause[t] >= 0 and ready_at[t] == now:
@@ -150,23 +149,22 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
             item = ev_item[0]
             nev = _fheap_pop(ev_key, ev_item, nev)
             t = item >> 1
-            v = t % n
+            mb = t // n  # the one division per event (a task's successors share its mb)
+            mb0 = mb * n
+            v = t - mb0
             d = dev[v]
             if item & 1:  # arrival: every input is on the device
-                b0, b1 = base[d], base[d + 1]
-                hsize[d] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[d], float(t // n),
-                                       prio[v])
+                hsize[d] = _fheap_push(hkeys, hitems, hsize[d], float(mb), prio[v], base[d])
                 continue
             busy[d] = False  # finish
             last[d] = t
-            mb0 = (t // n) * n
             if contend:
                 sent[:] = -1.0
             for k in range(ntf_ptr[v], ntf_ptr[v + 1]):
                 tw = mb0 + ntf_idx[k]
                 arrive = now + delay[k]
                 if grouped and grp[k] >= 0:  # a gradient summed here, sent by the last
-                    gi = (t // n) * ngrp + grp[k]
+                    gi = mb * ngrp + grp[k]
                     left[gi] -= 1
                     arrive = now
                     if left[gi] == 0:
@@ -187,9 +185,8 @@ def schedule_phase(n, mbs, dep_ptr, ntf_ptr, ntf_idx, ntf_edge, dur, dev, releas
                         ready_at[tw] = release
                     if ready_at[tw] == now:  # arrived already: queue it without an event
                         dq = dev[ntf_idx[k]]
-                        b0, b1 = base[dq], base[dq + 1]
-                        hsize[dq] = _fheap_push(hkeys[b0:b1], hitems[b0:b1], hsize[dq],
-                                                float(tw // n), prio[ntf_idx[k]])
+                        hsize[dq] = _fheap_push(hkeys, hitems, hsize[dq], float(mb),
+                                                prio[ntf_idx[k]], base[dq])
                     else:
                         nev = _fheap_push(ev_key, ev_item, nev, ready_at[tw], 2 * tw + 1)
     return 0
