@@ -194,10 +194,11 @@ def layout_node_costs(g, layout, depth: int = 1) -> NodeCosts:
     sharded[split_nodes] = True
     sharded[[i for p in layout.pairs for i in p.region]] = True
     fwd[sharded], bwd[sharded] = split_compute_s(fwd[sharded], bwd[sharded], tp)
+    # parameters divided: split nodes', and the parameter reads of split modules
     divided = np.zeros(g.num_nodes, dtype=bool)
     divided[split_nodes] = True
-    divided[[int(i) for i in g.nodes_with_op("param") if g.module_of(int(i)) in split_modules]] \
-        = True
+    divided[[i for i in g.nodes_with_op("param").tolist()
+             if g.module_of(i) in split_modules]] = True
     params[divided] /= tp
     params /= depth
     return NodeCosts(fwd_s=fwd, bwd_s=bwd, param_bytes=np.ceil(params).astype(np.int64),
