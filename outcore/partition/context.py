@@ -55,6 +55,11 @@ def link_matrices(cluster: Cluster, devices: int) -> tuple[np.ndarray, np.ndarra
     return lat, inv
 
 
+# what a context keeps (cached properties) that does not depend on its devices: a planner's
+# contexts of fewer devices (:meth:`Context.with_devices`) take them as made
+_SHARED = frozenset({"order", "rank", "work_s", "edge_bytes", "critical_path_s", "_node_bytes"})
+
+
 @dataclass(frozen=True, eq=False)
 class Context:
     """A graph prepared for planning on ``devices`` devices of ``cluster``.
@@ -132,10 +137,13 @@ class Context:
         return max(self.critical_path_s, total / max(k, 1))
 
     def with_devices(self, devices: int) -> "Context":
-        """The same problem on the first ``devices`` devices of the cluster."""
-        return Context(self.g, devices, self.cluster, self.factor, self.microbatches,
-                       self.memory_bytes, self.lat_s[:devices, :devices],
-                       self.inv_bw[:devices, :devices])
+        """The same problem on the first ``devices`` devices of the cluster (what does not
+        depend on the devices, made once: :data:`_SHARED`)."""
+        sub = Context(self.g, devices, self.cluster, self.factor, self.microbatches,
+                      self.memory_bytes, self.lat_s[:devices, :devices],
+                      self.inv_bw[:devices, :devices])
+        sub.__dict__.update({k: v for k, v in self.__dict__.items() if k in _SHARED})
+        return sub
 
     # ------------------------------------------------------------------ memory model
     def memory_parts(self, assignment: np.ndarray, devices: int | None = None
