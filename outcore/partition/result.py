@@ -133,7 +133,13 @@ def _better(a: Candidate, b: Candidate) -> bool:
 
 
 def devices_used(assignment: np.ndarray) -> int:
-    return int(np.unique(assignment).size) if assignment.size else 0
+    return int(np.unique(_run_values(np.asarray(assignment))).size) if assignment.size else 0
+
+
+def _run_values(a: np.ndarray) -> np.ndarray:
+    """The device of each run of equal consecutive entries (every device of ``a``, and its
+    first node's run first: a placement has few runs, and sorting them is cheap)."""
+    return a[np.flatnonzero(np.concatenate(([True], a[1:] != a[:-1])))]
 
 
 def compact(assignment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -141,7 +147,8 @@ def compact(assignment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     a = np.asarray(assignment, dtype=np.int64)
     if a.size == 0:
         return a.copy(), np.zeros(0, np.int64)
-    devs, first = np.unique(a, return_index=True)
+    runs = _run_values(a)
+    devs, first = np.unique(runs, return_index=True)
     old = devs[np.argsort(first, kind="stable")]
     remap = np.empty(int(devs.max()) + 1, np.int64)
     remap[old] = np.arange(old.size)

@@ -88,3 +88,21 @@ def test_splits_that_do_not_fit_are_not_emulated_until_asked(monkeypatch):
     c, before = over[0], len(runs)
     eager = real(c._ctx, c.assignment).makespan_s
     assert c.makespan_s == eager and c.emulated and len(runs) == before + 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compact_numbers_devices_by_their_first_node(seed):
+    """``compact`` reads each run of one device once; it renumbers as the definition does
+    (devices in order of their first node) and ``devices_used`` counts the same devices."""
+    from outcore.partition.result import compact, devices_used
+
+    rng = np.random.default_rng(seed)
+    runs = rng.integers(0, 9, 40)
+    for a in (np.repeat(runs, rng.integers(1, 50, runs.size)), rng.integers(0, 9, 300),
+              np.array([4]), np.array([2, 2, 0, 2, 1, 0])):
+        new, old = compact(a)
+        first = [int(np.flatnonzero(a == d)[0]) for d in np.unique(a)]
+        want_old = np.unique(a)[np.argsort(first)]
+        np.testing.assert_array_equal(old, want_old)
+        np.testing.assert_array_equal(want_old[new], a)
+        assert devices_used(a) == len(set(a.tolist()))
