@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,12 +174,22 @@ def shared_param_buckets(g: Graph, assignment: np.ndarray) -> tuple[
 def _unnamed(g: Graph, nodes: list[int]) -> list[str]:
     """The parameter tensor of each of ``nodes`` of a graph without parameter names: named
     after the node as the model copy names it (``c1/n5`` and ``n5`` hold ``n5.params``)."""
-    names = g.names
+    return _param_namer(g)(nodes)
+
+
+def _param_namer(g: Graph) -> Callable[[list[int]], list[str]]:
+    """:func:`_unnamed` of ``g``, holding ``g``'s names but not ``g`` (a schedule keeps it
+    to name parameters when asked: an expanded graph's arrays need not stay alive for that)."""
+    names, ids = g.names, g.ids
     if isinstance(names, Copied):  # made per read: the copied graph's own names
-        own = [names.uncopied(v) for v in nodes]
+        own: Callable[[int], str] = names.uncopied
+    elif names is not None:
+        def own(v: int) -> str:
+            return fx_name(names[v])
     else:
-        own = [fx_name(g.name_of(v)) for v in nodes]
-    return [f"{name}.params" for name in own]
+        def own(v: int) -> str:
+            return fx_name(f"n{int(ids[v])}")
+    return lambda nodes: [f"{own(v)}.params" for v in nodes]
 
 
 def _unnamed_groups(g: Graph, assignment: np.ndarray
@@ -242,7 +253,8 @@ class _HeldParams(LazyTuple):
     noun = "parameter names"
 
     def __init__(self, g: Graph, nodes: np.ndarray) -> None:
-        super().__init__(len(nodes), lambda: tuple(_unnamed(g, nodes.tolist())))
+        namer = _param_namer(g)
+        super().__init__(len(nodes), lambda: tuple(namer(nodes.tolist())))
         self.nodes = nodes
 
 
