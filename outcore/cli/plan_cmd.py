@@ -14,8 +14,9 @@ DESCRIPTION = """Partition a graph over K devices so that every device's trainin
 per device: nodes, compute time, peak memory against the limit, bytes sent; the predicted
 iteration time and a lower bound (the larger of the critical path and total work / K). Writes
 outcore-plan/2 JSON, and with --schedule-out the schedule every rank runs; a MODEL's captured
-graph is written beside the plan (PLAN.graph.json) for `outcore simulate --graph`, which takes
-a GRAPH.json as it was planned (at the plan's micro-batch when the search split its batch).
+graph (or one collapsed with --depth) is written beside the plan (PLAN.graph.json) for `outcore
+simulate --graph`, which takes a GRAPH.json as it was planned (at the plan's micro-batch when
+the search split its batch).
 Units: plain numbers are bytes, bytes/s and seconds; or 80GiB, 512MB, 16GB/s, 100Gb/s, 25us,
 1.5ms."""
 
@@ -125,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
     whole, g = g, outcore.api.microbatch_graph(g, p)
     outcore.save_plan(p, out)
     note(f"wrote {out}")
-    if captured:  # the graph exists only here: written at the plan's micro-batch
+    # a graph captured or collapsed here exists nowhere else: written at the plan's micro-batch
+    if captured or args.depth is not None:
         gpath = out.with_name(out.stem + ".graph.json")
         outcore.save_graph(g, gpath)
         note(f"wrote {gpath} (the graph the plan is for: outcore simulate {out} --graph {gpath})")

@@ -87,7 +87,8 @@ def test_graph_plan_simulate_pipeline(tmp_path):
 
 def test_a_searched_plan_simulates_on_the_graph_it_was_planned_from(tmp_path):
     """--layout auto splits the graph's batch; simulate takes the same input graph and
-    rescales it to the plan's micro-batch (no rescaled copy is written beside the plan)."""
+    rescales it to the plan's micro-batch (no rescaled copy is written beside the plan); a
+    graph --depth collapsed is written beside the plan."""
     import outcore
     from outcore.graph.generators import make
 
@@ -104,6 +105,13 @@ def test_a_searched_plan_simulates_on_the_graph_it_was_planned_from(tmp_path):
     got = json.loads(r.stdout)["iteration_s"]
     want = plan["predicted"]["iteration_s"]
     assert abs(got - want) <= 1e-6 * want, (got, want)
+    # a graph collapsed by the command exists nowhere else: it is written beside the plan
+    outcore.save_graph(outcore.model_graph("outcore:mlp", costs="estimate:cpu"),
+                       tmp_path / "m.json")
+    r = run("plan", "m.json", "--devices", "2", "--depth", "1", "-o", "q.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run("simulate", "q.json", "--graph", "q.graph.json", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
 
 
 def test_plan_of_a_foreign_graph_file(tmp_path):
