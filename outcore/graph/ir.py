@@ -12,6 +12,7 @@ The module path of a node (``"layer1.0.conv1"``) keeps the model hierarchy so th
 from __future__ import annotations
 
 import hashlib
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Sequence
@@ -238,6 +239,17 @@ class Structure:
     """See :attr:`Graph.structure` (an object that weak references can point to)."""
 
     __slots__ = ("__weakref__",)
+
+
+_MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def memo(owner: Graph | Structure, name: str) -> dict:
+    """What a planner remembers of ``owner`` under ``name``, as long as ``owner`` lives: of a
+    :class:`Graph` (its costs included), or of its :attr:`~Graph.structure` (what depends on
+    the edges alone, shared by the copies the layout search rescales). Not part of the graph:
+    nothing of it is copied or pickled with it."""
+    return _MEMOS.setdefault(owner, {}).setdefault(name, {})
 
 
 # cached properties of a Graph that depend only on the fields named (see Graph.replace)

@@ -53,14 +53,13 @@ All outputs are deterministic: ties break on node index (or topological rank).
 from __future__ import annotations
 
 import logging
-import weakref
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from outcore.graph.algorithms import topological_order
-from outcore.graph.ir import Graph
+from outcore.graph.ir import Graph, memo
 from outcore.partition._branch_kernel import (_closure_kernel, _regions_kernel,
                                               _tree_intervals)
 from outcore.partition.dominators import _augmented, _post_dominators
@@ -213,15 +212,11 @@ def _region_shapes(g: Graph, order: np.ndarray, max_visits: int | None) -> tuple
                            4 * size + 10**5)
 
 
-# graph structure (Graph.structure) -> what depends on its edges alone: the search's regions
-# per visit budget, and the feeders of each chosen set of regions
-_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _shape_cache(g: Graph) -> dict:
     """Remembered per graph structure: the layout search rescales one graph's costs for each
-    micro-batch size, and neither the regions nor a chosen set's feeders depend on them."""
-    return _SHAPES.setdefault(g.structure, {})
+    micro-batch size, and neither the search's regions per visit budget nor the feeders of a
+    chosen set of regions depend on them."""
+    return memo(g.structure, "branch shapes")
 
 
 # ---------------------------------------------------------------------------- choice
@@ -394,16 +389,13 @@ class _Adjacency:
         return [c for _, c in sorted(comps.items())]
 
 
-_FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {max_visits: ...}
-
-
 def find_branches(g: Graph, *, max_visits: int | None = None) -> Branches:
     """Find the fork-join regions of ``g`` and choose the disjoint set to split (see module).
 
     Remembered per graph (a :class:`Graph` is immutable): the search plans the same graph
     under several memory limits and device counts, and the regions depend on neither; what
     depends on the edges alone is remembered for its rescaled copies too (:func:`_shape_cache`)."""
-    found = _FOUND.setdefault(g, {})
+    found = memo(g, "branches")  # {max_visits: Branches}
     if max_visits not in found:
         shapes = _shapes(g, None, max_visits)
         w = _weights(g)

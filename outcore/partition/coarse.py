@@ -30,12 +30,11 @@ in the order reads it, which then joins it (the weight is placed with that reade
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from outcore.graph.ir import Graph, build
+from outcore.graph.ir import Graph, build, memo
 from outcore.partition._jit import njit
 from outcore.partition.context import _max_by_device, make_context
 
@@ -142,11 +141,6 @@ class _Shape:
     ops: tuple[str, ...] | None
 
 
-# graph structure -> {cluster cap: (its _Shape, [its first coarse graph])}
-_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {cap: Coarse | None}
-
-
 def coarsened(g: Graph, *, above: int | None = None, target: int | None = None
               ) -> Coarse | None:
     """``g``'s coarsened copy when it has more than ``above`` (:data:`COARSEN_ABOVE`) nodes
@@ -156,9 +150,10 @@ def coarsened(g: Graph, *, above: int | None = None, target: int | None = None
     if g.num_nodes <= above:
         return None
     cap = max(1, math.ceil(g.num_nodes / (TARGET_NODES if target is None else target)))
-    made = _MADE.setdefault(g, {})
+    made = memo(g, "coarsened")  # {cap: Coarse | None}
     if cap not in made:
-        shapes = _SHAPES.setdefault(g.structure, {})
+        # {cluster cap: (its _Shape, [its first coarse graph])}
+        shapes = memo(g.structure, "coarse shapes")
         if cap not in shapes:
             shapes[cap] = (_shape(g, cap), [])
         shape, first = shapes[cap]

@@ -22,11 +22,10 @@ fastest that fits is the strategy's plan.
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
 from outcore.graph.algorithms import depth_levels
+from outcore.graph.ir import memo
 from outcore.partition._jit import njit
 from outcore.partition.context import Context
 from outcore.partition.result import Candidate, best_of, evaluate
@@ -37,15 +36,11 @@ __all__ = ["breadth_first_order", "depth_first_order", "plan", "shared_split", "
 LARGE_GRAPH_NODES = 250_000
 
 
-# orders made per graph structure: they depend on the edges alone, and the layout search plans
-# a graph's copies rescaled to each micro-batch size
-_ORDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _per_structure(ctx: Context, name: str, make) -> np.ndarray:
-    """A copy of ``make(ctx)``, made once per graph structure (two threads may both make it:
-    the same order)."""
-    made = _ORDERS.setdefault(ctx.g.structure, {})
+    """A copy of ``make(ctx)``, made once per graph structure (an order depends on the edges
+    alone, and the layout search plans a graph's copies rescaled to each micro-batch size; two
+    threads may both make it: the same order)."""
+    made = memo(ctx.g.structure, "orders")
     if name not in made:
         made[name] = make(ctx)
     return made[name].copy()

@@ -16,10 +16,9 @@ fewer stages are used; received tensors are counted at their producer's largest 
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
+from outcore.graph.ir import memo
 from outcore.partition._jit import njit_borrowing
 from outcore.partition.context import Context
 
@@ -56,22 +55,18 @@ def _arrays(ctx: Context) -> tuple:
             g.out_bytes.astype(np.float64), umax, g.pred_ptr, g.pred_idx)
 
 
-# stage_bounds per graph and problem: the planners ask for the same splits (pardnn's and
-# subgraph's seeds, the pipeline planner's, subgraph's stages: 27 calls, 21 distinct, in a
-# 50k-node NAS graph's layout search)
-_BOUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def stage_bounds(ctx: Context, stages: int, *, inflight: str = "1f1b") -> np.ndarray | None:
     """End positions (exclusive) of at most ``stages`` stages with the least bottleneck.
 
     ``inflight`` is ``"1f1b"`` (stage s keeps min(M, S - s) micro-batches) or ``"all"`` (every
     stage keeps M, the GPipe/ParDNN model). Returns None when no split fits the memory limit.
-    Remembered per graph for the same context (devices, limit, micro-batches, links).
+    Remembered per graph for the same context (devices, limit, micro-batches, links): the
+    planners ask for the same splits (pardnn's and subgraph's seeds, the pipeline planner's,
+    subgraph's stages: 27 calls, 21 distinct, in a 50k-node NAS graph's layout search).
     """
     key = (stages, inflight, ctx.devices, ctx.memory_bytes, ctx.microbatches, ctx.factor,
            ctx.lat_s.tobytes(), ctx.inv_bw.tobytes())
-    made = _BOUNDS.setdefault(ctx.g, {})
+    made = memo(ctx.g, "stage bounds")
     if key not in made:  # (two threads may both find it: the same split)
         made[key] = _stage_bounds(ctx, stages, inflight)
     return None if made[key] is None else made[key].copy()
