@@ -293,7 +293,6 @@ def _placement_call(g: Graph, req: PlanRequest) -> tuple[Coarse | None, tuple[st
     return coarsened(g), names
 
 
-
 def _best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
                     check_fit: bool, beat_s: float | None = None, replicas: int = 1,
                     fastest_copy: list | None = None) -> Plan:

@@ -135,10 +135,8 @@ def _tiled_mask(g: Graph, plan: Plan, copies: int) -> np.ndarray | None:
 
 
 def _node_params(g: Graph, i: int) -> list[str]:
-    """The parameters node ``i`` reads: its own and the shared ones it calls (one tensor named
-    after the node when the graph names none: :func:`_unnamed`)."""
-    if g.attrs is None:
-        return _unnamed(g, [i]) if g.param_bytes[i] > 0 else []
+    """The parameters node ``i`` of a graph that names them reads: its own and the shared ones
+    it calls (a graph without names: :func:`_unnamed_buckets`)."""
     return list(g.attr(i, "params", []) or []) + list(g.attr(i, "shared_params", []) or [])
 
 
@@ -171,15 +169,11 @@ def shared_param_buckets(g: Graph, assignment: np.ndarray) -> tuple[
             tuple(sum(size.get(n, 0.0) for n in by_group[k]) for k in groups))
 
 
-def _unnamed(g: Graph, nodes: list[int]) -> list[str]:
-    """The parameter tensor of each of ``nodes`` of a graph without parameter names: named
-    after the node as the model copy names it (``c1/n5`` and ``n5`` hold ``n5.params``)."""
-    return _param_namer(g)(nodes)
-
-
 def _param_namer(g: Graph) -> Callable[[list[int]], list[str]]:
-    """:func:`_unnamed` of ``g``, holding ``g``'s names but not ``g`` (a schedule keeps it
-    to name parameters when asked: an expanded graph's arrays need not stay alive for that)."""
+    """The parameter tensor of each of some nodes of ``g``, a graph without parameter names:
+    named after the node as the model copy names it (``c1/n5`` and ``n5`` hold
+    ``n5.params``). Holds ``g``'s names, not ``g`` (a schedule keeps it to name parameters
+    when asked: an expanded graph's arrays need not stay alive for that)."""
     names, ids = g.names, g.ids
     if isinstance(names, Copied):  # made per read: the copied graph's own names
         own: Callable[[int], str] = names.uncopied
@@ -221,7 +215,7 @@ def _unnamed_groups(g: Graph, assignment: np.ndarray
 def _unnamed_buckets(g: Graph, assignment: np.ndarray) -> tuple[
         tuple[tuple[int, ...], ...], tuple[tuple[str, ...], ...], tuple[float, ...]]:
     """:func:`shared_param_buckets` of a graph without parameter names: each node that owns
-    parameter bytes holds one tensor (:func:`_unnamed`), shared by the copies of the graph
+    parameter bytes holds one tensor (:func:`_param_namer`), shared by the copies of the graph
     (:func:`_unnamed_groups`), so data parallelism on a generated graph all-reduces its
     gradients as on a captured model. Vectorised: a 1M-node graph's four copies are 4M
     nodes. A bucket's names are in node order."""
@@ -245,7 +239,7 @@ def _in_every_copy(g: Graph, nodes: np.ndarray) -> np.ndarray:
 
 
 class _HeldParams(LazyTuple):
-    """One bucket's parameter names of a graph without parameter names (:func:`_unnamed`),
+    """One bucket's parameter names of a graph without parameter names (:func:`_param_namer`),
     made when read (the runtime's ranks, sharding: a search simulates dozens of plans of one
     graph and reads none of them), and ``nodes``: the nodes of copy 0 that hold them, which
     :func:`place_allreduces` places the bucket's all-reduce by."""

@@ -171,13 +171,16 @@ def _units_by_rows(g, assignment, policies, units):
 
 
 def _sharded_bytes_by_names(g, names, sharded):
-    """Per node, the bytes of its parameters in a sharded bucket, read by name."""
-    from outcore.schedule.lower import _node_params
+    """Per node, the bytes of its parameters in a sharded bucket, read by name (a graph
+    without names: one tensor per node owning parameter bytes, named after the node)."""
+    from outcore.schedule.lower import _param_namer
 
     names_in = {n for ns, sh in zip(names, sharded) if sh for n in ns}
     out = np.zeros(g.num_nodes)
+    name = _param_namer(g)
     for i in range(g.num_nodes):
-        owned = (g.attr(i, "params", []) or []) if g.attrs is not None else _node_params(g, i)
+        owned = (g.attr(i, "params", []) or []) if g.attrs is not None else \
+            (name([i]) if g.param_bytes[i] > 0 else [])
         if owned:
             out[i] = float(g.param_bytes[i]) * sum(n in names_in for n in owned) / len(owned)
     return out
