@@ -23,13 +23,13 @@ from pathlib import Path
 import outcore.api as api
 from outcore.errors import OutcoreError
 from outcore.graph.capture import capture
-from outcore.partition.search import AUTO_CANDIDATES
+from outcore.placers import auto_placers
 from outcore.zoo import resolve_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("outcore:transformer:layers=4,d_model=256,heads=4,seq=32,vocab=512",
           "outcore:amoebanet", "outcore:lstm_lm", "torchvision:resnet50")
-AUTO = AUTO_CANDIDATES
+AUTO = auto_placers()
 EXTRA = ("heft",)
 
 

@@ -5,11 +5,11 @@ emulator must rank them as the simulator does).
 For each generated graph (family x nodes), link (16 GB/s, 25 us: the default; 300 GB/s, 5 us
 on A100s: NVLink 3) and micro-batch count: every contiguous split and every other planner's
 placement on 4 devices (no memory cap), emulated plainly and with port contention
-(:func:`outcore.partition.emulate.run`), then simulated (``outcore.simulate``'s engine, the
+(:func:`outcore.placers.emulate.run`), then simulated (``outcore.simulate``'s engine, the
 1F1B schedule). Prints each placement's ratio emulated / simulated and, per case, whether the
 contended emulation puts first the placement the simulator finds fastest; the summary gives the
 distribution of the ratios, which is what the search's pruning margin
-(:data:`outcore.partition.placements.PRUNE_RATIO`) must cover.
+(:data:`outcore.search.prune.PRUNE_RATIO`) must cover.
 
     PYTHONPATH=. .venv/bin/python benchmarks/emulator_vs_simulator.py
     PYTHONPATH=. .venv/bin/python benchmarks/emulator_vs_simulator.py --nodes 3000 --mbs 1
@@ -30,9 +30,9 @@ import numpy as np
 import outcore
 from outcore.errors import InfeasibleError
 from outcore.graph.generators import make
-from outcore.partition import contiguous_results, partition, subgraph_results
-from outcore.partition.context import make_context
-from outcore.partition.emulate import run
+from outcore.placers import partition, placements
+from outcore.placers.context import make_context
+from outcore.placers.emulate import run
 from outcore.plan import make_plan
 from outcore.sim.simulate import simulate
 
@@ -45,8 +45,8 @@ def placements(g, req):
     """``(name, assignment)`` of every contiguous split and every planner's placement."""
     kw = {"cluster": req.cluster, "optimizer": req.optimizer, "microbatches": req.microbatches}
     out = [("contiguous: " + (r.notes[-1].removeprefix("chose ") if r.notes else ""), r.assignment)
-           for r in contiguous_results(g, 4, **kw)]
-    out += [("subgraph", r.assignment) for r in subgraph_results(g, 4, **kw)]
+           for r in placements(g, 4, strategy="contiguous", **kw)]
+    out += [("subgraph", r.assignment) for r in placements(g, 4, strategy="subgraph", **kw)]
     for name in ("pardnn", "pipeline"):
         try:
             out.append((name, partition(g, 4, strategy=name, **kw).assignment))

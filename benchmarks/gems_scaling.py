@@ -90,8 +90,8 @@ def plan_group(g: Graph, k: int, mode: str, replicas: int, microbatches: int,
     """A GEMS design on ``k`` GPUs: the model cut into exactly ``k`` contiguous stages (as
     torchgems' ``split_size``), balanced on time by outcore's pipeline partitioner under
     ``memory / replicas`` per GPU, then replicated (``outcore.plan.replicas``)."""
-    from outcore.partition.context import make_context
-    from outcore.partition.pipeline import assignment_from_bounds, stage_bounds
+    from outcore.placers.context import make_context
+    from outcore.placers.stages import assignment_from_bounds, stage_bounds
     from outcore.plan import make_plan
 
     intra = link_preset("nvlink2")

@@ -3,7 +3,7 @@ memory limit, per graph family and device count.
 
 For each family (``outcore.graph.generators``), size and K: ``pardnn`` and ``pipeline`` through
 ``partition()``, and the baselines (round-robin, equal chunks, METIS, HEFT) as placed, all scored
-by the same emulator (``outcore.partition.emulate``, one micro-batch unless ``--microbatches``).
+by the same emulator (``outcore.placers.emulate``, one micro-batch unless ``--microbatches``).
 Cells show makespan / lower bound (1.00 = optimal; the bound is max(critical path, work / K), so
 no plan reaches it when communication matters). With a memory limit (``--memory 1.2``: 1.2 x the
 least memory in which K contiguous stages fit) a ``*`` marks a placement that does not fit;
@@ -26,10 +26,10 @@ import numpy as np
 
 from outcore.errors import InfeasibleError
 from outcore.graph.generators import FAMILIES, make
-from outcore.partition import baselines, partition
-from outcore.partition.context import make_context
-from outcore.partition.pipeline import least_memory
-from outcore.partition.result import evaluate
+from outcore.placers import baselines, partition
+from outcore.placers.context import make_context
+from outcore.placers.stages import least_memory
+from outcore.placers.result import evaluate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINES = {"round-robin": baselines.round_robin, "chunks": baselines.equal_chunks,

@@ -34,7 +34,7 @@ CASE = r"""
 import json, resource, sys, time
 import numpy as np
 from outcore.graph.ir import build
-from outcore.partition import partition
+from outcore.placers import partition
 
 def rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -49,8 +49,8 @@ g.succ_ptr, g.pred_ptr
 before = rss_mb()
 limit = None
 if mem != "none":
-    from outcore.partition.context import make_context
-    from outcore.partition.pipeline import least_memory
+    from outcore.placers.context import make_context
+    from outcore.placers.stages import least_memory
     limit = float(mem) * least_memory(make_context(g, k), k)
 t = time.perf_counter()
 r = partition(g, k, memory_bytes=limit)

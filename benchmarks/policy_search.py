@@ -1,5 +1,5 @@
 """How many simulations the planner's choice of memory policies takes, and how fast the plan
-it returns is (``outcore.partition.memory_policy.choose_simulated``): the generators' graphs
+it returns is (``outcore.search.memory_policy.choose_simulated``): the generators' graphs
 split into contiguous stages with no memory limit, then fitted under a limit of ``cap`` x the
 fair share (one device's footprint / devices), 16 GB/s links.
 
@@ -29,17 +29,17 @@ def one(family: str, nodes: int, devices: int, microbatches: int, cap: float) ->
     import outcore
     from outcore.errors import InfeasibleError
     from outcore.graph.generators import make
-    from outcore.partition import contiguous_results
-    from outcore.partition.context import make_context
-    from outcore.partition.memory_policy import choose_simulated
+    from outcore.placers import placements
+    from outcore.placers.context import make_context
+    from outcore.search.memory_policy import choose_simulated
     from outcore.plan import make_plan
 
     g = make(family, nodes)
     one_device = float(make_context(g, 1).memory(np.zeros(g.num_nodes, np.int64)).max())
     req = outcore.plan_request(devices, cap * one_device / devices, bandwidth="16GB/s",
                                microbatches=microbatches)
-    split = contiguous_results(g, devices, cluster=req.cluster.slots(1),
-                               optimizer=req.optimizer, microbatches=microbatches)[0]
+    split = placements(g, devices, strategy="contiguous", cluster=req.cluster.slots(1),
+                       optimizer=req.optimizer, microbatches=microbatches)[0]
     plan = make_plan(g, split.assignment, strategy="contiguous", devices=devices,
                      memory_bytes=req.memory_bytes, microbatches=microbatches,
                      cluster=req.cluster)

@@ -30,7 +30,7 @@ import numpy as np
 
 import outcore
 from outcore.graph.generators import make
-from outcore.partition.context import make_context
+from outcore.placers.context import make_context
 
 
 def main() -> int:

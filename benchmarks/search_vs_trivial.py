@@ -18,7 +18,7 @@ import outcore
 from outcore.errors import InfeasibleError
 from outcore.graph.algorithms import topological_order
 from outcore.graph.generators import make
-from outcore.partition.context import make_context
+from outcore.placers.context import make_context
 from outcore.plan import make_plan
 
 

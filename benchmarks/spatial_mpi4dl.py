@@ -75,7 +75,7 @@ def scale(g, size: int):
 def best(g, gpus: int, cluster) -> dict:
     """The fastest fitting plan among LP alone and SP + LP with 2, 4, 8, 16 tiles."""
     from outcore.errors import OutcoreError
-    from outcore.partition.search import search
+    from outcore.search import search
     from outcore.plan.request import PlanRequest
     found = []
     for sp in (1, 2, 4, 8, 16):

@@ -1,7 +1,7 @@
 """Sub-graph parallelism (SUPER) against data parallelism, ParDNN and pipelining.
 
 Every time is one training iteration of the same global batch, from the planners' node-level
-emulator (``outcore.partition.emulate``, what the planners optimise) and, as a cross-check, the
+emulator (``outcore.placers.emulate``, what the planners optimise) and, as a cross-check, the
 schedule simulator (``outcore.sim.simulate``: the 1F1B schedule the runtime would execute),
 plus the alpha-beta ring all-reduce (``outcore.sim.ring_allreduce_s``) where there are replicas;
 compute + all-reduce are summed, not overlapped (Horovod-style overlap would shorten DP and D&SP
@@ -48,10 +48,10 @@ from outcore.graph.generators import make_nas, make_transformer
 from outcore.graph.ir import Graph
 from outcore.hardware.presets import device_preset, link_preset
 from outcore.hardware.spec import Cluster
-from outcore.partition import pardnn, partition, subgraph
-from outcore.partition.branches import find_branches
-from outcore.partition.context import make_context
-from outcore.partition.result import compact
+from outcore.placers import pardnn, partition, subgraph
+from outcore.placers.subgraph.branches import find_branches
+from outcore.placers.context import make_context
+from outcore.placers.result import compact
 from outcore.sim import ring_allreduce_s
 
 RESULTS = Path(__file__).resolve().parent / "results"

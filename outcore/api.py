@@ -115,7 +115,7 @@ def plan(g: Graph, devices: int | PlanRequest, memory: str | float | None = None
 
     ``devices`` may be a ready :class:`PlanRequest`; otherwise the request is built from
     ``devices``, ``memory`` and ``options`` (``strategy``: ``auto`` tries every planner of
-    ``outcore.partition.search.AUTO_CANDIDATES`` and keeps the fastest that fits;
+    ``outcore.placers.auto_placers()`` and keeps the fastest that fits;
     ``parallel``: ``mp``, ``mast`` or ``master``; ``replicas``; ``dp``; ``microbatches``;
     ``schedule``; ``optimizer``; ``memory_policy``; ``seed``; and the cluster: ``bandwidth``,
     ``latency``, ``device``, ``host_cores`` or ``cluster``).
@@ -126,7 +126,7 @@ def plan(g: Graph, devices: int | PlanRequest, memory: str | float | None = None
     when nothing fits. ``predicted`` holds the simulated iteration time, throughput, per-device
     peak memory, busy time and communication, and the planner's lower bound.
     """
-    from outcore.partition.search import search
+    from outcore.search import search
     req = devices if isinstance(devices, PlanRequest) else plan_request(devices, memory,
                                                                          **options)
     return search(g, req, progress=progress)
@@ -134,8 +134,8 @@ def plan(g: Graph, devices: int | PlanRequest, memory: str | float | None = None
 
 def strategies() -> dict[str, str]:
     """Planner names and what each does."""
-    from outcore.partition import STRATEGIES
-    return dict(STRATEGIES)
+    from outcore.placers import strategies as placer_strategies
+    return placer_strategies()
 
 
 def lower(p: Plan, g: Graph, *, schedule_file: str | os.PathLike | None = None,
@@ -253,7 +253,7 @@ def parallelize(model: Any, example_inputs: Any, *, plan: Plan, graph: Graph | N
 
 def check_fits(p: Plan) -> None:
     """Raise :class:`InfeasibleError` when the plan's predicted peaks exceed its memory limit."""
-    from outcore.partition.search import fits
+    from outcore.search import fits
     if not fits(p):
         peaks = p.predicted["peak_bytes"]
         worst = int(np.argmax(peaks))
@@ -306,8 +306,8 @@ def launcher() -> tuple[str, int]:
 
 def explain(p: Plan, *, per_layout: int = 3) -> list[dict[str, Any]]:
     """The candidates the search judged for ``p``, best first, with why each lost (see
-    :func:`outcore.plan.explain.rows`)."""
-    from outcore.plan.explain import rows
+    :func:`outcore.search.explain.rows`)."""
+    from outcore.search.explain import rows
     return rows(p, per_layout=per_layout)
 
 

@@ -187,7 +187,7 @@ def _replanned(g: Graph, req: PlanRequest, chosen: Plan) -> Plan:
     some models take other branches for it), so the placement is searched again with the
     layout the layout search chose held fixed."""
     from outcore.api import plan as search
-    from outcore.partition.layouts import LayoutChoice
+    from outcore.search.layouts import LayoutChoice
 
     lay = chosen.layout
     fixed = LayoutChoice(dp=lay.dp, parallel=lay.mode, replicas=lay.replicas,
@@ -369,7 +369,7 @@ def _only_used_devices(g: Graph, p: Plan,
     log.info(why)
     if progress:
         progress(why, 0, 1)
-    from outcore.partition.result import compact
+    from outcore.placers.result import compact
     assignment = compact(p.assignment)[0]
     small = p.replace(devices=used + extra, assignment=assignment).with_notes(why)
     if p.spatial is not None:

@@ -1,6 +1,6 @@
 """Compiled longest-path passes (top and bottom levels) over a masked, partly clustered graph:
 the graph's own (:func:`outcore.graph.algorithms.longest_from_sources`, every node active and
-none clustered) and ParDNN's (:mod:`outcore.partition.pardnn_slicing`, the refinement).
+none clustered) and ParDNN's (:mod:`outcore.placers.pardnn.slicing`, the refinement).
 
 ``part[v] >= 0`` is the cluster (device) of node ``v``; ``-1`` means not clustered yet. An edge
 costs its communication weight ``ecost[e]`` unless both ends are in the same cluster ("clustered"

@@ -2,7 +2,7 @@
 
 Gradient accumulation trades memory for steps: ``M`` micro-batches of ``B / M`` samples each
 keep ``1 / M`` of the saved activations of one batch of ``B`` in flight, for the same parameter
-state. The search (:mod:`outcore.partition.layouts`) weighs micro-batch counts without
+state. The search (:mod:`outcore.search.layouts`) weighs micro-batch counts without
 capturing the model again, by rescaling the captured graph: activation bytes (saved, output and
 edge bytes) and compute times scale with the samples per micro-batch; parameters, and the
 outputs of parameter and constant nodes, do not. Times scale linearly (a roofline's view: the

@@ -1,7 +1,7 @@
 """The planning request: everything a planner is asked, validated once (no torch).
 
 The CLI, the Python API and ``outcore train`` all build one :class:`PlanRequest` and hand it to
-the search (:func:`outcore.partition.search.search`), instead of a dozen keyword arguments
+the search (:func:`outcore.search.search`), instead of a dozen keyword arguments
 passed down through several functions (torchtitan's ``JobConfig`` habit).
 """
 
@@ -31,7 +31,7 @@ class PlanRequest:
         devices: ranks the plan may use in all (the whole mesh).
         memory_bytes: per-device memory limit (None: unlimited).
         cluster: devices and links (see :func:`outcore.hardware.cluster.make_cluster`).
-        strategy: ``auto`` or a planner of ``outcore.partition.STRATEGIES``.
+        strategy: ``auto`` or a planner of ``outcore.placers.strategies()``.
         parallel: GEMS mode ``mp``, ``mast`` or ``master``.
         replicas: for ``master``, the replica count (None: the fastest that fits).
         dp: data-parallel copies of the model-parallel group (must divide ``devices``).
@@ -56,7 +56,7 @@ class PlanRequest:
         memory_policy: ``auto``, ``none``, ``checkpoint`` or ``offload``.
         seed: for randomised planners (METIS); the others are deterministic.
         search_layout: the search also chooses ``dp`` and the GEMS mode and replicas
-            (``outcore.partition.layouts.candidate_layouts``) instead of taking them as given.
+            (``outcore.search.layouts.candidate_layouts``) instead of taking them as given.
     """
 
     devices: int

@@ -1,6 +1,6 @@
 """Time against memory for every candidate plan the search judged (``outcore plan --explain``).
 
-One point per (layout, placement) row of :func:`outcore.plan.explain.rows`: predicted
+One point per (layout, placement) row of :func:`outcore.search.explain.rows`: predicted
 iteration time against peak memory per device, the chosen plan marked, the memory limit drawn
 as a line, points that do not fit greyed out.
 """

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import outcore
-from outcore.plan.explain import rows, runner_up
+from outcore.search.explain import rows, runner_up
 
 OUTCORE = [sys.executable, "-m", "outcore.cli.main"]
-UNET = f"{Path(__file__).parents[1] / 'partition' / 'unet_model.py'}:make"
+UNET = f"{Path(__file__).parents[1] / 'search' / 'unet_model.py'}:make"
 
 
 def test_plan_explain_table_picture_and_rescaled_graph(tmp_path):

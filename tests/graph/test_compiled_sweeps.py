@@ -8,8 +8,8 @@ import pytest
 
 import outcore.graph.algorithms as alg
 from outcore.graph.generators import make
-from outcore.partition.context import make_context
-from outcore.partition.contiguous import depth_first_order
+from outcore.placers.context import make_context
+from outcore.placers.contiguous import depth_first_order
 
 
 def _reference_dfs(g) -> list[int]:

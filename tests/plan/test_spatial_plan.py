@@ -10,7 +10,7 @@ import torch
 import outcore
 from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import UsageError
-from outcore.partition.search import search
+from outcore.search.loop import search
 from outcore.plan.layout import Layout
 from outcore.plan.plan import from_dict, to_dict
 from outcore.plan.request import PlanRequest

@@ -12,7 +12,7 @@ import outcore
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
 
-UNET = f"{Path(__file__).parents[1] / 'partition' / 'unet_model.py'}:make"
+UNET = f"{Path(__file__).parents[1] / 'search' / 'unet_model.py'}:make"
 
 
 def test_train_uses_the_micro_batches_the_plan_chose(tmp_path):

@@ -319,7 +319,7 @@ def test_a_schedule_the_search_does_not_check_simulates_the_same():
     """The search skips the schedule check on the placements it only compares: that must
     change nothing the simulator predicts (the check only raises)."""
     from outcore.graph.generators import make
-    from outcore.partition import partition
+    from outcore.placers import partition
 
     g = make("nas", 200, seed=3)
     result = partition(g, 3, strategy="pardnn")

@@ -1,0 +1,99 @@
+"""The plan of one layout: one model copy's placement (:mod:`outcore.search.placement`)
+replicated over GEMS replicas and data-parallel copies (:mod:`outcore.search.replicas`), the
+fastest replica count that fits (no torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from outcore.errors import InfeasibleError, UsageError
+from outcore.graph.ir import Graph
+from outcore.placers import strategies
+from outcore.plan.layout import Layout
+from outcore.plan.plan import Plan, make_plan
+from outcore.plan.request import PlanRequest
+from outcore.search.memory_policy import choose_simulated
+from outcore.search.placement import best_placement, placement_input
+from outcore.search.replicas import better_replicated, replicate, replicated_floor
+from outcore.search.verdict import Beaten, fits
+
+__all__ = ["plan_layout", "single"]
+
+
+def plan_layout(g: Graph, req: PlanRequest, beat_s: float | None = None) -> Plan:
+    """The best plan of the request's layout. ``beat_s``: the time a plan must be under to
+    matter (another layout's; the layout search passes it): placements the emulator finds
+    :data:`~outcore.search.threads.PRUNE_RATIO` times slower are not simulated, and
+    once the best placement is no faster the layout's search stops (:class:`Beaten`), as
+    copies and replicas only add time."""
+    known = strategies()
+    if req.strategy not in ("auto", "single") and req.strategy not in known:
+        raise UsageError(f"unknown strategy {req.strategy!r}: use auto or one of "
+                         f"{', '.join(known)}")
+    if req.devices == req.tp and req.strategy in ("auto", "single"):
+        return single(g, req)
+    best: Plan | None = None
+    notes: list[str] = []
+    first_error: InfeasibleError | None = None
+    for R in req.replica_options():
+        try:
+            p = _replicated_plan(g, req, R, beat_s)
+        except InfeasibleError as e:
+            first_error = first_error or e
+            notes.append(f"{R} replica(s): {e}")
+            continue
+        sps = p.predicted.get("samples_per_s", 0.0)
+        ok = fits(p)
+        notes.append(f"{req.parallel} with {R} replica(s) x dp {req.dp}: {sps:.1f} samples/s, "
+                     f"peak {max(p.predicted['peak_bytes']) / 2**20:.1f} MiB"
+                     + ("" if ok else " (does not fit)"))
+        if ok and (best is None or sps > best.predicted["samples_per_s"]):
+            best = p
+    if best is None:
+        if first_error is not None:
+            raise first_error
+        raise InfeasibleError(f"no {req.parallel} plan fits {req.memory_bytes} bytes per device "
+                              f"({'; '.join(notes)}): add devices or raise --memory")
+    if len(req.replica_options()) > 1 or req.dp > 1:
+        best = best.with_notes(*notes)
+    return best
+
+
+def single(g: Graph, req: PlanRequest) -> Plan:
+    """Everything on one device, with the memory policies that make it fit."""
+    p = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single",
+                  devices=req.tp, layout=Layout(tp=req.tp), memory_bytes=req.memory_bytes,
+                  microbatches=req.microbatches,
+                  schedule=req.first_schedule,
+                  optimizer=req.optimizer, cluster=req.cluster)
+    try:
+        p, sim = choose_simulated(g, p, mode=req.memory_policy, cluster=req.cluster)
+    except InfeasibleError as e:
+        raise InfeasibleError(f"{e}; or train on several devices (--devices)",
+                              min_devices=e.min_devices,
+                              min_memory_bytes=e.min_memory_bytes) from None
+    return p.replace(predicted=sim.to_dict())
+
+
+def _replicated_plan(g: Graph, req: PlanRequest, replicas: int,
+                     beat_s: float | None = None) -> Plan:
+    """The best single-copy placement under ``memory / replicas``, replicated and simulated
+    (not when the copy alone is no faster than ``beat_s``: :class:`Beaten`)."""
+    placed_g, budget, check_fit = placement_input(g, req, replicas)
+    if req.depth > 1:  # placed by the shards' memory; the sharded plan is simulated below
+        base = best_placement(placed_g, req, budget, check_fit=check_fit, beat_s=beat_s)
+    else:
+        fastest: list[Plan] = []
+        base = best_placement(placed_g, req, budget, check_fit=check_fit, beat_s=beat_s,
+                               replicas=replicas, fastest_copy=fastest)
+        if replicas == 1 and req.dp == 1:
+            return base
+        if fastest and not np.array_equal(fastest[0].assignment, base.assignment) and \
+                (beat_s is None or replicated_floor(fastest[0], req, replicas) < beat_s):
+            return better_replicated(g, req, replicas, base, fastest[0], beat_s)
+    floor = replicated_floor(base, req, replicas)
+    if beat_s is not None and floor >= beat_s:
+        raise Beaten(f"its replicas need at least {floor * 1e3:.2f} ms (one copy's compute "
+                     f"on each device, summed over the replicas it holds), no faster than the "
+                     f"best plan so far ({beat_s * 1e3:.2f} ms); not replicated")
+    return replicate(g, base, req, replicas)
