@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from outcore.errors import GraphError
+from outcore.graph.order import find_cycle, topological_order
 
 FORMAT = "outcore-graph/1"
 
@@ -369,7 +370,6 @@ def validate(g: Graph) -> None:
             e = int(np.flatnonzero(g.edge_bytes < 0)[0])
             raise GraphError(f"graph {g.name!r}: edge {int(g.ids[g.src[e]])}->"
                              f"{int(g.ids[g.dst[e]])} has negative bytes")
-    from outcore.graph.algorithms import find_cycle, topological_order  # local: same package
     order = topological_order(g, strict=False)
     if order.size != n:
         cycle = find_cycle(g)

@@ -1,6 +1,6 @@
-"""The planners' optional numba compilation: :mod:`outcore.graph._jit` (kept here for the
+"""The planners' optional numba compilation: :mod:`outcore.graph.jit` (kept here for the
 kernels that import it from the partition package)."""
 
-from outcore.graph._jit import HAVE_NUMBA, njit, njit_borrowing
+from outcore.graph.jit import HAVE_NUMBA, njit, njit_borrowing
 
 __all__ = ["HAVE_NUMBA", "njit", "njit_borrowing"]

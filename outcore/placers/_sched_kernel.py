@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.graph._heap import heap_pop as _fheap_pop, heap_push as _fheap_push
+from outcore.graph.heap import heap_pop as _fheap_pop, heap_push as _fheap_push
 from outcore.placers._jit import njit, njit_borrowing
 
 __all__ = ["_fheap_pop", "_fheap_push", "schedule_phase"]

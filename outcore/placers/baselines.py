@@ -22,7 +22,7 @@ import logging
 
 import numpy as np
 
-from outcore.graph._level_kernel import bottom_levels
+from outcore.graph.level_kernel import bottom_levels
 from outcore.placers._jit import njit
 from outcore.placers.context import Context
 from outcore.placers.registry import Placement, Placer

@@ -36,7 +36,7 @@ import numpy as np
 
 from outcore.graph.ir import Graph, build, memo
 from outcore.placers._jit import njit
-from outcore.placers.context import _max_by_device, make_context
+from outcore.placers.context import max_by_device, make_context
 
 __all__ = ["COARSEN_ABOVE", "Coarse", "chain_clusters", "coarsened"]
 
@@ -196,7 +196,7 @@ def _costed(g: Graph, s: _Shape, first: list[Graph]) -> Graph:
     per_key = (np.maximum.reduceat(np.asarray(g.edge_bytes, np.float64)[s.perm], s.starts)
                if s.starts.size else np.zeros(0))
     edge_bytes = np.bincount(s.edge_of_key, weights=per_key, minlength=s.src.size)
-    out_bytes = _max_by_device(s.group, np.asarray(g.out_bytes, np.float64), k)  # per cluster
+    out_bytes = max_by_device(s.group, np.asarray(g.out_bytes, np.float64), k)  # per cluster
     costs = dict(fwd_s=sums(g.fwd_s), bwd_s=sums(g.bwd_s),
                  param_bytes=np.rint(sums(g.param_bytes)).astype(np.int64),
                  saved_bytes=np.rint(sums(g.saved_bytes)).astype(np.int64),

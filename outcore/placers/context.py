@@ -36,7 +36,7 @@ from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster, flat_cluster
 from outcore.placers._jit import njit
-from outcore.graph._level_kernel import bottom_levels
+from outcore.graph.level_kernel import bottom_levels
 
 
 def link_matrices(cluster: Cluster, devices: int) -> tuple[np.ndarray, np.ndarray]:
@@ -195,7 +195,7 @@ def received_bytes(g: Graph, assignment: np.ndarray, devices: int) -> np.ndarray
 
 
 @njit
-def _max_by_device(a, values, devices):
+def max_by_device(a, values, devices):
     """Largest value per device (0 where a device holds nothing)."""
     out = np.zeros(devices, np.float64)
     for v in range(a.shape[0]):
@@ -218,7 +218,7 @@ def _memory_parts_kernel(a, state, saved, out_bytes, succ_ptr, succ_idx, succ_ed
     if succ_idx.shape[0]:
         act += _received_kernel(a.shape[0], succ_ptr, succ_idx, succ_edge, edge_bytes, a,
                                 devices)
-    return static, act, _max_by_device(a, out_bytes, devices)
+    return static, act, max_by_device(a, out_bytes, devices)
 
 
 @njit

@@ -21,7 +21,7 @@ import numpy as np
 
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
-from outcore.plan._pieces_kernel import hop_levels, piece_components, sends_kernel
+from outcore.plan.pieces_kernel import hop_levels, piece_components, sends_kernel
 
 
 class Piece(NamedTuple):
@@ -170,7 +170,7 @@ def hops(g: Graph, assignment: np.ndarray, order: np.ndarray | None = None,
     leaves for another device ends its piece, so that the message departs as soon as the node
     has run, not when the rest of its piece has. A source (an input, a constant, a parameter
     read) whose consumers all share its key and need not send joins its earliest consumer's
-    piece instead of forming a piece of its own. Compiled (:mod:`outcore.plan._pieces_kernel`).
+    piece instead of forming a piece of its own. Compiled (:mod:`outcore.plan.pieces_kernel`).
     """
     order = topological_order(g) if order is None else order
     cut_after = (np.zeros(g.num_nodes, dtype=np.bool_) if sends is None

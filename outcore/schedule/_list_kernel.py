@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.graph._heap import heap_pop, heap_push
-from outcore.graph._jit import njit, njit_borrowing
+from outcore.graph.heap import heap_pop, heap_push
+from outcore.graph.jit import njit, njit_borrowing
 
 __all__ = ["list_schedule", "sink_hops"]
 

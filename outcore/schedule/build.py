@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from outcore.errors import ScheduleError, UsageError
-from outcore.graph._jit import HAVE_NUMBA
+from outcore.graph.jit import HAVE_NUMBA
 from outcore.plan.pieces import Pieces
 from outcore.schedule._list_kernel import list_schedule, sink_hops
 from outcore.schedule.costs import PieceCosts

@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from outcore.cost.memory import state_factor
-from outcore.graph._jit import njit
+from outcore.graph.jit import njit
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import DeviceSpec

@@ -31,7 +31,7 @@ from outcore.cost.memory import state_factor
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
-from outcore.plan._pieces_kernel import segment_bounds
+from outcore.plan.pieces_kernel import segment_bounds
 from outcore.plan.pieces import cut
 from outcore.plan.plan import Plan
 from outcore.plan.policies import CHOICES, MemoryPolicies

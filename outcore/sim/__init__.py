@@ -1,6 +1,8 @@
 """Discrete-event simulation of schedules on clusters (no torch)."""
 
-from outcore.sim.engine import SimOptions, ring_allreduce_s, simulate_schedule
+from outcore.hardware.collectives import ring_allreduce_s
+from outcore.sim.engine import simulate_schedule
+from outcore.sim.model import SimOptions
 from outcore.sim.simulate import SimResult, simulate
 from outcore.trace import Event, Timeline, save_chrome_trace, to_chrome_trace
 

@@ -7,7 +7,7 @@ in plain Python and the tests compare the two. :mod:`outcore.sim.compiled` packs
 into these arrays and reads the result back.
 
 The kernel allocates nothing and is compiled without numba's reference counting
-(:func:`~outcore.graph._jit.njit_borrowing`). State lives in a few arrays: ``rf`` (floats per
+(:func:`~outcore.graph.jit.njit_borrowing`). State lives in a few arrays: ``rf`` (floats per
 rank, rows ``R_*``), ``ri`` (integers per rank, rows ``I_*``), ``cnt`` (counters, ``C_*``), and
 one array per keyed table of the reference (message arrivals and waiters by ``(transfer,
 direction, micro-batch)``, held bytes by ``(transfer, micro-batch)`` and ``(piece,
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.graph._heap import heap_pop, heap_push
-from outcore.graph._jit import njit_borrowing as njit
+from outcore.graph.heap import heap_pop, heap_push
+from outcore.graph.jit import njit_borrowing as njit
 from outcore.schedule.ir import OP_INDEX
 
 __all__ = ["run_events", "EVENT_KINDS"]

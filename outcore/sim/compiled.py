@@ -14,8 +14,8 @@ from outcore.hardware.spec import COLD_START_FRACTION, COLD_START_IDLE_S, Cluste
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import RECV_POST_AHEAD, Schedule, action_columns
 from outcore.sim import _engine_kernel as K
-from outcore.sim.engine import (_pair_recv_bytes, _paired_buckets, ar_buffer_bytes, grad_bytes,
-                                held_at_start, link_ports)
+from outcore.sim.model import (ar_buffer_bytes, grad_bytes, held_at_start,
+                               link_ports, pair_recv_bytes, paired_buckets)
 from outcore.trace import Event, EventColumns, Timeline
 
 # keyed tables past this many entries are not held as arrays (the reference runs instead)
@@ -44,7 +44,7 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
     A = (ptr, op, mbs, pcs, trs, bks, rank_of, nmb, RECV_POST_AHEAD)
     Pa, left = _pieces(s, costs, cluster, opt, op, mbs, pcs, R)
     Ta, nports = _transfers(s, costs, cluster)
-    paired = _paired_buckets(s, cluster, opt)
+    paired = paired_buckets(s, cluster, opt)
     Ba = _buckets(s, cluster, opt, R, paired)
     Oa = _optimizer(s, costs, cluster, opt, R, paired,
                     sum(bool((c[0] == K.OP_OPT).any()) for c in columns))
@@ -207,7 +207,7 @@ def _optimizer(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, R: int,
     """Per rank: the pair-sum buffer, the step's working memory and seconds; the ranks that
     step (``steps``, counted by the caller); the loop's clock and the synchronisation's end
     (NaN until known)."""
-    pair = np.array(_pair_recv_bytes(s, paired, opt), np.float64)
+    pair = np.array(pair_recv_bytes(s, paired, opt), np.float64)
     work = np.array([float(costs.param_bytes[r]) * opt.optimizer_transient for r in range(R)])
     dur = np.zeros(R)
     for r in range(R):

@@ -23,70 +23,19 @@ runtime waits on gloo and NCCL sends at the end of the step, and they free nothi
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 
 import numpy as np
 
 from outcore.errors import ScheduleError
-from outcore.graph._jit import HAVE_NUMBA
+from outcore.graph.jit import HAVE_NUMBA
 from outcore.hardware.spec import COLD_START_FRACTION, COLD_START_IDLE_S, Cluster, LinkSpec
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import RECV_POST_AHEAD, Action, Schedule
-from outcore.hardware.collectives import dp_allreduce as dp_phases, ring_allreduce_s  # noqa: F401
+from outcore.hardware.collectives import dp_allreduce as dp_phases, ring_allreduce_s
+from outcore.sim.compiled import simulate_compiled
+from outcore.sim.model import (SimOptions, ar_buffer_bytes, grad_bytes, held_at_start,
+                               link_ports, pair_recv_bytes, paired_buckets)
 from outcore.trace import Event, Timeline
-
-
-@dataclass(frozen=True)
-class SimOptions:
-    """Knobs of the simulation.
-
-    Attributes:
-        dp: data-parallel replicas of the whole schedule (>= 1).
-        dp_link: link the data-parallel all-reduce runs over (default: the cluster's inter-node
-            link when there are several nodes, else its intra-node link).
-        optimizer_bytes_per_param_byte: memory traffic of the optimizer step per parameter byte
-            (Adam reads weight, gradient, two moments and writes three: about 7).
-        bucket_bytes: all-reduce bucket bytes for ``AR`` actions, per bucket.
-        dp_collective: data-parallel all-reduce model on a cluster holding every copy
-            (``outcore.hardware.collectives.COLLECTIVES``: ``auto``, ``hierarchical``,
-            ``hierarchical-rhd``, ``ring``).
-        dp_bucket_bytes: 0: a piece's gradients are all-reduced after its last backward ends.
-            Else DDP-style buckets of this size: gradients become ready evenly during that
-            backward and the all-reduce streams behind them (it starts when the first bucket
-            is ready and ends no earlier than one bucket's all-reduce after the backward).
-        dp_fused: one all-reduce of all of a rank's gradients after its last backward (no
-            overlap with the backward; as GEMS' torchgems does) instead of one per piece.
-        bucket_ring: per bucket, the ranks its all-reduce runs over when not the whole group
-            (0: the group): a sharded bucket all-reduces its shards over ``dp / depth`` groups.
-        step_sync_s: the runtime's one small all-reduce per step (the non-finite check, which
-            carries the loss): every rank's ``OPT`` waits until all ranks reach theirs, then
-            this long. 0: no such synchronisation (one process).
-        step_host_s: the runtime's host work around a rank's actions each step (splitting the
-            batch into micro-batches, setting up the step, reading the loss), charged before
-            the rank's first action.
-    """
-
-    dp: int = 1
-    dp_link: LinkSpec | None = None
-    optimizer_bytes_per_param_byte: float = 7.0
-    optimizer_transient: float = 0.0  # working memory of the step, x the rank's parameters
-    optimizer_per_tensor_s: float = 0.0  # fixed cost per parameter tensor
-    optimizer_per_step_s: float = 0.0  # fixed cost of a rank's step (one with parameters)
-    bucket_bytes: tuple[float, ...] = ()
-    dp_collective: str = "auto"
-    dp_bucket_bytes: float = 0.0
-    bucket_ring: tuple[int, ...] = ()
-    dp_fused: bool = False
-    step_sync_s: float = 0.0
-    step_host_s: float = 0.0
-
-    def optimizer_s(self, param_bytes: float, tensors: float, mem_bandwidth: float) -> float:
-        """Seconds of a rank's optimizer action: its parameters' memory traffic and, when it
-        has parameter tensors, the fixed cost per tensor and per step."""
-        dur = param_bytes * self.optimizer_bytes_per_param_byte / mem_bandwidth
-        if tensors > 0:
-            dur += tensors * self.optimizer_per_tensor_s + self.optimizer_per_step_s
-        return dur
 
 
 def simulate_schedule(s: Schedule, costs: PieceCosts, cluster: Cluster,
@@ -94,8 +43,6 @@ def simulate_schedule(s: Schedule, costs: PieceCosts, cluster: Cluster,
     """Run ``s`` in simulated time and return its :class:`Timeline` (on the compiled loop,
     :mod:`outcore.sim.compiled`, when numba is installed; :class:`_Engine` is the reference)."""
     if HAVE_NUMBA:
-        from outcore.sim.compiled import simulate_compiled
-
         tl = simulate_compiled(s, costs, cluster, options)
         if tl is not None:
             return tl
@@ -125,8 +72,8 @@ class _Engine:
         # the flat buffer each launched all-reduce sums in, held until the step takes the
         # summed gradients from it (they then are views of it, replacing the old ones)
         self.ar_held = [0.0] * costs.static_bytes.shape[0]
-        self.paired = _paired_buckets(s, cluster, opt)
-        self.pair_recv = _pair_recv_bytes(s, self.paired, opt)
+        self.paired = paired_buckets(s, cluster, opt)
+        self.pair_recv = pair_recv_bytes(s, self.paired, opt)
         self.ar_end: dict[int, float] = {}
         self.ar_free = [0.0] * R
         self.ar_waiters: dict[int, list[int]] = {}
@@ -472,62 +419,3 @@ class _Engine:
             self.events.append(Event(r, "allreduce", f"DP{'' if piece is None else piece}",
                                      start, end, "comm", piece=-1 if piece is None else piece,
                                      bytes=int(share)))
-
-
-def grad_bytes(s: Schedule, costs: PieceCosts) -> np.ndarray:
-    """Per piece, the gradient bytes its first backward of the step makes."""
-    return costs.grad_bytes if costs.grad_bytes is not None else np.zeros(s.pieces.num_pieces)
-
-
-def held_at_start(s: Schedule, costs: PieceCosts, grads: np.ndarray) -> list[float]:
-    """Per rank, the bytes held when the step starts: the static state less the gradients
-    the step makes (they exist from each piece's first backward until the optimizer step)."""
-    R = s.num_ranks
-    later = np.bincount(np.asarray(s.pieces.device_of, np.int64), weights=grads,
-                        minlength=R) if len(grads) else np.zeros(R)
-    return [float(costs.static_bytes[r] - later[r]) for r in range(R)]
-
-
-def link_ports(cluster: Cluster, a: int, b: int) -> tuple[object, object, LinkSpec]:
-    """``(out port, in port, link)`` of a message from rank ``a`` to ``b``: the nodes' network
-    ports across nodes of the cluster, else the ranks' own ports (one transfer at a time per
-    port and direction)."""
-    if cluster.size >= max(a, b) + 1 and cluster.node_of(a) != cluster.node_of(b):
-        return ("nic", cluster.node_of(a)), ("nic", cluster.node_of(b)), cluster.inter
-    return ("dev", a), ("dev", b), cluster.intra
-
-
-def ar_buffer_bytes(opt: SimOptions, bucket: int) -> float:
-    """Bytes of the flat buffer a rank all-reduces ``bucket`` in (none for a bucket whose
-    shards nobody else holds)."""
-    ring = opt.bucket_ring[bucket] if bucket < len(opt.bucket_ring) else 0
-    if ring == 1 or bucket >= len(opt.bucket_bytes):
-        return 0.0
-    return float(opt.bucket_bytes[bucket])
-
-
-def _paired_buckets(s: Schedule, cluster: Cluster, opt: SimOptions) -> frozenset[int]:
-    """The buckets two ranks sum over their own same-host link (a link that copies on send),
-    as the runtime chooses them (:meth:`~outcore.schedule.ir.Schedule.pair_partner`): each
-    sends its whole bucket to the other at once and adds what it reads, one message each way,
-    where the others go through the backend's all-reduce."""
-    out = set()
-    for b, group in enumerate(s.buckets):
-        if len(group) != 2 or b >= len(opt.bucket_bytes) or \
-                (b < len(opt.bucket_ring) and opt.bucket_ring[b] == 1):
-            continue
-        x, y = sorted(group)
-        if cluster.link(x, y).copy_on_send and s.pair_partner(b, x) == y:
-            out.add(b)
-    return frozenset(out)
-
-
-def _pair_recv_bytes(s: Schedule, paired: frozenset[int], opt: SimOptions) -> list[float]:
-    """Per rank, the largest of the ``paired`` buckets it sums: the step reads the peer's
-    half of such a bucket into a buffer of its size, adds it and frees it, one bucket at a
-    time."""
-    out = [0.0] * s.num_ranks
-    for b in paired:
-        for r in s.buckets[b]:
-            out[r] = max(out[r], float(opt.bucket_bytes[b]))
-    return out

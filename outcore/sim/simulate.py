@@ -20,7 +20,8 @@ from outcore.plan.plan import Plan
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import Schedule
 from outcore.schedule.lower import Lowered, lower
-from outcore.sim.engine import SimOptions, simulate_schedule
+from outcore.sim.engine import simulate_schedule
+from outcore.sim.model import SimOptions
 from outcore.trace import Timeline
 
 

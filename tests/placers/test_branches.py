@@ -412,7 +412,7 @@ def test_chosen_regions_are_disjoint_and_deterministic(g):
 def test_row_sums_add_as_numpy_does():
     """A branch's work summed in the compiled walk is numpy's sum to the last bit (its
     pairwise summation: blocks of 8 accumulators, halves past 128 values)."""
-    from outcore.placers.subgraph._kernel import _row_sums
+    from outcore.placers.subgraph._kernel import row_sums
 
     rng = np.random.default_rng(5)
     w = rng.standard_normal(5000) * 10.0 ** rng.uniform(-6, 6, 5000)
@@ -420,7 +420,7 @@ def test_row_sums_add_as_numpy_does():
     rows = [rng.choice(5000, size=s, replace=False) for s in sizes]
     extra = [rng.choice(5000, size=s, replace=False) for s in reversed(sizes)]
     ptr = lambda xs: np.concatenate([[0], np.cumsum([x.size for x in xs])]).astype(np.int64)
-    got = _row_sums(w, ptr(rows), np.concatenate(rows).astype(np.int64), ptr(extra),
+    got = row_sums(w, ptr(rows), np.concatenate(rows).astype(np.int64), ptr(extra),
                     np.concatenate(extra).astype(np.int64))
     want = [float(w[a].sum() + w[b].sum()) for a, b in zip(rows, extra)]
     assert got.tolist() == want

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outcore.plan._pieces_kernel import segment_bounds
+from outcore.plan.pieces_kernel import segment_bounds
 from outcore.plan.policies import segments
 
 

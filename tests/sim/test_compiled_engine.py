@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import outcore
-from outcore.graph._jit import HAVE_NUMBA
+from outcore.graph.jit import HAVE_NUMBA
 from outcore.graph.generators import make
 from outcore.plan import make_plan
 from outcore.sim import simulate

@@ -33,8 +33,8 @@ import numpy as np
 
 from outcore.placers._jit import njit, njit_borrowing
 from outcore.placers._move_kernel import edge_cost
-from outcore.placers._sched_kernel import _fheap_pop as _pop
-from outcore.placers._sched_kernel import _fheap_push as _push
+from outcore.graph.heap import heap_pop as _pop
+from outcore.graph.heap import heap_push as _push
 from outcore.placers.context import Context
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from outcore.placers._jit import njit, njit_borrowing
-from outcore.placers._sched_kernel import _fheap_pop, _fheap_push
-from outcore.placers.subgraph.dominators import _lca
+from outcore.graph.heap import heap_pop as _fheap_pop, heap_push as _fheap_push
+from outcore.placers.subgraph.dominators import lca
 
 
 @njit_borrowing
@@ -28,7 +28,7 @@ def _grow(arr, need):
 
 
 @njit
-def _tree_intervals(parent, root):
+def tree_intervals(parent, root):
     """Preorder entry and exit numbers of the post-dominator tree (children by index)."""
     m = parent.shape[0]
     cnt = np.zeros(m + 1, np.int64)
@@ -114,7 +114,7 @@ def _search(f, c, starts, nstart, sid, ptr, idx, rank, stamp, lab, keys, items, 
 
 
 @njit
-def _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, sink, max_visits,
+def regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, sink, max_visits,
                     max_stored):
     """Every useful region of every fork: (fork, join, ptr, nodes, labels, truncated).
 
@@ -155,7 +155,7 @@ def _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, sink, 
         pre = succ[:ns][np.argsort(tin[succ[:ns]])]
         joins = np.empty(ns - 1, np.int64)
         for t in range(ns - 1):
-            joins[t] = _lca(pre[t], pre[t + 1], ipdom, jump, depth)
+            joins[t] = lca(pre[t], pre[t + 1], ipdom, jump, depth)
         joins = np.unique(joins)
         for ci in range(joins.shape[0]):
             c = joins[ci]
@@ -199,7 +199,7 @@ def _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, sink, 
 
 
 @njit_borrowing
-def _closure_kernel(targets, blocked, mark, stamp, sp, si, pp, pi, stack, out, count):
+def closure_kernel(targets, blocked, mark, stamp, sp, si, pp, pi, stack, out, count):
     """`outcore.placers.subgraph.branches._Adjacency.closure` on arrays: the nodes, not blocked nor
     targets, whose successors all lie in the targets or the result, grown upward from the
     targets. ``mark[v]``: ``stamp`` a target, ``stamp + 2`` a target counted at its
@@ -337,7 +337,7 @@ def _fed_rows(b0, b1, tptr, tmp, side, members, cptr, assign, fed_ptr, fed_nodes
 
 
 @njit
-def _feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_nodes, sp, si, pp,
+def feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_nodes, sp, si, pp,
                     pi):
     """`outcore.placers.subgraph.branches.attach_feeders` on arrays (for
     :meth:`outcore.placers.subgraph.region_sets.RegionSet.with_feeders`): for the chosen regions in order
@@ -377,7 +377,7 @@ def _feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_node
         ntmp = 0
         for b in range(b0, b1):  # each branch's closure
             stamp += 4
-            found = _closure_kernel(br_nodes[br_ptr[b]:br_ptr[b + 1]], blocked, mark, stamp,
+            found = closure_kernel(br_nodes[br_ptr[b]:br_ptr[b + 1]], blocked, mark, stamp,
                                     sp, si, pp, pi, stack, out, count)
             tptr[b] = ntmp
             tmp[ntmp:ntmp + found] = np.sort(out[:found])
@@ -393,7 +393,7 @@ def _feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_node
             inside[size] = joins[r]
             size += 1
         stamp += 4
-        nside = _closure_kernel(inside[:size], blocked, mark, stamp, sp, si, pp, pi, stack,
+        nside = closure_kernel(inside[:size], blocked, mark, stamp, sp, si, pp, pi, stack,
                                 out, count)
         side = np.sort(out[:nside])
         for b in range(b0, b1):  # the branch each branch node and feeder belongs to
@@ -486,7 +486,7 @@ def _pairwise(a, lo, n, st_lo, st_n, st_step, vals):
 
 
 @njit
-def _row_sums(w, a_ptr, a_idx, b_ptr, b_idx):
+def row_sums(w, a_ptr, a_idx, b_ptr, b_idx):
     """Per row ``k``: ``w[a_idx[a_ptr[k]:a_ptr[k + 1]]].sum() + w[b_idx[...]].sum()``, the
     same floats as numpy's (:func:`_pairwise` on the gathered values)."""
     rows = a_ptr.shape[0] - 1
@@ -508,7 +508,7 @@ def _row_sums(w, a_ptr, a_idx, b_ptr, b_idx):
 
 # ------------------------------------------------------- the choice among regions, on columns
 @njit_borrowing
-def _nest(by_size, int_ptr, int_nodes, owner, parent):
+def nest(by_size, int_ptr, int_nodes, owner, parent):
     """``parent[i]``: the smallest larger region holding region ``i``'s first interior node
     (-1: none), regions visited in ``by_size`` order (larger first); ``owner``: ``int64[n]``
     of -1, scratch."""
@@ -520,7 +520,7 @@ def _nest(by_size, int_ptr, int_nodes, owner, parent):
 
 
 @njit_borrowing
-def _savings_choice(by_size, parent, ch_ptr, ch_idx, value, costed, best, take, covered,
+def savings_choice(by_size, parent, ch_ptr, ch_idx, value, costed, best, take, covered,
                     picked):
     """Over the containment tree, inner regions first: a region is taken when its saving is
     at least its children's best choice (ties: the outer region) and positive (any, on a graph
@@ -545,7 +545,7 @@ def _savings_choice(by_size, parent, ch_ptr, ch_idx, value, costed, best, take, 
 
 
 @njit_borrowing
-def _keep_disjoint(picks, int_ptr, int_nodes, forks, joins, taken, ends, keep):
+def keep_disjoint(picks, int_ptr, int_nodes, forks, joins, taken, ends, keep):
     """Regions ``picks`` in order, each kept when its interior meets no kept interior, fork or
     join and its fork and join lie in no kept interior. ``taken``, ``ends``: ``bool[n]``."""
     for k in range(picks.shape[0]):
@@ -568,7 +568,7 @@ def _keep_disjoint(picks, int_ptr, int_nodes, forks, joins, taken, ends, keep):
 
 
 @njit
-def _sort_within(ptr, keys):
+def sort_within(ptr, keys):
     """The permutation sorting ``keys`` within each row ``ptr[r]:ptr[r + 1]`` (rows stay in
     place; keys are distinct within a row): ``np.lexsort((keys, row))`` one row at a time."""
     perm = np.empty(keys.shape[0], np.int64)

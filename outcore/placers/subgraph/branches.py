@@ -53,62 +53,21 @@ All outputs are deterministic: ties break on node index (or topological rank).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph, memo
-from outcore.placers.subgraph._kernel import (_closure_kernel, _regions_kernel,
-                                              _tree_intervals)
-from outcore.placers.subgraph.dominators import _augmented, _post_dominators
+from outcore.placers.subgraph._kernel import (closure_kernel, regions_kernel,
+                                              tree_intervals)
+from outcore.placers.subgraph.dominators import augmented_graph, post_dominator_tree
 from outcore.placers.subgraph.dominators import post_dominators  # noqa: F401  (re-exported)
-from outcore.placers.subgraph.region_sets import RegionSet, Shapes
+from outcore.placers.subgraph.region_sets import Region, RegionSet, Shapes
 
 log = logging.getLogger(__name__)
 
 VIRTUAL = -1  # fork = the graph's inputs (virtual source) or join = its outputs (virtual sink)
-
-
-@dataclass(frozen=True, eq=False)
-class Region:
-    """A fork, its join and the parallel branches between them.
-
-    Attributes:
-        fork: node index of the fork, or -1 for the virtual source (the graph's inputs).
-        join: node index of the join (the fork's immediate post-dominator), or -1 for the
-            virtual sink (outputs that never meet).
-        branches: per branch, ``int64`` node indices strictly between fork and join, sorted;
-            branches are ordered by their smallest node index, side branches (below) last.
-        feeders: per branch, ``int64`` indices of nodes outside the region that feed only that
-            branch (empty until :func:`select_regions` attaches them).
-        work_s: ``float64[B]`` forward + backward seconds of each branch with its feeders (node
-            counts when the graph has no costs).
-        side: how many of the branches (the last ones) are side branches: nodes the fork does
-            not reach that feed only this region (see :func:`attach_feeders`); 0 until chosen.
-    """
-
-    fork: int
-    join: int
-    branches: tuple[np.ndarray, ...]
-    feeders: tuple[np.ndarray, ...]
-    work_s: np.ndarray
-    side: int = 0
-
-    @property
-    def num_branches(self) -> int:
-        return len(self.branches)
-
-    @cached_property
-    def interior(self) -> np.ndarray:
-        """All branch nodes (without feeders, with side branches), sorted."""
-        return np.sort(np.concatenate(self.branches))
-
-    @property
-    def saving_s(self) -> float:
-        """Work no longer run in series with the branches apart: total - largest, seconds."""
-        return float(self.work_s.sum() - self.work_s.max()) if self.work_s.size else 0.0
 
 
 class Branches:
@@ -195,9 +154,9 @@ def _shapes(g: Graph, order: np.ndarray | None, max_visits: int | None) -> Shape
 def _region_shapes(g: Graph, order: np.ndarray, max_visits: int | None) -> tuple:
     """The compiled search's flat output (:func:`fork_join_regions`): edges alone decide it."""
     n = g.num_nodes
-    ptr, idx, topo = _augmented(g, order)
-    ipdom, jump, depth = _post_dominators(topo, ptr, idx)
-    tin, tout = _tree_intervals(ipdom, n + 1)
+    ptr, idx, topo = augmented_graph(g, order)
+    ipdom, jump, depth = post_dominator_tree(topo, ptr, idx)
+    tin, tout = tree_intervals(ipdom, n + 1)
     rank = np.empty(n + 2, np.int64)
     rank[topo] = np.arange(n + 2)
     deg = np.diff(ptr)
@@ -208,7 +167,7 @@ def _region_shapes(g: Graph, order: np.ndarray, max_visits: int | None) -> tuple
         forks = forks[~param[forks]]
     size = n + g.num_edges
     budget = 32 * size + 10**6 if max_visits is None else int(max_visits)
-    return _regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, n + 1, budget,
+    return regions_kernel(forks, ipdom, jump, depth, tin, tout, rank, ptr, idx, n + 1, budget,
                            4 * size + 10**5)
 
 
@@ -363,7 +322,7 @@ class _Adjacency:
         """Nodes not blocked nor in ``targets`` whose successors all lie in ``targets`` or in
         the result (grown upward from the targets' predecessors), sorted."""
         self._stamp += 4  # marks of earlier calls are all below the new stamp
-        found = _closure_kernel(np.asarray(targets, np.int64), blocked, self._mark,
+        found = closure_kernel(np.asarray(targets, np.int64), blocked, self._mark,
                                 self._stamp, *self._arrays, self._stack, self._out,
                                 self._count)
         return sorted(self._out[:found].tolist())

@@ -20,7 +20,7 @@ from outcore.placers._jit import njit, njit_borrowing
 VIRTUAL = -1  # the virtual source or sink
 
 
-def _augmented(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def augmented_graph(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Successor CSR over ``n + 2`` nodes (``n`` = virtual source, ``n + 1`` = virtual sink)
     and a topological order of it."""
     n = g.num_nodes
@@ -37,7 +37,7 @@ def _augmented(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 @njit_borrowing
-def _lca(a, b, parent, jump, depth):
+def lca(a, b, parent, jump, depth):
     if depth[a] < depth[b]:
         a, b = b, a
     while depth[a] > depth[b]:
@@ -56,7 +56,7 @@ def _lca(a, b, parent, jump, depth):
 
 
 @njit
-def _post_dominators(topo, ptr, idx):
+def post_dominator_tree(topo, ptr, idx):
     """Immediate post-dominator of every node of the augmented graph (root: itself), with the
     tree's jump pointers and depths (for LCA queries)."""
     m = topo.shape[0]
@@ -71,7 +71,7 @@ def _post_dominators(topo, ptr, idx):
         a = -1
         for k in range(ptr[v], ptr[v + 1]):
             s = idx[k]
-            a = s if a < 0 else _lca(a, s, parent, jump, depth)
+            a = s if a < 0 else lca(a, s, parent, jump, depth)
         if a < 0:  # no successor at all (only the virtual source of an empty graph)
             a = root
         parent[v] = a
@@ -94,7 +94,7 @@ def post_dominators(g: Graph, order: np.ndarray | None = None) -> np.ndarray:
     if n == 0:
         return np.zeros(0, np.int64)
     order = topological_order(g) if order is None else order
-    ptr, idx, topo = _augmented(g, order)
-    ip = _post_dominators(topo, ptr, idx)[0][:n].copy()
+    ptr, idx, topo = augmented_graph(g, order)
+    ip = post_dominator_tree(topo, ptr, idx)[0][:n].copy()
     ip[ip >= n] = VIRTUAL
     return ip

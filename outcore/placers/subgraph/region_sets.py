@@ -19,10 +19,50 @@ from functools import cached_property
 
 import numpy as np
 
-from outcore.placers.subgraph._kernel import (_feeders_kernel, _keep_disjoint, _nest,
-                                              _row_sums, _savings_choice, _sort_within)
+from outcore.placers.subgraph._kernel import (feeders_kernel, keep_disjoint, nest,
+                                              row_sums, savings_choice, sort_within)
 
-__all__ = ["RegionSet", "Shapes", "gather_rows", "gather_slices"]
+__all__ = ["Region", "RegionSet", "Shapes", "gather_rows", "gather_slices"]
+
+
+@dataclass(frozen=True, eq=False)
+class Region:
+    """A fork, its join and the parallel branches between them.
+
+    Attributes:
+        fork: node index of the fork, or -1 for the virtual source (the graph's inputs).
+        join: node index of the join (the fork's immediate post-dominator), or -1 for the
+            virtual sink (outputs that never meet).
+        branches: per branch, ``int64`` node indices strictly between fork and join, sorted;
+            branches are ordered by their smallest node index, side branches (below) last.
+        feeders: per branch, ``int64`` indices of nodes outside the region that feed only that
+            branch (empty until :func:`~outcore.placers.subgraph.branches.select_regions` attaches them).
+        work_s: ``float64[B]`` forward + backward seconds of each branch with its feeders (node
+            counts when the graph has no costs).
+        side: how many of the branches (the last ones) are side branches: nodes the fork does
+            not reach that feed only this region (see :func:`~outcore.placers.subgraph.branches.attach_feeders`); 0 until chosen.
+    """
+
+    fork: int
+    join: int
+    branches: tuple[np.ndarray, ...]
+    feeders: tuple[np.ndarray, ...]
+    work_s: np.ndarray
+    side: int = 0
+
+    @property
+    def num_branches(self) -> int:
+        return len(self.branches)
+
+    @cached_property
+    def interior(self) -> np.ndarray:
+        """All branch nodes (without feeders, with side branches), sorted."""
+        return np.sort(np.concatenate(self.branches))
+
+    @property
+    def saving_s(self) -> float:
+        """Work no longer run in series with the branches apart: total - largest, seconds."""
+        return float(self.work_s.sum() - self.work_s.max()) if self.work_s.size else 0.0
 
 
 def gather_rows(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray
@@ -86,7 +126,7 @@ class Shapes:
         key = labels.astype(np.int64)
         key *= n + 2
         key += nodes
-        perm = _sort_within(rptr, key)
+        perm = sort_within(rptr, key)
         del key
         nodes, labels = nodes[perm], labels[perm]
         del perm
@@ -99,7 +139,7 @@ class Shapes:
         order = np.lexsort((nodes[start], seg_reg))  # per region, branches by first node
         reg_ptr = np.searchsorted(seg_reg[order], np.arange(f.size + 1)).astype(np.int64)
         br_ptr, br_nodes = gather_rows(np.r_[start, nodes.size].astype(np.int64), nodes, order)
-        inside = nodes[_sort_within(rptr, nodes)]
+        inside = nodes[sort_within(rptr, nodes)]
         return Shapes(n, np.where(f < n, f, virtual).astype(np.int64),
                       np.where(j < n, j, virtual).astype(np.int64), reg_ptr, br_ptr, br_nodes,
                       rptr, inside.astype(np.int64, copy=False), nodes, start, order,
@@ -127,8 +167,6 @@ class Shapes:
 
     def regions(self, w: np.ndarray) -> tuple:
         """The candidates as :class:`~outcore.placers.subgraph.branches.Region` objects."""
-        from outcore.placers.subgraph.branches import Region
-
         work = self.branch_work(w)
         parts, inside = _rows(self.br_ptr, self.br_nodes), _rows(self.int_ptr, self.int_nodes)
         empty = np.zeros(0, np.int64)
@@ -152,18 +190,18 @@ class Shapes:
         value = self.savings(self.branch_work(w))
         by_size = np.lexsort((np.arange(R), self.forks, -sizes)).astype(np.int64)
         parent = np.empty(R, np.int64)
-        _nest(by_size, self.int_ptr, self.int_nodes, np.full(self.n, -1, np.int64), parent)
+        nest(by_size, self.int_ptr, self.int_nodes, np.full(self.n, -1, np.int64), parent)
         kids = by_size[parent[by_size] >= 0]  # children of each region, in by_size order
         ch_idx = kids[np.argsort(parent[kids], kind="stable")]
         ch_ptr = np.zeros(R + 1, np.int64)
         np.cumsum(np.bincount(parent[kids], minlength=R), out=ch_ptr[1:])
         picked = np.zeros(R, np.bool_)
-        _savings_choice(by_size, parent, ch_ptr, ch_idx, value, costed, np.zeros(R),
+        savings_choice(by_size, parent, ch_ptr, ch_idx, value, costed, np.zeros(R),
                         np.zeros(R, np.bool_), np.zeros(R, np.bool_), picked)
         picks = np.flatnonzero(picked)
         picks = picks[np.lexsort((picks, self.forks[picks], -sizes[picks], -value[picks]))]
         keep = np.zeros(picks.size, np.bool_)
-        _keep_disjoint(picks, self.int_ptr, self.int_nodes, self.forks, self.joins,
+        keep_disjoint(picks, self.int_ptr, self.int_nodes, self.forks, self.joins,
                        np.zeros(self.n, np.bool_), np.zeros(self.n, np.bool_), keep)
         kept = picks[keep]
         fork_rank = np.where(self.forks[kept] >= 0, rank[np.maximum(self.forks[kept], 0)], -1)
@@ -211,7 +249,7 @@ class RegionSet:
         br_ptr, br_nodes = gather_rows(shapes.br_ptr, shapes.br_nodes, branch_ids)
         int_ptr, int_nodes = gather_rows(shapes.int_ptr, shapes.int_nodes, kept)
         forks, joins = shapes.forks[kept], shapes.joins[kept]
-        fed_ptr, fed_nodes, ex_rptr, ex_ptr, ex_nodes = _feeders_kernel(
+        fed_ptr, fed_nodes, ex_rptr, ex_ptr, ex_nodes = feeders_kernel(
             g.num_nodes, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_nodes,
             g.succ_ptr, g.succ_idx, g.pred_ptr, g.pred_idx)
         side = np.diff(ex_rptr)
@@ -234,7 +272,7 @@ class RegionSet:
 
     def weighed(self, w: np.ndarray) -> "RegionSet":
         """This set with each branch's work (with its feeders) under node weights ``w``."""
-        work = _row_sums(np.ascontiguousarray(w, np.float64), self.br_ptr, self.br_nodes,
+        work = row_sums(np.ascontiguousarray(w, np.float64), self.br_ptr, self.br_nodes,
                          self.fd_ptr, self.fd_nodes) if self.work_s.size else np.zeros(0)
         return RegionSet(self.forks, self.joins, self.reg_ptr, self.side, self.br_ptr,
                          self.br_nodes, self.fd_ptr, self.fd_nodes, work)
@@ -251,8 +289,6 @@ class RegionSet:
     @cached_property
     def regions(self) -> tuple:
         """The set as :class:`~outcore.placers.subgraph.branches.Region` objects."""
-        from outcore.placers.subgraph.branches import Region
-
         parts, feds = _rows(self.br_ptr, self.br_nodes), _rows(self.fd_ptr, self.fd_nodes)
         rp = self.reg_ptr.tolist()
         return tuple(Region(int(f), int(j), parts[rp[r]:rp[r + 1]], feds[rp[r]:rp[r + 1]],

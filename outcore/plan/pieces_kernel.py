@@ -4,14 +4,14 @@ One pass in topological order gives ``hop(v)`` (the most boundaries on any path 
 pass in reverse moves a node that sends nothing to its earliest consumer's hop when a message
 of its device would otherwise wait for it; a union-find over the edges whose ends share key and
 hop gives the pieces (connected components). Written in the subset of Python numba compiles
-(:mod:`outcore.graph._jit`); plain Python without numba, same results.
+(:mod:`outcore.graph.jit`); plain Python without numba, same results.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from outcore.graph._jit import njit, njit_borrowing
+from outcore.graph.jit import njit, njit_borrowing
 
 __all__ = ["hop_levels", "piece_components", "segment_bounds", "sends_kernel"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.graph._jit import njit
+from outcore.graph.jit import njit
 
 
 @njit

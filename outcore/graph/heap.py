@@ -4,7 +4,7 @@ of one array). Ties on the key break on the item, so every pop order is determin
 
 from __future__ import annotations
 
-from outcore.graph._jit import njit_borrowing as njit
+from outcore.graph.jit import njit_borrowing as njit
 
 __all__ = ["heap_pop", "heap_push"]
 
