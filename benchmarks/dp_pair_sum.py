@@ -2,8 +2,8 @@
 gloo's all-reduce, for the collective alone and for training steps.
 
 1. **The collective**: two processes sum a tensor of each size 25 times (5 discarded), after a
-   barrier each time: gloo's ``all_reduce`` against :class:`outcore.runtime.comm.PairSum` over
-   a :class:`outcore.runtime.samehost.SameHostLinks` pair (what the runtime does for a bucket
+   barrier each time: gloo's ``all_reduce`` against :class:`outcore.core.comm.PairSum` over
+   a :class:`outcore.core.samehost.SameHostLinks` pair (what the runtime does for a bucket
    of two workers). Median, fastest and slowest, milliseconds.
 2. **Training**: ``outcore.train(model, 2, dp=2)`` with profiled costs, ``OUTCORE_P2P=auto``
    (sums over the link) and ``gloo`` alternating for ``--rounds`` rounds; the median measured
@@ -35,8 +35,8 @@ def _collective(ctx, sizes: list[int], reps: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from outcore.runtime.comm import PairSum
-    from outcore.runtime.samehost import connect_same_host
+    from outcore.core.comm import PairSum
+    from outcore.core.samehost import connect_same_host
 
     peer = 1 - ctx.rank
     links = connect_same_host([peer], timeout_s=60.0)

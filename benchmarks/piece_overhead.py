@@ -126,7 +126,7 @@ def _calibrated(p, g, oneway_s: float | None = None) -> float:
             transport = "same-host sockets"
             messages = message_overhead_s()
             try:
-                from outcore.runtime.samehost import auto_spin_us
+                from outcore.core.samehost import auto_spin_us
                 echo = samehost_latency_s(auto_spin_us(2) * 1e-6)
             except (ImportError, TypeError):  # trees before the spin-aware probe
                 echo = samehost_latency_s()

@@ -4,7 +4,7 @@ by the pure cost functions (outcore/cost/spatial.py).
 
 Each configuration runs on its own set of local gloo workers (one thread each); every rank
 generates only its own tile of a synthetic image, trains ``--steps`` SGD steps after one warm-up,
-and measures one step's peak with the CPU tensor tracker (outcore/runtime/memtrack.py: every
+and measures one step's peak with the CPU tensor tracker (outcore/core/memtrack.py: every
 tensor an operator makes, parameters included; a lower bound of RSS). 1 tile is the plain model,
 no outcore code. This machine has 2 cores: 4 ranks oversubscribe it, so time per image at 4 tiles
 shows the halo/collective overhead plus contention, not a speed-up.
@@ -50,7 +50,7 @@ def predicted(size: int, tiles: int) -> dict:
     """Largest tile's saved activations and halo bytes received per forward, from
     outcore.cost.spatial.chain_costs: the input tile, every layer's output tile and, for the
     windowed layers on tiles, the border strips (halo + padding) they keep beside the tile
-    (outcore.spatial.comm.lean_region)."""
+    (outcore.parallel.spatial.comm.lean_region)."""
     from outcore.cost.spatial import LayerGeometry, chain_costs, tile_activation_bytes
     from outcore.cost.spatial_geometry import TileGrid
     grid = TileGrid.parse(GRIDS[tiles])
@@ -77,8 +77,8 @@ def worker(ctx, size: int, tiles: int, steps: int):
     import torch
     import torch.nn.functional as F
 
-    from outcore.runtime.memtrack import MemoryTracker
-    from outcore.spatial import TileGrid, spatialize
+    from outcore.core.memtrack import MemoryTracker
+    from outcore.parallel.spatial import TileGrid, spatialize
     model = build_net()
     shape = (1, 3, size, size)
     grid = TileGrid.parse(GRIDS[tiles])

@@ -3,7 +3,7 @@
 Same model (outcore's zoo transformer, random init, same seed), same data, loss and optimizer
 (SGD), ``--tp`` local gloo workers with one thread each, every worker fed the same batch.
 
-* **1d**: ``outcore.tensor.tensor_parallel(model, tp, example_inputs=x)`` (layout found from the
+* **1d**: ``outcore.parallel.tensor.tensor_parallel(model, tp, example_inputs=x)`` (layout found from the
   graph: MLP blocks paired, embedding split by vocabulary, LM head split with a gather, layers
   under 1 MiB whole) against the torchtitan recipe written by hand with module names:
   ``parallelize_module`` with fc1 ``ColwiseParallel``, fc2 ``RowwiseParallel``, the embedding
@@ -64,7 +64,7 @@ def _setup(ctx, args, variant: str, mode: str):
     """A model parallelised by ``variant``, its batch and one training step."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from outcore.tensor import tensor_parallel
+    from outcore.parallel.tensor import tensor_parallel
 
     model = _model(args)
     g = torch.Generator().manual_seed(7)

@@ -29,13 +29,13 @@ def train(*args, **kwargs):
 
 def tensor_parallel(*args, **kwargs):
     """Split a model's layers over a tensor-parallel group (see
-    :func:`outcore.tensor.tensor_parallel`)."""
-    from outcore.tensor import tensor_parallel as _tensor_parallel
+    :func:`outcore.parallel.tensor.tensor_parallel`)."""
+    from outcore.parallel.tensor import tensor_parallel as _tensor_parallel
     return _tensor_parallel(*args, **kwargs)
 
 
 def auto_parallelize(*args, **kwargs):
     """Context manager: models built inside become tensor-parallel (see
-    :func:`outcore.tensor.auto_parallelize`)."""
-    from outcore.tensor import auto_parallelize as _auto_parallelize
+    :func:`outcore.parallel.tensor.auto_parallelize`)."""
+    from outcore.parallel.tensor import auto_parallelize as _auto_parallelize
     return _auto_parallelize(*args, **kwargs)

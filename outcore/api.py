@@ -299,7 +299,7 @@ def cluster_of(devices: int, *, nodes: int | None = None, per_node: int | None =
 def launcher() -> tuple[str, int]:
     """The job launcher this process runs under (``none``, ``torchrun``, ``mpirun``,
     ``srun``) and its rank."""
-    from outcore.runtime.env import detect
+    from outcore.core.env import detect
     job = detect()
     return job.launcher, job.rank
 

@@ -313,7 +313,7 @@ def _run_dir(run_dir: str | None, model: str) -> Path:
     """The run's folder: ``run_dir``, or a new ``outcore-runs/<time>-<model>[-N]`` (jobs
     started in the same second never share one); other ranks of a launched job get rank 0's
     folder by broadcast, so they create none of their own."""
-    from outcore.runtime.env import detect
+    from outcore.core.env import detect
     from outcore.runtime.rundir import unique_run_dir
     if run_dir or detect().rank != 0:
         root = Path(run_dir or "outcore-runs")
@@ -325,7 +325,7 @@ def _run_dir(run_dir: str | None, model: str) -> Path:
 def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
         on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
     """Prepare (capture, cost, plan), start the workers, train, and report."""
-    from outcore.runtime.env import detect
+    from outcore.core.env import detect
     if detect().launcher != "none":
         return _train_in_job(job)
     g, p = prepare(job, progress=progress)
@@ -351,7 +351,7 @@ def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
 def _with_spin(cfg: TrainConfig, workers: int) -> TrainConfig:
     """``cfg`` with the same-host receives' poll decided here, before the workers start (in a
     worker the decision could count its starting siblings as other load)."""
-    from outcore.runtime.samehost import auto_spin_us
+    from outcore.core.samehost import auto_spin_us
     return replace(cfg, spin_us=auto_spin_us(workers))
 
 

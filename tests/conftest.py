@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 # plans of local jobs do not depend on how busy the machine is while the suite runs (the
-# local cluster otherwise counts other processes' load: outcore.runtime.env.background_load)
+# local cluster otherwise counts other processes' load: outcore.core.env.background_load)
 os.environ.setdefault("OUTCORE_HOST_LOAD", "0")
 
 

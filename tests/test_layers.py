@@ -21,7 +21,8 @@ LAYERS = {
     "graph": 1, "graph.capture": 1, "hardware": 1, "zoo": 1,
     "cost": 2,
     "plan": 3, "schedule": 3, "trace": 3,
-    "sim": 4, "runtime": 4, "viz": 4, "tensor": 4, "spatial": 4,
+    "sim": 4, "viz": 4, "core": 4,
+    "parallel": 5, "runtime": 6,
     "placers": 5,
     "search": 6,
     "api": 7, "job": 7, "__init__": 7,
@@ -43,9 +44,11 @@ FORBIDDEN = {
     "sim": ("runtime", "placers", "search"),
     "placers": ("runtime", "search", "sim"),
     "search": ("runtime",),
+    "core": ("parallel", "runtime", "placers", "search", "sim", "cost.regression",
+             "cost.calibrate", "api", "job"),
+    "parallel": ("runtime", "placers", "search", "sim", "cost.regression", "cost.calibrate",
+                 "api", "job"),
     "runtime": ("placers", "search", "sim", "cost.regression", "cost.calibrate", "api", "job"),
-    "tensor": ("placers", "search", "sim", "cost.regression", "cost.calibrate", "api", "job"),
-    "spatial": ("placers", "search", "sim", "cost.regression", "cost.calibrate", "api", "job"),
 }
 CLI_MAY_IMPORT = ("__init__", "api", "units", "errors", "cli")
 

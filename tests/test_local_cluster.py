@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from outcore.hardware.presets import link_preset
 from outcore.runtime.local_cluster import OVERSUBSCRIBED_LATENCY_S, local_cluster
-from outcore.runtime.env import local_cores as _local_cores
+from outcore.core.env import local_cores as _local_cores
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="local CPU workers only")
@@ -62,7 +62,7 @@ def test_background_load_counts_a_busy_process_now(monkeypatch):
     import subprocess
     import sys
 
-    from outcore.runtime.env import background_load
+    from outcore.core.env import background_load
     monkeypatch.delenv("OUTCORE_HOST_LOAD", raising=False)
     busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
                              "while time.time() - t < 20: pass"])
@@ -80,8 +80,8 @@ def test_the_launcher_decides_whether_receives_spin(monkeypatch):
     starting siblings as other load); the environment variable still wins in the workers."""
     from outcore.job import _with_spin
     from outcore.runtime.config import TrainConfig
-    from outcore.runtime.env import local_cores
-    from outcore.runtime.samehost import SPIN_AUTO_US
+    from outcore.core.env import local_cores
+    from outcore.core.samehost import SPIN_AUTO_US
     cfg = TrainConfig(model="outcore:mlp")
     monkeypatch.setenv("OUTCORE_HOST_LOAD", "0")
     assert _with_spin(cfg, local_cores()).spin_us == SPIN_AUTO_US

@@ -2,7 +2,7 @@
 
 One pair ``A -> element-wise -> B`` (an MLP block: ``A`` is ``[hidden, width]``, ``B``
 ``[width, hidden]``; ``tokens`` rows of activations, ``elem_bytes`` per value) on ``tp = rows x
-cols`` ranks laid out as :mod:`outcore.tensor.grid` does (rank ``r * cols + c``: a column group
+cols`` ranks laid out as :mod:`outcore.parallel.tensor.grid` does (rank ``r * cols + c``: a column group
 is ``cols`` consecutive ranks, a row group strides by ``cols``). Collectives per step of one
 micro-batch, forward and backward (AxoNN: Singh & Bhatele, IPDPS 2022; Singh et al., SC 2024):
 

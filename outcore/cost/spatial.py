@@ -2,7 +2,7 @@
 
 Per layer and per tile: the halo a tile receives (bytes; the backward sends the same bytes back
 as gradients), the bytes of a gather at the join, and the activation bytes a tile holds. They
-follow the runtime exactly (:mod:`outcore.spatial`): halo rows are exchanged first (with the
+follow the runtime exactly (:mod:`outcore.parallel.spatial`): halo rows are exchanged first (with the
 tiles of the same grid column), then halo columns of the row-extended tile (with the tiles of the
 same grid row), so corners travel in the second step; the gather is an all-gather of tiles padded
 to the largest tile. MPI4DL's estimate is the same halo of ``(kernel - 1) / 2`` per side for

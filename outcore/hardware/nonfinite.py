@@ -1,6 +1,6 @@
 """The check for NaN and inf in a rank's gradients, as the runtime's optimizer action makes it.
 
-Here (layer 1) so that the runtime's optimizer action (``outcore.runtime.executor``) and the
+Here (layer 1) so that the runtime's optimizer action (``outcore.core.executor``) and the
 profiler's timing of that action (``outcore.cost.profile.time_optimizer_step``) run one piece of
 code.
 """

@@ -55,7 +55,7 @@ def _flatten(trainer: Any, step: int) -> dict[str, Any]:
 
 def _strided(t: Any) -> bool:
     """``t`` is a DTensor sharded chunk by chunk (a fused q/k/v projection's, see
-    :mod:`outcore.tensor.graph_split`)."""
+    :mod:`outcore.parallel.tensor.graph_split`)."""
     return any(type(p).__name__ == "_StridedShard" for p in getattr(t, "placements", ()))
 
 
@@ -78,7 +78,7 @@ def _placed_like(target: Any, value: Any) -> Any:
         return value
     from torch.distributed.tensor import DTensor
 
-    from outcore.tensor.graph_split import chunkwise_shard
+    from outcore.parallel.tensor.graph_split import chunkwise_shard
     mesh, (place,) = target.device_mesh, target.placements
     local = chunkwise_shard(value.full_tensor(), place.dim, place.split_factor, mesh.size(),
                             mesh.get_local_rank())

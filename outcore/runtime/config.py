@@ -38,7 +38,7 @@ class TrainConfig:
         return_state: return every rank's final parameters (tests).
         fail_at_step: make ``fail_rank`` raise (or hang) at this step (fault tests).
         spin_us: how long same-host receives poll before blocking, decided by the launching
-            process (``outcore.runtime.samehost.spin_s``); None: each worker decides;
+            process (``outcore.core.samehost.spin_s``); None: each worker decides;
             ``OUTCORE_P2P_SPIN_US`` in the environment wins over both.
     """
 

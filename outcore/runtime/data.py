@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from outcore.errors import UsageError
-from outcore.runtime.values import LeafMeta, ValueMeta
+from outcore.core.values import LeafMeta, ValueMeta
 
 Batch = tuple[tuple[torch.Tensor, ...], Any]
 

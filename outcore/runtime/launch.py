@@ -39,7 +39,7 @@ import outcore.errors as errors_mod
 from outcore.errors import Interrupted, LaunchError, OutcoreError, RuntimeFailure
 from outcore.hardware.allocator import keep_heap
 from outcore.runtime import lifetime
-from outcore.runtime.env import JobEnv, detect
+from outcore.core.env import JobEnv, detect
 
 log = logging.getLogger(__name__)
 

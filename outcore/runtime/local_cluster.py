@@ -9,7 +9,7 @@ import functools
 
 from outcore.hardware.cluster import make_cluster
 from outcore.hardware.spec import Cluster
-from outcore.runtime.env import cores_to_spare, local_cores
+from outcore.core.env import cores_to_spare, local_cores
 
 __all__ = ["OVERSUBSCRIBED_LATENCY_S", "local_cluster", "same_host_transport"]
 
@@ -28,7 +28,7 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     from outcore.hardware.presets import link_preset
     if torch.cuda.is_available():
         return make_cluster(devices)
-    from outcore.runtime.samehost import auto_spin_us
+    from outcore.core.samehost import auto_spin_us
     link = link_preset("gloo-loopback")
     cores = local_cores() if local else None
     latency = link.latency_s
@@ -57,7 +57,7 @@ def same_host_transport() -> bool:
     import os
     import sys
 
-    from outcore.runtime.samehost import P2P_ENV
+    from outcore.core.samehost import P2P_ENV
     return sys.platform.startswith("linux") and os.environ.get(P2P_ENV, "").lower() != "gloo"
 
 

@@ -24,9 +24,9 @@ from torch import fx
 from torch.utils._pytree import tree_flatten
 
 from outcore.hardware.probe import torch_threads
-from outcore.runtime.boundary import entry_tree
-from outcore.runtime.randomness import set_context as set_random_context
-from outcore.runtime.values import LeafMeta, ValueMeta
+from outcore.core.boundary import entry_tree
+from outcore.core.randomness import set_context as set_random_context
+from outcore.core.values import LeafMeta, ValueMeta
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def _echo_child(spin_s: float = 0.0):
 def message_overhead_s(*, repeat: int = 2, inner: int = 60, nbytes: int = 512,
                        spin_s: float = 0.0) -> tuple[float, float]:
     """``(send, receive)`` host seconds of one message of ``nbytes`` on the same-host transport
-    (:mod:`outcore.runtime.samehost`), the data already there: the calls' Python, system calls
+    (:mod:`outcore.core.samehost`), the data already there: the calls' Python, system calls
     and copies, which the sender (receiver) pays before its next action. The message goes to
     another process (:func:`_echo_child`, polling ``spin_s`` as a worker does) and comes back:
     its send wakes that process, its bytes come from another core. Each call is timed alone
@@ -191,7 +191,7 @@ def message_overhead_s(*, repeat: int = 2, inner: int = 60, nbytes: int = 512,
     :func:`samehost_latency_s`."""
     import statistics
 
-    from outcore.runtime.samehost import SameHostLinks
+    from outcore.core.samehost import SameHostLinks
     sock, child = _echo_child(spin_s)
     link = SameHostLinks(0, {1: sock}, 10.0)
     t, buf = torch.randn(max(nbytes // 4, 1)), torch.empty(max(nbytes // 4, 1))
@@ -231,16 +231,16 @@ def message_overhead_s(*, repeat: int = 2, inner: int = 60, nbytes: int = 512,
 
 def samehost_latency_s(spin_s: float = 0.0, *, rounds: int = 200, nbytes: int = 520) -> float:
     """Mean one-way time of a small message between two processes on the same-host transport
-    (half a ping-pong through the runtime's own :class:`~outcore.runtime.samehost.SameHostLinks`
+    (half a ping-pong through the runtime's own :class:`~outcore.core.samehost.SameHostLinks`
     with a tiny echo process that returns each message as it came): the send and receive
     calls' host time and the receiver's wake-up. ``spin_s``: both ends poll that long before
     blocking, as workers' receives do when every worker has a core
-    (``outcore.runtime.samehost.spin_s``). The mean, not the median: on loaded cores most
+    (``outcore.core.samehost.spin_s``). The mean, not the median: on loaded cores most
     hand-offs take ~6 us and a few wait milliseconds for a core (measured: median 5-8 us, mean
     45-145 us at load 5 on 2 cores), and a chain of messages pays their sum."""
     import statistics
 
-    from outcore.runtime.samehost import SameHostLinks
+    from outcore.core.samehost import SameHostLinks
     sock, child = _echo_child(spin_s)
     link = SameHostLinks(0, {1: sock}, 10.0, spin_s=spin_s)
     msg, buf = torch.zeros(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)

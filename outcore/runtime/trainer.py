@@ -2,7 +2,9 @@
 
 Every rank builds the whole model from the same seed (so its weights equal single-process
 training's), traces it, cuts the traced graph by the plan into pieces, keeps its own pieces and
-the parameters they use, and runs the schedule the simulator predicts.
+the parameters they use, and runs the schedule the simulator predicts. The parallelisms the
+plan uses (:mod:`outcore.parallel`: tensor, spatial, sharding, replicas) take their part at
+fixed steps of that sequence; the pieces run on the runtime core (:mod:`outcore.core`).
 """
 
 from __future__ import annotations
@@ -16,20 +18,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from outcore.errors import PlanError, RuntimeFailure
+from outcore.core.comm import Messenger
+from outcore.core.executor import RankExecutor, StepResult
+from outcore.core.memtrack import MemoryTracker
+from outcore.core.modules import (build_piece_modules, module_params, param_aliases,
+                                  prune_unowned)
+from outcore.core.values import local, value_metas
+from outcore.errors import PlanError
+from outcore.graph.capture import retrace
 from outcore.graph.coarsen import collapse, groups
 from outcore.graph.ir import Graph
+from outcore.parallel import Parallelism, RankBuild, active as active_parallelisms
+from outcore.parallel.replicas import StatGroup, sync_running_stats
 from outcore.plan.plan import Plan, fingerprint, graph_ref
 from outcore.plan.policies import MemoryPolicies
 from outcore.plan.replicas import fx_name
-from outcore.runtime.comm import Messenger, allreduce_into
 from outcore.runtime.data import default_loss, split
-from outcore.runtime.executor import RankExecutor, StepResult
-from outcore.runtime.memtrack import MemoryTracker
-from outcore.runtime.modules import build_piece_modules, param_aliases, prune_unowned
-from outcore.runtime.offload import running_stats
-from outcore.runtime.values import local, value_metas
-from outcore.graph.capture import retrace
 from outcore.schedule.io import adopt
 from outcore.schedule.lower import Lowered, lower
 
@@ -85,22 +89,6 @@ def _leaf_metas(pieces: Any, metas: dict[str, Any], big_names: list[str]
     return leaf_metas
 
 
-def _module_params(gm: torch.fx.GraphModule) -> list[nn.Parameter]:
-    """Parameters a piece module uses (through its call_module and get_attr nodes)."""
-    out: dict[int, nn.Parameter] = {}
-    for n in gm.graph.nodes:
-        if n.op == "call_module":
-            for q in gm.get_submodule(str(n.target)).parameters():
-                out[id(q)] = q
-        elif n.op == "get_attr":
-            obj = gm
-            for part in str(n.target).split("."):
-                obj = getattr(obj, part)
-            if isinstance(obj, nn.Parameter):
-                out[id(obj)] = obj
-    return list(out.values())
-
-
 @dataclass
 class StepReport:
     loss: float
@@ -152,41 +140,38 @@ class Trainer:
         # tensor parallelism: process ``slot * tp + t`` runs slot ``slot``'s actions on shard t
         self.tp = plan.layout.tp
         self.slot, self.shard = divmod(self.rank, self.tp)
-        self.tensor_layout = None
-        exported = (graph.meta.get("capture") or {}).get("path") == "export"
-        if self.tp > 1 and not exported:  # split the modules, then trace them
-            from outcore.tensor.parallel import split_for_plan
-            self.tensor_layout = split_for_plan(model, graph, self.tp)
-        gm = retrace(model, tuple(micro_inputs), graph.meta).gm
+        plan = layer_plan(graph, plan)
+        build = RankBuild(rank=self.rank, world=self.world, slot=self.slot, shard=self.shard,
+                          plan=plan, graph=graph, model=model,
+                          micro_inputs=tuple(micro_inputs), device=self.device,
+                          timeout_s=timeout_s)
+        parallelisms = active_parallelisms(plan, self.world)
+        for par in parallelisms:
+            par.on_model(build)
+        gm = build.gm = retrace(model, tuple(micro_inputs), graph.meta).gm
         if [n.name for n in gm.graph.nodes] != [graph.name_of(i) for i in range(graph.num_nodes)]:
             raise PlanError("the graph does not match the model's trace: capture the graph "
                             "from this model (same options) and plan again")
-        if self.tensor_layout is not None:  # per-head operands: sliced in the traced graph
-            from outcore.tensor.graph_split import slice_head_operands
-            slice_head_operands(gm, graph, self.tensor_layout)
-        if self.tp > 1 and exported:  # ATen calls: split the exported trace itself
-            from outcore.tensor.parallel import split_traced_for_plan
-            self.tensor_layout = split_traced_for_plan(gm, graph, self.tp)
-        low = lower_for_training(graph, plan, microbatches=microbatches,
-                                 schedule=plan.schedule if schedule == "auto" else schedule,
-                                 mb_samples=micro_inputs[0].shape[0],
-                                 schedule_doc=schedule_doc)
+        for par in parallelisms:
+            par.on_trace(build)
+        low = build.lowered = lower_for_training(
+            graph, plan, microbatches=microbatches,
+            schedule=plan.schedule if schedule == "auto" else schedule,
+            mb_samples=micro_inputs[0].shape[0], schedule_doc=schedule_doc)
         self.lowered = low
         self.assignment, self.copies = low.assignment, low.copies
         self.schedule, self.costs, self.pieces = low.schedule, low.costs, low.pieces
         metas = value_metas(gm, micro_inputs)
         big_names = [low.graph.name_of(i) for i in range(low.graph.num_nodes)]
-        modules = build_piece_modules(gm, big_names, low.pieces, self.slot, metas)
-        self.spatial = None  # spatial parallelism: the tiled layers (outcore.spatial.stage)
-        if plan.spatial is not None:
-            from outcore.spatial.stage import attach
-            self.spatial = attach(self.rank, gm, graph, layer_plan(graph, plan), low, modules)
-        tiles = [self.spatial.tiles_module] if self.spatial and self.spatial.is_extra else []
-        self.sharder = None  # FSDP-style sharding over the data-parallel copies (depth > 1)
-        self._keep_parameters(gm, modules + tiles, optimizer, lr_scheduler,
-                              shard=lambda: self._shard(plan, low, modules, timeout_s))
-        if self.spatial is not None and self.optimizer is not None:
-            self.optimizer.register_step_pre_hook(lambda *_: self.spatial.reduce_gradients())
+        modules = build.modules = build_piece_modules(gm, big_names, low.pieces, self.slot,
+                                                      metas)
+        for par in parallelisms:
+            par.on_pieces(build)
+        self._keep_parameters(build, parallelisms, optimizer, lr_scheduler)
+        # what the parallelisms made, which the steps and the worker read
+        self.tensor_layout = build.made.get("tensor")
+        self.spatial = build.made.get("spatial")  # the tiled layers (outcore.parallel.spatial)
+        self.sharder = build.made.get("sharding")  # FSDP-style shards over the copies
         self.placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         ops = [low.graph.op_of(i) for i in range(low.graph.num_nodes)]
         mine = [int(d) == self.slot for d in low.assignment]
@@ -203,7 +188,7 @@ class Trainer:
         self.policies = {p.id: self.costs.policies[p.id] for p in low.pieces.pieces
                          if p.device == self.slot and self.costs.policies
                          and self.costs.policies[p.id] != "none"}
-        piece_params = {pm.id: _module_params(pm.module) for pm in modules
+        piece_params = {pm.id: module_params(pm.module) for pm in modules
                         if pm.id in self.policies}
         self.executor = RankExecutor(
             self.slot, self.schedule, {pm.id: pm for pm in modules}, big_names, metas,
@@ -212,59 +197,32 @@ class Trainer:
             policies=self.policies, piece_params=piece_params, sharder=self.sharder)
         # every shard of a tensor-parallel slot computes the same loss: count it once
         self.executor.count_loss = self.shard == 0
-        self.buffer_groups = self._replicated_running_stats()
+        self.buffer_groups: list[StatGroup] = []
+        for par in parallelisms:
+            par.on_trainer(self)
 
-    def _keep_parameters(self, gm: torch.fx.GraphModule, modules: list, optimizer: Any,
-                         lr_scheduler: Any, shard: Callable[[], Any]) -> None:
-        """Drop the parameters no piece of this rank uses, move the rest to the device, shard
-        them when the layout says so, and make the optimizer (and learning-rate scheduler)
-        over them (over the shards of sharded ones)."""
-        self.aliases = param_aliases(gm)  # tied weights: one tensor, one name on every rank
-        kept = prune_unowned(gm, modules)
+    def _keep_parameters(self, build: RankBuild, parallelisms: list[Parallelism],
+                         optimizer: Any, lr_scheduler: Any) -> None:
+        """Drop the parameters no piece of this rank uses, move the rest to the device, let
+        the parallelisms change them (sharding), and make the optimizer (and learning-rate
+        scheduler) over them."""
+        gm = build.gm
+        self.aliases = build.aliases = param_aliases(gm)  # tied weights: one name on every rank
+        kept = prune_unowned(gm, build.modules + build.extra_modules)
         # move what this rank keeps; dropped tensors stay on the meta device
         gm._apply(lambda t: t if t.device.type == "meta" else t.to(self.device))
         self.gm = gm
         params = dict(gm.named_parameters(remove_duplicate=False))
-        self.named_params = {self.aliases.get(k, k): params[k] for k in kept}
-        self.params = [p for p in self.named_params.values() if p.requires_grad]
-        self.sharder = shard()
-        if self.sharder is not None:
-            self.params = [p for p in self.params if not self.sharder.sharded(p)] + \
-                self.sharder.shards
+        self.named_params = build.named_params = {self.aliases.get(k, k): params[k]
+                                                  for k in kept}
+        build.params = [p for p in self.named_params.values() if p.requires_grad]
+        for par in parallelisms:
+            par.on_parameters(build)
+        self.params = build.params
         make_opt = optimizer or (lambda ps: torch.optim.Adam(ps, lr=1e-3))
         self.optimizer = make_opt(self.params) if self.params else None
         self.lr_scheduler = lr_scheduler(self.optimizer) if (lr_scheduler and self.optimizer) \
             else None
-
-    def _shard(self, plan: Plan, low: Any, modules: list, timeout_s: float) -> Any:
-        """The :class:`~outcore.runtime.sharding.ParamSharder` of a layout with ``depth > 1``
-        (every rank creates every group), else None."""
-        layout = plan.layout
-        if layout.depth == 1:
-            return None
-        from datetime import timedelta
-
-        from outcore.runtime.sharding import ParamSharder, shard_groups
-
-        groups = shard_groups(plan.stages, layout.dp, layout.depth, self.rank, self.tp)
-        meta = self.schedule.meta
-        names = {self.aliases.get(n, n) for b, sh in enumerate(meta.get("bucket_sharded", ()))
-                 if sh and self.slot in self.schedule.buckets[b]
-                 for n in meta["bucket_params"][b]}
-        name_of = {id(p): k for k, p in self.named_params.items()}
-        per_copy = low.graph.num_nodes // low.copies
-        order = sorted(modules, key=lambda pm: min(i % per_copy
-                                                   for i in low.pieces.pieces[pm.id].nodes))
-        pieces = [(pm.id, [(name_of[id(q)], q) for q in _module_params(pm.module)
-                           if name_of.get(id(q)) in names]) for pm in order]
-        wait_s = timedelta(seconds=timeout_s)
-
-        def wait(work: Any, what: str) -> None:
-            if work.wait(wait_s) is False:
-                raise RuntimeFailure(f"rank {self.rank}: timed out after {timeout_s:.0f} s "
-                                     f"{what}")
-
-        return ParamSharder(pieces, groups[0], groups[1], layout.depth, wait)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by name, whole (sharded ones gathered: collective)."""
@@ -297,33 +255,11 @@ class Trainer:
                                    if n in self.named_params])
         return buckets
 
-    def _replicated_running_stats(self) -> list[tuple[Any, int, list[torch.Tensor]]]:
-        """Batch-norm running statistics held by several ranks (model replicas: GEMS MAST and
-        MASTER, data-parallel copies), grouped by the ranks that hold them. Every rank calls
-        this (it creates process groups)."""
-        mine = running_stats(self.gm, ("running_mean", "running_var"))
-        if not dist.is_initialized() or self.world == 1:
-            return []
-        names: list[Any] = [None] * self.world
-        dist.all_gather_object(names, sorted(mine))
-        holders: dict[str, tuple[int, ...]] = {}
-        for r, held in enumerate(names):
-            for name in held:
-                holders[name] = holders.get(name, ()) + (r,)
-        out = []
-        for ranks in sorted({h for h in holders.values() if len(h) > 1}):
-            pg = dist.new_group(list(ranks))  # every rank creates every group, in one order
-            if self.rank in ranks:
-                out.append((pg, len(ranks), [mine[n] for n in sorted(mine)
-                                             if holders[n] == ranks]))
-        return out
-
     def sync_running_stats(self) -> None:
         """Average the batch-norm running statistics over the replicas that hold them (each
         replica saw different micro-batches), so that every rank, every checkpoint and the
-        trained model agree. Losses and gradients do not depend on them (training mode)."""
-        for pg, n, bufs in self.buffer_groups:
-            allreduce_into(bufs, pg, divide_by=n)
+        trained model agree (:mod:`outcore.parallel.replicas`)."""
+        sync_running_stats(self.buffer_groups)
 
     def _after_optimizer(self) -> None:
         if self.lr_scheduler is not None:

@@ -18,7 +18,7 @@ from outcore.plan.plan import align, from_dict as plan_from_dict
 from outcore.runtime import checkpoint, resume
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import ImageFolderData, SyntheticData, TextData, split
-from outcore.runtime.samehost import SPIN_ENV
+from outcore.core.samehost import SPIN_ENV
 from outcore.runtime.trainer import Trainer
 from outcore.schedule import io as schedule_io
 from outcore.trace import Timeline, save_events
@@ -100,14 +100,14 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
                         cfg.seed, cfg.task or spec.task, spec.task_options,
                         vocab=spec.int_high[0] if spec.int_high else None)
     elif cfg.data.startswith("tiles:"):  # huge images: each tile rank reads only its tile
-        from outcore.spatial.data import TileFolderData
+        from outcore.parallel.spatial.data import TileFolderData
         data = TileFolderData.for_trainer(cfg.data.split(":", 1)[1], trainer, cfg.batch_size,
                                           cfg.seed)
     else:
         raise UsageError(f"unknown data {cfg.data!r}: use synthetic, imagefolder:PATH, "
                          "tiles:PATH or text:FILE")
     if trainer.spatial is not None and not cfg.data.startswith("tiles:"):
-        from outcore.spatial.data import TileCut   # the tile group holds only its tiles
+        from outcore.parallel.spatial.data import TileCut   # the tile group holds only its tiles
         data = TileCut.for_trainer(data, trainer)
     return trainer, data
 

@@ -181,7 +181,7 @@ class Schedule:
 
     def pair_partner(self, bucket: int, rank: int) -> int | None:
         """The other rank of a two-rank ``bucket`` that ``rank`` may sum it with over a link
-        of their own (:class:`outcore.runtime.comm.PairSum`), or None: no message of the
+        of their own (:class:`outcore.core.comm.PairSum`), or None: no message of the
         schedule passes between the two (the sums cannot interleave with them), and both
         start the buckets they share in one order (a link is read in the order it was
         written). Both ranks decide alike; the runtime and the simulator ask this."""

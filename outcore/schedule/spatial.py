@@ -160,7 +160,7 @@ def _work_bytes(g: Graph, i: int, out: np.ndarray) -> float:
     output bytes ``out`` (indexed like ``g``): the gradient of its output and of its input,
     and for a windowed layer with a halo or padding its input region rebuilt from the kept
     strips (about its input tile); for the spatial batch norm, ``x - mean`` beside the two gradients
-    (``outcore.spatial.layers._TileBatchNorm``); element-wise layers and adds: the two
+    (``outcore.parallel.spatial.layers._TileBatchNorm``); element-wise layers and adds: the two
     gradients."""
     op = g.op_of(i)
     if op == "input":

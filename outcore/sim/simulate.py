@@ -251,7 +251,7 @@ def step_host_s(cluster: Cluster, microbatches: int) -> float:
 
 def step_sync_s(cluster: Cluster, ranks: int) -> float:
     """The runtime's one sum of three numbers per step over all ``ranks`` processes (the
-    non-finite check with the loss; ``outcore.runtime.comm.Messenger.sum_over_ranks``).
+    non-finite check with the loss; ``outcore.core.comm.Messenger.sum_over_ranks``).
 
     Local CPU workers on one host (a link that copies on send: the same-host sockets), at most
     :data:`SAME_HOST_SUM_MAX_RANKS`: every rank sends to and reads from every other, one

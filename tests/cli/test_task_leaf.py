@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from outcore.graph.capture import trace
 from outcore.runtime.data import SyntheticData, split
-from outcore.runtime.values import value_metas
+from outcore.core.values import value_metas
 from outcore.zoo import build_model
 from tests.cli.test_cli import run
 

@@ -16,7 +16,7 @@ from outcore.plan.plan import from_dict, to_dict
 from outcore.plan.request import PlanRequest
 from outcore.plan.spatial import SpatialPlan, join_candidates, tile_group
 from outcore.sim.simulate import simulate
-from tests.spatial.sp_models import small_resnet, unet
+from tests.parallel.spatial.sp_models import small_resnet, unet
 
 
 @pytest.fixture(scope="module")

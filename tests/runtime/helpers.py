@@ -14,7 +14,7 @@ from outcore.plan.plan import make_plan, to_dict as plan_doc
 from outcore.plan.layout import Layout
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import SyntheticData, default_loss, split
-from outcore.runtime.values import value_metas
+from outcore.core.values import value_metas
 from outcore.graph.capture import trace
 from outcore.zoo import build_model
 

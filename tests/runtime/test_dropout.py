@@ -1,6 +1,6 @@
 """Dropout does not depend on placement: 1 rank and 2 ranks give the same losses and
 parameters with dropout on (random nodes are reseeded per node, step and micro-batch; see
-``outcore.runtime.randomness``)."""
+``outcore.core.randomness``)."""
 
 from __future__ import annotations
 

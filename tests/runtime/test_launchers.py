@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from outcore.runtime.env import detect, free_port
+from outcore.core.env import detect, free_port
 
 
 @pytest.mark.parametrize("env,launcher,rank,size,local", [

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from outcore.runtime.comm import PACK_MAX_BYTES, _Layout
-from outcore.runtime.values import LeafMeta
+from outcore.core.comm import PACK_MAX_BYTES, _Layout
+from outcore.core.values import LeafMeta
 
 
 def _meta(t: torch.Tensor, requires_grad: bool = False) -> LeafMeta:

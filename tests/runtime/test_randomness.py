@@ -8,7 +8,7 @@ import hashlib
 
 import torch
 
-from outcore.runtime.randomness import reseed, set_context
+from outcore.core.randomness import reseed, set_context
 
 
 def _draw(seed: int, step: int, chunk: int, node: str) -> torch.Tensor:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outcore.runtime import boundary
-from outcore.runtime.boundary import run_backward
+from outcore.core import boundary
+from outcore.core.boundary import run_backward
 
 
 def _graph(seed: int):

@@ -1,4 +1,4 @@
-"""The same-host transport (outcore.runtime.samehost) carries what gloo carries, and reports a
+"""The same-host transport (outcore.core.samehost) carries what gloo carries, and reports a
 dead or silent peer instead of hanging.
 
 Training: the same plan runs with messages on same-host sockets (the default for CPU workers on
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from outcore.errors import RuntimeFailure
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.launch import run_local
-from outcore.runtime.samehost import P2P_ENV, connect_same_host
+from outcore.core.samehost import P2P_ENV, connect_same_host
 from outcore.runtime.worker import build_trainer
 from tests.runtime.helpers import assert_matches, docs_for, reference
 
@@ -98,8 +98,8 @@ def test_dead_or_silent_peer_is_reported_not_hung(mode, monkeypatch):
 def test_receives_spin_only_when_every_worker_has_a_core(monkeypatch):
     """A receive polls before it blocks when the job's local workers each have a core of their
     own (the other processes' load counted), never on busy cores; the variable overrides."""
-    from outcore.runtime.env import local_cores
-    from outcore.runtime.samehost import SPIN_AUTO_US, SPIN_ENV, spin_s
+    from outcore.core.env import local_cores
+    from outcore.core.samehost import SPIN_AUTO_US, SPIN_ENV, spin_s
     monkeypatch.delenv(SPIN_ENV, raising=False)
     monkeypatch.setenv("OUTCORE_HOST_LOAD", "0")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_cores()))
@@ -120,7 +120,7 @@ def test_sends_the_kernel_cannot_take_at_once_arrive_whole_and_in_order():
     import threading
     import time
 
-    from outcore.runtime.samehost import SameHostLinks
+    from outcore.core.samehost import SameHostLinks
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     tx, rx = SameHostLinks(0, {1: a}, 10.0), SameHostLinks(1, {0: b}, 10.0)
     try:
@@ -174,7 +174,7 @@ def test_every_rank_is_linked_for_the_step_sums(monkeypatch):
 
 
 def _sums(ctx):
-    from outcore.runtime.comm import _SUM_TAG
+    from outcore.core.comm import _SUM_TAG
     links = connect_same_host(range(ctx.world_size), timeout_s=10.0)
     assert links is not None and sorted(links.socks) == [r for r in range(ctx.world_size)
                                                           if r != ctx.rank]

@@ -17,7 +17,7 @@ def _scatters(ctx, use_settled: bool) -> int:
     import torch
     import torch.distributed as dist
 
-    from outcore.runtime.comm import settled
+    from outcore.core.comm import settled
 
     held = 0
     for _ in range(CALLS):

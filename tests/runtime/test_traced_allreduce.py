@@ -53,8 +53,8 @@ def test_a_pair_sum_is_the_same_bits_on_both_processes():
 
     import torch
 
-    from outcore.runtime.comm import PairSum
-    from outcore.runtime.samehost import SameHostLinks
+    from outcore.core.comm import PairSum
+    from outcore.core.samehost import SameHostLinks
 
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     links = [SameHostLinks(0, {1: a}, 10.0), SameHostLinks(1, {0: b}, 10.0)]
@@ -90,7 +90,7 @@ def test_the_completion_stamp_comes_from_the_work_s_future():
 
     import torch
 
-    from outcore.runtime.executor import RankExecutor
+    from outcore.core.executor import RankExecutor
     from outcore.schedule.ir import Action
     from outcore.trace import Event
 
@@ -127,7 +127,7 @@ def test_a_real_gloo_allreduce_is_stamped_when_the_late_peer_has_joined():
     import torch
     import torch.distributed as dist
 
-    from outcore.runtime.executor import RankExecutor
+    from outcore.core.executor import RankExecutor
 
     store = dist.HashStore()
     groups: dict[int, dist.ProcessGroup] = {}

@@ -13,7 +13,7 @@ from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.plan import make_plan, to_dict as plan_doc
 from outcore.runtime.config import TrainConfig
 from outcore.runtime.data import SyntheticData, default_loss, split
-from outcore.runtime.values import value_metas
+from outcore.core.values import value_metas
 from outcore.runtime.worker import make_optimizer
 from outcore.graph.capture import retrace
 from outcore.zoo import resolve_model

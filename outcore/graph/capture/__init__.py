@@ -499,6 +499,13 @@ def _computed_sizes(n: fx.Node) -> list[int]:
     return [j - len(sizes) for j, v in enumerate(sizes) if isinstance(v, fx.Node)]
 
 
+def structure(model: nn.Module) -> Graph:
+    """``model``'s layer graph traced with torch.fx without running it: nodes, edges and the
+    module hierarchy, no shapes, bytes or costs (enough to find which layers pair up)."""
+    traced = trace(model)
+    return graph_from_fx(traced.gm, _Recorder(traced.gm), type(model).__name__, None)
+
+
 def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,
                   batch_size: int | None) -> Graph:
     """The :class:`Graph` of a traced and recorded fx module (one node per fx node)."""

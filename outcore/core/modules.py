@@ -1,0 +1,232 @@
+"""Build one rank's executable pieces from the traced model and the plan.
+
+Every piece becomes its own ``fx.GraphModule`` whose inputs are the values it receives (from
+other pieces, or the model's inputs) and whose outputs are the values other pieces (or the loss)
+need. All pieces of a rank share the rank's one copy of the model's parameters, so a module
+used by two pieces accumulates one gradient. Parameters and buffers that no node of this rank
+uses are dropped after initialisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from outcore.graph.capture.mutation import writes_first_arg
+from outcore.plan.pieces import Pieces
+from outcore.plan.replicas import fx_name
+from outcore.core.randomness import seed_random_nodes
+from outcore.core.values import ValueMeta
+
+
+@dataclass
+class PieceModule:
+    """One piece, executable.
+
+    Attributes:
+        id: piece id.
+        module: ``forward(*inputs) -> tuple(outputs)``.
+        inputs: per input, the producer fx node name (a placeholder name for model inputs).
+        outputs: per output, the fx node name whose value it is.
+        model_outputs: fx node names among ``outputs`` that are the model's output.
+        clone_inputs: inputs an in-place operation of the piece modifies (they are passed as
+            copies, since autograd forbids in-place writes to a received leaf tensor).
+        random: whether the piece has random nodes (they draw from the step's context).
+        handed_on: ``(input position, name)`` of the inputs it outputs as they are, for
+            pieces of its rank that take the same tensor (``plan.pieces._relayed``); the
+            executor hands on the input it was given (an in-place layer of this piece may
+            have written into its copy).
+    """
+
+    id: int
+    module: fx.GraphModule
+    inputs: list[str]
+    outputs: list[str]
+    model_outputs: list[str]
+    clone_inputs: frozenset[str] = frozenset()
+    random: bool = True
+    handed_on: tuple[tuple[int, str], ...] = ()
+
+
+def build_piece_modules(gm: fx.GraphModule, names: list[str], pieces: Pieces, rank: int,
+                        metas: Mapping[str, ValueMeta]) -> list[PieceModule]:
+    """Piece modules of ``rank``, in piece order.
+
+    Args:
+        gm: the traced model (shared; pieces reference its submodules and parameters).
+        names: name of each graph node index (the graph ``pieces`` was cut from): the fx node
+            name, prefixed ``c<k>/`` in the copies of a replicated plan.
+        pieces: the cut of the placed graph.
+        rank: this rank.
+        metas: every fx node's value (:func:`outcore.core.values.value_metas`): which
+            share memory with their inputs.
+
+    A piece's ``inputs``/``outputs`` are graph node names (with the copy prefix); inside the
+    module everything is addressed by fx names.
+    """
+    nodes = {n.name: n for n in gm.graph.nodes}
+    piece_of_name = {names[i]: int(p) for i, p in enumerate(pieces.piece_of.tolist())}
+    result = []
+    for piece in pieces.pieces:
+        if piece.device != rank:
+            continue
+        first = names[piece.nodes[0]]
+        prefix = first[:len(first) - len(fx_name(first))]
+        members = [fx_name(names[i]) for i in piece.nodes]
+        member_set = set(members)
+        graph = fx.Graph()
+        env: dict[str, fx.Node] = {}
+        inputs: list[str] = []
+        model_outputs: list[str] = []
+        out_values: dict[str, fx.Node] = {}
+
+        def lookup(n: fx.Node) -> fx.Node:
+            if n.name in env:
+                return env[n.name]
+            ph = graph.placeholder(f"in_{n.name}")
+            env[n.name] = ph
+            inputs.append(n.name)
+            return ph
+
+        for name in members:
+            n = nodes[name]
+            if n.op == "placeholder":
+                ph = graph.placeholder(f"in_{n.name}")
+                env[n.name] = ph
+                inputs.append(n.name)
+                continue
+            if n.op == "output":
+                value = fx.map_arg(n.args[0], lookup)
+                env[n.name] = graph.call_function(_identity, (value,))
+                model_outputs.append(n.name)
+                out_values[n.name] = env[n.name]
+                continue
+            # make sure external inputs become placeholders before the node is copied
+            fx.map_arg((n.args, n.kwargs), lambda a: lookup(a) if a.name not in member_set
+                       else a)
+            env[n.name] = graph.node_copy(n, lambda a: env[a.name] if a.name in env else lookup(a))
+        for name in members:
+            if name in out_values:
+                continue
+            users = nodes[name].users
+            if any(piece_of_name.get(prefix + u.name) != piece.id for u in users):
+                out_values[name] = env[name]
+        for tid in pieces.outputs_of[piece.id]:  # inputs it hands on (plan.pieces._relayed)
+            for i in pieces.transfers[tid].tensors:
+                name = fx_name(names[i])
+                if name not in member_set and name not in out_values:
+                    out_values[name] = env[name]
+        outputs = list(out_values)
+        graph.output(tuple(out_values[k] for k in outputs))
+        module = fx.GraphModule(gm, graph, f"piece{piece.id}")
+        random = seed_random_nodes(module) > 0  # dropout masks independent of placement
+        clone = frozenset(prefix + name for name in inputs
+                          if _written(nodes[name], member_set, gm, metas))
+        handed = tuple((inputs.index(k), prefix + k) for k in outputs if k in inputs)
+        result.append(PieceModule(piece.id, module, [prefix + k for k in inputs],
+                                  [prefix + k for k in outputs],
+                                  [prefix + k for k in model_outputs], clone, random, handed))
+    return result
+
+
+def _written(n: fx.Node, members: set[str], gm: fx.GraphModule,
+             metas: Mapping[str, ValueMeta]) -> bool:
+    """Whether an in-place operation of the piece (its ``members``) writes into ``n``'s value:
+    directly, or through a value that shares its memory (an element of a received tuple, a
+    view, ``nn.Identity``, dropout with p = 0: ``value_metas`` saw which share it). Autograd
+    forbids writing into a leaf or a view of one, and the value's other readers must not see
+    the write."""
+    todo, seen = [n], {n}
+    while todo:
+        v = todo.pop()
+        for u in v.users:
+            if u.name not in members:
+                continue
+            if writes_first_arg(u, gm):
+                return True
+            meta = metas.get(u.name)
+            if u not in seen and meta is not None and meta.aliases_input:
+                seen.add(u)
+                todo.append(u)
+    return False
+
+
+def _identity(x):
+    return x
+
+
+torch.fx.wrap("_identity")
+
+
+def param_aliases(gm: fx.GraphModule) -> dict[str, str]:
+    """Every parameter name -> the first name of the same tensor (tied weights: an embedding
+    and an output layer sharing one weight have two names, one tensor).
+
+    Call before :func:`prune_unowned`. Ranks holding different users of a tied weight know it
+    by different names; the first name is the one all of them agree on (gradient buckets,
+    checkpoints, returned state)."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in gm.named_parameters(remove_duplicate=False):
+        out[name] = first.setdefault(id(p), name)
+    return out
+
+
+def prune_unowned(gm: fx.GraphModule, pieces_here: list[PieceModule]) -> list[str]:
+    """Drop parameters and buffers no piece of this rank uses; return the kept parameter names.
+
+    The model is built whole (so that a seed gives the same weights as single-process
+    training), then each rank keeps only what its nodes touch.
+    """
+    used_modules: set[str] = set()
+    used_attrs: set[str] = set()
+    for pm in pieces_here:
+        for n in pm.module.graph.nodes:
+            if n.op == "call_module":
+                used_modules.add(str(n.target))
+            elif n.op == "get_attr":
+                used_attrs.add(str(n.target))
+
+    def used(qualname: str) -> bool:
+        if qualname in used_attrs:
+            return True
+        return any(qualname == m or qualname.startswith(m + ".") for m in used_modules)
+
+    kept = []
+    for qualname, _ in list(gm.named_parameters(remove_duplicate=False)):
+        if used(qualname):
+            kept.append(qualname)
+            continue
+        owner, _, attr = qualname.rpartition(".")
+        mod = gm.get_submodule(owner) if owner else gm
+        if attr in mod._parameters:
+            mod._parameters[attr] = nn.Parameter(torch.empty(0, device="meta"),
+                                                 requires_grad=False)
+    for qualname, _ in list(gm.named_buffers(remove_duplicate=False)):
+        if used(qualname):
+            continue
+        owner, _, attr = qualname.rpartition(".")
+        mod = gm.get_submodule(owner) if owner else gm
+        if attr in mod._buffers and mod._buffers[attr] is not None:
+            mod._buffers[attr] = torch.empty(0, device="meta")
+    return sorted(set(kept))
+
+
+def module_params(gm: fx.GraphModule) -> list[nn.Parameter]:
+    """Parameters a piece module uses (through its call_module and get_attr nodes)."""
+    out: dict[int, nn.Parameter] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            for q in gm.get_submodule(str(n.target)).parameters():
+                out[id(q)] = q
+        elif n.op == "get_attr":
+            obj = gm
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part)
+            if isinstance(obj, nn.Parameter):
+                out[id(obj)] = obj
+    return list(out.values())
