@@ -95,10 +95,10 @@ def measure(model: str, workers: int, steps: int, batch: int, microbatches: int)
     from outcore.runtime.local_cluster import local_cluster
     from outcore.plan.plan import make_plan
     from outcore.plan.plan import to_dict as plan_doc
-    from outcore.runtime.config import TrainConfig
+    from outcore.config import TrainConfig
     from outcore.runtime.launch import run_local
 
-    cfg = TrainConfig(model=model, batch_size=batch, microbatches=microbatches, steps=steps,
+    cfg = TrainConfig.make(model=model, batch_size=batch, microbatches=microbatches, steps=steps,
                       optimizer="sgd", schedule="gpipe", track_memory=False)
     g = outcore.model_graph(model, batch_size=batch, costs="profile", threads=1,
                             split=microbatches)

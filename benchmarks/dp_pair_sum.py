@@ -76,7 +76,7 @@ def training(models: list[str], rounds: int, steps: int) -> list[dict]:
                 os.environ["OUTCORE_P2P"] = transport
                 with tempfile.TemporaryDirectory() as run:
                     r = outcore.train(model, 2, dp=2, microbatches=1, batch_size=8, steps=steps,
-                                      costs="profile", run_dir=run, timeout_s=600)
+                                      costs="profile", run_dir=run, timeout=600)
                 rows.append({"model": model, "round": rnd, "transport": transport,
                              "measured_s": r.median_step_s,
                              "predicted_s": r.predicted["iteration_s"]})

@@ -30,7 +30,7 @@ import numpy as np
 import outcore
 from outcore.errors import InfeasibleError
 from outcore.graph.generators import make
-from outcore.placers import partition, placements
+from outcore.placers import partition, placements as offered
 from outcore.placers.context import make_context
 from outcore.placers.emulate import run
 from outcore.plan import make_plan
@@ -45,8 +45,8 @@ def placements(g, req):
     """``(name, assignment)`` of every contiguous split and every planner's placement."""
     kw = {"cluster": req.cluster, "optimizer": req.optimizer, "microbatches": req.microbatches}
     out = [("contiguous: " + (r.notes[-1].removeprefix("chose ") if r.notes else ""), r.assignment)
-           for r in placements(g, 4, strategy="contiguous", **kw)]
-    out += [("subgraph", r.assignment) for r in placements(g, 4, strategy="subgraph", **kw)]
+           for r in offered(g, 4, strategy="contiguous", **kw)]
+    out += [("subgraph", r.assignment) for r in offered(g, 4, strategy="subgraph", **kw)]
     for name in ("pardnn", "pipeline"):
         try:
             out.append((name, partition(g, 4, strategy=name, **kw).assignment))

@@ -54,8 +54,8 @@ def cell(model: str, workers: int, mbs: int, args) -> dict:
         run_dir = tempfile.mkdtemp(prefix="fidelity_")
         try:
             r = outcore.train(model, workers, batch_size=args.batch, microbatches=mbs,
-                              steps=steps, costs=args.costs, run_dir=run_dir, trace=False,
-                              timeout_s=120.0, memory=args.memory, dp=args.dp)
+                              steps=steps, costs=args.costs, run_dir=run_dir, timeline=False,
+                              timeout=120.0, memory=args.memory, dp=args.dp)
         except Exception as e:  # a cell that cannot run is reported, not fatal
             shutil.rmtree(run_dir, ignore_errors=True)
             return {"error": str(e).splitlines()[0][:160]}

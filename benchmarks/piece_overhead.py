@@ -82,11 +82,11 @@ def measure(layers: int, devices: int, steps: int) -> dict:
     import outcore
     from outcore.graph.io import to_dict as graph_doc
     from outcore.plan.plan import to_dict as plan_doc
-    from outcore.runtime.config import TrainConfig
+    from outcore.config import TrainConfig
     from outcore.runtime.launch import run_local
 
     model = f"outcore:mlp:layers={layers},width=16"
-    cfg = TrainConfig(model=model, batch_size=8, microbatches=1, steps=steps, optimizer="sgd")
+    cfg = TrainConfig.make(model=model, batch_size=8, microbatches=1, steps=steps, optimizer="sgd")
     g = outcore.model_graph(model, batch_size=8, costs="estimate:cpu")
     p = outcore.plan(g, devices, strategy="round-robin" if devices > 1 else "auto",
                      optimizer="sgd", device="cpu")

@@ -50,11 +50,11 @@ if __name__ == "__main__":
     import outcore
     from outcore.graph.io import to_dict as gd
     from outcore.plan.plan import to_dict as pd
-    from outcore.runtime.config import TrainConfig
+    from outcore.config import TrainConfig
     from outcore.runtime.launch import run_local
     layers, steps, prof = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
     model = f"outcore:mlp:layers={layers},width=16"
-    cfg = TrainConfig(model=model, batch_size=8, microbatches=1, steps=steps, optimizer="sgd")
+    cfg = TrainConfig.make(model=model, batch_size=8, microbatches=1, steps=steps, optimizer="sgd")
     g = outcore.model_graph(model, batch_size=8, costs="estimate:cpu")
     p = outcore.plan(g, 2, strategy="round-robin", optimizer="sgd", device="cpu")
     res = run_local(worker, 2, (cfg, gd(g), pd(p), steps, prof), timeout_s=120, threads=1)

@@ -32,7 +32,7 @@ def _train(model: str, args: argparse.Namespace, shard: int, memory: str | None)
     with tempfile.TemporaryDirectory() as tmp:
         return outcore.train(model, args.devices, memory=memory, dp=args.devices, shard=shard,
                              batch_size=args.batch_size, microbatches=1, steps=args.steps,
-                             costs="estimate", run_dir=tmp, trace=False)
+                             costs="estimate", run_dir=tmp, timeline=False)
 
 
 def main() -> None:

@@ -9,7 +9,8 @@ from outcore.api import (PlanRequest, capture, check_fits, cluster_of, collapse,
                          lower, make_cluster, model_graph, parallelize, plan, plan_request,
                          profile, save_chrome_trace, save_graph, save_plan, save_schedule,
                          simulate, strategies, with_tensor_parallel)
-from outcore.errors import OutcoreError
+from outcore.config import options_doc as _options_doc, train_signature as _train_signature
+from outcore.errors import OutcoreError, speaks_api
 
 __version__ = "0.1.0"
 
@@ -21,10 +22,23 @@ __all__ = ["OutcoreError", "PlanRequest", "capture", "check_fits", "cluster_of",
            "train", "with_tensor_parallel"]
 
 
-def train(*args, **kwargs):
-    """Train a model across local workers (see :func:`outcore.job.train`)."""
+@speaks_api
+def train(model, devices=None, *, progress=None, on_metrics=None, **options):
     from outcore.job import train as _train
-    return _train(*args, **kwargs)
+    return _train(model, devices, progress=progress, on_metrics=on_metrics, **options)
+
+
+train.__doc__ = """Train ``model`` on ``devices`` local workers (one per device): capture its graph,
+cost every layer, plan it, train, and report measured time and memory beside the plan's
+prediction (a :class:`outcore.job.TrainReport`; the files are in ``report.run_dir``).
+
+``progress(phase, done, total)`` follows the preparation; ``on_metrics(record)`` receives each
+step's metrics. A script that calls it must guard the call with ``if __name__ == "__main__":``
+(local workers import the script). Every option of ``outcore train`` is a keyword argument of
+the same name, ``_`` for ``-``:
+
+""" + _options_doc("train")
+train.__signature__ = _train_signature()
 
 
 def tensor_parallel(*args, **kwargs):

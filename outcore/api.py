@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from outcore.errors import InfeasibleError, PlanError, UsageError
+from outcore.config import TrainConfig, degree
+from outcore.errors import InfeasibleError, PlanError, UsageError, speaks_api
 from outcore.graph.ir import Graph
 from outcore.hardware.cluster import make_cluster
 from outcore.hardware.spec import Cluster, DeviceSpec
@@ -34,9 +35,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PlanRequest", "capture", "check_fits", "estimate", "load_graph", "load_plan",
            "lower", "make_cluster", "model_graph", "parallelize", "plan", "plan_request",
-           "profile", "save_graph", "save_plan", "simulate", "strategies"]
+           "plan_request_of", "profile", "save_graph", "save_plan", "simulate", "strategies"]
 
 
+@speaks_api
 def capture(model: Any, example_inputs: Any, *, depth: int | None = None,
             name: str | None = None, leaf_modules: tuple[str, ...] = ()) -> Graph:
     """The layer graph of a PyTorch model (see :func:`outcore.graph.capture.capture`);
@@ -45,6 +47,7 @@ def capture(model: Any, example_inputs: Any, *, depth: int | None = None,
     return _capture(model, example_inputs, depth=depth, name=name, leaf_modules=leaf_modules)
 
 
+@speaks_api
 def profile(g: Graph, model: Any, example_inputs: Any, *, device: str | None = None,
             warmup: int = 2, repeat: int = 5, progress: Any = None) -> Graph:
     """Measure every node's forward and backward time on the device at hand."""
@@ -53,24 +56,27 @@ def profile(g: Graph, model: Any, example_inputs: Any, *, device: str | None = N
                     progress=progress)
 
 
+@speaks_api
 def estimate(g: Graph, device: str | DeviceSpec = "cpu") -> Graph:
     """Predict every node's times from FLOPs and bytes against a device spec (no torch)."""
     from outcore.cost.analytical import estimate as _estimate
     return _estimate(g, device)
 
 
+@speaks_api
 def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
                 batch_size: int | None = None, seed: int = 0, costs: str = "estimate:cpu",
                 split: int = 1, threads: int | None = None, device: str | None = None,
                 repeat: int = 3, warmup: int = 1,
                 progress: Callable[[str, int, int], None] | None = None,
-                leaves: tuple[str, ...] = ()) -> Graph:
+                leaves: tuple[str, ...] = (), task: str | None = None) -> Graph:
     """A model name's costed layer graph: resolve, build with ``seed``, capture, cost.
 
     Args:
         model: ``torchvision:resnet18``, ``outcore:transformer``, ``path/file.py:fn``, ...
-        costs: ``profile`` (time each layer here), ``estimate[:DEVICE]`` (analytical, default
-            ``cpu``) or ``none`` (capture only).
+        costs: ``profile`` (time each layer here; ``profile:cuda:1`` on that device),
+            ``estimate[:DEVICE]`` (analytical, default ``cpu``) or ``none`` (capture only).
+        task: build an ``hf:``/``timm:`` model for this task (``causal_lm``, ...).
         split: capture at ``1 / split`` of the batch (one micro-batch of a global batch).
         threads: torch threads while profiling (None: leave as is).
         progress: ``progress(phase, done, total)``.
@@ -79,6 +85,13 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
     from outcore.runtime.data import split as split_batch
     from outcore.zoo import build_model
 
+    if task:
+        from outcore.zoo.ecosystem import with_task
+        model = with_task(model, task.replace("-", "_"))
+    kind, _, where = costs.partition(":")
+    if kind == "profile" and where:
+        device = where
+        costs = "profile"
     spec, net = build_model(model, input_shape=input_shape, batch_size=batch_size, seed=seed)
     micro = split_batch(spec.example_inputs, max(split, 1))[0]
     if progress:
@@ -101,6 +114,7 @@ def _with_threads(threads: int | None, fn: Callable[[], Any]) -> Any:
         return fn()
 
 
+@speaks_api
 def plan_request(devices: int, memory: str | float | None = None, **options: Any
                  ) -> PlanRequest:
     """A validated :class:`PlanRequest` from user-facing units (see
@@ -109,6 +123,23 @@ def plan_request(devices: int, memory: str | float | None = None, **options: Any
     return PlanRequest.make(devices, memory, **options)
 
 
+@speaks_api
+def plan_request_of(cfg: TrainConfig) -> PlanRequest:
+    """The planning request of a configuration's planning options, as ``outcore plan`` makes
+    it (the layout as given unless ``layout="auto"``; one micro-batch unless given)."""
+    pl = cfg.planning
+    searched = pl.layout == "auto"
+    return plan_request(pl.devices, pl.memory, strategy=pl.strategy,
+                        parallel=pl.parallel or "mp", replicas=pl.replicas, dp=pl.dp or 1,
+                        tp=degree(pl.tp, searched), depth=degree(pl.shard, searched), sp=pl.sp,
+                        sp_join=pl.sp_join, sp_grid=pl.sp_grid, bandwidth=pl.bandwidth,
+                        latency=pl.latency, microbatches=pl.microbatches or 1,
+                        schedule=pl.schedule, optimizer=cfg.optim.optimizer,
+                        memory_policy=pl.memory_policy, device=pl.device,
+                        search_layout=searched, seed=cfg.run.seed)
+
+
+@speaks_api
 def plan(g: Graph, devices: int | PlanRequest, memory: str | float | None = None, *,
          progress: Callable[[str, int, int], None] | None = None, **options: Any) -> Plan:
     """Partition ``g`` over ``devices`` devices of ``memory`` each; predict with the simulator.
@@ -138,6 +169,7 @@ def strategies() -> dict[str, str]:
     return placer_strategies()
 
 
+@speaks_api
 def lower(p: Plan, g: Graph, *, schedule_file: str | os.PathLike | None = None,
           **options: Any) -> "Lowered":
     """The schedule every rank runs for plan ``p`` (``options``: ``microbatches``,
@@ -151,12 +183,14 @@ def lower(p: Plan, g: Graph, *, schedule_file: str | os.PathLike | None = None,
     return schedule_io.adopt(low, schedule_io.load(schedule_file)) if schedule_file else low
 
 
+@speaks_api
 def save_schedule(low: "Lowered", path: str | os.PathLike) -> Any:
     """Write a lowered plan's schedule as ``outcore-schedule/1`` JSON."""
     from outcore.schedule import io as schedule_io
     return schedule_io.save(low, path)
 
 
+@speaks_api
 def simulate(p: Plan, g: Graph, *, microbatches: int | None = None, schedule: str | None = None,
              cluster: Cluster | None = None, dp: int = 1, global_batch: int | None = None,
              schedule_file: str | os.PathLike | None = None, **options: Any) -> "SimResult":
@@ -170,23 +204,27 @@ def simulate(p: Plan, g: Graph, *, microbatches: int | None = None, schedule: st
     return _simulate(p, g, dp=dp, lowered=low, **options)
 
 
+@speaks_api
 def load_graph(path: str | os.PathLike) -> Graph:
     """Read an ``outcore-graph/1`` file."""
     from outcore.graph.io import load
     return load(path)
 
 
+@speaks_api
 def save_graph(g: Graph, path: str | os.PathLike) -> Any:
     from outcore.graph.io import save
     return save(g, path)
 
 
+@speaks_api
 def collapse(g: Graph, depth: int) -> Graph:
     """``g`` with modules deeper than ``depth`` collapsed into blocks."""
     from outcore.graph.coarsen import collapse as _collapse
     return _collapse(g, depth)
 
 
+@speaks_api
 def load_plan(path: str | os.PathLike, graph: Graph | None = None) -> Plan:
     """Read a plan file (``outcore-plan/2`` or ``/1``); with ``graph``, check that it was made
     for that graph and align it to the graph's node order."""
@@ -201,11 +239,13 @@ def load_plan(path: str | os.PathLike, graph: Graph | None = None) -> Plan:
     return align(p, graph)
 
 
+@speaks_api
 def save_plan(p: Plan, path: str | os.PathLike) -> Any:
     from outcore.plan.plan import save
     return save(p, path)
 
 
+@speaks_api
 def device_loads(p: Plan, g: Graph) -> tuple[np.ndarray, np.ndarray, int]:
     """Per device slot of the plan (a rank, or ``tp`` ranks with tensor parallelism): nodes and
     forward + backward seconds (of one tensor-parallel shard); and the model copies."""
@@ -221,6 +261,7 @@ def device_loads(p: Plan, g: Graph) -> tuple[np.ndarray, np.ndarray, int]:
     return nodes, compute, copies
 
 
+@speaks_api
 def with_tensor_parallel(p: Plan, tp: int) -> Plan:
     """``p`` with every device slot ``tp`` tensor-parallel ranks (the same placement)."""
     from dataclasses import replace
@@ -230,6 +271,7 @@ def with_tensor_parallel(p: Plan, tp: int) -> Plan:
                      predicted={})
 
 
+@speaks_api
 def parallelize(model: Any, example_inputs: Any, *, plan: Plan, graph: Graph | None = None,
                 microbatches: int | None = None, **trainer_options: Any) -> "Trainer":
     """This rank's :class:`~outcore.runtime.trainer.Trainer` for ``plan``, inside an initialised
@@ -251,6 +293,7 @@ def parallelize(model: Any, example_inputs: Any, *, plan: Plan, graph: Graph | N
                    schedule=plan.schedule, **trainer_options)
 
 
+@speaks_api
 def check_fits(p: Plan) -> None:
     """Raise :class:`InfeasibleError` when the plan's predicted peaks exceed its memory limit."""
     from outcore.search import fits
@@ -263,24 +306,28 @@ def check_fits(p: Plan) -> None:
                               "or use fewer micro-batches in flight (--schedule 1f1b)")
 
 
+@speaks_api
 def draw_graph(g: Graph, path: str | os.PathLike, **options: Any) -> Any:
     """Draw the graph (``assignment=`` colours nodes by device); see :mod:`outcore.viz`."""
     from outcore.viz import draw_graph as _draw
     return _draw(g, path, **options)
 
 
+@speaks_api
 def draw_timeline(timeline: Any, path: str | os.PathLike, **options: Any) -> Any:
     """Draw a timeline (Gantt chart and memory over time); see :mod:`outcore.viz`."""
     from outcore.viz import draw_timeline as _draw
     return _draw(timeline, path, **options)
 
 
+@speaks_api
 def save_chrome_trace(path: str | os.PathLike, timelines: Any, names: Any = None) -> Any:
     """Write timelines as a Chrome/Perfetto trace."""
     from outcore.trace import save_chrome_trace as _save
     return _save(path, timelines, names)
 
 
+@speaks_api
 def cluster_of(devices: int, *, nodes: int | None = None, per_node: int | None = None,
                device: str = "v100", intra: str = "nvlink2", inter: str = "ib-edr",
                memory_bytes: float | None = None) -> Cluster:
@@ -304,6 +351,7 @@ def launcher() -> tuple[str, int]:
     return job.launcher, job.rank
 
 
+@speaks_api
 def explain(p: Plan, *, per_layout: int = 3) -> list[dict[str, Any]]:
     """The candidates the search judged for ``p``, best first, with why each lost (see
     :func:`outcore.search.explain.rows`)."""
@@ -311,6 +359,7 @@ def explain(p: Plan, *, per_layout: int = 3) -> list[dict[str, Any]]:
     return rows(p, per_layout=per_layout)
 
 
+@speaks_api
 def draw_candidates(p: Plan, path: str | os.PathLike) -> Any:
     """Draw the search's candidates for ``p``: time against memory (see :mod:`outcore.viz`)."""
     from outcore.viz.explain import draw_candidates as _draw

@@ -2,9 +2,21 @@
 
 Every error a user can cause is an :class:`OutcoreError`; catch it at the level you care about.
 Messages say what failed, why, and the fix. The CLI prints them as one line and exits with code 2.
+
+Messages name options as the command line spells them (``--batch-size``); a caller of the
+Python API gets them in its own spelling (``batch_size``) from :func:`in_api_spelling`, which
+the public functions apply to every error that leaves them unless the command line called them
+(:func:`cli_spelling`).
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any, TypeVar
 
 
 class OutcoreError(Exception):
@@ -76,3 +88,44 @@ class CheckpointError(RuntimeFailure):
 
 class NonFiniteError(RuntimeFailure):
     """A training step produced a NaN or infinite loss or gradient."""
+
+
+_CLI: ContextVar[bool] = ContextVar("outcore_cli_spelling", default=False)
+_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)(?: (\d[\w.]*|auto|none|given)"
+                   r"(?![\w.]))?")
+
+
+def in_api_spelling(message: str) -> str:
+    """``message`` with command-line options written as the Python API's keyword arguments:
+    ``--devices 4`` -> ``devices=4``, ``raise --memory`` -> ``raise `memory```."""
+    def spelled(m: re.Match[str]) -> str:
+        name = m.group(1).replace("-", "_")
+        return f"{name}={m.group(2)}" if m.group(2) else f"`{name}`"
+    return _FLAG.sub(spelled, message)
+
+
+@contextlib.contextmanager
+def cli_spelling() -> Iterator[None]:
+    """Within the block, errors keep the command line's spelling (the CLI's own calls)."""
+    token = _CLI.set(True)
+    try:
+        yield
+    finally:
+        _CLI.reset(token)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def speaks_api(fn: F) -> F:
+    """Decorate a public function: an :class:`OutcoreError` leaving it names the API's
+    arguments, not command-line flags (unless the command line called it)."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OutcoreError as e:
+            if not _CLI.get() and e.args and isinstance(e.args[0], str):
+                e.args = (in_api_spelling(e.args[0]),) + e.args[1:]
+            raise
+    return call  # type: ignore[return-value]

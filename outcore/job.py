@@ -1,11 +1,12 @@
-"""The job orchestrator behind ``outcore.train``: capture, cost, plan, launch the workers, and
-report against the prediction.
+"""The job orchestrator behind ``outcore.train``: resolve the configuration, capture, cost,
+plan, launch the workers, and report against the prediction.
 
-On a plain machine it spawns ``devices`` local worker processes (gloo on CPU, NCCL on GPUs);
+On a plain machine it spawns one local worker process per device (gloo on CPU, NCCL on GPUs);
 under torchrun, mpirun or srun it joins the job it is in (rank 0 plans, every rank trains).
-Every artifact goes to the run directory: ``graph.json``, ``plan.json``, ``config.json``,
-``metrics.jsonl``, ``trace/`` (measured timelines), ``timeline.png`` (measured beside predicted),
-``trace.json`` (Chrome/Perfetto) and ``report.json``.
+Every artifact goes to the run folder: ``graph.json``, ``plan.json``, ``config.json``,
+``metrics.jsonl``, ``trace/`` (measured timelines), ``timeline.png`` (measured beside
+predicted), ``trace.json`` (Chrome/Perfetto) and ``report.json``. A run that writes
+checkpoints keeps its configuration and plan beside them, and a resumed run starts from those.
 """
 
 from __future__ import annotations
@@ -22,17 +23,24 @@ from typing import Any, Callable
 
 import numpy as np
 
+from outcore.config import (TrainConfig, default_of, degree, differences, dumps,
+                            from_options, options_doc)
+from outcore.core.env import detect
 from outcore.errors import PlanError, UsageError
 from outcore.graph.io import save as save_graph, to_dict as graph_to_dict
 from outcore.graph.ir import Graph
+from outcore.placers.result import compact
 from outcore.plan.plan import Plan, align, load as load_plan, save as save_plan
 from outcore.plan.plan import to_dict as plan_to_dict
 from outcore.plan.request import PlanRequest
-from outcore.runtime.config import TrainConfig
 from outcore.runtime.local_cluster import local_cluster
-from outcore.units import parse_shape
+from outcore.runtime.rundir import unique_run_dir
+from outcore.search.layouts import LayoutChoice
 
 log = logging.getLogger(__name__)
+
+# the options that fix the layout: with none of them given, train searches it
+LAYOUT_OPTIONS = ("parallel", "replicas", "dp", "tp", "shard", "plan")
 
 
 @dataclass
@@ -57,12 +65,14 @@ class TrainReport:
 
     @property
     def samples_per_s(self) -> float:
-        return self.config.batch_size / self.median_step_s if self.step_s else float("nan")
+        return self.config.graph.batch_size / self.median_step_s if self.step_s \
+            else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.config.model, "devices": self.plan.devices,
-                "strategy": self.plan.strategy, "batch_size": self.config.batch_size,
-                "microbatches": self.config.microbatches, "schedule": self.config.schedule,
+        cfg = self.config
+        return {"model": cfg.graph.model, "devices": self.plan.devices,
+                "strategy": self.plan.strategy, "batch_size": cfg.graph.batch_size,
+                "microbatches": cfg.planning.microbatches, "schedule": cfg.planning.schedule,
                 "steps": len(self.losses), "losses": self.losses, "step_s": self.step_s,
                 "median_step_s": self.median_step_s, "samples_per_s": self.samples_per_s,
                 "peak_bytes": self.peak_bytes, "busy_s": self.busy_s,
@@ -72,44 +82,119 @@ class TrainReport:
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
-    """One training job, validated once: what to train (``cfg``, shared with every worker),
-    on how many devices, and how to get its plan (a saved file, or a planning request's
-    options; the cluster is measured when the job starts).
+    """One training job, resolved once.
 
     Attributes:
-        cfg: the workers' configuration (model, batch, steps, optimizer, data, ...).
-        devices: workers, one per device.
-        memory: per-device memory limit (``16GiB``; None: unlimited).
-        plan_path: a saved plan to use instead of planning.
-        costs: ``profile`` or ``estimate[:DEVICE]``.
-        strategy, parallel, replicas, dp, tp, depth, memory_policy, sp, sp_join, sp_grid: the
-            planning request's options (``depth`` is ``--shard``).
+        cfg: the whole configuration, resolved: the model named with its task, the batch
+            size, the micro-batches (an int, or "auto" while the plan has not chosen), the run
+            folder and the files in it; every worker receives it.
         copies: model copies (GEMS replicas x dp) that split each global batch: the saved
             plan's, or the request's (:func:`replicas_asked` x ``dp``).
-        microbatches_auto: the user gave no micro-batch count: the plan chooses it.
-        search_layout: the user gave no layout: the plan chooses dp and the GEMS mode.
-        run_dir: where every artifact goes.
+        search_layout: the plan chooses the layout (dp, GEMS mode and replicas, tp, shard).
+        tp, depth: the request's tensor-parallel and sharding degrees (None: searched).
+        asked: the configuration as asked for, before it was resolved (what a checkpoint
+            folder keeps for a resumed run).
     """
 
     cfg: TrainConfig
-    devices: int
-    memory: str | float | None = None
-    plan_path: str | None = None
-    costs: str = "profile"
-    strategy: str = "auto"
-    parallel: str = "mp"
-    replicas: int | None = None
-    dp: int = 1
-    tp: int | None = 1  # None: the planner chooses
-    depth: int | None = 1  # sharding over the data-parallel copies; None: the planner chooses
-    memory_policy: str = "auto"
-    copies: int = 1
-    run_dir: str = "."
-    sp: int = 1
-    sp_join: str | None = None
-    sp_grid: str | None = None
-    microbatches_auto: bool = False
-    search_layout: bool = False
+    asked: TrainConfig
+    copies: int
+    search_layout: bool
+    tp: int | None
+    depth: int | None
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run.run_dir or ".")
+
+    @property
+    def microbatches_auto(self) -> bool:
+        """The plan chooses the micro-batch count."""
+        return self.cfg.planning.microbatches == "auto"
+
+
+def train(model: str, devices: int | None = None, *,
+          progress: Callable[[str, int, int], None] | None = None,
+          on_metrics: Callable[[dict[str, Any]], None] | None = None,
+          **options: Any) -> TrainReport:
+    """Train ``model`` on ``devices`` devices: capture, cost, plan, start one worker per
+    device, train, and report measured time and memory beside the plan's prediction.
+
+    ``progress(phase, done, total)`` follows the preparation; ``on_metrics(record)`` receives
+    each step's metrics as rank 0 writes them. Every option of ``outcore train`` is a keyword
+    argument of the same name (``_`` for ``-``):
+
+{options}
+    """
+    given = {"model": model, **options}
+    if devices is not None:
+        given["devices"] = devices
+    return run(resolve(given), progress=progress, on_metrics=on_metrics)
+
+
+train.__doc__ = (train.__doc__ or "").format(options=options_doc("train"))
+
+
+def resolve(given: dict[str, Any]) -> Job:
+    """The :class:`Job` of the options ``given`` (flat names, as ``outcore.train`` takes
+    them; creates the run folder). A resumed run starts from the configuration saved with its
+    checkpoints, and the options given now replace it (the run says which)."""
+    cfg = from_options(given)
+    if cfg.run.resume:
+        cfg = _resumed(cfg, given)
+    asked = cfg
+    run, planning, graph = cfg.run, cfg.planning, cfg.graph
+    devices = planning.devices
+    sp = planning.sp
+    plan_file = planning.plan
+    search_layout = devices > 1 and not plan_file and (
+        planning.layout == "auto" or (planning.layout is None and sp == 1 and not any(
+            getattr(planning, k) is not None for k in LAYOUT_OPTIONS)))
+    tp = degree(planning.tp, search_layout)
+    depth = degree(planning.shard, search_layout)
+    dp = planning.dp or 1
+    parallel = planning.parallel or "mp"
+    copies = load_plan(plan_file).layout.copies if plan_file else \
+        1 if search_layout else replicas_asked(parallel, planning.replicas, devices, dp) * dp
+    if devices % (dp * (tp or 1)):
+        raise UsageError(f"--dp {dp} x --tp {tp} must divide --devices {devices}")
+    batch = graph.batch_size or default_of("batch_size")
+    if batch is None:
+        batch = 8
+    mbs = planning.microbatches
+    if mbs is None:
+        mbs = 1 if sp > 1 else None  # a spatial plan splits the image, not the batch
+    if mbs is None:
+        mbs = _default_microbatches(batch // copies, devices // (dp * (tp or 1))) \
+            if plan_file else "auto"
+    if mbs != "auto" and batch % (mbs * copies):
+        raise UsageError(f"batch size {batch} does not split into {mbs} micro-batches x "
+                         f"{copies} model copies: make --batch-size a multiple of "
+                         f"{mbs * copies}")
+    steps = run.steps
+    if cfg.dataset.epochs:
+        steps = _steps_for_epochs(cfg.dataset.data, cfg.dataset.epochs, batch)
+    model = graph.model
+    if graph.task:
+        from outcore.zoo.ecosystem import with_task
+        model = with_task(model, graph.task)
+    root = _run_dir(run.run_dir, model)
+    cfg = cfg.replace(model=model, batch_size=batch, microbatches=mbs, steps=steps,
+                      run_dir=str(root),
+                      metrics_out=run.metrics_out or str(root / "metrics.jsonl"),
+                      trace_dir=str(root / "trace") if run.timeline else None)
+    return Job(cfg=cfg, asked=asked, copies=copies, search_layout=search_layout, tp=tp,
+               depth=depth)
+
+
+def _steps_for_epochs(data: str, epochs: int, batch: int) -> int:
+    """Steps of ``epochs`` passes over an image folder of global batches."""
+    if not data.startswith("imagefolder:"):
+        raise UsageError("--epochs needs --data imagefolder:PATH; with synthetic data use "
+                         "--steps")
+    import torchvision
+    n = len(torchvision.datasets.ImageFolder(data.split(":", 1)[1]))
+    return max(1, epochs * (n // batch))
 
 
 def replicas_asked(parallel: str, replicas: int | None, devices: int, dp: int) -> int:
@@ -121,53 +206,111 @@ def replicas_asked(parallel: str, replicas: int | None, devices: int, dp: int) -
     return replicas or (4 if devices // max(dp, 1) >= 4 else 2)
 
 
+# a checkpoint folder's record of the run that writes it (and the plan it trains)
+SAVED_CONFIG = "config.json"
+SAVED_PLAN = "plan.json"
+# options a resumed run may change without planning again
+FREE_ON_RESUME = ("steps", "run_dir", "metrics_out", "trace", "checkpoint_every", "resume",
+                  "on_nonfinite", "timeout", "explain", "timeline", "lr", "lr_schedule",
+                  "data", "epochs")
+
+
+def _resumed(cfg: TrainConfig, given: dict[str, Any]) -> TrainConfig:
+    """``cfg`` for a resumed run: the configuration saved in its checkpoint folder, with the
+    options given now in its place; the plan saved there too unless an option given now
+    changes what is planned. Says what changed."""
+    folder = Path(cfg.run.checkpoint_dir or "")
+    saved_path = folder / SAVED_CONFIG
+    if not cfg.run.checkpoint_dir or not saved_path.is_file():
+        return cfg  # nothing saved (a folder written by an older outcore): as given
+    try:
+        saved = TrainConfig.from_dict(json.loads(saved_path.read_text()))
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"{saved_path} is not a configuration outcore wrote ({e}): resume "
+                         "with the options of the run that wrote it, or drop --resume") from None
+    saved = saved.replace(run_dir=None, metrics_out=None)  # a new run folder each run
+    merged = saved.replace(**{k: v for k, v in _given_fields(cfg, given).items()})
+    changed = differences(saved, merged)
+    replanned = [name for name, _, _ in changed if name not in FREE_ON_RESUME]
+    if not replanned and (folder / SAVED_PLAN).is_file() and merged.planning.plan is None:
+        merged = merged.replace(plan=str(folder / SAVED_PLAN))
+    shown = "; ".join(f"{name} {old!r} -> {new!r}" for name, old, new in changed
+                      if name != "resume")
+    log.warning("resuming with the configuration saved in %s%s%s", folder,
+                f" (changed now: {shown})" if shown else "",
+                "; planning again" if replanned else ", and its plan")
+    return merged
+
+
+def _given_fields(cfg: TrainConfig, given: dict[str, Any]) -> dict[str, Any]:
+    """The options the caller gave, as parsed in ``cfg`` (flat names)."""
+    out = {}
+    for name in given:
+        for section in ("graph", "dataset", "optim", "planning", "run"):
+            part = getattr(cfg, section)
+            if hasattr(part, name):
+                out[name] = getattr(part, name)
+    return out
+
+
 def prepare(job: Job, *, local: bool = True,
             progress: Callable[[str, int, int], None] | None = None) -> tuple[Graph, Plan]:
     """Capture the model at the micro-batch size, cost it, and plan it (or load the plan)."""
     from outcore.api import model_graph, plan as search
 
     cfg = job.cfg
-    whole = (job.microbatches_auto or job.search_layout) and not job.plan_path
-    g = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
-                    seed=cfg.seed, costs=job.costs,
-                    split=1 if whole else cfg.microbatches * job.copies,
-                    threads=cfg.threads, progress=progress, leaves=tuple(cfg.leaves))
-    if job.plan_path:
-        p = load_plan(job.plan_path)
+    g_opts, planning = cfg.graph, cfg.planning
+    whole = (job.microbatches_auto or job.search_layout) and not planning.plan
+
+    def captured(split: int) -> Graph:
+        return model_graph(g_opts.model, input_shape=g_opts.input_shape,
+                           batch_size=g_opts.batch_size, seed=cfg.run.seed, costs=g_opts.costs,
+                           split=split, threads=cfg.worker.threads, progress=progress,
+                           leaves=tuple(g_opts.leaf))
+
+    mbs = planning.microbatches
+    g = captured(1 if whole else int(mbs) * job.copies)
+    if planning.plan:
+        p = load_plan(planning.plan)
         if p.graph.get("depth") is None:
             p = align(p, g)
-        if p.devices != job.devices:
-            raise PlanError(f"{job.plan_path} is a plan for {p.devices} devices, but --devices "
-                            f"is {job.devices}: pass --devices {p.devices}, or re-plan")
-        if cfg.schedule not in ("auto", p.schedule):  # the schedule asked for, predicted so
-            p = _predicted_on(p.replace(schedule=cfg.schedule), g)
+        if p.devices != planning.devices:
+            raise PlanError(f"{planning.plan} is a plan for {p.devices} devices, but --devices "
+                            f"is {planning.devices}: pass --devices {p.devices}, or re-plan")
+        if planning.schedule not in ("auto", p.schedule):  # the schedule asked for
+            p = _predicted_on(p.replace(schedule=planning.schedule), g)
         return g, p
     if progress:
         progress("planning", 0, 1)
-    req = PlanRequest.make(job.devices, job.memory, cluster=local_cluster(job.devices, local),
-                           strategy="single" if job.devices == (job.tp or 1) and job.copies == 1
-                           else job.strategy, parallel=job.parallel,
-                           replicas=replicas_asked(job.parallel, job.replicas, job.devices,
-                                                   job.dp) if job.parallel == "master" else None,
-                           dp=job.dp, schedule=cfg.schedule,
-                           microbatches="auto" if job.microbatches_auto else cfg.microbatches,
-                           optimizer=cfg.optimizer, seed=cfg.seed,
-                           memory_policy=job.memory_policy, search_layout=job.search_layout,
-                           tp=None if job.search_layout else job.tp,
-                           depth=None if job.search_layout else job.depth,
-                           sp=job.sp, sp_join=job.sp_join, sp_grid=job.sp_grid)
+    req = plan_request(job, local)
     p = search(g, req, progress=progress)
     if whole:  # the plan chose the split: capture again at its micro-batch
-        micro = model_graph(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size,
-                            seed=cfg.seed, costs=job.costs,
-                            split=p.microbatches * p.layout.copies, threads=cfg.threads,
-                            progress=progress, leaves=tuple(cfg.leaves))
+        micro = captured(p.microbatches * p.layout.copies)
         if not np.array_equal(np.sort(micro.ids), np.sort(g.ids)):
             p = _replanned(micro, req, p)
         else:  # predicted on the whole batch's costs scaled down linearly: predict on these
             p = _predicted_on(p, micro)
         g = micro
     return g, p
+
+
+def plan_request(job: Job, local: bool = True) -> PlanRequest:
+    """The planning request of a job (the cluster measured here when ``local``)."""
+    planning, cfg = job.cfg.planning, job.cfg
+    devices = planning.devices
+    parallel = planning.parallel or "mp"
+    dp = planning.dp or 1
+    return PlanRequest.make(
+        devices, planning.memory, cluster=local_cluster(devices, local),
+        strategy="single" if devices == (job.tp or 1) and job.copies == 1
+        else planning.strategy, parallel=parallel,
+        replicas=replicas_asked(parallel, planning.replicas, devices, dp)
+        if parallel == "master" else None,
+        dp=dp, schedule=planning.schedule, microbatches=planning.microbatches,
+        optimizer=cfg.optim.optimizer, seed=cfg.run.seed, memory_policy=planning.memory_policy,
+        search_layout=job.search_layout, tp=None if job.search_layout else job.tp,
+        depth=None if job.search_layout else job.depth, sp=planning.sp,
+        sp_join=planning.sp_join, sp_grid=planning.sp_grid)
 
 
 def _predicted_on(p: Plan, g: Graph, schedule_file: str | None = None) -> Plan:
@@ -181,13 +324,13 @@ def _predicted_on(p: Plan, g: Graph, schedule_file: str | None = None) -> Plan:
                                 **simulate(p, g, schedule_file=schedule_file).to_dict()})
 
 
+
 def _replanned(g: Graph, req: PlanRequest, chosen: Plan) -> Plan:
     """The plan of ``chosen``'s layout on ``g``: the model captured at the chosen micro-batch
     has other nodes than at the whole batch (``torch.export`` specialises a batch of 1, and
     some models take other branches for it), so the placement is searched again with the
     layout the layout search chose held fixed."""
     from outcore.api import plan as search
-    from outcore.search.layouts import LayoutChoice
 
     lay = chosen.layout
     fixed = LayoutChoice(dp=lay.dp, parallel=lay.mode, replicas=lay.replicas,
@@ -201,120 +344,18 @@ def _replanned(g: Graph, req: PlanRequest, chosen: Plan) -> Plan:
 def settle(job: Job, p: Plan) -> Job:
     """``job`` with the micro-batch count, schedule and model copies of its plan (which may
     have chosen them: the user gave none)."""
-    if (job.cfg.microbatches, job.cfg.schedule, job.copies) == \
+    planning = job.cfg.planning
+    if (planning.microbatches, planning.schedule, job.copies) == \
             (p.microbatches, p.schedule, p.layout.copies):
         return job
-    return replace(job, cfg=replace(job.cfg, microbatches=p.microbatches, schedule=p.schedule),
+    return replace(job, cfg=job.cfg.replace(microbatches=p.microbatches, schedule=p.schedule),
                    copies=p.layout.copies)
-
-
-def train(model: str, devices: int = 1, *, memory: str | float | None = None,
-          strategy: str = "auto", plan: str | None = None, parallel: str = "mp",
-          replicas: int | None = None, dp: int = 1, tp: int = 1, memory_policy: str = "auto",
-          input_shape: str | tuple[int, ...] | None = None, batch_size: int = 8,
-          microbatches: int | None = None, steps: int = 10, schedule: str = "auto",
-          optimizer: str = "adam", lr: float = 1e-3, lr_schedule: str = "none", seed: int = 0,
-          data: str = "synthetic", costs: str = "profile", run_dir: str | None = None,
-          metrics_out: str | None = None, trace: bool = True,
-          checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
-          on_nonfinite: str = "stop", timeout_s: float = 60.0, threads: int | None = 1,
-          schedule_file: str | None = None, sp: int = 1, sp_join: str | None = None,
-          sp_grid: str | None = None, search_layout: bool = False, task: str | None = None,
-          shard: int | None = 1,
-          leaves: tuple[str, ...] = (),
-          progress: Callable[[str, int, int], None] | None = None,
-          on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
-    """Train ``model`` on ``devices`` devices (see the module docstring).
-
-    Args:
-        model: model name (``torchvision:resnet18``, ``outcore:transformer``, ``file.py:fn``).
-        devices: workers (one per device); 1 = plain single-process training.
-        memory: per-device memory limit the plan must respect (``16GiB``).
-        strategy: planner (``pardnn``, ``pipeline``, ...); ignored with ``plan``.
-        parallel, replicas, dp: GEMS mode and replicas, data-parallel copies.
-        tp: tensor-parallel ranks per device slot (``dp x tp`` divides ``devices``).
-        shard: data-parallel copies that shard each slot's parameters, gradients and
-            optimizer state (FSDP / ZeRO-3; divides ``dp``; None: the plan chooses).
-        plan: a saved plan file to use instead of planning.
-        schedule_file: a saved ``outcore-schedule/1`` file (``outcore plan --schedule-out``)
-            whose action lists the workers run.
-        input_shape: example input shape (``8x3x224x224``); the batch is ``batch_size``.
-        batch_size: global batch per step.
-        microbatches: micro-batches per step (default: the plan chooses them).
-        schedule: ``1f1b``, ``gpipe`` or ``auto`` (the search's choice; a given plan's).
-        search_layout: the plan also chooses ``dp`` and the GEMS mode (the layout options
-            given are ignored).
-        steps: training steps.
-        costs: ``profile`` (measure each layer here) or ``estimate[:DEVICE]`` (analytical).
-        run_dir: where artifacts go (default: a new ``outcore-runs/<time>-<model>[-N]``).
-        on_nonfinite: ``stop`` at the first NaN/inf loss or gradient, or ``skip`` its update.
-        task: what the targets are (``classification``, ``regression``, ``causal_lm``,
-            ``masked_lm``, ``seq2seq_lm``; default: inferred from the model and its output).
-        leaves: module paths or class names captured as single layers.
-        progress: ``progress(phase, done, total)`` for the preparation phases.
-        on_metrics: called with each step's metrics as rank 0 writes them.
-        sp, sp_join, sp_grid: spatial parallelism (see ``outcore plan --help``).
-    """
-    if sp > 1 and microbatches is None:
-        microbatches = 1  # a spatial plan splits the image, not the (small) batch
-    job = make_job(model, devices, memory=memory, strategy=strategy, plan=plan,
-                   parallel=parallel, replicas=replicas, dp=dp, tp=tp,
-                   memory_policy=memory_policy, input_shape=input_shape,
-                   batch_size=batch_size, microbatches=microbatches,
-                   steps=steps, schedule=schedule, optimizer=optimizer, lr=lr,
-                   lr_schedule=lr_schedule, seed=seed, data=data, costs=costs,
-                   run_dir=run_dir, metrics_out=metrics_out, trace=trace,
-                   checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                   resume=resume, on_nonfinite=on_nonfinite, timeout_s=timeout_s,
-                   threads=threads, schedule_file=schedule_file, search_layout=search_layout,
-                   task=task, leaves=tuple(leaves))
-    job = replace(job, sp=sp, sp_join=sp_join, sp_grid=sp_grid, depth=shard)
-    return run(job, progress=progress, on_metrics=on_metrics)
-
-
-def make_job(model: str, devices: int, *, memory: Any, strategy: str, plan: str | None,
-             parallel: str, replicas: int | None, dp: int, memory_policy: str, costs: str,
-             tp: int = 1,
-             run_dir: str | None, batch_size: int, microbatches: int | None,
-             input_shape: Any, metrics_out: str | None, trace: bool,
-             search_layout: bool = False, **cfg_fields: Any) -> Job:
-    """The validated :class:`Job` of :func:`train`'s arguments (creates the run directory)."""
-    if devices < 1:
-        raise UsageError(f"--devices must be at least 1, got {devices}")
-    if cfg_fields["steps"] < 1:
-        raise UsageError(f"--steps must be at least 1, got {cfg_fields['steps']}")
-    shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
-    search_layout = search_layout and not plan and devices > 1
-    copies = load_plan(plan).layout.copies if plan else \
-        1 if search_layout else replicas_asked(parallel, replicas, devices, dp) * dp
-    if devices % (dp * (tp or 1)):
-        raise UsageError(f"--dp {dp} x --tp {tp} must divide --devices {devices}")
-    auto = microbatches is None and not plan
-    M = microbatches or (1 if auto else _default_microbatches(batch_size // copies,
-                                                              devices // (dp * (tp or 1))))
-    if batch_size % (M * copies):
-        raise UsageError(f"batch size {batch_size} does not split into {M} micro-batches x "
-                         f"{copies} model copies: make --batch-size a multiple of "
-                         f"{M * copies}")
-    if cfg_fields.get("task"):
-        from outcore.zoo.ecosystem import with_task
-        model = with_task(model, cfg_fields["task"])
-    root = _run_dir(run_dir, model)
-    cfg = TrainConfig(model=model, input_shape=shape, batch_size=batch_size, microbatches=M,
-                      metrics_out=metrics_out or str(root / "metrics.jsonl"),
-                      trace_dir=str(root / "trace") if trace else None, **cfg_fields)
-    return Job(cfg=cfg, devices=devices, memory=memory, plan_path=plan, costs=costs,
-               strategy=strategy, parallel=parallel, replicas=replicas, dp=dp, tp=tp,
-               memory_policy=memory_policy, copies=copies, run_dir=str(root),
-               microbatches_auto=auto, search_layout=search_layout)
 
 
 def _run_dir(run_dir: str | None, model: str) -> Path:
     """The run's folder: ``run_dir``, or a new ``outcore-runs/<time>-<model>[-N]`` (jobs
     started in the same second never share one); other ranks of a launched job get rank 0's
     folder by broadcast, so they create none of their own."""
-    from outcore.core.env import detect
-    from outcore.runtime.rundir import unique_run_dir
     if run_dir or detect().rank != 0:
         root = Path(run_dir or "outcore-runs")
         root.mkdir(parents=True, exist_ok=True)
@@ -325,34 +366,38 @@ def _run_dir(run_dir: str | None, model: str) -> Path:
 def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
         on_metrics: Callable[[dict[str, Any]], None] | None = None) -> TrainReport:
     """Prepare (capture, cost, plan), start the workers, train, and report."""
-    from outcore.core.env import detect
     if detect().launcher != "none":
         return _train_in_job(job)
-    g, p = prepare(job, progress=progress)
-    job = settle(job, p)
-    p = _only_used_devices(g, p, progress)
+    g, planned = prepare(job, progress=progress)
+    job = settle(job, planned)
+    p = _only_used_devices(g, planned, progress)  # says so when it starts fewer workers
     p = _with_schedule_file(job.cfg, g, p)
-    root = Path(job.run_dir)
     _save_artifacts(job, g, p)
     from outcore.runtime.launch import run_local
     from outcore.runtime.worker import train_worker
 
-    if progress:
-        progress(f"starting {p.devices} worker(s)", 0, 1)
-    watcher = _MetricsWatcher(Path(job.cfg.metrics_out or root / "metrics.jsonl"), on_metrics)
-    results = run_local(train_worker, p.devices, (_with_spin(job.cfg, p.devices),
+    cfg = job.cfg
+    if progress and p.devices == planned.devices:
+        progress(f"starting {_workers(p.devices)}", 0, 1)
+    watcher = _MetricsWatcher(Path(cfg.run.metrics_out or job.run_dir / "metrics.jsonl"),
+                              on_metrics)
+    results = run_local(train_worker, p.devices, (_with_spin(cfg, p.devices),
                                                    graph_to_dict(g), plan_to_dict(p)),
-                        timeout_s=job.cfg.timeout_s, threads=job.cfg.threads,
+                        timeout_s=cfg.run.timeout, threads=cfg.worker.threads,
                         poll=watcher.poll)
     watcher.poll()
-    return _report(job.cfg, g, p, root, results)
+    return _report(cfg, g, p, job.run_dir, results)
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker{'s' if n != 1 else ''}"
 
 
 def _with_spin(cfg: TrainConfig, workers: int) -> TrainConfig:
     """``cfg`` with the same-host receives' poll decided here, before the workers start (in a
     worker the decision could count its starting siblings as other load)."""
     from outcore.core.samehost import auto_spin_us
-    return replace(cfg, spin_us=auto_spin_us(workers))
+    return cfg.replace(spin_us=auto_spin_us(workers))
 
 
 def _only_used_devices(g: Graph, p: Plan,
@@ -365,11 +410,10 @@ def _only_used_devices(g: Graph, p: Plan,
     if p.layout.replicated or used >= p.devices - extra:
         return p
     why = (f"the plan uses {used + extra} of {p.devices} devices ({p.strategy} found no faster "
-           f"plan on more); starting {used + extra} worker(s)")
+           f"plan on more); starting {_workers(used + extra)}")
     log.info(why)
     if progress:
         progress(why, 0, 1)
-    from outcore.placers.result import compact
     assignment = compact(p.assignment)[0]
     small = p.replace(devices=used + extra, assignment=assignment).with_notes(why)
     if p.spatial is not None:
@@ -379,10 +423,19 @@ def _only_used_devices(g: Graph, p: Plan,
 
 
 def _save_artifacts(job: Job, g: Graph, p: Plan) -> None:
-    root = Path(job.run_dir)
+    """The graph, the plan and the configuration in the run folder, and beside the
+    checkpoints (what a resumed run starts from)."""
+    root = job.run_dir
     save_graph(g, root / "graph.json")
     save_plan(p, root / "plan.json")
-    (root / "config.json").write_text(json.dumps(job.cfg.to_dict(), indent=1))
+    (root / "config.json").write_text(dumps(job.cfg))
+    folder = job.cfg.run.checkpoint_dir
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True, mode=0o700)
+        asked = job.asked.replace(plan=None) if job.asked.planning.plan == str(
+            Path(folder) / SAVED_PLAN) else job.asked
+        (Path(folder) / SAVED_CONFIG).write_text(dumps(asked))
+        save_plan(p, Path(folder) / SAVED_PLAN)
 
 
 def _default_microbatches(batch: int, devices: int) -> int:
@@ -394,6 +447,7 @@ def _default_microbatches(batch: int, devices: int) -> int:
     return 1
 
 
+
 def _slug(model: str) -> str:
     """The model's name for its run folder: ``resnet18`` of ``torchvision:resnet18``,
     ``gpt2`` of ``hf:gpt2:hidden_size=32`` (never its options), ``build`` of ``net.py:build``."""
@@ -401,6 +455,7 @@ def _slug(model: str) -> str:
     name = parts[1] if len(parts) > 1 and parts[0] in ("hf", "timm", "outcore", "torchvision") \
         else parts[-1]
     return "".join(c if c.isalnum() else "-" for c in name or model)[:40]
+
 
 
 class _MetricsWatcher:
@@ -440,14 +495,16 @@ class _MetricsWatcher:
                 self.callback(record)
 
 
+
 def _report(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
             results: list[dict[str, Any]]) -> TrainReport:
     r0 = results[0]
     report = TrainReport(cfg, p, root, r0["losses"], r0["step_s"], r0["peak_bytes"],
                          r0["busy_s"], dict(p.predicted))
     files = {"graph": str(root / "graph.json"), "plan": str(root / "plan.json"),
-             "metrics": cfg.metrics_out or ""}
-    if cfg.trace_dir and Path(cfg.trace_dir).is_dir():
+             "metrics": cfg.run.metrics_out or ""}
+    trace_dir = cfg.worker.trace_dir
+    if trace_dir and Path(trace_dir).is_dir():
         files.update(_timeline_files(cfg, g, p, root, report))
     report.files = files
     (root / "report.json").write_text(json.dumps(_strict(report.to_dict()), indent=1,
@@ -466,13 +523,14 @@ def _strict(value: Any) -> Any:
     return value
 
 
+
 def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
                     report: TrainReport | None = None) -> dict[str, str]:
     """Merge the ranks' measured timelines; draw them under the simulator's prediction."""
     from outcore.api import simulate
     from outcore.trace import Timeline, comm_profile, load_events, save_chrome_trace
 
-    parts = sorted(Path(cfg.trace_dir).glob("rank*.json"))
+    parts = sorted(Path(cfg.worker.trace_dir or "").glob("rank*.json"))
     if not parts:
         return {}
     events = []
@@ -480,7 +538,7 @@ def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
         events += list(load_events(part).events)
     measured = Timeline(p.devices // p.layout.tp, tuple(sorted(events, key=lambda e: e.start_s)),
                         max((e.end_s for e in events), default=0.0), source="measured")
-    predicted = simulate(p, g, schedule_file=cfg.schedule_file).timeline
+    predicted = simulate(p, g, schedule_file=cfg.planning.schedule_file).timeline
     if report is not None:
         report.comm = comm_profile(measured, predicted)
     out = {"trace": str(save_chrome_trace(root / "trace.json", [predicted, measured],
@@ -498,7 +556,8 @@ def _train_in_job(job: Job) -> TrainReport:
     """Under torchrun/mpirun/srun: rank 0 plans and broadcasts; every rank trains."""
     from outcore.runtime.launch import run_in_job
 
-    return run_in_job(_job_main, (job,), timeout_s=job.cfg.timeout_s, threads=job.cfg.threads)
+    return run_in_job(_job_main, (job,), timeout_s=job.cfg.run.timeout,
+                      threads=job.cfg.worker.threads)
 
 
 def _job_main(ctx: Any, job: Job) -> TrainReport | None:
@@ -506,8 +565,9 @@ def _job_main(ctx: Any, job: Job) -> TrainReport | None:
 
     from outcore.runtime.worker import train_worker
 
-    if job.devices != ctx.world_size:
-        raise UsageError(f"--devices {job.devices} but the job has {ctx.world_size} processes")
+    devices = job.cfg.planning.devices
+    if devices != ctx.world_size:
+        raise UsageError(f"--devices {devices} but the job has {ctx.world_size} processes")
     docs: list[Any] = [None, None, None]
     if ctx.rank == 0:
         g, p = prepare(job, local=False)
@@ -522,9 +582,11 @@ def _job_main(ctx: Any, job: Job) -> TrainReport | None:
     dist.all_gather_object(gathered, result)
     if ctx.rank != 0:
         return None
-    return _report(job.cfg, g, p, Path(job.run_dir), gathered)  # rank 0's own graph and plan
+    return _report(job.cfg, g, p, job.run_dir, gathered)  # rank 0's own graph and plan
 
 
 def _with_schedule_file(cfg: TrainConfig, g: Graph, p: Plan) -> Plan:
     """With a schedule file, the prediction is that file's action lists, simulated."""
-    return _predicted_on(p, g, cfg.schedule_file) if cfg.schedule_file else p
+    schedule_file = cfg.planning.schedule_file
+    return _predicted_on(p, g, schedule_file) if schedule_file else p
+

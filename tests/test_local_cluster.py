@@ -79,12 +79,12 @@ def test_the_launcher_decides_whether_receives_spin(monkeypatch):
     """Decided once before the workers start (a worker deciding for itself could count its
     starting siblings as other load); the environment variable still wins in the workers."""
     from outcore.job import _with_spin
-    from outcore.runtime.config import TrainConfig
+    from outcore.config import TrainConfig
     from outcore.core.env import local_cores
     from outcore.core.samehost import SPIN_AUTO_US
-    cfg = TrainConfig(model="outcore:mlp")
+    cfg = TrainConfig.make(model="outcore:mlp")
     monkeypatch.setenv("OUTCORE_HOST_LOAD", "0")
-    assert _with_spin(cfg, local_cores()).spin_us == SPIN_AUTO_US
-    assert _with_spin(cfg, local_cores() + 1).spin_us == 0.0
+    assert _with_spin(cfg, local_cores()).worker.spin_us == SPIN_AUTO_US
+    assert _with_spin(cfg, local_cores() + 1).worker.spin_us == 0.0
     monkeypatch.setenv("OUTCORE_HOST_LOAD", str(local_cores()))
-    assert _with_spin(cfg, 1).spin_us == 0.0
+    assert _with_spin(cfg, 1).worker.spin_us == 0.0

@@ -4,49 +4,56 @@ from __future__ import annotations
 
 import argparse
 
-from outcore.cli.common import (add_leaf_arg, add_model_args, check_output_suffix, console,
-                                is_graph_file, nonneg_int, note, table)
-from outcore.units import format_bytes, format_seconds, parse_shape
+from outcore.cli.common import (MODEL_HELP, check_output_suffix, console, is_graph_file,
+                                nonneg_int, note, table)
+from outcore.config import add_options, from_args
+from outcore.errors import UsageError
+from outcore.units import format_bytes, format_seconds
 
-DESCRIPTION = """Capture a model's layer graph with torch.fx and write it as outcore-graph/1
-JSON (-o g.json) and/or draw it (-o g.svg / g.png). --depth N collapses modules deeper than N
-into blocks (0 = whole model, 1 = top-level children). --profile measures every layer's forward
-and backward time here; --estimate DEVICE predicts them from FLOPs and bytes (a100, v100, h100,
-mi250x, cpu). MODEL may also be a graph JSON file (to collapse or draw it). With --plan the
-picture colours nodes by device."""
+DESCRIPTION = """Capture a model's layer graph with torch.fx (torch.export where fx cannot) and
+write it as outcore-graph/1 JSON (-o g.json) and/or draw it (-o g.svg / g.png). --depth N
+collapses modules deeper than N into blocks (0 = whole model, 1 = top-level children). --costs
+profile measures every layer's forward and backward time here (profile:cuda on a GPU);
+--costs estimate:DEVICE predicts them from FLOPs and bytes (a100, v100, h100, mi250x, cpu).
+MODEL may also be a graph JSON file (to cost, collapse or draw it). With --plan the picture
+colours nodes by device. `outcore profile` is `outcore graph --costs profile`."""
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str = "graph") -> None:
     help_text = ("capture a model's graph; write JSON or a picture" if name == "graph"
-                 else "capture and profile a model (graph --profile)")
+                 else "capture and profile a model (graph --costs profile)")
     p = sub.add_parser(name, help=help_text, description=DESCRIPTION)
-    add_model_args(p)
-    p.add_argument("--depth", type=nonneg_int, metavar="N",
-                   help="collapse modules deeper than N into blocks (default: every layer)")
-    costs = p.add_mutually_exclusive_group()
-    costs.add_argument("--profile", action="store_true", default=(name == "profile"),
-                       help="measure each layer's forward and backward time on this machine")
-    costs.add_argument("--estimate", metavar="DEVICE",
-                       help="predict layer times analytically for a device preset")
-    add_leaf_arg(p)
-    p.add_argument("--device", help="device to profile on (cpu, cuda, cuda:1; default: best)")
-    p.add_argument("--repeat", type=nonneg_int, default=5, help="timed runs per layer (median)")
-    p.add_argument("--plan", metavar="PLAN.json", help="colour the picture by this plan's devices")
-    p.add_argument("-o", "--output", action="append", default=[], metavar="FILE",
-                   help="output file: .json, .svg or .png (repeat for several)")
-    p.set_defaults(func=run)
+    p.add_argument("model", help=MODEL_HELP + "; or a graph JSON file")
+    add_options(p, "graph")
+    out = p.add_argument_group("output")
+    out.add_argument("--depth", type=nonneg_int, metavar="N",
+                     help="collapse modules deeper than N into blocks (default: every layer)")
+    out.add_argument("--repeat", type=nonneg_int, default=5,
+                     help="timed runs per layer when profiling (median; default 5)")
+    out.add_argument("--plan", metavar="PLAN.json",
+                     help="colour the picture by this plan's devices")
+    out.add_argument("-o", "--output", action="append", default=[], metavar="FILE",
+                     help="output file: .json, .svg or .png (repeat for several)")
+    p.set_defaults(func=run, command_name=name)
 
 
 def run(args: argparse.Namespace) -> int:
     import outcore
 
     outputs = [check_output_suffix(o, (".json", ".svg", ".png")) for o in args.output]
+    profiled = {"costs": "profile"} if args.command_name == "profile" and \
+        not hasattr(args, "costs") else {}
+    cfg = from_args(args, "graph", **profiled)
+    costs = cfg.graph.costs
     if is_graph_file(args.model):
         g = outcore.load_graph(args.model)
+        if costs.startswith("estimate"):
+            g = outcore.estimate(g, costs.partition(":")[2] or "cpu")
+        elif costs != "none":
+            raise UsageError(f"--costs {costs} needs the model, not a graph file: profiling "
+                             "runs its layers")
     else:
-        g = _captured(args)
-    if args.estimate:
-        g = outcore.estimate(g, args.estimate)
+        g = _captured(args.model, cfg, args.repeat)
     if args.depth is not None:
         g = outcore.collapse(g, args.depth)
     for out in outputs:
@@ -60,21 +67,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _captured(args: argparse.Namespace):
-    """The model's graph, profiled here with --profile (with a progress bar)."""
+def _captured(model: str, cfg, repeat: int):
+    """The model's graph, costed as ``cfg`` asks (profiling shows a progress bar)."""
     from rich.progress import Progress
 
     import outcore
-    shape = parse_shape(args.input_shape) if args.input_shape else None
-    with Progress(transient=True, disable=not args.profile) as bar:
+    opts = cfg.graph
+    profiling = opts.costs.startswith("profile")
+    with Progress(transient=True, disable=not profiling) as bar:
         task = bar.add_task("profiling layers", total=1)
-        g = outcore.model_graph(args.model, input_shape=shape, batch_size=args.batch_size,
-                                costs="profile" if args.profile else "none",
-                                device=args.device, repeat=max(args.repeat, 1), warmup=2,
-                                leaves=tuple(args.leaf),
+        g = outcore.model_graph(model, input_shape=opts.input_shape, batch_size=opts.batch_size,
+                                costs=opts.costs, repeat=max(repeat, 1), warmup=2,
+                                leaves=tuple(opts.leaf), task=opts.task,
                                 progress=lambda phase, d, n: bar.update(
                                     task, description=phase, completed=d, total=max(n, 1)))
-    if args.profile:
+    if profiling:
         prof = g.meta.get("profile", {})
         note(f"profiled on {prof.get('device')}: sum of layers {format_seconds(prof['sum_s'])},"
              f" timed whole step {format_seconds(prof['step_s'])} (ratio {prof['ratio']:.2f})")

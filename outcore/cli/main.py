@@ -12,7 +12,7 @@ import os
 import sys
 
 from outcore import __version__
-from outcore.errors import OutcoreError
+from outcore.errors import OutcoreError, cli_spelling
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with cli_spelling():  # errors name the command's flags, not API arguments
+            return int(args.func(args) or 0)
     except OutcoreError as e:
         if args.debug:
             raise

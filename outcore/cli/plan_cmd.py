@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from outcore.cli.common import (MODEL_HELP, add_leaf_arg, add_mesh_args, check_output_suffix,
-                                console, is_graph_file, nonneg_int, note, positive_int,
-                                degree_arg, slot_label, table)
-from outcore.units import format_bytes, format_seconds, parse_shape
+from pathlib import Path
+
+from outcore.cli.common import (MODEL_HELP, check_output_suffix, console, is_graph_file,
+                                nonneg_int, note, plural, slot_label, table)
+from outcore.config import add_options, from_args
+from outcore.errors import UsageError
+from outcore.units import format_bytes, format_seconds
 
 DESCRIPTION = """Partition a graph over K devices so that every device's training memory fits
 --memory and the iteration is as fast as possible, then predict it with the simulator. Prints
@@ -28,82 +31,48 @@ def strategies_help() -> str:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="partition a graph over devices under a memory limit",
-                       description=DESCRIPTION)
+                       description=DESCRIPTION, epilog="placers: " + strategies_help())
     p.add_argument("source", metavar="GRAPH.json|MODEL",
                    help="an outcore-graph/1 file, or a model (" + MODEL_HELP + ")")
-    p.add_argument("--devices", "-k", type=positive_int, required=True, help="number of devices")
-    p.add_argument("--memory", metavar="SIZE", help="memory per device (e.g. 80GiB); default: "
-                   "unlimited")
-    p.add_argument("--bandwidth", default="16GB/s", help="link bandwidth (default 16GB/s)")
-    p.add_argument("--latency", default="25us", help="link latency (default 25us)")
-    p.add_argument("--strategy", default="auto",
-                   help="planner: auto (every planner below, the fastest plan by simulation "
-                        "wins); " + strategies_help())
-    p.add_argument("--parallel", choices=["mp", "mast", "master"], default="mp",
-                   help="mp: one replica split over the devices; mast: GEMS MAST, a second "
-                        "replica in reverse order on the same devices; master: GEMS MASTER, as "
-                        "many replica pairs as memory allows (default mp)")
-    p.add_argument("--replicas", type=positive_int,
-                   help="master: number of replicas (default: the fastest that fits)")
-    p.add_argument("--dp", type=positive_int, default=1,
-                   help="data-parallel copies of the model-parallel group (must divide "
-                        "--devices; default 1)")
-    add_mesh_args(p)
-    p.add_argument("--microbatches", type=microbatch_count, default=1,
-                   help="micro-batches per iteration and copy (default 1), or auto: the search "
-                        "splits the graph's batch (fewest micro-batches that fit before "
-                        "checkpointing)")
-    p.add_argument("--layout", choices=["given", "auto"], default="given",
-                   help="auto: the search also chooses --dp and the GEMS mode and replicas "
-                        "(the graph then holds the global batch); default given")
-    p.add_argument("--explain", action="store_true",
-                   help="print the best candidates of every layout (time, peak memory, why "
-                        "each lost) and draw time against memory beside the plan")
-    p.add_argument("--memory-policy", choices=["auto", "none", "checkpoint", "offload"],
-                   default="auto",
-                   help="when a placement does not fit: auto chooses per piece the cheapest of "
-                        "activation checkpointing and CPU offloading that makes it fit, before "
-                        "asking for more devices; none, checkpoint or offload restrict it")
-    p.add_argument("--device", metavar="PRESET",
-                   help="device preset the plan is for (memory model, host link; e.g. a100, "
-                        "cpu); default: a generic accelerator")
-    p.add_argument("--schedule", choices=["auto", "gpipe", "1f1b"], default="auto",
-                   help="pipeline schedule of the micro-batches: 1f1b (one forward, one "
-                        "backward: fewest activations held), gpipe (every forward, then every "
-                        "backward), or auto (default: the search simulates both on its best "
-                        "placement and keeps gpipe only when it is faster)")
-    p.add_argument("--optimizer", default="adam",
-                   help="optimizer the memory model assumes: adam (4x params), sgd (2x), "
-                        "sgd-momentum (3x)")
-    p.add_argument("--input-shape", metavar="SHAPE", help="for a MODEL: example input shape")
-    p.add_argument("--batch-size", type=int, help="for a MODEL: batch size")
-    p.add_argument("--depth", type=nonneg_int, help="plan on blocks of this module depth")
-    add_leaf_arg(p)
-    p.add_argument("--profile", action="store_true",
-                   help="for a MODEL: profile layer times here (default: estimate them)")
-    p.add_argument("--estimate", metavar="DEVICE", default=None,
-                   help="for a MODEL: device preset whose times to estimate (default cpu)")
-    p.add_argument("-o", "--output", default="plan.json", help="plan file (default plan.json)")
-    p.add_argument("--picture", metavar="FILE.png|svg",
-                   help="also draw the graph coloured by device")
-    p.add_argument("--gantt", metavar="FILE.png", help="also draw the simulated timeline")
-    p.add_argument("--schedule-out", metavar="FILE.json",
-                   help="also write the schedule every rank runs (outcore-schedule/1: one line "
-                        "of actions per rank; read back by simulate/train --schedule-file)")
+    add_options(p, "plan")
+    out = p.add_argument_group("output")
+    out.add_argument("--depth", type=nonneg_int, help="plan on blocks of this module depth")
+    out.add_argument("-o", "--output", metavar="PLAN.json",
+                     help="plan file (default plan.json, which is never replaced unless named "
+                          "here); a MODEL's graph is written beside it as PLAN.graph.json")
+    out.add_argument("--picture", metavar="FILE.png|svg",
+                     help="also draw the graph coloured by device")
+    out.add_argument("--gantt", metavar="FILE.png", help="also draw the simulated timeline")
+    out.add_argument("--schedule-out", metavar="FILE.json",
+                     help="also write the schedule every rank runs (outcore-schedule/1: one "
+                          "line of actions per rank; read back by simulate/train "
+                          "--schedule-file)")
     p.set_defaults(func=run)
 
 
-def load_or_capture(source: str, args: argparse.Namespace):
+def load_or_capture(source: str, cfg):
     """A graph from a JSON file, or captured and costed from a model name."""
     import outcore
 
     if is_graph_file(source):
         return outcore.load_graph(source), False
-    shape = parse_shape(args.input_shape) if args.input_shape else None
-    costs = "profile" if getattr(args, "profile", False) else \
-        f"estimate:{args.estimate or 'cpu'}"
-    return outcore.model_graph(source, input_shape=shape, batch_size=args.batch_size,
-                               costs=costs, leaves=tuple(getattr(args, "leaf", ()))), True
+    g = cfg.graph
+    return outcore.model_graph(source, input_shape=g.input_shape, batch_size=g.batch_size,
+                               costs=g.costs, leaves=tuple(g.leaf), task=g.task), True
+
+
+def _outputs(args: argparse.Namespace, captured: bool) -> tuple[Path, Path]:
+    """The plan file and the graph file beside it. A file the command was not asked to
+    write by name is never replaced: without -o, an existing plan.json (or plan.graph.json)
+    is refused."""
+    out = check_output_suffix(args.output or "plan.json", (".json",))
+    gpath = out.with_name(out.stem + ".graph.json")
+    if args.output is None:
+        clash = [str(f) for f in (out, gpath) if f.exists() and (f == out or captured)]
+        if clash:
+            raise UsageError(f"{' and '.join(clash)} exist already: name the plan file with -o "
+                             "(-o plan.json replaces it)")
+    return out, gpath
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,33 +81,33 @@ def run(args: argparse.Namespace) -> int:
     import outcore
 
     outcore.api.keep_freed_memory()  # the search remakes graph-sized arrays; the process ends
-    out = check_output_suffix(args.output, (".json",))
+    cfg = from_args(args, "plan")
     schedule_out = check_output_suffix(args.schedule_out, (".json",)) \
         if args.schedule_out else None
-    g, captured = load_or_capture(args.source, args)
+    g, captured = load_or_capture(args.source, cfg)
+    out, gpath = _outputs(args, captured or args.depth is not None)
     if args.depth is not None:
         g = outcore.collapse(g, args.depth)
     with Progress(transient=True, console=console, disable=not console.is_terminal) as bar:
         # the layout search's layouts, and a refusal's checks of what would fit
         task = bar.add_task("planning", total=1)
-        p = _planned(g, args, lambda phase, d, n: bar.update(
-            task, description=phase, completed=d, total=max(n, 1)))
+        p = outcore.plan(g, outcore.api.plan_request_of(cfg), progress=lambda phase, d, n:
+                         bar.update(task, description=phase, completed=d, total=max(n, 1)))
     whole, g = g, outcore.api.microbatch_graph(g, p)
     outcore.save_plan(p, out)
     note(f"wrote {out}")
     # a graph captured or collapsed here exists nowhere else: written at the plan's micro-batch
     if captured or args.depth is not None:
-        gpath = out.with_name(out.stem + ".graph.json")
         outcore.save_graph(g, gpath)
         note(f"wrote {gpath} (the graph the plan is for: outcore simulate {out} --graph {gpath})")
     elif g is not whole:  # simulate rescales the input as this did (outcore.api.lower)
-        note(f"the plan is for micro-batches of {g.batch_size} samples: outcore simulate {out} "
-             f"--graph {args.source} simulates them")
+        note(f"the plan is for micro-batches of {plural(g.batch_size, 'sample')}: outcore "
+             f"simulate {out} --graph {args.source} simulates them")
     if schedule_out:
         outcore.save_schedule(outcore.lower(p, g), schedule_out)
         note(f"wrote {schedule_out}")
     print_plan(g, p)
-    if args.explain:
+    if cfg.run.explain:
         print_explain(p)
         pic = outcore.api.draw_candidates(p, out.with_name(out.stem + ".candidates.png"))
         note(f"wrote {pic}")
@@ -152,21 +121,6 @@ def run(args: argparse.Namespace) -> int:
         outcore.draw_timeline(outcore.simulate(p, g).timeline, args.gantt)
         note(f"wrote {args.gantt}")
     return 0
-
-
-def _planned(g, args: argparse.Namespace, progress):
-    """``outcore.plan`` with the command's options (``progress`` follows the layouts)."""
-    import outcore
-    return outcore.plan(g, args.devices, args.memory, progress=progress,
-                        strategy=args.strategy, parallel=args.parallel,
-                        replicas=args.replicas, dp=args.dp,
-                        tp=degree_arg(args.tp, args.layout == "auto"),
-                        depth=degree_arg(args.shard, args.layout == "auto"), sp=args.sp,
-                        sp_join=args.sp_join, sp_grid=args.sp_grid,
-                        bandwidth=args.bandwidth, latency=args.latency,
-                        microbatches=args.microbatches, schedule=args.schedule,
-                        optimizer=args.optimizer, memory_policy=args.memory_policy,
-                        device=args.device, search_layout=args.layout == "auto")
 
 
 def print_plan(g, p) -> None:
@@ -190,8 +144,7 @@ def print_plan(g, p) -> None:
     console.print(f"predicted iteration {format_seconds(it)}"
                   + (f"   lower bound {format_seconds(lb)}" if lb else "")
                   + (f"   ({lb / it:.0%} of optimal)" if lb and it else "")
-                  + f"   schedule {p.schedule}, {p.microbatches} micro-batch"
-                  + ("es" if p.microbatches > 1 else "")
+                  + f"   schedule {p.schedule}, {plural(p.microbatches, 'micro-batch')}"
                   + (f" x {copies} copies" if copies > 1 else "")
                   + f"   {pred.get('samples_per_s', 0):.1f} samples/s")
     if p.spatial is not None:
@@ -218,12 +171,6 @@ def policy_lines(p) -> list[str]:
     return [f"memory policies on device {d}: " + ", ".join(f"{k} on {v} nodes"
                                                          for k, v in sorted(kinds.items()))
             for d, kinds in sorted(per.items())]
-
-
-def microbatch_count(text: str) -> int | str:
-    """``auto`` or a positive integer."""
-    return "auto" if text == "auto" else positive_int(text)
-
 
 def print_explain(p, top: int = 12) -> None:
     """The search's best candidates as a table (``--explain``)."""

@@ -446,10 +446,30 @@ def _wait(procs: list[Any], results: Any, outputs: dict[int, Any],
             _drain(results, outputs, errors)
             if not errors:
                 r = dead[0]
-                errors.append((r, f"worker {r} exited with code {procs[r].exitcode}"
-                                  " (killed or crashed)"))
+                errors.append((r, silent_death(r, procs[r].exitcode)))
         if overall_timeout_s and time.monotonic() - started > overall_timeout_s:
             errors.append((-1, f"the run took longer than {overall_timeout_s:.0f} s"))
+
+
+# what every error of a worker that ended without reporting one says
+SILENT = "without reporting an error"
+
+
+def silent_death(rank: int, exitcode: int) -> str:
+    """What a worker's exit code says of a worker that ended :data:`SILENT`ly: a signal that
+    killed it, or Python's own exit while it was starting (its traceback, printed to standard
+    error, is above)."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        why = " (the system may have run out of memory)" if name == "SIGKILL" else ""
+        return f"worker {rank} was killed by {name} {SILENT}{why}"
+    if exitcode == 1:
+        return (f"worker {rank} failed while starting, {SILENT} (exit code 1): its traceback "
+                "is printed above")
+    return f"worker {rank} exited with code {exitcode} {SILENT}"
 
 
 def _failure(procs: list[Any], outputs: dict[int, Any],
@@ -465,7 +485,7 @@ def _failure(procs: list[Any], outputs: dict[int, Any],
         flat.append((r, value))
     for r, p in enumerate(procs):  # workers that died without a word
         if p.exitcode not in (None, 0) and r not in outputs and not any(e[0] == r for e in flat):
-            flat.append((r, f"worker {r} exited with code {p.exitcode} (killed or crashed)"))
+            flat.append((r, silent_death(r, p.exitcode)))
     ordered = sorted(flat, key=lambda e: _root_cause_rank(e[1], e[0]))
     rank, msg = ordered[0]
     who = f"rank {rank}" if rank >= 0 else "the run"
@@ -494,7 +514,7 @@ def _root_cause_rank(msg: str, rank: int) -> tuple[int, int]:
     """Order errors: a worker's own failure first, then a worker that died silently, then the
     communication errors and timeouts those caused in the other ranks."""
     low = _short(msg).lower()
-    if "exited with code" in low:
+    if SILENT in low:
         return (1, rank)
     if any(w in low for w in _COMM_WORDS):
         return (2, rank)

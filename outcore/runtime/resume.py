@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from outcore.errors import CheckpointError, OutcoreError, UsageError
 from outcore.runtime import checkpoint, ckpt_trust
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ def _rank0_decides(cfg: TrainConfig) -> tuple[Any, ckpt_trust.FolderLock | None]
     """Lock the folder and choose the checkpoint; errors become text for every rank."""
     lock = None
     try:
-        lock = ckpt_trust.acquire(cfg.checkpoint_dir)
-        found = checkpoint.choose(cfg.checkpoint_dir) if cfg.resume else None
+        lock = ckpt_trust.acquire(cfg.run.checkpoint_dir)
+        found = checkpoint.choose(cfg.run.checkpoint_dir) if cfg.run.resume else None
         return ("ok", found), lock
     except OutcoreError as e:
         if lock is not None:
@@ -54,10 +54,10 @@ def _rank0_decides(cfg: TrainConfig) -> tuple[Any, ckpt_trust.FolderLock | None]
 
 
 def begin(trainer: Any, cfg: TrainConfig) -> Start:
-    """Lock ``cfg.checkpoint_dir`` (rank 0) and load the newest usable checkpoint on every
+    """Lock ``cfg.run.checkpoint_dir`` (rank 0) and load the newest usable checkpoint on every
     rank when resuming. Every rank raises the same error when that fails."""
-    if not cfg.checkpoint_dir:
-        if cfg.resume:
+    if not cfg.run.checkpoint_dir:
+        if cfg.run.resume:
             raise UsageError("--resume needs --checkpoint-dir (the folder to resume from)")
         return Start(0, None, None)
     rank, world = trainer.rank, trainer.world
@@ -76,17 +76,17 @@ def begin(trainer: Any, cfg: TrainConfig) -> Start:
 
 def _load(trainer: Any, cfg: TrainConfig, found: tuple[int, Path] | None,
           lock: ckpt_trust.FolderLock | None) -> Start:
-    if not cfg.resume:
+    if not cfg.run.resume:
         return Start(0, None, lock)
     if found is None:
         if trainer.rank == 0:
             log.warning("--resume: no complete checkpoint in %s; starting fresh from step 0",
-                        cfg.checkpoint_dir)
+                        cfg.run.checkpoint_dir)
         return Start(0, None, lock)
     step, path = found
-    if step >= cfg.steps:
+    if step >= cfg.run.steps:
         raise UsageError(f"nothing to resume: {path} is after step {step} and the run has "
-                         f"{cfg.steps} steps; pass a larger --steps to train on, or drop "
+                         f"{cfg.run.steps} steps; pass a larger --steps to train on, or drop "
                          "--resume to start over")
     loaded = checkpoint.load(trainer, path)
     if trainer.rank == 0:

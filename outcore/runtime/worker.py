@@ -16,7 +16,7 @@ from outcore.graph.io import from_dict as graph_from_dict
 from outcore.hardware.allocator import frozen_objects
 from outcore.plan.plan import align, from_dict as plan_from_dict
 from outcore.runtime import checkpoint, resume
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.data import ImageFolderData, SyntheticData, TextData, split
 from outcore.core.samehost import SPIN_ENV
 from outcore.runtime.trainer import Trainer
@@ -35,15 +35,15 @@ def make_optimizer(cfg: TrainConfig):
     64-layer MLP: SGD with momentum 548 -> 351 us, Adam 1759 -> 1121 us, measured here, one
     thread; issue 17). Tensor-parallel shards (DTensors) beside plain tensors keep PyTorch's
     choice: its multi-tensor kernels take one kind or the other."""
-    name = cfg.optimizer.lower()
-    kinds = {"adam": lambda ps, fe: torch.optim.Adam(ps, lr=cfg.lr,
-                                                     weight_decay=cfg.weight_decay, foreach=fe),
-             "adamw": lambda ps, fe: torch.optim.AdamW(ps, lr=cfg.lr,
-                                                       weight_decay=cfg.weight_decay, foreach=fe),
-             "sgd": lambda ps, fe: torch.optim.SGD(ps, lr=cfg.lr, momentum=cfg.momentum,
-                                                   weight_decay=cfg.weight_decay, foreach=fe)}
+    name = cfg.optim.optimizer.lower()
+    kinds = {"adam": lambda ps, fe: torch.optim.Adam(ps, lr=cfg.optim.lr,
+                                                     weight_decay=cfg.optim.weight_decay, foreach=fe),
+             "adamw": lambda ps, fe: torch.optim.AdamW(ps, lr=cfg.optim.lr,
+                                                       weight_decay=cfg.optim.weight_decay, foreach=fe),
+             "sgd": lambda ps, fe: torch.optim.SGD(ps, lr=cfg.optim.lr, momentum=cfg.optim.momentum,
+                                                   weight_decay=cfg.optim.weight_decay, foreach=fe)}
     if name not in kinds:
-        raise UsageError(f"unknown optimizer {cfg.optimizer!r}: choose adam, adamw or sgd")
+        raise UsageError(f"unknown optimizer {cfg.optim.optimizer!r}: choose adam, adamw or sgd")
 
     def make(params):
         params = list(params)
@@ -54,13 +54,13 @@ def make_optimizer(cfg: TrainConfig):
 
 
 def make_lr_scheduler(cfg: TrainConfig):
-    if cfg.lr_schedule == "none":
+    if cfg.optim.lr_schedule == "none":
         return None
-    if cfg.lr_schedule == "cosine":
-        return lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.steps, 1))
-    if cfg.lr_schedule == "step":
-        return lambda opt: torch.optim.lr_scheduler.StepLR(opt, max(cfg.steps // 3, 1), 0.1)
-    raise UsageError(f"unknown lr schedule {cfg.lr_schedule!r}: choose none, cosine or step")
+    if cfg.optim.lr_schedule == "cosine":
+        return lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.run.steps, 1))
+    if cfg.optim.lr_schedule == "step":
+        return lambda opt: torch.optim.lr_scheduler.StepLR(opt, max(cfg.run.steps // 3, 1), 0.1)
+    raise UsageError(f"unknown lr schedule {cfg.optim.lr_schedule!r}: choose none, cosine or step")
 
 
 # after the first two steps, peak memory is measured on every MEASURE_EVERY-th step only: on CPU
@@ -75,38 +75,38 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
     """Resolve the model, build it with the seed, and make this rank's :class:`Trainer`."""
     from outcore.zoo import build_model
 
-    spec, model = build_model(cfg.model, input_shape=cfg.input_shape,
-                              batch_size=cfg.batch_size, seed=cfg.seed)
+    spec, model = build_model(cfg.graph.model, input_shape=cfg.graph.input_shape,
+                              batch_size=cfg.graph.batch_size, seed=cfg.run.seed)
     graph = graph_from_dict(graph_doc, source="graph")
     plan = align(plan_from_dict(plan_doc, source="plan"), graph) \
         if plan_doc.get("graph", {}).get("depth") is None else plan_from_dict(plan_doc)
-    micro_inputs = split(spec.example_inputs, cfg.microbatches * plan.layout.copies)[0]
-    schedule_doc = schedule_io.load(cfg.schedule_file) if cfg.schedule_file else None
-    trainer = Trainer(model, graph, plan, microbatches=cfg.microbatches,
-                      micro_inputs=micro_inputs, schedule=cfg.schedule,
+    micro_inputs = split(spec.example_inputs, cfg.planning.microbatches * plan.layout.copies)[0]
+    schedule_doc = schedule_io.load(cfg.planning.schedule_file) if cfg.planning.schedule_file else None
+    trainer = Trainer(model, graph, plan, microbatches=cfg.planning.microbatches,
+                      micro_inputs=micro_inputs, schedule=cfg.planning.schedule,
                       optimizer=make_optimizer(cfg), lr_scheduler=make_lr_scheduler(cfg),
-                      device=device, timeout_s=cfg.timeout_s, track_memory=cfg.track_memory,
+                      device=device, timeout_s=cfg.run.timeout, track_memory=cfg.worker.track_memory,
                       schedule_doc=schedule_doc)
     output_name = next(n.name for n in trainer.gm.graph.nodes if n.op == "output")
     output_meta = trainer.executor.metas[output_name]
-    if cfg.data == "synthetic":
-        data = SyntheticData(spec.example_inputs, spec.int_high, output_meta, cfg.batch_size,
-                             cfg.seed, cfg.task or spec.task, spec.task_options)
-    elif cfg.data.startswith("imagefolder:"):
-        data = ImageFolderData(cfg.data.split(":", 1)[1], spec.example_inputs[0],
-                               cfg.batch_size, cfg.seed)
-    elif cfg.data.startswith("text:"):
-        data = TextData(cfg.data.split(":", 1)[1], spec.example_inputs[0], cfg.batch_size,
-                        cfg.seed, cfg.task or spec.task, spec.task_options,
+    if cfg.dataset.data == "synthetic":
+        data = SyntheticData(spec.example_inputs, spec.int_high, output_meta, cfg.graph.batch_size,
+                             cfg.run.seed, cfg.graph.task or spec.task, spec.task_options)
+    elif cfg.dataset.data.startswith("imagefolder:"):
+        data = ImageFolderData(cfg.dataset.data.split(":", 1)[1], spec.example_inputs[0],
+                               cfg.graph.batch_size, cfg.run.seed)
+    elif cfg.dataset.data.startswith("text:"):
+        data = TextData(cfg.dataset.data.split(":", 1)[1], spec.example_inputs[0], cfg.graph.batch_size,
+                        cfg.run.seed, cfg.graph.task or spec.task, spec.task_options,
                         vocab=spec.int_high[0] if spec.int_high else None)
-    elif cfg.data.startswith("tiles:"):  # huge images: each tile rank reads only its tile
+    elif cfg.dataset.data.startswith("tiles:"):  # huge images: each tile rank reads only its tile
         from outcore.parallel.spatial.data import TileFolderData
-        data = TileFolderData.for_trainer(cfg.data.split(":", 1)[1], trainer, cfg.batch_size,
-                                          cfg.seed)
+        data = TileFolderData.for_trainer(cfg.dataset.data.split(":", 1)[1], trainer, cfg.graph.batch_size,
+                                          cfg.run.seed)
     else:
-        raise UsageError(f"unknown data {cfg.data!r}: use synthetic, imagefolder:PATH, "
+        raise UsageError(f"unknown data {cfg.dataset.data!r}: use synthetic, imagefolder:PATH, "
                          "tiles:PATH or text:FILE")
-    if trainer.spatial is not None and not cfg.data.startswith("tiles:"):
+    if trainer.spatial is not None and not cfg.dataset.data.startswith("tiles:"):
         from outcore.parallel.spatial.data import TileCut   # the tile group holds only its tiles
         data = TileCut.for_trainer(data, trainer)
     return trainer, data
@@ -114,13 +114,13 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
 
 def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
                  plan_doc: dict[str, Any]) -> dict[str, Any]:
-    """Train ``cfg.steps`` steps on this rank; rank 0 writes the metrics. Returns a summary."""
+    """Train ``cfg.run.steps`` steps on this rank; rank 0 writes the metrics. Returns a summary."""
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if ctx.backend == "nccl" \
         else torch.device("cpu")
-    if cfg.on_nonfinite not in ("stop", "skip"):
-        raise UsageError(f"unknown on_nonfinite {cfg.on_nonfinite!r}: choose stop or skip")
-    if cfg.spin_us is not None:  # the launcher's decision; the environment's wins
-        os.environ.setdefault(SPIN_ENV, f"{cfg.spin_us:g}")
+    if cfg.run.on_nonfinite not in ("stop", "skip"):
+        raise UsageError(f"unknown on_nonfinite {cfg.run.on_nonfinite!r}: choose stop or skip")
+    if cfg.worker.spin_us is not None:  # the launcher's decision; the environment's wins
+        os.environ.setdefault(SPIN_ENV, f"{cfg.worker.spin_us:g}")
     trainer, data = build_trainer(cfg, graph_doc, plan_doc, device)
     trainer.executor.guard_nonfinite = True
     begun = resume.begin(trainer, cfg)
@@ -139,24 +139,24 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
     rank, world = trainer.rank, trainer.world
     start = begun.step
     last_good = begun.checkpoint
-    metrics_file = resume.open_metrics(cfg.metrics_out, start) if rank == 0 else None
+    metrics_file = resume.open_metrics(cfg.run.metrics_out, start) if rank == 0 else None
     losses, step_times, last_events = [], [], []
     peaks = [0] * world
     measured_at = -1
     busy = [0.0] * world
     step = start
     try:
-        for step in range(start, cfg.steps):
-            if step == cfg.fail_at_step and rank == cfg.fail_rank:
+        for step in range(start, cfg.run.steps):
+            if step == cfg.worker.fail_at_step and rank == cfg.worker.fail_rank:
                 _inject_failure(cfg)
             need = trainer.needs_inputs or trainer.needs_targets
             inputs, targets = data.batch(step) if need else (None, None)
             if world > 1:
-                _barrier(ctx, cfg.timeout_s, trainer.messenger)
+                _barrier(ctx, cfg.run.timeout, trainer.messenger)
             t0 = time.perf_counter()
-            last = step == cfg.steps - 1
-            measure = cfg.track_memory and (step < start + 2 or step % MEASURE_EVERY == 0)
-            report = trainer.step(inputs, targets, trace=last and cfg.trace_dir is not None,
+            last = step == cfg.run.steps - 1
+            measure = cfg.worker.track_memory and (step < start + 2 or step % MEASURE_EVERY == 0)
+            report = trainer.step(inputs, targets, trace=last and cfg.worker.trace_dir is not None,
                                   track_memory=measure)
             step_s = time.perf_counter() - t0
             gathered = trainer.messenger.gather_over_ranks([float(report.peak_bytes),
@@ -170,19 +170,20 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
             last_events = report.events
             bad = trainer.executor.nonfinite or (False, False)
             if metrics_file is not None:
-                record = {"step": step, "time": time.time(), "loss": report.loss, "step_s": step_s,
-                          "samples_per_s": cfg.batch_size / step_s, "peak_bytes": peaks,
+                record = {"step": step, "steps": cfg.run.steps, "time": time.time(),
+                          "loss": report.loss, "step_s": step_s,
+                          "samples_per_s": cfg.graph.batch_size / step_s, "peak_bytes": peaks,
                           "peak_measured_at": measured_at, "busy_s": busy}
                 if any(bad):
                     record["nonfinite"] = [w for w, b in zip(("loss", "gradient"), bad) if b]
-                    record["skipped"] = cfg.on_nonfinite == "skip"
+                    record["skipped"] = cfg.run.on_nonfinite == "skip"
                 metrics_file.write(resume.json_line(record))
                 metrics_file.flush()
             if any(bad):
                 _on_nonfinite(cfg, step, report.loss, bad, last_good)
-            if cfg.checkpoint_dir and cfg.checkpoint_every and \
-                    (step + 1) % cfg.checkpoint_every == 0:
-                last_good = checkpoint.save(trainer, cfg.checkpoint_dir, step + 1)
+            if cfg.run.checkpoint_dir and cfg.run.checkpoint_every and \
+                    (step + 1) % cfg.run.checkpoint_every == 0:
+                last_good = checkpoint.save(trainer, cfg.run.checkpoint_dir, step + 1)
     except OutcoreError as e:
         if f"step {step}" in str(e):
             raise
@@ -191,17 +192,17 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "more than 1 value per channel" in text:
             text = (f"batch norm cannot train on a micro-batch of "
-                    f"{cfg.batch_size // max(cfg.microbatches, 1)} (it needs more than one "
+                    f"{cfg.graph.batch_size // max(cfg.planning.microbatches, 1)} (it needs more than one "
                     "value per channel): use a larger --batch-size or fewer --microbatches")
         raise RuntimeFailure(f"rank {rank} step {step}: {type(e).__name__}: {text}") from e
     finally:
         if metrics_file is not None:
             metrics_file.close()
     trainer.sync_running_stats()  # the trained model: replicas agree on their statistics
-    if cfg.trace_dir and last_events and trainer.shard == 0:  # one timeline per device slot
+    if cfg.worker.trace_dir and last_events and trainer.shard == 0:  # one timeline per device slot
         tl = Timeline(world, tuple(last_events), max((e.end_s for e in last_events), default=0),
                       source="measured", meta={"rank": rank})
-        save_events(Path(cfg.trace_dir) / f"rank{rank}.json", tl)
+        save_events(Path(cfg.worker.trace_dir) / f"rank{rank}.json", tl)
     return _summary(cfg, trainer, {"rank": rank, "losses": losses, "step_s": step_times,
                                    "peak_bytes": peaks, "peak_measured_at": measured_at,
                                    "busy_s": busy})
@@ -214,7 +215,7 @@ def _summary(cfg: TrainConfig, trainer: Any, out: dict[str, Any]) -> dict[str, A
         out["tensor_split"] = list(trainer.tensor_layout.split_modules)
     if trainer.sharder is not None:
         out["sharded"] = sorted(trainer.sharder.by_name)
-    if cfg.return_state:  # whole tensors (a tensor-parallel shard is gathered from its group)
+    if cfg.worker.return_state:  # whole tensors (a tensor-parallel shard is gathered from its group)
         out["state"] = {k: _whole(v).detach().cpu().clone()
                         for k, v in trainer.full_parameters().items()}
         out["buffers"] = {k: b.detach().cpu().clone() for k, b in trainer.gm.named_buffers()
@@ -231,12 +232,12 @@ def _on_nonfinite(cfg: TrainConfig, step: int, loss: float, bad: tuple[bool, boo
     """Stop (one line naming the step and the last good checkpoint) or log the skipped step."""
     what = " and ".join(w for w, b in zip(("loss", "gradient"), bad) if b)
     detail = f"loss {loss}" if bad[0] else "a NaN or infinite gradient"
-    if cfg.on_nonfinite == "skip":
+    if cfg.run.on_nonfinite == "skip":
         log.warning("step %d: non-finite %s (%s); skipped its optimizer update", step, what,
                     detail)
         return
     ckpt = f"the last good checkpoint is {last_good}" if last_good is not None else \
-        "no checkpoint was written yet" + ("" if cfg.checkpoint_dir else " (no --checkpoint-dir)")
+        "no checkpoint was written yet" + ("" if cfg.run.checkpoint_dir else " (no --checkpoint-dir)")
     raise NonFiniteError(f"step {step}: non-finite {what} ({detail}); stopped before its "
                          f"optimizer update; {ckpt}. Lower --lr, or pass --on-nonfinite skip "
                          "to skip such steps")
@@ -262,8 +263,8 @@ def _barrier(ctx: Any, timeout_s: float, messenger: Any) -> None:
 
 def _inject_failure(cfg: TrainConfig) -> None:
     """Fault injection for tests: raise, hang, or die hard at a chosen step."""
-    if cfg.fail_mode == "hang":
-        time.sleep(10 * cfg.timeout_s + 60)
-    if cfg.fail_mode == "exit":
+    if cfg.worker.fail_mode == "hang":
+        time.sleep(10 * cfg.run.timeout + 60)
+    if cfg.worker.fail_mode == "exit":
         os._exit(3)
-    raise RuntimeError(f"injected failure at step {cfg.fail_at_step}")
+    raise RuntimeError(f"injected failure at step {cfg.worker.fail_at_step}")

@@ -21,11 +21,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from outcore.config import TASKS
 from outcore.errors import ModelError, UsageError
 
 log = logging.getLogger(__name__)
-
-TASKS = ("causal_lm", "masked_lm", "seq2seq_lm", "classification", "regression")
 
 # Tiny defaults: the ecosystem's sizes are for GPUs; these train in seconds on one core.
 _HF_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,

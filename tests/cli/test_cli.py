@@ -62,7 +62,7 @@ def test_file_function_model_and_debug_traceback(tmp_path):
 
 
 def test_graph_plan_simulate_pipeline(tmp_path):
-    r = run("graph", "outcore:diamond", "--estimate", "cpu", "-o", "g.json", "-o", "g.png",
+    r = run("graph", "outcore:diamond", "--costs", "estimate:cpu", "-o", "g.json", "-o", "g.png",
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

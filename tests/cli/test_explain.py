@@ -58,7 +58,7 @@ def test_plan_layout_auto_searches_tp_unless_given(tmp_path):
     for extra in ([], ["--tp", "1"]):
         out = tmp_path / f"p{len(extra)}.json"
         r = subprocess.run(OUTCORE + ["plan", model, "--devices", "2", "--layout", "auto",
-                                      "--estimate", "cpu", "-o", str(out), *extra],
+                                      "--costs", "estimate:cpu", "-o", str(out), *extra],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         doc = json.loads(out.read_text())

@@ -99,6 +99,6 @@ def test_train_task_regression_with_leaf_on_two_workers(tmp_path, model):
 
 def test_task_and_leaf_have_help():
     r = run("train", "--help")
-    assert "--task" in r.stdout and "causal-lm" in r.stdout and "--leaf" in r.stdout
+    assert "--task" in r.stdout and "causal_lm" in r.stdout and "--leaf" in r.stdout
     for command in ("graph", "plan"):
         assert "module class name" in " ".join(run(command, "--help").stdout.split())

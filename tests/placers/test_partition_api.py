@@ -39,6 +39,53 @@ def test_strategies_have_one_line_descriptions():
     assert all(d and "\n" not in d for d in strategies().values())
 
 
+def _striped(in_auto: bool):
+    """A toy placer: node i on device i mod K, as a user would write one."""
+    from outcore.placers import Placement, Placer
+    from outcore.placers.result import evaluate
+
+    class Striped(Placer):
+        name = "striped"
+        summary = "node i on device i mod K"
+
+        def place(self, ctx, seed):
+            cand = evaluate(ctx, np.arange(ctx.g.num_nodes) % ctx.devices, "every K-th node")
+            return Placement(cand if cand.fits else None, ["striped the nodes"], [cand])
+
+    Striped.in_auto = in_auto
+    return Striped
+
+
+@pytest.mark.parametrize("in_auto", [False, True])
+def test_a_placer_is_one_class_and_its_registration(in_auto):
+    """A placer registered by name plans by that name (its placement, its notes, simulated as
+    every plan is), is listed with the others, and, when ``in_auto``, is one of the placers
+    ``auto`` compares; a name taken already is refused."""
+    import outcore
+    from outcore.graph.generators import make
+    from outcore.placers import auto_placers, register, unregister
+    from outcore.placers.result import compact
+
+    g = make("transformer", 300, seed=1)
+    register(_striped(in_auto))
+    try:
+        assert outcore.strategies()["striped"] == "node i on device i mod K"
+        assert ("striped" in auto_placers()) == in_auto
+        p = outcore.plan(g, 3, None, strategy="striped", microbatches=2)
+        assert p.strategy == "striped" and "striped the nodes" in p.notes
+        assert np.array_equal(p.assignment, compact(np.arange(g.num_nodes) % 3)[0])
+        assert p.predicted["iteration_s"] == pytest.approx(outcore.simulate(p, g).iteration_s)
+        auto = outcore.plan(g, 3, None, microbatches=2)
+        assert any(n.startswith("striped:") for n in auto.notes) == in_auto
+        with pytest.raises(UsageError, match="registered already"):
+            register(_striped(in_auto))
+    finally:
+        unregister("striped")
+    assert "striped" not in outcore.strategies()
+    with pytest.raises(UsageError, match="unknown strategy 'striped'"):
+        outcore.plan(g, 3, None, strategy="striped")
+
+
 def test_result_fields():
     r = partition(small(), 2)
     assert isinstance(r, PartitionResult) and r.strategy == "pardnn"

@@ -12,7 +12,7 @@ from outcore.graph.capture import capture
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.plan import make_plan, to_dict as plan_doc
 from outcore.plan.layout import Layout
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.data import SyntheticData, default_loss, split
 from outcore.core.values import value_metas
 from outcore.graph.capture import trace
@@ -20,10 +20,10 @@ from outcore.zoo import build_model
 
 
 def graph_for(cfg: TrainConfig, copies: int = 1):
-    spec, model = build_model(cfg.model, input_shape=cfg.input_shape,
-                              batch_size=cfg.batch_size, seed=cfg.seed)
-    micro = split(spec.example_inputs, cfg.microbatches * copies)[0]
-    g = capture(model, micro, name=cfg.model)
+    spec, model = build_model(cfg.graph.model, input_shape=cfg.graph.input_shape,
+                              batch_size=cfg.graph.batch_size, seed=cfg.run.seed)
+    micro = split(spec.example_inputs, cfg.planning.microbatches * copies)[0]
+    g = capture(model, micro, name=cfg.graph.model)
     # simple positive costs so the schedule builder has something to order by
     g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
     return g
@@ -45,8 +45,8 @@ def docs_for(cfg: TrainConfig, assign, devices: int, *, parallel: str | None = N
         fields = {"layout": layout}
         total = layout.ranks(devices)
     plan = make_plan(g, a, strategy="manual", devices=total, memory_bytes=None,
-                     microbatches=cfg.microbatches,
-                     schedule="1f1b" if cfg.schedule == "auto" else cfg.schedule, **fields)
+                     microbatches=cfg.planning.microbatches,
+                     schedule="1f1b" if cfg.planning.schedule == "auto" else cfg.planning.schedule, **fields)
     return graph_doc(g), plan_doc(plan), g
 
 
@@ -59,19 +59,19 @@ def reference(cfg: TrainConfig, chunks: int | None = None, *, buffers: bool = Fa
     """Plain PyTorch: same seed, same batches, gradient accumulation over ``chunks`` equal
     pieces of the global batch (default: the micro-batches). Returns the losses and the
     parameters (and, with ``buffers``, the buffers: batch-norm running statistics)."""
-    chunks = chunks or cfg.microbatches
-    spec, built = build_model(cfg.model, input_shape=cfg.input_shape,
-                              batch_size=cfg.batch_size, seed=cfg.seed)
+    chunks = chunks or cfg.planning.microbatches
+    spec, built = build_model(cfg.graph.model, input_shape=cfg.graph.input_shape,
+                              batch_size=cfg.graph.batch_size, seed=cfg.run.seed)
     model = copy.deepcopy(built)
     gm = trace(model).gm
     out_name = next(n.name for n in gm.graph.nodes if n.op == "output")
     meta = value_metas(gm, split(spec.example_inputs, chunks)[0])[out_name]
-    data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.batch_size, cfg.seed)
-    if cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.graph.batch_size, cfg.run.seed)
+    if cfg.optim.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    losses = accumulated_steps(model, opt, data.batch, cfg.steps, chunks, default_loss)
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.optim.lr)
+    losses = accumulated_steps(model, opt, data.batch, cfg.run.steps, chunks, default_loss)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     if buffers:
         return losses, params, {k: b.detach().clone() for k, b in model.named_buffers()}

@@ -14,7 +14,7 @@ import pytest
 
 from outcore.errors import CheckpointError, RuntimeFailure
 from outcore.runtime import checkpoint, ckpt_trust
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import chunks, docs_for, reference
@@ -49,7 +49,7 @@ def test_resume_checks_digests_and_falls_back(tmp_path, capfd):
     ckpt = tmp_path / "ckpt"
     metrics = tmp_path / "m.jsonl"
     # --resume on an empty folder: says it starts fresh
-    _run(TrainConfig(**BASE, steps=4, checkpoint_dir=str(ckpt), checkpoint_every=2,
+    _run(TrainConfig.make(**BASE, steps=4, checkpoint_dir=str(ckpt), checkpoint_every=2,
                      resume=True, metrics_out=str(metrics)))
     assert "starting fresh" in capfd.readouterr().err
     assert [s for s, _ in checkpoint.complete(ckpt)] == [4, 2]
@@ -60,14 +60,14 @@ def test_resume_checks_digests_and_falls_back(tmp_path, capfd):
 
     # resuming a finished run: one clear line, no traceback
     with pytest.raises(RuntimeFailure) as err:
-        _run(TrainConfig(**BASE, steps=4, checkpoint_dir=str(ckpt), resume=True))
+        _run(TrainConfig.make(**BASE, steps=4, checkpoint_dir=str(ckpt), resume=True))
     assert "nothing to resume" in str(err.value) and "Traceback" not in str(err.value)
 
     # someone swaps in a .metadata that runs code when unpickled: refused before loading;
     # the run falls back to step 2, says so, and continues exactly like single-process training
     forged = tmp_path / "forged-ran"
     (ckpt / "step_4" / ".metadata").write_bytes(pickle.dumps(_Payload(str(forged))))
-    cfg = TrainConfig(**BASE, steps=6, checkpoint_dir=str(ckpt), resume=True,
+    cfg = TrainConfig.make(**BASE, steps=6, checkpoint_dir=str(ckpt), resume=True,
                       metrics_out=str(metrics))
     resumed = _run(cfg)[0]["losses"]
     err_text = capfd.readouterr().err

@@ -20,9 +20,9 @@ def test_train_uses_the_micro_batches_the_plan_chose(tmp_path):
     plain = outcore.plan(g, outcore.plan_request(1, None))
     memory = 0.59 * max(plain.predicted["peak_bytes"])
     report = outcore.train(UNET, 1, memory=memory, costs="estimate:cpu", steps=2,
-                           run_dir=str(tmp_path / "auto"), trace=False)
+                           run_dir=str(tmp_path / "auto"), timeline=False)
     assert report.plan.microbatches > 1 and report.plan.policies is None
-    assert report.config.microbatches == report.plan.microbatches
+    assert report.config.planning.microbatches == report.plan.microbatches
     assert report.plan.graph["batch_size"] * report.plan.microbatches == 8
     assert max(report.peak_bytes) <= memory
     # predicted on the model as captured at the chosen micro-batch (what it trained), not on
@@ -35,12 +35,12 @@ def test_train_uses_the_micro_batches_the_plan_chose(tmp_path):
     assert report.predicted["peak_bytes"] == pytest.approx(again.peak_bytes, rel=1e-9)
     fixed = outcore.train(UNET, 1, memory=memory, costs="estimate:cpu", steps=2,
                           microbatches=report.plan.microbatches,
-                          run_dir=str(tmp_path / "fixed"), trace=False)
+                          run_dir=str(tmp_path / "fixed"), timeline=False)
     assert fixed.losses == report.losses
 
 
 def test_train_without_layout_options_lets_the_plan_choose(tmp_path):
-    report = outcore.train(UNET, 2, costs="estimate:cpu", steps=1, search_layout=True,
+    report = outcore.train(UNET, 2, costs="estimate:cpu", steps=1, layout="auto",
                            run_dir=str(tmp_path / "run"))
     # the run's communication profile lists the kinds it measured beside the link model
     kinds = {c["kind"]: c for c in report.comm}
@@ -49,7 +49,7 @@ def test_train_without_layout_options_lets_the_plan_choose(tmp_path):
     cands = report.plan.extra["candidates"]
     assert sum(r["outcome"] == "chosen" for r in cands) == 1
     assert {(r["dp"], r["parallel"]) for r in cands} >= {(1, "mp"), (2, "mp"), (1, "mast")}
-    assert report.config.microbatches == report.plan.microbatches
+    assert report.config.planning.microbatches == report.plan.microbatches
 
 
 def test_train_without_layout_options_chooses_tp_where_only_it_fits(tmp_path):
@@ -58,13 +58,13 @@ def test_train_without_layout_options_chooses_tp_where_only_it_fits(tmp_path):
     process's (same seed and batches)."""
     lm = "outcore:transformer:vocab=8192,d_model=64,layers=1,heads=4,seq=8"
     report = outcore.train(lm, 2, memory="6MiB", costs="estimate:cpu", steps=2, batch_size=4,
-                           search_layout=True, optimizer="sgd", lr=0.1,
-                           run_dir=str(tmp_path / "tp"), trace=False)
+                           layout="auto", optimizer="sgd", lr=0.1,
+                           run_dir=str(tmp_path / "tp"), timeline=False)
     assert report.plan.layout.tp == 2
     assert {r["tp"] for r in report.plan.extra["candidates"]} == {1, 2}
     one = outcore.train(lm, 1, costs="estimate:cpu", steps=2, batch_size=4, optimizer="sgd",
                         lr=0.1, microbatches=report.plan.microbatches,
-                        run_dir=str(tmp_path / "one"), trace=False)
+                        run_dir=str(tmp_path / "one"), timeline=False)
     assert report.losses == pytest.approx(one.losses, rel=1e-5)
 
 
@@ -101,7 +101,7 @@ def test_a_model_with_other_nodes_at_the_chosen_micro_batch_is_placed_again(tmp_
     (tmp_path / "branch.py").write_text(BATCH_BRANCH)
     report = outcore.train(f"{tmp_path / 'branch.py'}:make", 2, costs="estimate:cpu", steps=2,
                            batch_size=2, dp=2, run_dir=str(tmp_path / "run"),
-                           trace=False)
+                           timeline=False)
     assert report.plan.graph["batch_size"] == 1
     assert any("placed again with the chosen layout" in n for n in report.plan.notes)
     assert len(report.losses) == 2 and all(map(math.isfinite, report.losses))
@@ -126,11 +126,11 @@ def test_train_runs_the_schedule_of_its_plan(tmp_path):
     for schedule in ("auto", "1f1b"):
         runs[schedule] = outcore.train("outcore:mlp", 2, plan=str(path), microbatches=4,
                                        batch_size=8, costs="estimate:cpu", steps=2,
-                                       schedule=schedule, trace=False,
+                                       schedule=schedule, timeline=False,
                                        run_dir=str(tmp_path / schedule))
     auto, asked = runs["auto"], runs["1f1b"]
-    assert auto.config.schedule == auto.plan.schedule == "gpipe"
-    assert asked.config.schedule == asked.plan.schedule == "1f1b"
+    assert auto.config.planning.schedule == auto.plan.schedule == "gpipe"
+    assert asked.config.planning.schedule == asked.plan.schedule == "1f1b"
     orders = []
     for name, run in runs.items():  # predicted with the schedule it ran
         trained = load(tmp_path / name / "graph.json")

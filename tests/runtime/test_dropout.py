@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import chunks, docs_for
@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
 
 def _run(model: str, ranks: int, schedule: str):
-    cfg = TrainConfig(model=model, batch_size=8, microbatches=2, steps=3, schedule=schedule,
-                      return_state=True, track_memory=False, timeout_s=20)
+    cfg = TrainConfig.make(model=model, batch_size=8, microbatches=2, steps=3, schedule=schedule,
+                      return_state=True, track_memory=False, timeout=20)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, ranks), ranks)
     return run_local(train_worker, ranks, (cfg, graph_doc, plan_doc), timeout_s=90)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import assert_matches, chunks, docs_for, reference
@@ -48,7 +48,7 @@ CASES = [
                          ids=[f"{c[0].split(':')[1]}-{c[2]}-{c[4]}ranks" for c in CASES])
 def test_distributed_equals_single_process(model, mbs, schedule, assign, ranks, optimizer):
     shape = (8, 3, 32, 32) if model.startswith("torchvision") else None
-    cfg = TrainConfig(model=model, input_shape=shape, batch_size=8, microbatches=mbs, steps=3,
+    cfg = TrainConfig.make(model=model, input_shape=shape, batch_size=8, microbatches=mbs, steps=3,
                       schedule=schedule, optimizer=optimizer, lr=1e-2 if optimizer == "sgd"
                       else 1e-3, return_state=True, track_memory=False)
     graph_doc, plan_doc, g = docs_for(cfg, assign, ranks)
@@ -59,7 +59,7 @@ def test_distributed_equals_single_process(model, mbs, schedule, assign, ranks, 
 
 def test_single_rank_is_plain_training():
     """--devices 1 runs through the same code path and equals the plain loop."""
-    cfg = TrainConfig(model="outcore:diamond", batch_size=8, microbatches=2, steps=4,
+    cfg = TrainConfig.make(model="outcore:diamond", batch_size=8, microbatches=2, steps=4,
                       return_state=True, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1)
     results = run_local(train_worker, 1, (cfg, graph_doc, plan_doc), timeout_s=60)

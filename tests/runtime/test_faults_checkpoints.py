@@ -13,7 +13,7 @@ import pytest
 
 from outcore.errors import RuntimeFailure
 from outcore.runtime import checkpoint
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import chunks, docs_for
@@ -45,8 +45,8 @@ def _run(cfg: TrainConfig, ranks: int = 2, timeout_s: float = 60):
 @pytest.mark.parametrize("mode", ["raise", "exit", "hang"])
 def test_a_failing_worker_stops_everyone(mode):
     before = _children()
-    cfg = TrainConfig(model="outcore:mlp", batch_size=4, microbatches=2, steps=5,
-                      fail_at_step=2, fail_rank=1, fail_mode=mode, timeout_s=8,
+    cfg = TrainConfig.make(model="outcore:mlp", batch_size=4, microbatches=2, steps=5,
+                      fail_at_step=2, fail_rank=1, fail_mode=mode, timeout=8,
                       track_memory=False)
     start = time.monotonic()
     with pytest.raises(RuntimeFailure) as err:
@@ -67,7 +67,7 @@ def test_a_failing_worker_stops_everyone(mode):
 
 
 def test_plan_for_other_world_size_is_a_clear_error():
-    cfg = TrainConfig(model="outcore:mlp", batch_size=4, steps=1, track_memory=False)
+    cfg = TrainConfig.make(model="outcore:mlp", batch_size=4, steps=1, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, 3), 3)
     with pytest.raises(RuntimeFailure, match="plan is for 3 devices but 2 processes"):
         run_local(train_worker, 2, (cfg, graph_doc, plan_doc), timeout_s=20)
@@ -77,13 +77,13 @@ def test_resume_gives_the_same_losses(tmp_path):
     """A run that crashes at step 5 and is resumed logs exactly the uninterrupted run's losses."""
     base = dict(model="outcore:diamond", batch_size=8, microbatches=2, steps=6, lr=1e-2,
                 lr_schedule="cosine", track_memory=False)
-    full = _run(TrainConfig(**base))[0]["losses"]
+    full = _run(TrainConfig.make(**base))[0]["losses"]
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
     with pytest.raises(RuntimeFailure, match="injected failure at step 5"):
-        _run(TrainConfig(**base, checkpoint_dir=str(ckpt), checkpoint_every=2, fail_at_step=5,
+        _run(TrainConfig.make(**base, checkpoint_dir=str(ckpt), checkpoint_every=2, fail_at_step=5,
                          fail_rank=0, metrics_out=str(metrics)))
     assert checkpoint.latest(ckpt)[0] == 4
-    resumed = _run(TrainConfig(**base, checkpoint_dir=str(ckpt), resume=True,
+    resumed = _run(TrainConfig.make(**base, checkpoint_dir=str(ckpt), resume=True,
                                metrics_out=str(metrics)))[0]["losses"]
     assert len(resumed) == 2
     np.testing.assert_allclose(resumed, full[4:], rtol=1e-6)
@@ -105,7 +105,7 @@ def test_partial_checkpoint_is_never_picked(tmp_path):
 
 def test_metrics_file_has_one_object_per_step(tmp_path):
     out = tmp_path / "m.jsonl"
-    cfg = TrainConfig(model="outcore:mlp", batch_size=8, microbatches=2, steps=3,
+    cfg = TrainConfig.make(model="outcore:mlp", batch_size=8, microbatches=2, steps=3,
                       metrics_out=str(out))
     res = _run(cfg)
     lines = [json.loads(x) for x in out.read_text().splitlines()]

@@ -20,7 +20,7 @@ import pytest
 
 from outcore.errors import CheckpointError, RuntimeFailure
 from outcore.runtime import ckpt_trust
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime import launch
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
@@ -149,7 +149,7 @@ def test_local_workers_listen_on_loopback_only():
 
 
 def _cfg(**kw) -> TrainConfig:
-    return TrainConfig(model="outcore:mlp", batch_size=4, microbatches=2, steps=2,
+    return TrainConfig.make(model="outcore:mlp", batch_size=4, microbatches=2, steps=2,
                        track_memory=False, **kw)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from outcore.plan.policies import MemoryPolicies, segmented, segments
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import assert_matches, chunks, docs_for, reference
@@ -30,7 +30,7 @@ def mixed(g, a):
 
 
 def test_policies_train_exactly_like_no_policy():
-    cfg = TrainConfig(model="outcore:diamond", batch_size=8, microbatches=2, steps=3,
+    cfg = TrainConfig.make(model="outcore:diamond", batch_size=8, microbatches=2, steps=3,
                       return_state=True, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, 2), 2, policies=mixed)
     results = run_local(train_worker, 2, (cfg, graph_doc, plan_doc), timeout_s=60)
@@ -38,7 +38,7 @@ def test_policies_train_exactly_like_no_policy():
 
 
 def test_checkpointing_lowers_measured_peak():
-    cfg = TrainConfig(model="outcore:resnet_k:depth=29,width=8", batch_size=16,
+    cfg = TrainConfig.make(model="outcore:resnet_k:depth=29,width=8", batch_size=16,
                       microbatches=1, steps=2, return_state=True, track_memory=True)
 
     plain = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1)
@@ -73,7 +73,7 @@ def test_pieces_of_one_rank_hold_what_the_simulator_predicts():
     from outcore.plan.plan import make_plan
     from outcore.sim.simulate import simulate
 
-    cfg = TrainConfig(model="outcore:resnet_k:depth=11,width=8", batch_size=16,
+    cfg = TrainConfig.make(model="outcore:resnet_k:depth=11,width=8", batch_size=16,
                       microbatches=1, steps=2, track_memory=True)
     one = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1)
     whole = run_local(train_worker, 1, (cfg, one[0], one[1]), timeout_s=60)[0]["peak_bytes"][0]

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from outcore.errors import NonFiniteError
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import chunks, docs_for, reference
@@ -39,13 +39,13 @@ def _run(cfg: TrainConfig):
 
 
 def test_the_premise_step_2_is_the_first_nan():
-    losses = reference(TrainConfig(**{**BASE, "steps": 3}))[0]
+    losses = reference(TrainConfig.make(**{**BASE, "steps": 3}))[0]
     assert math.isfinite(losses[0]) and math.isfinite(losses[1]) and math.isnan(losses[2])
 
 
 def test_stops_at_the_first_nonfinite_step(tmp_path):
     metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ckpt"
-    cfg = TrainConfig(**BASE, metrics_out=str(metrics), checkpoint_dir=str(ckpt),
+    cfg = TrainConfig.make(**BASE, metrics_out=str(metrics), checkpoint_dir=str(ckpt),
                       checkpoint_every=1)
     with pytest.raises(NonFiniteError) as err:
         _run(cfg)
@@ -60,7 +60,7 @@ def test_stops_at_the_first_nonfinite_step(tmp_path):
 
 def test_skip_leaves_the_parameters_finite(tmp_path):
     metrics = tmp_path / "m.jsonl"
-    cfg = TrainConfig(**BASE, metrics_out=str(metrics), on_nonfinite="skip", return_state=True)
+    cfg = TrainConfig.make(**BASE, metrics_out=str(metrics), on_nonfinite="skip", return_state=True)
     results = _run(cfg)
     lines = [_strict(x) for x in metrics.read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2, 3, 4]
@@ -89,7 +89,7 @@ def test_the_cli_exits_non_zero_with_one_line(tmp_path):
 def test_a_rank_without_work_joins_the_check(tmp_path):
     """A plan may leave a rank idle (no actions, no OPT): it still joins each step's verdict,
     so the guard neither hangs nor lets the other ranks apply a NaN update."""
-    cfg = TrainConfig(**BASE, on_nonfinite="skip", return_state=True)
+    cfg = TrainConfig.make(**BASE, on_nonfinite="skip", return_state=True)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, 2), 3)
     results = run_local(train_worker, 3, (cfg, graph_doc, plan_doc), timeout_s=30)
     assert results[2]["pieces"] == [] and not results[2]["state"]

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.worker import make_optimizer
 
 
 @pytest.mark.parametrize("name", ["adam", "adamw", "sgd"])
 def test_plain_parameters_get_the_multi_tensor_optimizer(name):
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
-    opt = make_optimizer(TrainConfig(model="outcore:mlp", optimizer=name))(model.parameters())
+    opt = make_optimizer(TrainConfig.make(model="outcore:mlp", optimizer=name))(model.parameters())
     assert opt.defaults["foreach"] is True
     assert len(opt.param_groups[0]["params"]) == 4  # a generator of parameters is taken whole
     model(torch.randn(3, 4)).sum().backward()
@@ -27,4 +27,4 @@ def test_plain_parameters_get_the_multi_tensor_optimizer(name):
 def test_an_unknown_optimizer_is_refused():
     from outcore.errors import UsageError
     with pytest.raises(UsageError, match="unknown optimizer"):
-        make_optimizer(TrainConfig(model="outcore:mlp", optimizer="lamb"))
+        make_optimizer(TrainConfig.make(model="outcore:mlp", optimizer="lamb"))

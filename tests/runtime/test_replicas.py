@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import assert_matches, chunks, docs_for, reference
@@ -30,7 +30,7 @@ CASES = [
                          ids=[f"{c[2]}-R{c[3]}-dp{c[4]}-{c[0].split(':')[1]}" for c in CASES])
 def test_replicated_training_equals_single_process(model, K, mode, replicas, dp, mbs):
     copies = replicas * dp
-    cfg = TrainConfig(model=model, batch_size=4 * copies * mbs, microbatches=mbs, steps=3,
+    cfg = TrainConfig.make(model=model, batch_size=4 * copies * mbs, microbatches=mbs, steps=3,
                       optimizer="sgd", lr=0.05, return_state=True, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, K), K, parallel=mode,
                                       replicas=replicas, dp=dp)
@@ -54,7 +54,7 @@ def test_mast_places_replica_b_in_reverse():
 def test_replicas_agree_on_batchnorm_statistics():
     """Each replica updates its batch-norm running statistics on its own micro-batches; at the
     end of training (and in every checkpoint) the ranks holding a statistic hold its average."""
-    cfg = TrainConfig(model="outcore:resnet_k:depth=11,width=4", input_shape=(8, 3, 16, 16),
+    cfg = TrainConfig.make(model="outcore:resnet_k:depth=11,width=4", input_shape=(8, 3, 16, 16),
                       batch_size=8, microbatches=2, steps=2, optimizer="sgd", lr=0.05,
                       return_state=True, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, 2), 2, parallel="mp",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from outcore.runtime import checkpoint
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import assert_matches, chunks, docs_for, reference
@@ -34,9 +34,9 @@ def _train(cfg: TrainConfig, layout: tuple[int, str]):
                          ids=["2-to-3", "4-to-2", "pipeline-to-mast"])
 def test_resume_on_another_layout(tmp_path, first, second):
     ckpt = str(tmp_path / "ckpt")
-    _train(TrainConfig(**BASE, steps=2, checkpoint_dir=ckpt, checkpoint_every=2), first)
+    _train(TrainConfig.make(**BASE, steps=2, checkpoint_dir=ckpt, checkpoint_every=2), first)
     assert checkpoint.latest(ckpt)[0] == 2
-    cfg = TrainConfig(**BASE, steps=4, checkpoint_dir=ckpt, resume=True, return_state=True)
+    cfg = TrainConfig.make(**BASE, steps=4, checkpoint_dir=ckpt, resume=True, return_state=True)
     resumed = _train(cfg, second)
     ref_losses, ref_state = reference(cfg)
     assert all(len(r["losses"]) == 2 for r in resumed)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from outcore.errors import RuntimeFailure
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.core.samehost import P2P_ENV, connect_same_host
 from outcore.runtime.worker import build_trainer
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 def _train(ctx, cfg, graph_doc, plan_doc):
     trainer, data = build_trainer(cfg, graph_doc, plan_doc, torch.device("cpu"))
     losses = []
-    for step in range(cfg.steps):
+    for step in range(cfg.run.steps):
         inputs, targets = data.batch(step)
         report = trainer.step(inputs, targets, track_memory=False)
         loss = torch.tensor([-1e30 if report.loss is None else report.loss],
@@ -52,7 +52,7 @@ def _pingpong(g):
 @pytest.mark.parametrize("transport", ["samehost", "gloo"])
 def test_transport_equals_single_process(transport, monkeypatch):
     monkeypatch.setenv(P2P_ENV, "gloo" if transport == "gloo" else "auto")
-    cfg = TrainConfig(model="outcore:diamond", batch_size=8, microbatches=4, steps=3,
+    cfg = TrainConfig.make(model="outcore:diamond", batch_size=8, microbatches=4, steps=3,
                       schedule="gpipe", optimizer="adam", lr=1e-3, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, _pingpong, 2)
     results = run_local(_train, 2, (cfg, graph_doc, plan_doc), timeout_s=60)
@@ -164,7 +164,7 @@ def test_every_rank_is_linked_for_the_step_sums(monkeypatch):
     per-step sum (the non-finite check with the loss) travels over the links; training still
     equals the single-process loop."""
     monkeypatch.delenv(P2P_ENV, raising=False)
-    cfg = TrainConfig(model="outcore:mlp", batch_size=8, microbatches=2, steps=2,
+    cfg = TrainConfig.make(model="outcore:mlp", batch_size=8, microbatches=2, steps=2,
                       schedule="1f1b", optimizer="sgd", lr=1e-2, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, _chain3, 3)
     results = run_local(_train, 3, (cfg, graph_doc, plan_doc), timeout_s=90)

@@ -16,7 +16,7 @@ def test_first_stage_peak_matches_the_prediction_with_many_micro_batches(tmp_pat
     # holding every sent activation would add 8 x 128 KiB on rank 0 (measured +36 % before)
     r = outcore.train("outcore:mlp:width=64,layers=8", 2, strategy="pipeline", memory="3MiB",
                       batch_size=4096, microbatches=8, steps=2, costs="estimate:cpu",
-                      run_dir=str(tmp_path / "run"), trace=False, timeout_s=120)
+                      run_dir=str(tmp_path / "run"), timeline=False, timeout=120)
     assert r.plan.devices == 2 and r.plan.microbatches == 8
     measured, predicted = r.peak_bytes[0], r.predicted["peak_bytes"][0]
     assert abs(measured / predicted - 1) <= 0.10, (measured, predicted)
@@ -41,7 +41,7 @@ def test_a_sent_output_is_dropped_once_read_and_both_stages_match_the_prediction
     (tmp_path / "wide.py").write_text(WIDE)
     r = outcore.train(f"{tmp_path / 'wide.py'}:model", 2, strategy="chunks", batch_size=512,
                       microbatches=4, schedule="gpipe", steps=2, costs="estimate:cpu",
-                      run_dir=str(tmp_path / "run"), trace=False, timeout_s=120)
+                      run_dir=str(tmp_path / "run"), timeline=False, timeout=120)
     assert r.plan.devices == 2
     for measured, predicted in zip(r.peak_bytes, r.predicted["peak_bytes"]):
         assert abs(measured / predicted - 1) <= 0.10, (r.peak_bytes, r.predicted["peak_bytes"])
@@ -54,7 +54,7 @@ def test_a_tensor_two_pieces_of_one_rank_take_crosses_once_and_trains_exactly():
     the other; both branches' gradients of ``h`` go back in one message. Losses and every
     parameter equal single-process training (1e-5 relative), under 1F1B and GPipe."""
     from outcore.plan.pieces import cut
-    from outcore.runtime.config import TrainConfig
+    from outcore.config import TrainConfig
     from outcore.runtime.launch import run_local
     from outcore.runtime.worker import train_worker
     from tests.runtime.helpers import assert_matches, docs_for, reference
@@ -63,7 +63,7 @@ def test_a_tensor_two_pieces_of_one_rank_take_crosses_once_and_trains_exactly():
         return [int(g.name_of(v).startswith(("left", "right"))) for v in range(g.num_nodes)]
 
     for schedule in ("1f1b", "gpipe"):
-        cfg = TrainConfig(model="outcore:diamond", batch_size=8, microbatches=2, steps=2,
+        cfg = TrainConfig.make(model="outcore:diamond", batch_size=8, microbatches=2, steps=2,
                           schedule=schedule, return_state=True, track_memory=False)
         graph_doc, plan_doc, g = docs_for(cfg, branches_on_1, 2)
         P = cut(g, branches_on_1(g))
@@ -83,7 +83,7 @@ def test_a_tensor_handed_on_is_the_one_received_even_when_its_first_taker_writes
     tensor it was given, and ``h * 2`` sees ``h`` as eager PyTorch does (before the ReLU).
     Losses and every parameter equal single-process training."""
     from outcore.plan.pieces import cut
-    from outcore.runtime.config import TrainConfig
+    from outcore.config import TrainConfig
     from outcore.runtime.launch import run_local
     from outcore.runtime.worker import train_worker
     from tests.runtime.helpers import assert_matches, docs_for, reference
@@ -93,7 +93,7 @@ def test_a_tensor_handed_on_is_the_one_received_even_when_its_first_taker_writes
     def place(g):
         return [int(g.name_of(v) in on_1) for v in range(g.num_nodes)]
 
-    cfg = TrainConfig(model="tests/runtime/relay_inplace_model.py:make", batch_size=8,
+    cfg = TrainConfig.make(model="tests/runtime/relay_inplace_model.py:make", batch_size=8,
                       microbatches=2, steps=2, return_state=True, track_memory=False)
     graph_doc, plan_doc, g = docs_for(cfg, place, 2)
     P = cut(g, place(g))

@@ -23,7 +23,7 @@ def test_two_workers_sum_gradients_over_their_link_as_gloo_and_one_process_do(tm
         monkeypatch.setenv("OUTCORE_P2P", transport)
         run = tmp_path / transport
         runs[transport] = outcore.train(MLP, 2, dp=2, microbatches=1, batch_size=8, steps=3,
-                                        costs="estimate:cpu", run_dir=str(run), timeout_s=120)
+                                        costs="estimate:cpu", run_dir=str(run), timeout=120)
         assert runs[transport].plan.layout.dp == 2
         for rank in range(2):
             events = load_events(run / "trace" / f"rank{rank}.json").events
@@ -38,7 +38,7 @@ def test_two_workers_sum_gradients_over_their_link_as_gloo_and_one_process_do(tm
         kinds = {c["kind"]: c for c in runs[transport].comm}
         assert kinds["allreduce"]["measured_s"] > 0
     one = outcore.train(MLP, 1, batch_size=8, steps=3, costs="estimate:cpu",
-                        run_dir=str(tmp_path / "one"), timeout_s=120)
+                        run_dir=str(tmp_path / "one"), timeout=120)
     assert runs["auto"].losses == pytest.approx(runs["gloo"].losses, rel=1e-6)
     assert runs["auto"].losses == pytest.approx(one.losses, rel=1e-5)
 

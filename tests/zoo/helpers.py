@@ -11,7 +11,7 @@ import torch
 from outcore.graph.capture import capture
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.plan import make_plan, to_dict as plan_doc
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.data import SyntheticData, default_loss, split
 from outcore.core.values import value_metas
 from outcore.runtime.worker import make_optimizer
@@ -21,18 +21,18 @@ from tests.runtime.helpers import accumulated_steps
 
 
 def docs(cfg: TrainConfig, assign, devices: int, costs: str = "flat"):
-    """(graph doc, plan doc, graph) of ``cfg.model`` captured at the micro-batch shape."""
-    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
-    torch.manual_seed(cfg.seed)
+    """(graph doc, plan doc, graph) of ``cfg.graph.model`` captured at the micro-batch shape."""
+    spec = resolve_model(cfg.graph.model, input_shape=cfg.graph.input_shape, batch_size=cfg.graph.batch_size)
+    torch.manual_seed(cfg.run.seed)
     model = spec.build()
-    micro = split(spec.example_inputs, cfg.microbatches)[0]
-    g = capture(model, micro, name=cfg.model)
+    micro = split(spec.example_inputs, cfg.planning.microbatches)[0]
+    g = capture(model, micro, name=cfg.graph.model)
     if costs == "flat":
         g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
     a = np.asarray(assign(g), dtype=np.int64)
     plan = make_plan(g, a, strategy="manual", devices=devices, memory_bytes=None,
-                     microbatches=cfg.microbatches,
-                     schedule="1f1b" if cfg.schedule == "auto" else cfg.schedule)
+                     microbatches=cfg.planning.microbatches,
+                     schedule="1f1b" if cfg.planning.schedule == "auto" else cfg.planning.schedule)
     return graph_doc(g), plan_doc(plan), g
 
 
@@ -47,17 +47,17 @@ def reference(cfg: TrainConfig, output_key: str | None):
     """Plain PyTorch: same seed and batches, the run's optimizer, gradient accumulation over
     the micro-batches.
     Returns (losses, parameters by name (a tied tensor under its first name))."""
-    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
-    torch.manual_seed(cfg.seed)
+    spec = resolve_model(cfg.graph.model, input_shape=cfg.graph.input_shape, batch_size=cfg.graph.batch_size)
+    torch.manual_seed(cfg.run.seed)
     model = copy.deepcopy(spec.build())
-    micro = split(spec.example_inputs, cfg.microbatches)[0]
+    micro = split(spec.example_inputs, cfg.planning.microbatches)[0]
     gm = retrace(copy.deepcopy(model), micro, {"capture": {"path": "auto"}}).gm
     out_name = next(n.name for n in gm.graph.nodes if n.op == "output")
     meta = value_metas(gm, micro)[out_name]
-    data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.batch_size, cfg.seed,
+    data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.graph.batch_size, cfg.run.seed,
                          spec.task, spec.task_options)
     opt = make_optimizer(cfg)(model.parameters())  # the run's optimizer, as the workers make it
-    losses = accumulated_steps(model, opt, data.batch, cfg.steps, cfg.microbatches,
+    losses = accumulated_steps(model, opt, data.batch, cfg.run.steps, cfg.planning.microbatches,
                                lambda out, y: default_loss(output_of(out, output_key), y))
     # a tied tensor under the model's first name for it, as outcore names it on every rank
     return losses, {k: v.detach().clone() for k, v in model.named_parameters()}

@@ -31,7 +31,7 @@ from outcore.cost.tensor import tensor_graph  # noqa: E402
 from outcore.hardware.spec import LinkSpec  # noqa: E402
 from outcore.plan.layout import Layout  # noqa: E402
 from outcore.plan.plan import make_plan, to_dict as plan_doc  # noqa: E402
-from outcore.runtime.config import TrainConfig  # noqa: E402
+from outcore.config import TrainConfig  # noqa: E402
 from outcore.runtime.launch import run_local  # noqa: E402
 from outcore.runtime.worker import build_trainer  # noqa: E402
 from outcore.runtime.data import split  # noqa: E402
@@ -101,8 +101,8 @@ SGD = {"timm:densenet121:image_size=32,dtype=float64",
 
 def _cfg(model: str) -> TrainConfig:
     opt = dict(optimizer="sgd", lr=1e-2, momentum=0.0) if model in SGD else {}
-    return TrainConfig(model=model, batch_size=BATCH, microbatches=MICRO, steps=STEPS,
-                       track_memory=False, timeout_s=60, **opt)
+    return TrainConfig.make(model=model, batch_size=BATCH, microbatches=MICRO, steps=STEPS,
+                       track_memory=False, timeout=60, **opt)
 
 
 def _docs(model: str) -> tuple[dict, dict, dict, dict | None, dict, float]:
@@ -135,7 +135,7 @@ def _docs(model: str) -> tuple[dict, dict, dict, dict | None, dict, float]:
 def _train(cfg: TrainConfig, gdoc: dict, pdoc: dict) -> list[float]:
     trainer, data = build_trainer(cfg, gdoc, pdoc, torch.device("cpu"))
     losses = []
-    for step in range(cfg.steps):
+    for step in range(cfg.run.steps):
         need = trainer.needs_inputs or trainer.needs_targets
         inputs, targets = data.batch(step) if need else (None, None)
         losses.append(trainer.step(inputs, targets).loss)

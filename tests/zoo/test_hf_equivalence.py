@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from outcore.runtime.config import TrainConfig  # noqa: E402
+from outcore.config import TrainConfig  # noqa: E402
 from outcore.runtime.launch import run_local  # noqa: E402
 from outcore.runtime.worker import train_worker  # noqa: E402
 from tests.runtime.helpers import chunks  # noqa: E402
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(400)]
 
 @pytest.mark.parametrize("model", ["hf:gpt2:hidden_size=32", "hf:llama:hidden_size=32"])
 def test_hf_model_on_two_ranks_equals_plain_pytorch(model):
-    cfg = TrainConfig(model=model, batch_size=4, microbatches=2, steps=2, return_state=True,
+    cfg = TrainConfig.make(model=model, batch_size=4, microbatches=2, steps=2, return_state=True,
                       track_memory=False)
     graph_doc, plan_doc, g = docs(cfg, lambda g: chunks(g, 2), 2)
     assert g.meta["capture"]["path"] == "export"

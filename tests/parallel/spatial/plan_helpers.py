@@ -12,7 +12,7 @@ from outcore.plan.layout import Layout
 from outcore.plan.plan import make_plan
 from outcore.plan.plan import to_dict as plan_doc
 from outcore.plan.spatial import SpatialPlan
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from tests.runtime.helpers import graph_for
 
 MODEL = f"{Path(__file__).parent / 'sp_models.py'}:small_resnet"
@@ -31,8 +31,8 @@ def spatial_docs(cfg: TrainConfig, join: str, stages: int, boundary: str | None,
         a[names.index(boundary):] = stages - 1
     sp = SpatialPlan(grid=grid, join=join, tiled=tuple(int(i) for i in g.ids[:j + 1]))
     plan = make_plan(g, a, strategy="manual", devices=stages + sp.tiles - 1, memory_bytes=None,
-                     microbatches=cfg.microbatches,
-                     schedule="1f1b" if cfg.schedule == "auto" else cfg.schedule,
+                     microbatches=cfg.planning.microbatches,
+                     schedule="1f1b" if cfg.planning.schedule == "auto" else cfg.planning.schedule,
                      layout=Layout(sp=sp.tiles), spatial=sp)
     return graph_doc(g), plan_doc(plan)
 
@@ -42,6 +42,6 @@ def unet_config(steps: int) -> TrainConfig:
     the rounding of a weight whose gradient nearly cancels (the dilated bottleneck convolution)
     becomes a full step of noise; SGD moves every weight by its gradient, so an error in a
     gradient shows in the parameters."""
-    return TrainConfig(model=UNET, batch_size=4, microbatches=2, steps=steps, schedule="1f1b",
+    return TrainConfig.make(model=UNET, batch_size=4, microbatches=2, steps=steps, schedule="1f1b",
                        optimizer="sgd", lr=0.1, momentum=0.9, return_state=True,
                        track_memory=False)

@@ -13,7 +13,7 @@ from outcore.plan.layout import Layout
 from outcore.plan.plan import make_plan
 from outcore.plan.plan import to_dict as plan_doc
 from outcore.plan.spatial import SpatialPlan
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import assert_matches, graph_for, reference
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 def _two_tiles_to_relu_1():
     """The config (2 copies of 2 images, SGD), graph, node names and 2x1 spatial plan joined
     after ``relu_1`` the tests below share."""
-    cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=1, steps=3, schedule="1f1b",
+    cfg = TrainConfig.make(model=MODEL, batch_size=4, microbatches=1, steps=3, schedule="1f1b",
                       optimizer="sgd", lr=0.1, momentum=0.9, return_state=True,
                       track_memory=False)
     g = graph_for(cfg, copies=2)
@@ -55,10 +55,10 @@ def test_spatial_with_data_parallel_through_the_api(tmp_path):
     import outcore
     report = outcore.train(UNET, 4, sp=2, dp=2, costs="estimate:cpu", batch_size=4, steps=3,
                            optimizer="sgd", lr=0.1, run_dir=str(tmp_path / "run"),
-                           trace=False)
+                           timeline=False)
     p = report.plan
     assert p.layout.dp == 2 and p.layout.sp == 2 and p.devices == 4
-    ref_losses, _ = reference(dataclasses.replace(unet_config(steps=3), microbatches=1),
+    ref_losses, _ = reference(unet_config(steps=3).replace(microbatches=1),
                               chunks=2)
     np.testing.assert_allclose(report.losses, ref_losses, rtol=1e-5, atol=0)
 

@@ -38,7 +38,7 @@ def test_tile_ranks_peak_as_predicted(tmp_path):
     model.write_text(NET)
     r = outcore.train(f"{model}:net", 2, sp=2, sp_join="_6", memory_policy="none",
                       input_shape="1x3x256x256", batch_size=1, steps=2, optimizer="sgd",
-                      lr=0.01, costs="estimate:cpu", trace=False, run_dir=str(tmp_path / "run"))
+                      lr=0.01, costs="estimate:cpu", timeline=False, run_dir=str(tmp_path / "run"))
     predicted = r.predicted["peak_bytes"]
     assert len(r.peak_bytes) == len(predicted) == 2
     for measured, pred in zip(r.peak_bytes, predicted):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import assert_matches, reference
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
     (2, "relu_1", "_5_conv1", "gpipe"),      # join after the first block, pipeline of 2
 ])
 def test_spatial_plan_equals_single_process(stages, join, boundary, schedule):
-    cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=2, steps=3, schedule=schedule,
+    cfg = TrainConfig.make(model=MODEL, batch_size=4, microbatches=2, steps=3, schedule=schedule,
                       optimizer="adam", lr=1e-2, return_state=True, track_memory=False)
     gdoc, pdoc = spatial_docs(cfg, join, stages, boundary)
     results = run_local(train_worker, stages + 1, (cfg, gdoc, pdoc), timeout_s=90)
@@ -44,11 +44,11 @@ def _tiles_reference(cfg: TrainConfig, root: str):
     from outcore.parallel.spatial.data import TileFolderData
     from outcore.zoo import build_model
     from tests.runtime.helpers import accumulated_steps
-    _, built = build_model(cfg.model, batch_size=cfg.batch_size, seed=cfg.seed)
+    _, built = build_model(cfg.graph.model, batch_size=cfg.graph.batch_size, seed=cfg.run.seed)
     model = copy.deepcopy(built)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    data = TileFolderData(root, cfg.batch_size, cfg.seed)
-    losses = accumulated_steps(model, opt, data.batch, cfg.steps, cfg.microbatches,
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.optim.lr)
+    data = TileFolderData(root, cfg.graph.batch_size, cfg.run.seed)
+    losses = accumulated_steps(model, opt, data.batch, cfg.run.steps, cfg.planning.microbatches,
                                default_loss)
     return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
 
@@ -64,7 +64,7 @@ def test_tile_ranks_read_only_their_tile(tmp_path):
         Image.fromarray(rng.integers(0, 256, (19, 21, 3), dtype=np.uint8)).save(
             tmp_path / f"img{i}.png")
     (tmp_path / "labels.json").write_text(json.dumps({f"img{i}.png": i % 3 for i in range(4)}))
-    cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=2, steps=2, schedule="1f1b",
+    cfg = TrainConfig.make(model=MODEL, batch_size=4, microbatches=2, steps=2, schedule="1f1b",
                       optimizer="adam", lr=1e-2, return_state=True, track_memory=False,
                       data=f"tiles:{tmp_path}")
     from outcore.cost.spatial_geometry import TileGrid
@@ -79,7 +79,7 @@ def test_tile_ranks_read_only_their_tile(tmp_path):
 def test_four_tiles_on_a_2x2_grid():
     """``--sp 4 --sp-grid 2x2``: tiles of 10/9 rows and 11/10 columns, corner halos in the
     second exchange step; 1 stage, 4 ranks."""
-    cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=2, steps=2, schedule="1f1b",
+    cfg = TrainConfig.make(model=MODEL, batch_size=4, microbatches=2, steps=2, schedule="1f1b",
                       optimizer="adam", lr=1e-2, return_state=True, track_memory=False)
     gdoc, pdoc = spatial_docs(cfg, "relu_1", 1, None, grid="2x2")
     results = run_local(train_worker, 4, (cfg, gdoc, pdoc), timeout_s=120)

@@ -52,9 +52,9 @@ def test_unet_through_the_api_with_a_pipeline(tmp_path):
     memory = 0.85 * max(one.predicted["peak_bytes"])  # under it: the decoder moves on
     report = outcore.train(UNET, 3, memory=memory, sp=2, sp_join="mid_1",
                            strategy="pipeline", costs="estimate:cpu", batch_size=4, steps=3,
-                           optimizer="sgd", lr=0.1, run_dir=str(tmp_path / "run"), trace=False)
+                           optimizer="sgd", lr=0.1, run_dir=str(tmp_path / "run"), timeline=False)
     p = report.plan
     assert p.spatial.join == "mid_1" and p.layout.sp == 2 and p.stages == 2
     assert p.devices == 3 and len(set(p.assignment.tolist())) == 2
-    ref_losses, _ = reference(dataclasses.replace(unet_config(steps=3), microbatches=1))
+    ref_losses, _ = reference(unet_config(steps=3).replace(microbatches=1))
     np.testing.assert_allclose(report.losses, ref_losses, rtol=1e-5, atol=0)

@@ -18,7 +18,7 @@ from outcore.errors import UsageError
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.layout import Layout
 from outcore.plan.plan import make_plan, to_dict as plan_doc
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from outcore.schedule.lower import lower
@@ -35,7 +35,7 @@ def _plan(g, stages: int, dp: int, depth: int, microbatches: int, tp: int = 1):
 
 def _run(stages: int, dp: int, depth: int, microbatches: int, optimizer: str = "sgd",
          model: str = MODEL, tp: int = 1):
-    cfg = TrainConfig(model=model, batch_size=4 * microbatches * dp, microbatches=microbatches,
+    cfg = TrainConfig.make(model=model, batch_size=4 * microbatches * dp, microbatches=microbatches,
                       steps=3, optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 1e-3,
                       return_state=True, track_memory=False)
     g = graph_for(cfg)
@@ -92,7 +92,7 @@ def test_sharding_lowers_memory_and_adds_collectives():
     """Costed per rank: the shards hold 1 / depth of the parameter state, each piece's
     forward and backward pay the gather (and the backward the scatter), and the all-reduce
     of a fully sharded bucket costs nothing."""
-    cfg = TrainConfig(model=MODEL, batch_size=8, microbatches=1)
+    cfg = TrainConfig.make(model=MODEL, batch_size=8, microbatches=1)
     g = graph_for(cfg)
     plain = lower(g, _plan(g, 1, 2, 1, 1))
     sharded = lower(g, _plan(g, 1, 2, 2, 1))
@@ -123,12 +123,12 @@ def test_a_sharded_checkpoint_resumes(tmp_path, resume_on):
     base = dict(model="outcore:mlp", batch_size=8, microbatches=2, optimizer="adam", lr=1e-2,
                 track_memory=False)
     ckpt = str(tmp_path / "ckpt")
-    cfg = TrainConfig(**base, steps=2, checkpoint_dir=ckpt, checkpoint_every=2)
+    cfg = TrainConfig.make(**base, steps=2, checkpoint_dir=ckpt, checkpoint_every=2)
     g = graph_for(cfg)
     run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(_plan(g, 1, 2, 2, 2))),
               timeout_s=120)
     assert checkpoint.latest(ckpt)[0] == 2
-    cfg = TrainConfig(**base, steps=4, checkpoint_dir=ckpt, resume=True, return_state=True)
+    cfg = TrainConfig.make(**base, steps=4, checkpoint_dir=ckpt, resume=True, return_state=True)
     plan = _plan(g, 1, 2, 2, 2) if resume_on == 2 else \
         make_plan(g, chunks(g, 1), strategy="manual", devices=1, memory_bytes=None,
                   microbatches=2)
@@ -200,7 +200,7 @@ def test_sharding_bytes_and_gather_units_follow_their_definitions(source):
     if source == "generated":
         g = make("transformer", 600)
     else:
-        g = graph_for(TrainConfig(model=MODEL, batch_size=8, microbatches=1))
+        g = graph_for(TrainConfig.make(model=MODEL, batch_size=8, microbatches=1))
     stages, dp = 2, 4
     plan = _plan(g, stages, dp, 2, 1)
     big, assignment, copies = expand(g, plan)

@@ -15,7 +15,7 @@ import pytest
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.layout import Layout
 from outcore.plan.plan import make_plan, to_dict as plan_doc
-from outcore.runtime.config import TrainConfig
+from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import assert_matches, chunks, graph_for, reference
@@ -30,7 +30,7 @@ MLP_PAIRS = ["blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2"]
 
 
 def _run(stages: int, tp: int, microbatches: int, schedule: str = "1f1b", model: str = MODEL):
-    cfg = TrainConfig(model=model, batch_size=4 * microbatches, microbatches=microbatches,
+    cfg = TrainConfig.make(model=model, batch_size=4 * microbatches, microbatches=microbatches,
                       steps=3, optimizer="sgd", lr=0.05, return_state=True,
                       track_memory=False, schedule=schedule)
     g = graph_for(cfg)
@@ -90,7 +90,7 @@ def test_tensor_parallel_costs_shrink_parameters():
     from outcore.cost.tensor import tensor_graph
     from outcore.hardware.spec import LinkSpec
 
-    cfg = TrainConfig(model=MODEL, batch_size=4, microbatches=1)
+    cfg = TrainConfig.make(model=MODEL, batch_size=4, microbatches=1)
     g = graph_for(cfg)
     tg, layout = tensor_graph(g, 2, LinkSpec(bandwidth=1e9, latency_s=0.0))
     assert layout.pairs, "the transformer's MLP and attention blocks pair"
@@ -108,7 +108,7 @@ def test_replicas_and_data_parallel_outside_tensor_parallel(mode, stages, dp):
     of the default run for time.)"""
     replicas = 2 if mode == "mast" else 1
     copies = replicas * dp
-    cfg = TrainConfig(model=MODEL, batch_size=4 * copies, microbatches=1, steps=3,
+    cfg = TrainConfig.make(model=MODEL, batch_size=4 * copies, microbatches=1, steps=3,
                       optimizer="sgd", lr=0.05, return_state=True, track_memory=False)
     g = graph_for(cfg, copies=copies)
     layout = Layout.replicate(mode, stages, replicas, dp, tp=2)
@@ -131,13 +131,13 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_device(tmp_path):
     base = dict(model=MODEL, batch_size=4, microbatches=1, optimizer="sgd", lr=0.05,
                 momentum=0.9, track_memory=False)
     ckpt = str(tmp_path / "ckpt")
-    cfg = TrainConfig(**base, steps=2, checkpoint_dir=ckpt, checkpoint_every=2)
+    cfg = TrainConfig.make(**base, steps=2, checkpoint_dir=ckpt, checkpoint_every=2)
     g = graph_for(cfg)
     tp_plan = make_plan(g, chunks(g, 1), strategy="manual", devices=2, memory_bytes=None,
                         layout=Layout(tp=2))
     run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(tp_plan)), timeout_s=120)
     assert checkpoint.latest(ckpt)[0] == 2
-    cfg = TrainConfig(**base, steps=4, checkpoint_dir=ckpt, resume=True, return_state=True)
+    cfg = TrainConfig.make(**base, steps=4, checkpoint_dir=ckpt, resume=True, return_state=True)
     one = make_plan(g, chunks(g, 1), strategy="manual", devices=1, memory_bytes=None)
     resumed = run_local(train_worker, 1, (cfg, graph_doc(g), plan_doc(one)), timeout_s=120)
     ref_losses, ref_state = reference(cfg)

@@ -21,7 +21,7 @@ from outcore.graph.capture import capture  # noqa: E402
 from outcore.graph.io import to_dict as graph_doc  # noqa: E402
 from outcore.plan.layout import Layout  # noqa: E402
 from outcore.plan.plan import make_plan, to_dict as plan_doc  # noqa: E402
-from outcore.runtime.config import TrainConfig  # noqa: E402
+from outcore.config import TrainConfig  # noqa: E402
 from outcore.runtime.data import split  # noqa: E402
 from outcore.runtime.launch import run_local  # noqa: E402
 from outcore.runtime.worker import train_worker  # noqa: E402
@@ -42,15 +42,15 @@ FUSED_QKV = str(Path(__file__).with_name("export_models.py")) + ":fused_qkv_atte
 
 
 def _graph(cfg: TrainConfig):
-    spec = resolve_model(cfg.model, input_shape=cfg.input_shape, batch_size=cfg.batch_size)
-    torch.manual_seed(cfg.seed)
-    g = capture(spec.build(), split(spec.example_inputs, cfg.microbatches)[0], name=cfg.model,
+    spec = resolve_model(cfg.graph.model, input_shape=cfg.graph.input_shape, batch_size=cfg.graph.batch_size)
+    torch.manual_seed(cfg.run.seed)
+    g = capture(spec.build(), split(spec.example_inputs, cfg.planning.microbatches)[0], name=cfg.graph.model,
                 path="export")
     return g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
 
 
 def _run(model: str, optimizer: str, lr: float, stages: int = 1, tp: int = 2):
-    cfg = TrainConfig(model=model, batch_size=4, microbatches=2, steps=3, optimizer=optimizer,
+    cfg = TrainConfig.make(model=model, batch_size=4, microbatches=2, steps=3, optimizer=optimizer,
                       lr=lr, return_state=True, track_memory=False)
     g = _graph(cfg)
     assert g.meta["capture"]["path"] == "export"
@@ -133,7 +133,7 @@ def test_llama_grouped_query_attention_tp2_equals_plain_pytorch():
 
 def test_grouped_query_heads_that_tp_does_not_divide_keep_attention_unpaired():
     from outcore.cost.tensor import plan_layout
-    cfg = TrainConfig(model=LLAMA_GQA, batch_size=4, microbatches=2)
+    cfg = TrainConfig.make(model=LLAMA_GQA, batch_size=4, microbatches=2)
     g = _graph(cfg)
     assert any("k_proj" in c for p in plan_layout(g, 2).pairs for c in p.columns)
     assert not any("k_proj" in c for p in plan_layout(g, 4).pairs for c in p.columns)
@@ -173,7 +173,7 @@ def test_gpt2_fused_shards_checkpoint_and_resume_on_one_device_and_on_tp2(tmp_pa
     metadata) and re-cut on load: resumed on 1 device or on tp 2, step 3 repeats the
     uninterrupted run's loss."""
     import outcore
-    kw = dict(batch_size=4, optimizer="sgd", lr=0.05, trace=False, timeout_s=120,
+    kw = dict(batch_size=4, optimizer="sgd", lr=0.05, timeline=False, timeout=120,
               costs="estimate:cpu")  # the layout is given: the plan needs no profile
     straight = outcore.train(GPT2, devices=1, steps=3, run_dir=str(tmp_path / "s"), **kw).losses
     ckpt = str(tmp_path / "ckpt")
