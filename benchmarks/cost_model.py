@@ -36,14 +36,12 @@ import torch
 from outcore.cost.analytical import estimate, layer_times
 from outcore.cost.calibrate import default_layers, measure_layers
 from outcore.cost.profile import profile
-from outcore.cost.regression import (CostModel, Sample, ape, family_of, fit,
-                                     samples_from_graph)
+from outcore.cost.regression import CostModel, Sample, ape, family_of, fit, samples_from_graph
 from outcore.graph.capture import capture
 from outcore.hardware.presets import device_preset
 from outcore.hardware.probe import measure_cpu
 from outcore.hardware.spec import DeviceSpec
 from outcore.zoo import resolve_model
-
 
 
 def say(msg: str) -> None:

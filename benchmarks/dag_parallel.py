@@ -91,15 +91,14 @@ def worker(ctx, cfg, graph_doc, plan_doc, steps):
 
 def measure(model: str, workers: int, steps: int, batch: int, microbatches: int) -> dict:
     import outcore
-    from outcore.graph.io import to_dict as graph_doc
-    from outcore.runtime.local_cluster import local_cluster
-    from outcore.plan.plan import make_plan
-    from outcore.plan.plan import to_dict as plan_doc
     from outcore.config import TrainConfig
+    from outcore.graph.io import to_dict as graph_doc
+    from outcore.plan.plan import make_plan, to_dict as plan_doc
     from outcore.runtime.launch import run_local
+    from outcore.runtime.local_cluster import local_cluster
 
     cfg = TrainConfig.make(model=model, batch_size=batch, microbatches=microbatches, steps=steps,
-                      optimizer="sgd", schedule="gpipe", track_memory=False)
+                           optimizer="sgd", schedule="gpipe", track_memory=False)
     g = outcore.model_graph(model, batch_size=batch, costs="profile", threads=1,
                             split=microbatches)
     a = placement(g, workers)

@@ -43,11 +43,11 @@ from typing import Any
 import outcore
 from outcore.errors import InfeasibleError
 from outcore.graph import Graph, load, save
+from outcore.hardware.collectives import dp_allreduce
 from outcore.hardware.presets import device_preset, link_preset
 from outcore.hardware.spec import Cluster, LinkSpec, flat_cluster
-from outcore.plan.plan import Plan
 from outcore.plan import Layout
-from outcore.hardware.collectives import dp_allreduce
+from outcore.plan.plan import Plan
 from outcore.sim.simulate import SimResult, simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -28,11 +28,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from outcore.config import TrainConfig  # noqa: E402
 from outcore.graph.capture import capture  # noqa: E402
 from outcore.graph.io import to_dict as graph_doc  # noqa: E402
 from outcore.plan.layout import Layout  # noqa: E402
 from outcore.plan.plan import make_plan, to_dict as plan_doc  # noqa: E402
-from outcore.config import TrainConfig  # noqa: E402
 from outcore.runtime.data import split  # noqa: E402
 from outcore.runtime.launch import run_local  # noqa: E402
 from outcore.runtime.worker import train_worker  # noqa: E402
@@ -47,7 +47,8 @@ TYPES = ["gpt2", "llama", "t5", "bert", "opt", "bloom", "mpt", "falcon", "gemma"
 
 def _docs(cfg: TrainConfig, stages: int, tp: int) -> tuple[dict, dict]:
     spec, model = build_model(cfg.graph.model, batch_size=cfg.graph.batch_size, seed=cfg.run.seed)
-    g = capture(model, split(spec.example_inputs, cfg.planning.microbatches)[0], name=cfg.graph.model,
+    micro = split(spec.example_inputs, cfg.planning.microbatches)[0]
+    g = capture(model, micro, name=cfg.graph.model,
                 path="export" if cfg.graph.model.startswith("hf:") else "auto")
     g = g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
     a = np.minimum(np.arange(g.num_nodes) * stages // g.num_nodes, stages - 1)
@@ -58,7 +59,7 @@ def _docs(cfg: TrainConfig, stages: int, tp: int) -> tuple[dict, dict]:
 
 def compare(model: str) -> dict:
     cfg = TrainConfig.make(model=model, batch_size=4, microbatches=2, steps=3, optimizer="sgd",
-                      lr=0.05, return_state=True, track_memory=False, timeout=120)
+                           lr=0.05, return_state=True, track_memory=False, timeout=120)
     t0 = time.perf_counter()
     one = run_local(train_worker, 1, (cfg, *_docs(cfg, 1, 1)), timeout_s=300)[0]
     four = run_local(train_worker, 4, (cfg, *_docs(cfg, 2, 2)), timeout_s=300)

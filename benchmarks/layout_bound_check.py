@@ -1,10 +1,11 @@
 """The layout search with and without its bound across layouts
-(``outcore.search.loop.BOUND_ACROSS_LAYOUTS``): each generator on 4 devices, A100s at 300 GB/s or 16 GB/s links, no cap or 1.25 x the fair
-share, layouts and micro-batches open. Prints both plans' times and planning times, and any
-layout the bounded search pruned that, planned to the end, would have won (none may). The
-bounded plan may differ and be faster: under the bound a GEMS layout simulates fewer single
-copies, so the fastest of them, which is replicated too, can be another (and replicate better).
-It may not be slower by more than the layouts' tie (``outcore.search.ranking.TIE``).
+(``outcore.search.loop.BOUND_ACROSS_LAYOUTS``): each generator on 4 devices, A100s at 300 GB/s or 16
+GB/s links, no cap or 1.25 x the fair share, layouts and micro-batches open. Prints both plans'
+times and planning times, and any layout the bounded search pruned that, planned to the end, would
+have won (none may). The bounded plan may differ and be faster: under the bound a GEMS layout
+simulates fewer single copies, so the fastest of them, which is replicated too, can be another (and
+replicate better). It may not be slower by more than the layouts' tie
+(``outcore.search.ranking.TIE``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/layout_bound_check.py
     PYTHONPATH=. .venv/bin/python benchmarks/layout_bound_check.py --nodes 10000 --families nas
@@ -21,8 +22,8 @@ import numpy as np
 import outcore
 from outcore.errors import InfeasibleError
 from outcore.graph.generators import make
-from outcore.search import loop as layouts
 from outcore.placers.context import make_context
+from outcore.search import loop as layouts
 
 LINKS = {"300GB/s": {"device": "a100", "bandwidth": "300GB/s", "latency": "5us"},
          "16GB/s": {"bandwidth": "16GB/s"}}

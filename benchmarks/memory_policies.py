@@ -62,11 +62,11 @@ def policies_for(g, kind: str):
 def measure(spec, g, kind: str, steps: int):
     import torch
 
+    from outcore.hardware.cluster import make_cluster
     from outcore.plan.plan import make_plan
     from outcore.runtime.data import SyntheticData
     from outcore.runtime.trainer import Trainer
     from outcore.sim import simulate
-    from outcore.hardware.cluster import make_cluster
 
     cluster = make_cluster(1, device="cpu")
     plan = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single", devices=1,

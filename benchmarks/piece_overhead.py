@@ -80,9 +80,9 @@ def _pingpong(trainer, rounds: int = 300) -> float | None:
 
 def measure(layers: int, devices: int, steps: int) -> dict:
     import outcore
+    from outcore.config import TrainConfig
     from outcore.graph.io import to_dict as graph_doc
     from outcore.plan.plan import to_dict as plan_doc
-    from outcore.config import TrainConfig
     from outcore.runtime.launch import run_local
 
     model = f"outcore:mlp:layers={layers},width=16"

@@ -21,11 +21,13 @@ def worker(ctx, cfg, graph_doc, plan_doc, steps, profile):
     for step in range(steps):
         inputs, targets = data.batch(step)
         torch.distributed.barrier()
-        if profile and step >= 5: pr.enable()
+        if profile and step >= 5:
+            pr.enable()
         t0 = time.perf_counter()
         trainer.step(inputs, targets, trace=False, track_memory=False)
         step_s.append(time.perf_counter() - t0)
-        if profile and step >= 5: pr.disable()
+        if profile and step >= 5:
+            pr.disable()
     st = pstats.Stats(pr)
     groups = {}
     for (fname, line, func), (cc, nc, tt, ct, callers) in st.stats.items():
@@ -48,9 +50,9 @@ def worker(ctx, cfg, graph_doc, plan_doc, steps, profile):
 
 if __name__ == "__main__":
     import outcore
+    from outcore.config import TrainConfig
     from outcore.graph.io import to_dict as gd
     from outcore.plan.plan import to_dict as pd
-    from outcore.config import TrainConfig
     from outcore.runtime.launch import run_local
     layers, steps, prof = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
     model = f"outcore:mlp:layers={layers},width=16"

@@ -28,8 +28,8 @@ from outcore.errors import InfeasibleError
 from outcore.graph.generators import FAMILIES, make
 from outcore.placers import baselines, partition
 from outcore.placers.context import make_context
-from outcore.placers.stages import least_memory
 from outcore.placers.result import evaluate
+from outcore.placers.stages import least_memory
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINES = {"round-robin": baselines.round_robin, "chunks": baselines.equal_chunks,

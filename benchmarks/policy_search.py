@@ -31,8 +31,8 @@ def one(family: str, nodes: int, devices: int, microbatches: int, cap: float) ->
     from outcore.graph.generators import make
     from outcore.placers import placements
     from outcore.placers.context import make_context
-    from outcore.search.memory_policy import choose_simulated
     from outcore.plan import make_plan
+    from outcore.search.memory_policy import choose_simulated
 
     g = make(family, nodes)
     one_device = float(make_context(g, 1).memory(np.zeros(g.num_nodes, np.int64)).max())

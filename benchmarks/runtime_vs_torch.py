@@ -108,8 +108,8 @@ def outcore_plan(args):
     import torch
 
     import outcore
-    from outcore.hardware.cluster import from_dict as cluster_from_dict
     from outcore.graph.io import to_dict
+    from outcore.hardware.cluster import from_dict as cluster_from_dict
     from outcore.plan.plan import make_plan, to_dict as plan_to_dict
     from outcore.runtime.data import split
 

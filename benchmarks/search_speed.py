@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import pstats
 import os
+import pstats
 import time
 
 import numpy as np

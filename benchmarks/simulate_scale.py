@@ -32,8 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gems_scaling import (GIB, fmt_table, lassen, plan_group,  # benchmarks/ on sys.path
-                          with_dp_copies)
+from gems_scaling import (  # benchmarks/ on sys.path
+    GIB,
+    fmt_table,
+    lassen,
+    plan_group,
+    with_dp_copies,
+)
 
 from outcore.errors import InfeasibleError
 from outcore.graph import Graph, collapse, load, save

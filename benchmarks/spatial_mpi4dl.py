@@ -75,8 +75,8 @@ def scale(g, size: int):
 def best(g, gpus: int, cluster) -> dict:
     """The fastest fitting plan among LP alone and SP + LP with 2, 4, 8, 16 tiles."""
     from outcore.errors import OutcoreError
-    from outcore.search import search
     from outcore.plan.request import PlanRequest
+    from outcore.search import search
     found = []
     for sp in (1, 2, 4, 8, 16):
         if sp > gpus:

@@ -49,9 +49,9 @@ from outcore.graph.ir import Graph
 from outcore.hardware.presets import device_preset, link_preset
 from outcore.hardware.spec import Cluster
 from outcore.placers import pardnn, partition, subgraph
-from outcore.placers.subgraph.branches import find_branches
 from outcore.placers.context import make_context
 from outcore.placers.result import compact
+from outcore.placers.subgraph.branches import find_branches
 from outcore.sim import ring_allreduce_s
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -3,7 +3,8 @@
 Same model (outcore's zoo transformer, random init, same seed), same data, loss and optimizer
 (SGD), ``--tp`` local gloo workers with one thread each, every worker fed the same batch.
 
-* **1d**: ``outcore.parallel.tensor.tensor_parallel(model, tp, example_inputs=x)`` (layout found from the
+* **1d**: ``outcore.parallel.tensor.tensor_parallel(model, tp, example_inputs=x)`` (layout found
+from the
   graph: MLP blocks paired, embedding split by vocabulary, LM head split with a gather, layers
   under 1 MiB whole) against the torchtitan recipe written by hand with module names:
   ``parallelize_module`` with fc1 ``ColwiseParallel``, fc2 ``RowwiseParallel``, the embedding
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def _model(args):
     import torch
+
     from outcore.zoo.transformer import transformer
     torch.manual_seed(0)
     return transformer(layers=args.layers, d_model=args.d_model, heads=4, vocab=args.vocab,
@@ -45,8 +47,11 @@ def _model(args):
 def _by_hand(model, mesh, mode: str) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
     if mode == "depth":
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
@@ -64,6 +69,7 @@ def _setup(ctx, args, variant: str, mode: str):
     """A model parallelised by ``variant``, its batch and one training step."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
+
     from outcore.parallel.tensor import tensor_parallel
 
     model = _model(args)

@@ -4,11 +4,34 @@ The public functions live in :mod:`outcore.api` (and :func:`train` in :mod:`outc
 are re-exported here; torch is imported only by the functions that need it.
 """
 
-from outcore.api import (PlanRequest, capture, check_fits, cluster_of, collapse, device_loads,
-                         draw_graph, draw_timeline, estimate, launcher, load_graph, load_plan,
-                         lower, make_cluster, model_graph, parallelize, plan, plan_request,
-                         profile, save_chrome_trace, save_graph, save_plan, save_schedule,
-                         simulate, strategies, with_tensor_parallel)
+from outcore.api import (
+    PlanRequest,
+    capture,
+    check_fits,
+    cluster_of,
+    collapse,
+    device_loads,
+    draw_graph,
+    draw_timeline,
+    estimate,
+    launcher,
+    load_graph,
+    load_plan,
+    lower,
+    make_cluster,
+    model_graph,
+    parallelize,
+    plan,
+    plan_request,
+    profile,
+    save_chrome_trace,
+    save_graph,
+    save_plan,
+    save_schedule,
+    simulate,
+    strategies,
+    with_tensor_parallel,
+)
 from outcore.config import options_doc as _options_doc, train_signature as _train_signature
 from outcore.errors import OutcoreError, speaks_api
 

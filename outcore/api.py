@@ -265,6 +265,7 @@ def device_loads(p: Plan, g: Graph) -> tuple[np.ndarray, np.ndarray, int]:
 def with_tensor_parallel(p: Plan, tp: int) -> Plan:
     """``p`` with every device slot ``tp`` tensor-parallel ranks (the same placement)."""
     from dataclasses import replace
+
     from outcore.plan.layout import check_positive
     check_positive("tp", tp)
     return p.replace(layout=replace(p.layout, tp=tp), devices=p.devices // p.layout.tp * tp,

@@ -31,8 +31,8 @@ from outcore.errors import UsageError
 from outcore.units import parse_bytes, parse_shape
 
 __all__ = ["DataOptions", "GraphOptions", "OptimizerOptions", "PlanOptions", "RunOptions",
-           "SECTIONS", "TASKS", "TrainConfig", "WorkerOptions", "add_options", "degree", "differences",
-           "from_args", "from_options", "option_names", "options_doc"]
+           "SECTIONS", "TASKS", "TrainConfig", "WorkerOptions", "add_options", "degree",
+           "differences", "from_args", "from_options", "option_names", "options_doc"]
 
 COMMANDS = ("train", "plan", "graph")
 TASKS = ("classification", "regression", "causal_lm", "masked_lm", "seq2seq_lm")

@@ -23,15 +23,27 @@ from typing import Any, Callable
 
 import numpy as np
 
-from outcore.config import (TrainConfig, default_of, degree, differences, dumps,
-                            from_options, options_doc)
+from outcore.config import (
+    TrainConfig,
+    default_of,
+    degree,
+    differences,
+    dumps,
+    from_options,
+    options_doc,
+)
 from outcore.core.env import detect
 from outcore.errors import PlanError, UsageError
 from outcore.graph.io import save as save_graph, to_dict as graph_to_dict
 from outcore.graph.ir import Graph
 from outcore.placers.result import compact
-from outcore.plan.plan import Plan, align, load as load_plan, save as save_plan
-from outcore.plan.plan import to_dict as plan_to_dict
+from outcore.plan.plan import (
+    Plan,
+    align,
+    load as load_plan,
+    save as save_plan,
+    to_dict as plan_to_dict,
+)
 from outcore.plan.request import PlanRequest
 from outcore.runtime.local_cluster import local_cluster
 from outcore.runtime.rundir import unique_run_dir

@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from outcore.hardware.presets import link_preset
-from outcore.runtime.local_cluster import OVERSUBSCRIBED_LATENCY_S, local_cluster
-from outcore.core.env import local_cores as _local_cores
+from outcore.core.env import local_cores as _local_cores  # noqa: E402
+from outcore.hardware.presets import link_preset  # noqa: E402
+from outcore.runtime.local_cluster import OVERSUBSCRIBED_LATENCY_S, local_cluster  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="local CPU workers only")
@@ -78,10 +78,10 @@ def test_background_load_counts_a_busy_process_now(monkeypatch):
 def test_the_launcher_decides_whether_receives_spin(monkeypatch):
     """Decided once before the workers start (a worker deciding for itself could count its
     starting siblings as other load); the environment variable still wins in the workers."""
-    from outcore.job import _with_spin
     from outcore.config import TrainConfig
     from outcore.core.env import local_cores
     from outcore.core.samehost import SPIN_AUTO_US
+    from outcore.job import _with_spin
     cfg = TrainConfig.make(model="outcore:mlp")
     monkeypatch.setenv("OUTCORE_HOST_LOAD", "0")
     assert _with_spin(cfg, local_cores()).worker.spin_us == SPIN_AUTO_US

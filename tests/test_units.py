@@ -1,8 +1,14 @@
 import pytest
 
 from outcore.errors import UsageError
-from outcore.units import (format_bytes, format_seconds, parse_bandwidth, parse_bytes,
-                           parse_seconds, parse_shape)
+from outcore.units import (
+    format_bytes,
+    format_seconds,
+    parse_bandwidth,
+    parse_bytes,
+    parse_seconds,
+    parse_shape,
+)
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from outcore.cli.common import (MODEL_HELP, check_output_suffix, console, is_graph_file,
-                                nonneg_int, note, table)
+from outcore.cli.common import (
+    MODEL_HELP,
+    check_output_suffix,
+    console,
+    is_graph_file,
+    nonneg_int,
+    note,
+    table,
+)
 from outcore.config import add_options, from_args
 from outcore.errors import UsageError
 from outcore.units import format_bytes, format_seconds

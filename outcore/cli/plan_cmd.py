@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
-
 from pathlib import Path
 
-from outcore.cli.common import (MODEL_HELP, check_output_suffix, console, is_graph_file,
-                                nonneg_int, note, plural, slot_label, table)
+from outcore.cli.common import (
+    MODEL_HELP,
+    check_output_suffix,
+    console,
+    is_graph_file,
+    nonneg_int,
+    note,
+    plural,
+    slot_label,
+    table,
+)
 from outcore.config import add_options, from_args
 from outcore.errors import UsageError
 from outcore.units import format_bytes, format_seconds

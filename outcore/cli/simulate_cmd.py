@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from outcore.cli.common import (check_output_suffix, console, note, positive_int, slot_label,
-                                table)
+from outcore.cli.common import check_output_suffix, console, note, positive_int, slot_label, table
 from outcore.units import format_bytes, format_seconds
 
 DESCRIPTION = """Simulate one training iteration of a plan event by event: each device runs

@@ -33,10 +33,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from outcore.errors import RuntimeFailure
-from outcore.hardware.spec import SAME_HOST_SUM_MAX_RANKS
 from outcore.core.samehost import SameHostLinks, connect_same_host
 from outcore.core.values import LeafMeta
+from outcore.errors import RuntimeFailure
+from outcore.hardware.spec import SAME_HOST_SUM_MAX_RANKS
 from outcore.schedule.ir import Schedule
 
 log = logging.getLogger(__name__)

@@ -20,18 +20,17 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-
-from outcore.errors import RuntimeFailure
-from outcore.hardware.nonfinite import any_nonfinite
 from torch.utils.checkpoint import checkpoint
 
 from outcore.core.boundary import Edge, Roots, entry_tree, run_backward
 from outcore.core.comm import Messenger, PairSum
-from outcore.core.offload import ActivationOffloader, ParamOffloader, frozen_running_stats
 from outcore.core.modules import PieceModule
-from outcore.plan.replicas import copy_of, fx_name
+from outcore.core.offload import ActivationOffloader, ParamOffloader, frozen_running_stats
 from outcore.core.randomness import set_context as set_random_context
 from outcore.core.values import ValueMeta, local, tensors_of
+from outcore.errors import RuntimeFailure
+from outcore.hardware.nonfinite import any_nonfinite
+from outcore.plan.replicas import copy_of, fx_name
 from outcore.schedule.ir import RECV_POST_AHEAD, Action, Schedule
 from outcore.trace import Event
 

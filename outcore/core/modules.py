@@ -16,11 +16,11 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from outcore.core.randomness import seed_random_nodes
+from outcore.core.values import ValueMeta
 from outcore.graph.capture.mutation import writes_first_arg
 from outcore.plan.pieces import Pieces
 from outcore.plan.replicas import fx_name
-from outcore.core.randomness import seed_random_nodes
-from outcore.core.values import ValueMeta
 
 
 @dataclass

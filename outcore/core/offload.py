@@ -21,7 +21,6 @@ from typing import Any, Iterator
 
 import torch
 
-
 RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 

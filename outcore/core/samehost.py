@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from outcore.errors import RuntimeFailure
 from outcore.core.env import cores_to_spare
+from outcore.errors import RuntimeFailure
 
 log = logging.getLogger(__name__)
 

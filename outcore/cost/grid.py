@@ -2,8 +2,8 @@
 
 One pair ``A -> element-wise -> B`` (an MLP block: ``A`` is ``[hidden, width]``, ``B``
 ``[width, hidden]``; ``tokens`` rows of activations, ``elem_bytes`` per value) on ``tp = rows x
-cols`` ranks laid out as :mod:`outcore.parallel.tensor.grid` does (rank ``r * cols + c``: a column group
-is ``cols`` consecutive ranks, a row group strides by ``cols``). Collectives per step of one
+cols`` ranks laid out as :mod:`outcore.parallel.tensor.grid` does (rank ``r * cols + c``: a column
+group is ``cols`` consecutive ranks, a row group strides by ``cols``). Collectives per step of one
 micro-batch, forward and backward (AxoNN: Singh & Bhatele, IPDPS 2022; Singh et al., SC 2024):
 
 =====================  ==================================  ==================================
@@ -29,6 +29,7 @@ links (a group inside a node uses the intra-node link, otherwise the inter-node 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 from outcore.hardware.collectives import allreduce_s, ring_reduce_scatter_s
 from outcore.hardware.spec import Cluster, LinkSpec
@@ -71,7 +72,7 @@ def pair_comm_s(act_bytes: float, mid_bytes: float, rows: int, cols: int,
     if rows == 1:
         return 2 * allreduce_s(act_bytes, cols, col_link)
     gather = ring_reduce_scatter_s(act_bytes, rows, row_link)  # (as costly as the all-gather)
-    return (allreduce_s(mid_bytes / cols, rows, row_link)             # A forward
+    return cast(float, allreduce_s(mid_bytes / cols, rows, row_link)  # A forward
             + allreduce_s(act_bytes / rows, cols, col_link) + gather  # B forward + gather
             + allreduce_s(act_bytes / rows, cols, col_link) + gather  # A's input grad
             + allreduce_s(mid_bytes / cols, rows, row_link))          # B's input grad
@@ -91,7 +92,7 @@ def pair_grid_s(tokens: int, hidden: int, width: int, rows: int, cols: int,
 
 
 def best_grid(tp: int, tokens: int, hidden: int, width: int, cluster: Cluster,
-              **kw: float) -> list[GridCost]:
+              **kw: Any) -> list[GridCost]:
     """Every factorisation of ``tp`` priced by :func:`pair_grid_s`, fastest first."""
     return sorted((pair_grid_s(tokens, hidden, width, r, c, cluster, **kw)
                    for r, c in grids(tp)), key=lambda g: g.total_s)

@@ -474,9 +474,11 @@ class CostModel:
 
 
 def _arrays(samples: Sequence[Sample]) -> tuple[np.ndarray, ...] | None:
-    rows = [(variables(s.op, s.config, s.in_shapes, s.out_shape, s.dtype, s.param_bytes), s)
-            for s in samples]
-    rows = [(r, s) for r, s in rows if r is not None and s.fwd_s > 0 and s.bwd_s > 0]
+    rows = []
+    for s in samples:
+        r = variables(s.op, s.config, s.in_shapes, s.out_shape, s.dtype, s.param_bytes)
+        if r is not None and s.fwd_s > 0 and s.bwd_s > 0:
+            rows.append((r, s))
     if not rows:
         return None
     V = np.vstack([r[0] for r, _ in rows])

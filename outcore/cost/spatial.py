@@ -2,20 +2,29 @@
 
 Per layer and per tile: the halo a tile receives (bytes; the backward sends the same bytes back
 as gradients), the bytes of a gather at the join, and the activation bytes a tile holds. They
-follow the runtime exactly (:mod:`outcore.parallel.spatial`): halo rows are exchanged first (with the
-tiles of the same grid column), then halo columns of the row-extended tile (with the tiles of the
-same grid row), so corners travel in the second step; the gather is an all-gather of tiles padded
-to the largest tile. MPI4DL's estimate is the same halo of ``(kernel - 1) / 2`` per side for
+follow the runtime exactly (:mod:`outcore.parallel.spatial`): halo rows are exchanged first (with
+the tiles of the same grid column), then halo columns of the row-extended tile (with the tiles of
+the same grid row), so corners travel in the second step; the gather is an all-gather of tiles
+padded to the largest tile. MPI4DL's estimate is the same halo of ``(kernel - 1) / 2`` per side for
 "same" convolutions; here the halo is exact per side for any kernel, stride, padding, dilation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
-from outcore.cost.spatial_geometry import (TileGrid, bilinear_need, conv_need, conv_out_size,
-                                           conv_transpose_need, conv_transpose_out_size,
-                                           halo_sides, intervals, upsample_need)
+from outcore.cost.spatial_geometry import (
+    TileGrid,
+    bilinear_need,
+    conv_need,
+    conv_out_size,
+    conv_transpose_need,
+    conv_transpose_out_size,
+    halo_sides,
+    intervals,
+    upsample_need,
+)
 from outcore.errors import UsageError
 
 __all__ = ["LayerGeometry", "LayerCost", "chain_costs", "output_hw", "tile_needs", "tile_halos",
@@ -176,7 +185,7 @@ def chain_costs(layers, batch: int, in_hw: tuple[int, int], grid: TileGrid,
     one :class:`LayerCost` per layer. A join after layer ``i`` gathers ``layers[i]``'s output
     (:func:`gather_bytes`); the saved activations per tile up to there are the sum of
     ``out_bytes + region_bytes`` of layers ``0..i`` (plus the input tile)."""
-    out, hw = [], tuple(in_hw)
+    out, hw = [], cast(tuple[int, int], tuple(in_hw))
     for layer, cin, cout in layers:
         halo = max(halo_bytes(layer, batch, cin, hw, grid, dtype_bytes))
         region = 0

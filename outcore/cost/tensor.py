@@ -34,8 +34,7 @@ costs are one tensor-parallel rank's, so every planner, the lowering and the sim
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from typing import Iterable
+from typing import Iterable, cast
 
 import numpy as np
 
@@ -208,8 +207,8 @@ def layout_node_costs(g, layout, depth: int = 1) -> NodeCosts:
 def collective_s(c: Collective, link: LinkSpec, algorithm: str = "auto") -> float:
     """Seconds ``c`` takes over ``link``."""
     if c.kind == "all_reduce":
-        return allreduce_s(c.nbytes, c.ranks, link, algorithm)
-    return ring_reduce_scatter_s(c.nbytes, c.ranks, link)
+        return cast(float, allreduce_s(c.nbytes, c.ranks, link, algorithm))
+    return cast(float, ring_reduce_scatter_s(c.nbytes, c.ranks, link))
 
 
 def phase_s(collectives: Iterable[Collective], phase: str, link: LinkSpec,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.graph.level_kernel import bottom_levels, top_levels
 from outcore.graph.ir import Graph
+from outcore.graph.level_kernel import bottom_levels, top_levels
 from outcore.graph.order import find_cycle, topological_order
 
 __all__ = ["critical_path", "depth_levels", "find_cycle", "longest_from_sources",

@@ -150,9 +150,9 @@ def collapse(g: Graph, depth: int | None) -> Graph:
             modules.append(g.module_of(i))
             extra = dict(g.attrs[i]) if g.attrs is not None else {}
         else:
-            key = block_key(g.module_of(i), depth) or ""
-            ops.append(types.get(key, "block") if key else "model")
-            modules.append(key)
+            block = block_key(g.module_of(i), depth) or ""
+            ops.append(types.get(block, "block") if block else "model")
+            modules.append(block)
             extra = _merged_params(g, np.array(member_idx[b]))
         extra.pop("saved_inputs", None)
         saved_in = _saved_inputs(g, member_idx[b], group, names)

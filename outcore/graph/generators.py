@@ -25,7 +25,7 @@ RNN, Transformer-XL, AmoebaNet and a wide ResNet; the U-Net family adds long ski
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -61,8 +61,9 @@ class _Nodes:
         self.params.append(np.full(k, float(param_bytes)))
         self.saved.append(np.full(k, float(out_bytes if saved_bytes is None else saved_bytes)))
 
-    def at(self, idx: np.ndarray, op: str, flops: float, out_bytes: float,
-           param_bytes: float = 0.0, saved_bytes: float | None = None) -> np.ndarray:
+    def at(self, idx: np.ndarray | Sequence[int | np.integer], op: str, flops: float,
+           out_bytes: float, param_bytes: float = 0.0,
+           saved_bytes: float | None = None) -> np.ndarray:
         """Give costs to explicit node indices (inside a range made by :meth:`grow`)."""
         if op not in self.ops:
             self.ops.append(op)
@@ -76,7 +77,7 @@ class _Nodes:
         self.n += count
         return first
 
-    def edges(self, s: np.ndarray | int, d: np.ndarray | int) -> None:
+    def edges(self, s: np.ndarray | int | np.integer, d: np.ndarray | int | np.integer) -> None:
         s_arr, d_arr = np.broadcast_arrays(np.asarray(s, np.int64), np.asarray(d, np.int64))
         self.src.append(s_arr.ravel())
         self.dst.append(d_arr.ravel())
@@ -340,7 +341,7 @@ def make_unet(target_nodes: int = 10_000, seed: int = 0) -> Graph:
     nb.at([inp], "input", 0, b * side * side * 3 * _F32, 0, 0)
     prev, cin = inp, 3
 
-    def convs(level: int, first_in: int, cin: int) -> tuple[int, int]:
+    def convs(level: int, first_in: int | np.integer, cin: int) -> tuple[int, int]:
         c, hw = 64 * 2 ** level, (side >> level) ** 2
         act = b * hw * c * _F32
         base = nb.grow(3 * per) + 3 * np.arange(per, dtype=np.int64)
@@ -348,7 +349,7 @@ def make_unet(target_nodes: int = 10_000, seed: int = 0) -> Graph:
         nb.at(base[1:], "conv2d", 2 * b * hw * 9 * c * c, act, 9 * c * c * _F32)
         nb.at(base + 1, "batch_norm", 10 * b * hw * c, act, 2 * c * _F32)
         nb.at(base + 2, "relu", b * hw * c, act)
-        nb.edges(np.concatenate(([first_in], base[1:] - 1)), base)
+        nb.edges(np.concatenate((np.array([first_in], np.int64), base[1:] - 1)), base)
         nb.edges(base, base + 1)
         nb.edges(base + 1, base + 2)
         return int(base[-1] + 2), c

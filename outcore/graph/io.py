@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -45,7 +45,7 @@ def to_dict(g: Graph) -> dict[str, Any]:
         nodes.append(node)
     edges = [{"src": ids[s], "dst": ids[d], "bytes": b}
              for s, d, b in zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist())]
-    doc = {"format": FORMAT, "name": g.name, "batch_size": g.batch_size}
+    doc: dict[str, Any] = {"format": FORMAT, "name": g.name, "batch_size": g.batch_size}
     doc.update(g.meta)
     doc["nodes"] = nodes
     doc["edges"] = edges
@@ -86,7 +86,7 @@ def from_dict(doc: Any, *, source: str = "graph") -> Graph:
         saved_bytes=np.where(given["saved_bytes"], cols["saved_bytes"], out),
         src=src, dst=dst, edge_bytes=eb,
         names=names, ops=ops, modules=modules, attrs=attrs,
-        batch_size=int(batch) if _is_int(batch) else None, meta=meta,
+        batch_size=int(cast(int, batch)) if _is_int(batch) else None, meta=meta,
     )
 
 

@@ -443,9 +443,9 @@ def _pair_ok(g: Graph, w: _Walk, tp: int) -> str:
             return (f"{g.name_of(v)} reshapes to a head count or width computed from its "
                     "input's shape, which the split cannot divide")
     for c in w.columns:
-        out = _config(g, c, "out_features")
-        if not out or out % tp:
-            return f"{g.module_of(c)} has {out} output features, not a multiple of {tp}"
+        features = _config(g, c, "out_features")
+        if not features or features % tp:
+            return f"{g.module_of(c)} has {features} output features, not a multiple of {tp}"
     for r in w.rows:
         inp = _config(g, r, "in_features")
         if not inp or inp % tp:

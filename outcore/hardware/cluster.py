@@ -13,8 +13,7 @@ from typing import Any
 
 from outcore.errors import FormatError, UsageError
 from outcore.hardware.presets import device_preset, spec_from_dict
-from outcore.hardware.spec import (RUNTIME_OVERHEAD_S, Cluster, DeviceSpec, LinkSpec,
-                                   flat_cluster)
+from outcore.hardware.spec import RUNTIME_OVERHEAD_S, Cluster, DeviceSpec, LinkSpec, flat_cluster
 from outcore.units import parse_bandwidth, parse_bytes, parse_seconds
 
 __all__ = ["from_dict", "make_cluster", "to_dict"]

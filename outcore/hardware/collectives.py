@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 
@@ -121,7 +122,8 @@ def hierarchical_allreduce(nbytes: float, local: int, nodes: int, intra: LinkSpe
     """Two-level all-reduce of ``nbytes`` over ``local`` peers on each of ``nodes`` nodes."""
     rs = ring_reduce_scatter_s(nbytes, local, intra)
     across = allreduce_s(nbytes, nodes, inter, algorithm) if nodes > 1 else 0.0
-    return Phases(rs, across, rs, node if across > 0 else None)
+    return Phases(cast(float, rs), cast(float, across), cast(float, rs),
+                  node if across > 0 else None)
 
 
 def flat_ring_allreduce(nbytes: float, peers: int, nodes: int, intra: LinkSpec,

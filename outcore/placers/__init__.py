@@ -6,9 +6,17 @@ one. Pure numpy (inner loops compiled with numba when it is installed); no torch
 
 from outcore.placers import baselines, contiguous, pardnn, pipeline, subgraph
 from outcore.placers.emulate import Emulation, emulate
-from outcore.placers.registry import (Placement, Placer, always_simulated, auto_placers,
-                                      get_placer, placer_names, register, strategies,
-                                      unregister)
+from outcore.placers.registry import (
+    Placement,
+    Placer,
+    always_simulated,
+    auto_placers,
+    get_placer,
+    placer_names,
+    register,
+    strategies,
+    unregister,
+)
 from outcore.placers.result import PartitionResult
 from outcore.placers.run import partition, placements
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from outcore.graph.ir import Graph, build, memo
 from outcore.placers._jit import njit
-from outcore.placers.context import max_by_device, make_context
+from outcore.placers.context import make_context, max_by_device
 
 __all__ = ["COARSEN_ABOVE", "Coarse", "chain_clusters", "coarsened"]
 
@@ -120,6 +120,7 @@ def chain_clusters(g: Graph, cap: int) -> tuple[np.ndarray, int, str]:
         group, k = _runs(np.ascontiguousarray(order, np.int64), pp, pi, int(cap))
         if best is None or k < best[1]:
             best = (group, k, name)
+    assert best is not None
     return best
 
 

@@ -34,9 +34,9 @@ from outcore.cost.memory import state_factor
 from outcore.errors import UsageError
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
+from outcore.graph.level_kernel import bottom_levels
 from outcore.hardware.spec import Cluster, flat_cluster
 from outcore.placers._jit import njit
-from outcore.graph.level_kernel import bottom_levels
 
 
 def link_matrices(cluster: Cluster, devices: int) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,8 @@ makes those splits for several orders and balance criteria, so the search always
 * balance: equal **memory** (training state of the parameters plus the micro-batches' saved
   activations, the memory model of :mod:`outcore.placers.context`) or equal **time** (forward +
   backward);
-* device counts: K and the counts ParDNN tries below it (:func:`~outcore.placers.stages.device_counts`);
+* device counts: K and the counts ParDNN tries below it
+  (:func:`~outcore.placers.stages.device_counts`);
 * each cut also once more only where it splits no shared parameter (the weight an unrolled RNN
   layer reads at every time step), with the heaviest part as light as it can be.
 
@@ -185,6 +186,7 @@ def _min_max_cuts(prefix: np.ndarray, parts: int) -> np.ndarray:
             hi, best = mid, got
         if hi - lo <= 1e-6 * hi:
             break
+    assert best is not None  # one run per cut under the total: greedy(total) always cuts
     return best
 
 

@@ -42,8 +42,8 @@ from outcore.hardware.spec import Cluster
 from outcore.placers._jit import njit
 from outcore.placers._sched_kernel import schedule_phase
 from outcore.placers.context import Context, make_context
-from outcore.plan.pieces_kernel import piece_components
 from outcore.plan.pieces import device_sends, hops
+from outcore.plan.pieces_kernel import piece_components
 
 log = logging.getLogger(__name__)
 

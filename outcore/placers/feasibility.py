@@ -75,6 +75,7 @@ def infeasible(ctx: Context, strategy: str, best_peak_bytes: float | None = None
     mem = least_memory(ctx, k, inflight=inflight)
     who = "" if own_placement else " with strategy 'pardnn' or 'pipeline'"
     fix_dev = f"use {kmin} devices{who}" if kmin is not None else "no device count fits"
+    assert mem is not None  # one device holds anything, so k devices have a least memory
     return InfeasibleError(
         f"{strategy}: no placement on {k} device{'s' if k != 1 else ''} fits "
         f"{format_bytes(limit)} per device{worst}; {fix_dev}, or {format_bytes(mem)} per "

@@ -10,8 +10,12 @@ from outcore.placers.context import Context
 from outcore.placers.feasibility import infeasible
 from outcore.placers.registry import Placement, Placer
 from outcore.placers.result import Candidate, best_of, evaluate, listed
-from outcore.placers.stages import (assignment_from_bounds, device_counts, inflight_1f1b,
-                                    stage_bounds)
+from outcore.placers.stages import (
+    assignment_from_bounds,
+    device_counts,
+    inflight_1f1b,
+    stage_bounds,
+)
 
 
 def plan(ctx: Context) -> tuple[Candidate | None, list[str], list[Candidate]]:

@@ -35,8 +35,8 @@ from outcore.placers.context import Context
 from outcore.placers.feasibility import infeasible
 from outcore.placers.result import Candidate
 
-__all__ = ["Placement", "Placer", "always_simulated", "auto_placers", "get_placer", "placer_names", "register",
-           "strategies", "unregister"]
+__all__ = ["Placement", "Placer", "always_simulated", "auto_placers", "get_placer",
+           "placer_names", "register", "strategies", "unregister"]
 
 
 @dataclass

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from outcore.placers.emulate import Emulation, run, summary
 from outcore.placers.context import Context
+from outcore.placers.emulate import Emulation, run, summary
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,6 +67,7 @@ class Candidate:
     @property
     def emulation(self) -> Emulation:
         if self._em is None:
+            assert self._ctx is not None  # made with one or the other
             em = run(self._ctx, self.assignment, critical_path=self._traced,
                      peak_bytes=self.peak_bytes if self._all_inflight else None)
             self._em, self._ctx = summary(em) if self._light else em, None

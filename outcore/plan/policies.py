@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-
 POLICIES = ("none", "checkpoint", "offload-activations", "offload-params")
 CHOICES = {"auto": "choose per piece the cheapest policy that makes the plan fit",
            "none": "no policy: the plan must fit as it is",

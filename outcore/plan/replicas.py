@@ -20,6 +20,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 
@@ -136,10 +137,13 @@ def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:
         saved_bytes=tiled(g.saved_bytes, C), src=tiled(g.src, C, n), dst=tiled(g.dst, C, n),
         edge_bytes=tiled(g.edge_bytes, C), attrs=attrs, batch_size=g.batch_size,
         meta={**g.meta, "copies": C}, check=False)
-    big = replace(big, names=Copied(g.name_of, n, C, True),
-                  ops=None if g.ops is None else Copied(g.ops.__getitem__, n, C, False),
-                  modules=None if g.modules is None else Copied(g.modules.__getitem__, n, C,
-                                                                False))
+    # each copy's names made when read (lazy tuples: a copied graph holds no new strings)
+    names = cast(tuple[str, ...], Copied(g.name_of, n, C, True))
+    ops = None if g.ops is None else cast(tuple[str, ...],
+                                          Copied(g.ops.__getitem__, n, C, False))
+    modules = None if g.modules is None else cast(tuple[str, ...],
+                                                  Copied(g.modules.__getitem__, n, C, False))
+    big = replace(big, names=names, ops=ops, modules=modules)
     # each copy's nodes by op, in order, and the copies' adjacency: the graph's, copy by copy
     # (what Graph._csr's stable sort of the copies' edges would give: copy c's edge e is edge
     # c * m + e), without sorting them again

@@ -16,8 +16,8 @@ from outcore.hardware.cluster import make_cluster
 from outcore.hardware.spec import Cluster, DeviceSpec
 from outcore.plan.layout import MODES, check_depth, check_positive
 from outcore.plan.plan import SCHEDULES
-from outcore.plan.spatial import check_spatial_request
 from outcore.plan.policies import CHOICES
+from outcore.plan.spatial import check_spatial_request
 from outcore.units import parse_bytes
 
 __all__ = ["PlanRequest"]
@@ -111,6 +111,25 @@ class PlanRequest:
         if self.cluster.size < self.devices:
             raise UsageError(f"the cluster has {self.cluster.size} devices, the request "
                              f"{self.devices}: pass a larger cluster or fewer devices")
+
+    @property
+    def fixed_tp(self) -> int:
+        """``tp`` once fixed (the layout search fixes it before anything is placed)."""
+        assert self.tp is not None, "a placement needs the tensor-parallel degree fixed"
+        return self.tp
+
+    @property
+    def fixed_depth(self) -> int:
+        """``depth`` once fixed (the layout search fixes it before anything is placed)."""
+        assert self.depth is not None, "a placement needs the sharding degree fixed"
+        return self.depth
+
+    @property
+    def fixed_microbatches(self) -> int:
+        """``microbatches`` once fixed (the layout search fixes it before anything is
+        placed)."""
+        assert self.microbatches != "auto", "a placement needs the micro-batches fixed"
+        return int(self.microbatches)
 
     @property
     def first_schedule(self) -> str:

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from outcore.errors import UsageError
 from outcore.core.values import LeafMeta, ValueMeta
+from outcore.errors import UsageError
 
 Batch = tuple[tuple[torch.Tensor, ...], Any]
 

@@ -36,10 +36,10 @@ from datetime import timedelta
 from typing import Any, Callable
 
 import outcore.errors as errors_mod
+from outcore.core.env import JobEnv, detect
 from outcore.errors import Interrupted, LaunchError, OutcoreError, RuntimeFailure
 from outcore.hardware.allocator import keep_heap
 from outcore.runtime import lifetime
-from outcore.core.env import JobEnv, detect
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import functools
 
+from outcore.core.env import cores_to_spare, local_cores
 from outcore.hardware.cluster import make_cluster
 from outcore.hardware.spec import Cluster
-from outcore.core.env import cores_to_spare, local_cores
 
 __all__ = ["OVERSUBSCRIBED_LATENCY_S", "local_cluster", "same_host_transport"]
 

@@ -23,10 +23,10 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten
 
-from outcore.hardware.probe import torch_threads
 from outcore.core.boundary import entry_tree
 from outcore.core.randomness import set_context as set_random_context
 from outcore.core.values import LeafMeta, ValueMeta
+from outcore.hardware.probe import torch_threads
 
 log = logging.getLogger(__name__)
 

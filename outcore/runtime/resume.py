@@ -15,9 +15,9 @@ from typing import Any, TextIO
 
 import torch.distributed as dist
 
+from outcore.config import TrainConfig
 from outcore.errors import CheckpointError, OutcoreError, UsageError
 from outcore.runtime import checkpoint, ckpt_trust
-from outcore.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

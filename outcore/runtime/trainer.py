@@ -21,8 +21,7 @@ from torch import nn
 from outcore.core.comm import Messenger
 from outcore.core.executor import RankExecutor, StepResult
 from outcore.core.memtrack import MemoryTracker
-from outcore.core.modules import (build_piece_modules, module_params, param_aliases,
-                                  prune_unowned)
+from outcore.core.modules import build_piece_modules, module_params, param_aliases, prune_unowned
 from outcore.core.values import local, value_metas
 from outcore.errors import PlanError
 from outcore.graph.capture import retrace

@@ -11,14 +11,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from outcore.config import TrainConfig
+from outcore.core.samehost import SPIN_ENV
 from outcore.errors import NonFiniteError, OutcoreError, RuntimeFailure, UsageError
 from outcore.graph.io import from_dict as graph_from_dict
 from outcore.hardware.allocator import frozen_objects
 from outcore.plan.plan import align, from_dict as plan_from_dict
 from outcore.runtime import checkpoint, resume
-from outcore.config import TrainConfig
 from outcore.runtime.data import ImageFolderData, SyntheticData, TextData, split
-from outcore.core.samehost import SPIN_ENV
 from outcore.runtime.trainer import Trainer
 from outcore.schedule import io as schedule_io
 from outcore.trace import Timeline, save_events
@@ -35,15 +35,16 @@ def make_optimizer(cfg: TrainConfig):
     64-layer MLP: SGD with momentum 548 -> 351 us, Adam 1759 -> 1121 us, measured here, one
     thread; issue 17). Tensor-parallel shards (DTensors) beside plain tensors keep PyTorch's
     choice: its multi-tensor kernels take one kind or the other."""
-    name = cfg.optim.optimizer.lower()
-    kinds = {"adam": lambda ps, fe: torch.optim.Adam(ps, lr=cfg.optim.lr,
-                                                     weight_decay=cfg.optim.weight_decay, foreach=fe),
-             "adamw": lambda ps, fe: torch.optim.AdamW(ps, lr=cfg.optim.lr,
-                                                       weight_decay=cfg.optim.weight_decay, foreach=fe),
-             "sgd": lambda ps, fe: torch.optim.SGD(ps, lr=cfg.optim.lr, momentum=cfg.optim.momentum,
-                                                   weight_decay=cfg.optim.weight_decay, foreach=fe)}
+    opt = cfg.optim
+    name = opt.optimizer.lower()
+    kinds = {"adam": lambda ps, fe: torch.optim.Adam(ps, lr=opt.lr,
+                                                     weight_decay=opt.weight_decay, foreach=fe),
+             "adamw": lambda ps, fe: torch.optim.AdamW(ps, lr=opt.lr,
+                                                       weight_decay=opt.weight_decay, foreach=fe),
+             "sgd": lambda ps, fe: torch.optim.SGD(ps, lr=opt.lr, momentum=opt.momentum,
+                                                   weight_decay=opt.weight_decay, foreach=fe)}
     if name not in kinds:
-        raise UsageError(f"unknown optimizer {cfg.optim.optimizer!r}: choose adam, adamw or sgd")
+        raise UsageError(f"unknown optimizer {opt.optimizer!r}: choose adam, adamw or sgd")
 
     def make(params):
         params = list(params)
@@ -57,7 +58,8 @@ def make_lr_scheduler(cfg: TrainConfig):
     if cfg.optim.lr_schedule == "none":
         return None
     if cfg.optim.lr_schedule == "cosine":
-        return lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.run.steps, 1))
+        steps = max(cfg.run.steps, 1)
+        return lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     if cfg.optim.lr_schedule == "step":
         return lambda opt: torch.optim.lr_scheduler.StepLR(opt, max(cfg.run.steps // 3, 1), 0.1)
     raise UsageError(f"unknown lr schedule {cfg.optim.lr_schedule!r}: choose none, cosine or step")
@@ -81,11 +83,13 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
     plan = align(plan_from_dict(plan_doc, source="plan"), graph) \
         if plan_doc.get("graph", {}).get("depth") is None else plan_from_dict(plan_doc)
     micro_inputs = split(spec.example_inputs, cfg.planning.microbatches * plan.layout.copies)[0]
-    schedule_doc = schedule_io.load(cfg.planning.schedule_file) if cfg.planning.schedule_file else None
+    schedule_file = cfg.planning.schedule_file
+    schedule_doc = schedule_io.load(schedule_file) if schedule_file else None
     trainer = Trainer(model, graph, plan, microbatches=cfg.planning.microbatches,
                       micro_inputs=micro_inputs, schedule=cfg.planning.schedule,
                       optimizer=make_optimizer(cfg), lr_scheduler=make_lr_scheduler(cfg),
-                      device=device, timeout_s=cfg.run.timeout, track_memory=cfg.worker.track_memory,
+                      device=device, timeout_s=cfg.run.timeout,
+                      track_memory=cfg.worker.track_memory,
                       schedule_doc=schedule_doc)
     output_name = next(n.name for n in trainer.gm.graph.nodes if n.op == "output")
     output_meta = trainer.executor.metas[output_name]
@@ -96,18 +100,19 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
         data = ImageFolderData(cfg.dataset.data.split(":", 1)[1], spec.example_inputs[0],
                                cfg.graph.batch_size, cfg.run.seed)
     elif cfg.dataset.data.startswith("text:"):
-        data = TextData(cfg.dataset.data.split(":", 1)[1], spec.example_inputs[0], cfg.graph.batch_size,
+        data = TextData(cfg.dataset.data.split(":", 1)[1], spec.example_inputs[0],
+                        cfg.graph.batch_size,
                         cfg.run.seed, cfg.graph.task or spec.task, spec.task_options,
                         vocab=spec.int_high[0] if spec.int_high else None)
     elif cfg.dataset.data.startswith("tiles:"):  # huge images: each tile rank reads only its tile
         from outcore.parallel.spatial.data import TileFolderData
-        data = TileFolderData.for_trainer(cfg.dataset.data.split(":", 1)[1], trainer, cfg.graph.batch_size,
-                                          cfg.run.seed)
+        data = TileFolderData.for_trainer(cfg.dataset.data.split(":", 1)[1], trainer,
+                                          cfg.graph.batch_size, cfg.run.seed)
     else:
         raise UsageError(f"unknown data {cfg.dataset.data!r}: use synthetic, imagefolder:PATH, "
                          "tiles:PATH or text:FILE")
     if trainer.spatial is not None and not cfg.dataset.data.startswith("tiles:"):
-        from outcore.parallel.spatial.data import TileCut   # the tile group holds only its tiles
+        from outcore.parallel.spatial.data import TileCut  # the tile group holds only its tiles
         data = TileCut.for_trainer(data, trainer)
     return trainer, data
 
@@ -192,7 +197,8 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "more than 1 value per channel" in text:
             text = (f"batch norm cannot train on a micro-batch of "
-                    f"{cfg.graph.batch_size // max(cfg.planning.microbatches, 1)} (it needs more than one "
+                    f"{cfg.graph.batch_size // max(cfg.planning.microbatches, 1)} (it needs "
+                    "more than one "
                     "value per channel): use a larger --batch-size or fewer --microbatches")
         raise RuntimeFailure(f"rank {rank} step {step}: {type(e).__name__}: {text}") from e
     finally:
@@ -215,7 +221,7 @@ def _summary(cfg: TrainConfig, trainer: Any, out: dict[str, Any]) -> dict[str, A
         out["tensor_split"] = list(trainer.tensor_layout.split_modules)
     if trainer.sharder is not None:
         out["sharded"] = sorted(trainer.sharder.by_name)
-    if cfg.worker.return_state:  # whole tensors (a tensor-parallel shard is gathered from its group)
+    if cfg.worker.return_state:  # whole tensors (a tensor-parallel shard gathered from its group)
         out["state"] = {k: _whole(v).detach().cpu().clone()
                         for k, v in trainer.full_parameters().items()}
         out["buffers"] = {k: b.detach().cpu().clone() for k, b in trainer.gm.named_buffers()
@@ -237,7 +243,8 @@ def _on_nonfinite(cfg: TrainConfig, step: int, loss: float, bad: tuple[bool, boo
                     detail)
         return
     ckpt = f"the last good checkpoint is {last_good}" if last_good is not None else \
-        "no checkpoint was written yet" + ("" if cfg.run.checkpoint_dir else " (no --checkpoint-dir)")
+        "no checkpoint was written yet" + ("" if cfg.run.checkpoint_dir
+                                           else " (no --checkpoint-dir)")
     raise NonFiniteError(f"step {step}: non-finite {what} ({detail}); stopped before its "
                          f"optimizer update; {ckpt}. Lower --lr, or pass --on-nonfinite skip "
                          "to skip such steps")

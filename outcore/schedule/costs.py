@@ -35,9 +35,9 @@ from typing import Callable
 import numpy as np
 
 from outcore.cost.memory import state_factor
-from outcore.graph.jit import njit
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph
+from outcore.graph.jit import njit
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
 

@@ -20,6 +20,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -228,7 +229,8 @@ def _unnamed_buckets(g: Graph, assignment: np.ndarray) -> tuple[
                                                                 minlength=len(groups)))[:-1])
     sizes = np.bincount(bucket[shared], minlength=len(groups),
                         weights=np.asarray(g.param_bytes, np.float64)[held[shared]])
-    return groups, tuple(_HeldParams(g, ns) for ns in nodes), tuple(float(x) for x in sizes)
+    held_names = cast(tuple[tuple[str, ...], ...], tuple(_HeldParams(g, ns) for ns in nodes))
+    return groups, held_names, tuple(float(x) for x in sizes)
 
 
 def _in_every_copy(g: Graph, nodes: np.ndarray) -> np.ndarray:
@@ -258,7 +260,8 @@ def _touching(s: Schedule, g: Graph, names: tuple[tuple[str, ...], ...]) -> list
     piece_of = s.pieces.piece_of
     if g.attrs is None:  # _unnamed_buckets' buckets: their nodes in every copy
         for b, held in enumerate(names):
-            out[b] = set(np.unique(piece_of[_in_every_copy(g, held.nodes)]).tolist())
+            nodes = cast(_HeldParams, held).nodes
+            out[b] = set(np.unique(piece_of[_in_every_copy(g, nodes)]).tolist())
         return out
     bucket_of = {name: b for b, ns in enumerate(names) for name in ns}
     for v in range(g.num_nodes):
@@ -383,7 +386,7 @@ def _sharded_node_bytes(g: Graph, names: tuple[tuple[str, ...], ...],
     the bucket's nodes (:class:`_HeldParams`) in every copy of the graph."""
     out = np.zeros(g.num_nodes)
     if g.attrs is None:
-        held = [ns.nodes for ns, sh in zip(names, sharded) if sh]
+        held = [cast(_HeldParams, ns).nodes for ns, sh in zip(names, sharded) if sh]
         if held:
             idx = _in_every_copy(g, np.concatenate(held))
             out[idx] = np.asarray(g.param_bytes, np.float64)[idx]

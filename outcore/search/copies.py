@@ -62,7 +62,8 @@ def plan_layout(g: Graph, req: PlanRequest, beat_s: float | None = None) -> Plan
 def single(g: Graph, req: PlanRequest) -> Plan:
     """Everything on one device, with the memory policies that make it fit."""
     p = make_plan(g, np.zeros(g.num_nodes, dtype=np.int64), strategy="single",
-                  devices=req.tp, layout=Layout(tp=req.tp), memory_bytes=req.memory_bytes,
+                  devices=req.fixed_tp, layout=Layout(tp=req.fixed_tp),
+                  memory_bytes=req.memory_bytes,
                   microbatches=req.microbatches,
                   schedule=req.first_schedule,
                   optimizer=req.optimizer, cluster=req.cluster)
@@ -80,7 +81,7 @@ def _replicated_plan(g: Graph, req: PlanRequest, replicas: int,
     """The best single-copy placement under ``memory / replicas``, replicated and simulated
     (not when the copy alone is no faster than ``beat_s``: :class:`Beaten`)."""
     placed_g, budget, check_fit = placement_input(g, req, replicas)
-    if req.depth > 1:  # placed by the shards' memory; the sharded plan is simulated below
+    if req.fixed_depth > 1:  # placed by the shards' memory; the sharded plan is simulated below
         base = best_placement(placed_g, req, budget, check_fit=check_fit, beat_s=beat_s)
     else:
         fastest: list[Plan] = []

@@ -185,9 +185,10 @@ def candidate_layouts(g: Graph, req: PlanRequest,
     if not req.whole_batch:
         M = int(req.microbatches)
         copies = req.dp * (req.replica_options()[0] if req.parallel != "mp" else 1)
-        totals = degrees[req.tp]  # of one micro-batch: every run does all of its work
+        totals = degrees[req.fixed_tp]  # of one micro-batch: every run does all of its work
         return [_choice(req.dp, req.parallel, req.replica_options()[0], M, B, req,
-                        totals, 1.0, req.depth or 1, req.tp, work_s=totals.work_s * M * copies)]
+                        totals, 1.0, req.depth or 1, req.fixed_tp,
+                        work_s=totals.work_s * M * copies)]
     out: list[LayoutChoice] = []
     for tp, totals in degrees.items():
         for dp in (divisors(req.devices) if req.search_layout else [req.dp]):

@@ -38,11 +38,26 @@ from outcore.hardware.allocator import frozen_objects
 from outcore.plan.plan import Plan
 from outcore.plan.request import PlanRequest
 from outcore.search.copies import plan_layout
-from outcore.search.layouts import (LayoutChoice, candidate_layouts, fixed_s, no_layout_fits,
-                                    tensor_degrees)
+from outcore.search.layouts import (
+    LayoutChoice,
+    candidate_layouts,
+    fixed_s,
+    no_layout_fits,
+    tensor_degrees,
+)
 from outcore.search.placement import place_next
-from outcore.search.ranking import (EXTRA_MICROBATCH_STEPS, TIE, better, fill, fits_unsharded,
-                                    layout_key, mesh_groups, record, why_lost, why_skipped)
+from outcore.search.ranking import (
+    EXTRA_MICROBATCH_STEPS,
+    TIE,
+    better,
+    fill,
+    fits_unsharded,
+    layout_key,
+    mesh_groups,
+    record,
+    why_lost,
+    why_skipped,
+)
 from outcore.search.refusal import checked_refusal
 from outcore.search.spatial import plan_spatial
 from outcore.search.tensor import tensor_costed, tensor_split, with_grid_note
@@ -145,9 +160,9 @@ _FIRST_FIT: contextvars.ContextVar[bool] = contextvars.ContextVar("first_fit", d
 
 
 # a layout's placement search is bounded by the best plan of the layouts searched before it
-# (:func:`~outcore.search.copies.plan_layout`'s ``beat_s``): placements the emulator finds slower are not simulated,
-# and a layout whose one copy is already no faster is not replicated. Off: every layout is
-# planned to the end (tests that check each layout's bound against its plan)
+# (:func:`~outcore.search.copies.plan_layout`'s ``beat_s``): placements the emulator finds slower
+# are not simulated, and a layout whose one copy is already no faster is not replicated. Off: every
+# layout is planned to the end (tests that check each layout's bound against its plan)
 BOUND_ACROSS_LAYOUTS = True
 
 

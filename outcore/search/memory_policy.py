@@ -31,8 +31,8 @@ from outcore.cost.memory import state_factor
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
-from outcore.plan.pieces_kernel import segment_bounds
 from outcore.plan.pieces import cut
+from outcore.plan.pieces_kernel import segment_bounds
 from outcore.plan.plan import Plan
 from outcore.plan.policies import CHOICES, MemoryPolicies
 from outcore.sim.simulate import simulate

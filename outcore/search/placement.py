@@ -28,8 +28,7 @@ from outcore.search.memory_policy import choose_simulated
 from outcore.search.prune import not_simulated, to_simulate
 from outcore.search.replicas import as_replicated, replicated_floor
 from outcore.search.tensor import shard_costed
-from outcore.search.threads import (contended, contended_runs, place, place_ahead,
-                                    placements_made)
+from outcore.search.threads import contended, contended_runs, place, place_ahead, placements_made
 from outcore.search.verdict import Beaten, candidate_note, fits, placement_row
 from outcore.sim.simulate import simulate
 
@@ -40,10 +39,10 @@ __all__ = ["RUNNER_UP_MARGIN", "SCHEDULE_TIE", "best_placement", "place_next",
 def place_next(g: Graph, req: PlanRequest) -> bool:
     """Start the placements :func:`~outcore.search.copies.plan_layout` of ``(g, req)`` begins
     with on the layout search's planner threads (:func:`~outcore.search.threads.place_ahead`),
-    while this thread finishes another layout; they are the same placements, only made earlier. Returns whether
-    they started (not for a layout of one device per copy, nor a sharded one, whose search
-    the layout search tries only where plain copies do not fit)."""
-    if req.depth > 1 or (req.devices == req.tp and req.strategy in ("auto", "single")):
+    while this thread finishes another layout; they are the same placements, only made
+    earlier. Returns whether they started (not for a layout of one device per copy, nor a
+    sharded one, whose search the layout search tries only where plain copies do not fit)."""
+    if req.fixed_depth > 1 or (req.devices == req.fixed_tp and req.strategy in ("auto", "single")):
         return False
     placed_g, budget, check_fit = placement_input(g, req, req.replica_options()[0])
     co, names = _placement_call(placed_g, req)
@@ -65,8 +64,8 @@ def placement_input(g: Graph, req: PlanRequest, replicas: int
     device, whether placements must fit it)`` (a sharded layout: the shards' memory)."""
     mem = req.memory_bytes
     budget = None if mem is None else mem / replicas
-    if req.depth > 1:
-        return shard_costed(g, req.depth), budget, True
+    if req.fixed_depth > 1:
+        return shard_costed(g, req.fixed_depth), budget, True
     return g, budget, replicas == 1
 
 
@@ -84,8 +83,8 @@ def best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
     each), fastest first, except those the contended emulation finds
     :data:`~outcore.search.threads.PRUNE_RATIO` times slower than the best simulated
     plan that fits, or than ``beat_s`` (another layout's plan:
-    :func:`~outcore.search.copies.plan_layout`; :class:`Beaten` when none is left) or, as ``replicas`` GEMS replicas,
-    no faster than ``beat_s`` by their compute alone
+    :func:`~outcore.search.copies.plan_layout`; :class:`Beaten` when none is left) or, as
+    ``replicas`` GEMS replicas, no faster than ``beat_s`` by their compute alone
     (:func:`~outcore.search.threads.not_simulated`). Where nothing over the devices
     fits, every node on one device is tried too (:func:`_on_one_device`).
     ``fastest_copy``: a list to receive the simulated placement fastest as one copy."""
@@ -136,6 +135,7 @@ def best_placement(g: Graph, req: PlanRequest, budget: float | None, *,
             tried.append((one[1].predicted["iteration_s"], len(placed) - 1, one[1]))
     if not tried:
         if beaten:  # the placements that fit in time lost to another layout's plan
+            assert beat_s is not None  # only another layout's plan beats a placement
             raise Beaten(f"every placement is slower than the best plan so far "
                          f"({beat_s * 1e3:.2f} ms) by the emulator, the simulator"
                          + (" or its replicas' compute" if replicas > 1 else ""))
@@ -169,9 +169,9 @@ def _placed(g: Graph, req: PlanRequest, budget: float | None, check_fit: bool,
                                                  contend=True)
     est = [as_replicated(req, em.busy_s, em.makespan_s, replicas) for em in runs]
     if co is not None:
-        bound = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
+        bound = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.fixed_tp),
                              optimizer=req.optimizer,
-                             microbatches=req.microbatches).lower_bound_s()
+                             microbatches=req.fixed_microbatches).lower_bound_s()
         placed = [(name, co.projected(r, bound)) for name, r in placed]  # (each notes it)
     return placed, notes, first_error, est
 
@@ -212,8 +212,8 @@ def _on_one_device(g: Graph, req: PlanRequest, bound_s: float | None):
 
 def _all_on_one(g: Graph, req: PlanRequest, note: str):
     """Every node on the first model-parallel device, emulated, as a placement."""
-    ctx = make_context(g, 1, cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
-                       microbatches=req.microbatches)
+    ctx = make_context(g, 1, cluster=req.cluster.slots(req.fixed_tp), optimizer=req.optimizer,
+                       microbatches=req.fixed_microbatches)
     a = np.zeros(g.num_nodes, dtype=np.int64)
     em = run(ctx, a, critical_path=False)
     return PartitionResult(assignment=a, strategy="single", devices_used=1,
@@ -231,13 +231,13 @@ def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) 
     # a placement made on the coarsened graph is merged and emulated there too
     co = coarsened(g)
     on = None if co is None else co.on_clusters(result.assignment)
-    mg, a = (g, result.assignment) if on is None else (co.graph, on)
-    merged = merge_small_pieces(mg, a, req.cluster.slots(req.tp))
+    mg, a = (g, result.assignment) if co is None or on is None else (co.graph, on)
+    merged = merge_small_pieces(mg, a, req.cluster.slots(req.fixed_tp))
     if np.array_equal(merged, a):
         return best
     was, now = contended(mg, req, [(None, replace(result, assignment=a)),
                                    (None, replace(result, assignment=merged))])
-    merged = merged if on is None else merged[co.group]
+    merged = merged if co is None or on is None else merged[co.group]
     moved = int((merged != result.assignment).sum())
     if now >= was:  # the emulator costs each piece as the simulator does: no gain to find
         return best.with_notes(f"granularity: merging {moved} node(s) of pieces too small to "
@@ -332,8 +332,8 @@ def _simulated(g: Graph, req: PlanRequest, result, check_fit: bool,
     """The plan of a partition result, with memory policies if needed, simulated (its
     schedule not checked: the search compares many; one is checked when lowered to run)."""
     K = req.model_parallel_devices
-    p = make_plan(g, result.assignment, strategy=result.strategy, devices=K * req.tp,
-                  layout=Layout(tp=req.tp), memory_bytes=req.memory_bytes,
+    p = make_plan(g, result.assignment, strategy=result.strategy, devices=K * req.fixed_tp,
+                  layout=Layout(tp=req.fixed_tp), memory_bytes=req.memory_bytes,
                   schedule=req.first_schedule,
                   microbatches=req.microbatches, optimizer=req.optimizer,
                   cluster=req.cluster, notes=tuple(result.notes),

@@ -61,11 +61,12 @@ def replica_load(busy: np.ndarray, mode: str, replicas: int) -> float:
     return float(held.max())
 
 
-def as_replicated(req: PlanRequest, busy: np.ndarray, time_s: float, replicas: int) -> float:
+def as_replicated(req: PlanRequest, busy: np.ndarray | list[float], time_s: float,
+                  replicas: int) -> float:
     """``time_s`` (one copy's), or the compute ``replicas`` GEMS replicas of a split whose
     devices compute ``busy`` seconds put on the busiest device when that is longer: a time
     no replication of it beats (the simulator adds to the compute)."""
-    if replicas < 2 or req.tp > 1 or len(busy) != req.model_parallel_devices:
+    if replicas < 2 or req.fixed_tp > 1 or len(busy) != req.model_parallel_devices:
         return time_s
     return max(time_s, replica_load(np.asarray(busy, np.float64), req.parallel, replicas))
 
@@ -74,7 +75,8 @@ def replicate(g: Graph, base: Plan, req: PlanRequest, replicas: int) -> Plan:
     """``base`` (a K-device split) replicated GEMS-style and ``req.dp`` times; simulated. Its
     lower bound counts every replica's work on the K devices."""
     mode = "mp" if replicas == 1 else req.parallel  # one replica x dp: plain data parallelism
-    layout = Layout.replicate(mode, base.stages, replicas, req.dp, tp=req.tp, depth=req.depth)
+    layout = Layout.replicate(mode, base.stages, replicas, req.dp, tp=req.fixed_tp,
+                              depth=req.fixed_depth)
     p = base.replace(devices=layout.ranks(base.stages), memory_bytes=req.memory_bytes,
                      layout=layout)
     sim = simulate(p, g, checked=False)

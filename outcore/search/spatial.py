@@ -36,8 +36,7 @@ from outcore.graph.ir import Graph
 from outcore.plan.plan import Plan
 from outcore.plan.policies import MemoryPolicies
 from outcore.plan.request import PlanRequest
-from outcore.plan.spatial import (SpatialPlan, crossing, join_candidates, prefix_of,
-                                  tile_fraction)
+from outcore.plan.spatial import SpatialPlan, crossing, join_candidates, prefix_of, tile_fraction
 from outcore.schedule.spatial import tiled_graph
 from outcore.sim.simulate import simulate
 from outcore.units import format_bytes

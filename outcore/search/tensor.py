@@ -27,7 +27,7 @@ def tensor_split(g: Graph, req: PlanRequest) -> tuple[Graph, TensorLayout]:
     """:func:`tensor_costed`, and the tensor-parallel layout it costed."""
     if req.tp == 1:
         return g, TensorLayout(tp=1, pairs=(), splits=())
-    layout = plan_layout(g, req.tp)
+    layout = plan_layout(g, req.fixed_tp)
     if not layout.split_modules:
         raise InfeasibleError(f"--tp {req.tp}: no layer of {g.name!r} can be split {req.tp} "
                               f"ways (split: an nn.Linear / nn.Embedding, or in a "
@@ -35,7 +35,7 @@ def tensor_split(g: Graph, req: PlanRequest) -> tuple[Graph, TensorLayout]:
                               f"width divisible by {req.tp} and, outside a Megatron pair, at "
                               f"least 1 MiB of parameters; convolutions, norms and layers "
                               f"shared across calls stay whole); use --tp 1")
-    return tensor_graph(g, req.tp, req.cluster.link(0, 1), layout=layout)[0], layout
+    return tensor_graph(g, req.fixed_tp, req.cluster.link(0, 1), layout=layout)[0], layout
 
 
 def shard_costed(g: Graph, depth: int) -> Graph:

@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
-
 from functools import cache
 
 from outcore.errors import InfeasibleError, UsageError
@@ -227,8 +226,8 @@ def spread_floor(g: Graph, req: PlanRequest, budget: float | None):
     refusal at the requested budget; None without a budget."""
     if budget is None:
         return None
-    ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.tp),
-                       optimizer=req.optimizer, microbatches=req.microbatches,
+    ctx = make_context(g, req.model_parallel_devices, cluster=req.cluster.slots(req.fixed_tp),
+                       optimizer=req.optimizer, microbatches=req.fixed_microbatches,
                        memory_bytes=budget)
     return spread_floor_bytes(ctx), cache(lambda: infeasible(ctx, "every planner"))
 
@@ -238,8 +237,8 @@ def placer_results(g: Graph, req: PlanRequest, budget: float | None,
     """The placements placer ``name`` offers for the request's model-parallel devices under
     ``budget`` per device (:func:`outcore.placers.placements`)."""
     return placements(g, req.model_parallel_devices, memory_bytes=budget,
-                      cluster=req.cluster.slots(req.tp), strategy=name,
-                      optimizer=req.optimizer, microbatches=req.microbatches, seed=req.seed)
+                      cluster=req.cluster.slots(req.fixed_tp), strategy=name,
+                      optimizer=req.optimizer, microbatches=req.fixed_microbatches, seed=req.seed)
 
 
 def contended(g: Graph, req: PlanRequest, placed: list) -> list[float]:
@@ -272,8 +271,8 @@ class _Runs:
     def __init__(self, g: Graph, req: PlanRequest, pool: ThreadPoolExecutor | None) -> None:
         self.g, self.pool = g, pool
         self.ctx = make_context(g, req.model_parallel_devices,
-                                cluster=req.cluster.slots(req.tp), optimizer=req.optimizer,
-                                microbatches=req.microbatches)
+                                cluster=req.cluster.slots(req.fixed_tp), optimizer=req.optimizer,
+                                microbatches=req.fixed_microbatches)
         self.lock = threading.Lock()
         self.by_bytes: dict[bytes, Future] = {}
         self.key_of: dict[int, bytes] = {}  # id of each result added -> its assignment's bytes

@@ -6,6 +6,8 @@ large to hold as arrays) run on the reference."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from outcore.errors import ScheduleError
@@ -14,8 +16,14 @@ from outcore.hardware.spec import COLD_START_FRACTION, COLD_START_IDLE_S, Cluste
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import RECV_POST_AHEAD, Schedule, action_columns
 from outcore.sim import _engine_kernel as K
-from outcore.sim.model import (ar_buffer_bytes, grad_bytes, held_at_start,
-                               link_ports, pair_recv_bytes, paired_buckets)
+from outcore.sim.model import (
+    ar_buffer_bytes,
+    grad_bytes,
+    held_at_start,
+    link_ports,
+    pair_recv_bytes,
+    paired_buckets,
+)
 from outcore.trace import Event, EventColumns, Timeline
 
 # keyed tables past this many entries are not held as arrays (the reference runs instead)
@@ -91,7 +99,8 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
                             "; ".join(unfinished[:6]))
     iteration = max(rf[K.R_FINISH].tolist() + [0.0])
     limit = cluster.device.memory_bytes
-    return Timeline(R, _events(E, int(cnt[K.C_EV]), s.actions), iteration,
+    events = cast(tuple[Event, ...], _events(E, int(cnt[K.C_EV]), s.actions))  # lazy columns
+    return Timeline(R, events, iteration,
                     _memory(M, int(cnt[K.C_MEM]), R),
                     limit if np.isfinite(limit) else None, "simulated",
                     {"schedule": s.kind, "microbatches": s.microbatches, "dp": opt.dp})

@@ -28,13 +28,20 @@ import numpy as np
 
 from outcore.errors import ScheduleError
 from outcore.graph.jit import HAVE_NUMBA
+from outcore.hardware.collectives import dp_allreduce as dp_phases, ring_allreduce_s
 from outcore.hardware.spec import COLD_START_FRACTION, COLD_START_IDLE_S, Cluster, LinkSpec
 from outcore.schedule.costs import PieceCosts
 from outcore.schedule.ir import RECV_POST_AHEAD, Action, Schedule
-from outcore.hardware.collectives import dp_allreduce as dp_phases, ring_allreduce_s
 from outcore.sim.compiled import simulate_compiled
-from outcore.sim.model import (SimOptions, ar_buffer_bytes, grad_bytes, held_at_start,
-                               link_ports, pair_recv_bytes, paired_buckets)
+from outcore.sim.model import (
+    SimOptions,
+    ar_buffer_bytes,
+    grad_bytes,
+    held_at_start,
+    link_ports,
+    pair_recv_bytes,
+    paired_buckets,
+)
 from outcore.trace import Event, Timeline
 
 
@@ -231,6 +238,7 @@ class _Engine:
 
     # ------------------------------------------------------------------ shared host cores
     def _rate(self, n_active: int) -> float:
+        assert self.cores is not None  # only ranks that share host cores have a rate
         return min(1.0, self.cores / n_active) if n_active else 1.0
 
     def _advance(self, t: float) -> None:
@@ -274,7 +282,7 @@ class _Engine:
             self.send(r, a, t)
             return t
         if a.op in ("RF", "RB"):
-            key = (a.transfer, a.op[1], a.mb)
+            key: tuple = (a.transfer, a.op[1], a.mb)
             arrive = self.arrival.get(key)
             if arrive is None:
                 self.waiting[key] = r

@@ -119,6 +119,7 @@ def simulate(plan: Plan, g: Graph, *, cluster: Cluster | None = None,
     result = _simulated(plan, g, cluster, microbatches, schedule, global_batch, dp, collective,
                         dp_bucket_bytes, dp_fused, lowered, checked)
     if key is not None:
+        assert memo is not None  # a key is made only with a memo
         memo.entries[key] = (result, g, cluster, plan.cluster)  # (ids in the key stay taken)
         while len(memo.entries) > memo.size:
             memo.entries.popitem(last=False)

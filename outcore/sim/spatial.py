@@ -26,6 +26,7 @@ def with_tile_ranks(result, plan: Plan, g: Graph, low: Lowered):
     """``result`` (a :class:`~outcore.sim.simulate.SimResult`) with the tile ranks' busy time,
     idle time, bytes sent and peak memory filled in."""
     sp = plan.spatial
+    assert sp is not None  # called for spatial plans only
     stages = plan.stages
     dp = plan.layout.dp
     tc = tile_rank_costs(g, sp, low.cluster, stages, plan.optimizer, dp)

@@ -17,8 +17,16 @@ import numpy as np
 
 from outcore.trace import Event, Timeline
 from outcore.units import format_bytes, format_seconds
-from outcore.viz.style import (KIND_COLOURS, KIND_NAMES, byte_unit, check_path, luminance,
-                               save_figure, text_width_in, time_unit)
+from outcore.viz.style import (
+    KIND_COLOURS,
+    KIND_NAMES,
+    byte_unit,
+    check_path,
+    luminance,
+    save_figure,
+    text_width_in,
+    time_unit,
+)
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,16 @@ from outcore.units import format_bytes, format_seconds
 from outcore.viz.condense import View, condense, device_shares
 from outcore.viz.layout import Layout, layered_layout
 from outcore.viz.legend import Header, draw_header
-from outcore.viz.style import (CUT_RED, EDGE_GREY, check_path, cost_cmap, cost_norm,
-                               device_colours, save_figure, text_width_in)
+from outcore.viz.style import (
+    CUT_RED,
+    EDGE_GREY,
+    check_path,
+    cost_cmap,
+    cost_norm,
+    device_colours,
+    save_figure,
+    text_width_in,
+)
 
 log = logging.getLogger(__name__)
 

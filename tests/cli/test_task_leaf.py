@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from outcore.core.values import value_metas
 from outcore.graph.capture import trace
 from outcore.runtime.data import SyntheticData, split
-from outcore.core.values import value_metas
 from outcore.zoo import build_model
 from tests.cli.test_cli import run
 

@@ -6,11 +6,18 @@ import logging
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from outcore.cost.analytical import (MATRIX_OPS, ZERO_COST_OPS, estimate, layer_times,
-                                     matrix_flops, needs_grad, roofline_s, work)
+from outcore.cost.analytical import (
+    MATRIX_OPS,
+    ZERO_COST_OPS,
+    estimate,
+    layer_times,
+    matrix_flops,
+    needs_grad,
+    roofline_s,
+    work,
+)
 from outcore.graph.coarsen import collapse
 from outcore.graph.ir import build
 from outcore.hardware.presets import device_preset

@@ -9,8 +9,15 @@ import math
 import numpy as np
 import pytest
 
-from outcore.cost.regression import (CostModel, Sample, WorkFit, family_of, fit,
-                                     samples_from_graph, variables)
+from outcore.cost.regression import (
+    CostModel,
+    Sample,
+    WorkFit,
+    family_of,
+    fit,
+    samples_from_graph,
+    variables,
+)
 from outcore.errors import FormatError, UsageError
 
 
@@ -169,6 +176,7 @@ def test_calibration_grids_are_distinct_and_in_range():
 
 def test_measure_layers_on_tiny_layers():
     import torch
+
     from outcore.cost.calibrate import LayerConfig, measure_layers
     layers = [LayerConfig("conv2d", {"in_channels": 3, "out_channels": 4, "kernel_size": 3,
                                      "padding": 1}, ((1, 3, 8, 8),)),

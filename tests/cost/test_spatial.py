@@ -5,11 +5,25 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from outcore.cost.spatial import (LayerGeometry, bn_allreduce_bytes, gather_bytes, halo_bytes,
-                                  output_hw, tile_activation_bytes, tile_halos)
-from outcore.cost.spatial_geometry import (TileGrid, conv_need, conv_out_size,
-                                           conv_transpose_need, conv_transpose_out_size,
-                                           intervals, pool_divisors, split_sizes)
+from outcore.cost.spatial import (
+    LayerGeometry,
+    bn_allreduce_bytes,
+    gather_bytes,
+    halo_bytes,
+    output_hw,
+    tile_activation_bytes,
+    tile_halos,
+)
+from outcore.cost.spatial_geometry import (
+    TileGrid,
+    conv_need,
+    conv_out_size,
+    conv_transpose_need,
+    conv_transpose_out_size,
+    intervals,
+    pool_divisors,
+    split_sizes,
+)
 from outcore.errors import UsageError
 
 

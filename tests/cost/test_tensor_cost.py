@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from outcore.cost.tensor import (Collective, depth_collectives, depth_peak_bytes,
-                                 split_compute_s, split_state_bytes, style_collectives)
+from outcore.cost.tensor import (
+    Collective,
+    collective_s,
+    depth_collectives,
+    depth_peak_bytes,
+    phase_s,
+    split_compute_s,
+    split_state_bytes,
+    style_collectives,
+)
 from outcore.errors import UsageError
 from outcore.hardware.spec import LinkSpec
-from outcore.cost.tensor import collective_s, phase_s
 
 MiB = 1 << 20
 LINK = LinkSpec(bandwidth=1e9, latency_s=0.0)  # 1 GB/s, no latency: times are bytes / 1e9

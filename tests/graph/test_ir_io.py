@@ -6,9 +6,15 @@ from hypothesis import given, settings, strategies as st
 
 from outcore.errors import FormatError, GraphError
 from outcore.graph import build, from_dict, load, save, to_dict
-from outcore.graph.algorithms import (critical_path, depth_levels, find_cycle,
-                                      longest_from_sources, longest_to_sinks, topological_order,
-                                      weakly_connected_components)
+from outcore.graph.algorithms import (
+    critical_path,
+    depth_levels,
+    find_cycle,
+    longest_from_sources,
+    longest_to_sinks,
+    topological_order,
+    weakly_connected_components,
+)
 
 
 def diamond():

@@ -8,9 +8,17 @@ import math
 import pytest
 
 from outcore.errors import UsageError
-from outcore.hardware.presets import (device_preset, link_names, link_preset, normalize,
-                                      preset_names, preset_source, save_device_preset,
-                                      spec_from_dict, spec_to_dict)
+from outcore.hardware.presets import (
+    device_preset,
+    link_names,
+    link_preset,
+    normalize,
+    preset_names,
+    preset_source,
+    save_device_preset,
+    spec_from_dict,
+    spec_to_dict,
+)
 from outcore.hardware.spec import DeviceSpec, LinkSpec
 
 GPU_PRESETS = ("v100-sxm2-16gb", "v100-sxm2-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb",

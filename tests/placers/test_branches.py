@@ -6,8 +6,7 @@ import logging
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from outcore.graph.generators import make_nas, make_rnn, make_transformer
 from outcore.graph.ir import build
@@ -419,7 +418,8 @@ def test_row_sums_add_as_numpy_does():
     sizes = [0, 1, 7, 8, 9, 127, 128, 129, 300, 1000, 2049]
     rows = [rng.choice(5000, size=s, replace=False) for s in sizes]
     extra = [rng.choice(5000, size=s, replace=False) for s in reversed(sizes)]
-    ptr = lambda xs: np.concatenate([[0], np.cumsum([x.size for x in xs])]).astype(np.int64)
+    def ptr(xs):
+        return np.concatenate([[0], np.cumsum([x.size for x in xs])]).astype(np.int64)
     got = row_sums(w, ptr(rows), np.concatenate(rows).astype(np.int64), ptr(extra),
                     np.concatenate(extra).astype(np.int64))
     want = [float(w[a].sum() + w[b].sum()) for a, b in zip(rows, extra)]

@@ -8,8 +8,8 @@ import pytest
 from outcore.errors import UsageError
 from outcore.graph.ir import build
 from outcore.hardware.spec import flat_cluster
-from outcore.placers.emulate import emulate
 from outcore.placers.context import make_context
+from outcore.placers.emulate import emulate
 
 # a link of 100 B/s and 0.5 s latency: a 100-byte tensor takes 0.5 + 1 = 1.5 s
 SLOW = flat_cluster(2, memory_bytes=1e9, bandwidth=100.0, latency_s=0.5)

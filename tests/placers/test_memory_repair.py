@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from outcore.graph.generators import make
-from outcore.placers.pardnn import memory as pardnn_memory
 from outcore.placers.context import make_context
+from outcore.placers.pardnn import memory as pardnn_memory
 
 
 @pytest.mark.parametrize("family", ["nas", "rnn", "unet", "transformer"])

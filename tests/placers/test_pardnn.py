@@ -9,8 +9,8 @@ from outcore.errors import InfeasibleError
 from outcore.graph.ir import build
 from outcore.hardware.spec import flat_cluster
 from outcore.placers import partition
-from outcore.placers.emulate import emulate
 from outcore.placers.context import make_context
+from outcore.placers.emulate import emulate
 from outcore.placers.pardnn.mapping import map_secondaries
 from outcore.placers.pardnn.slicing import slice_graph
 
@@ -153,7 +153,8 @@ def test_device_counts_below_the_memory_floor_are_not_tried():
     assert any("K=2: not tried" in n for n in r.notes)
     assert not any("K=2: step 1" in n for n in r.notes)
     assert r.peak_bytes.max() <= 1.25 * one / 4
-    labels = [c.notes[-1] for c in placements(g, 4, strategy="contiguous", memory_bytes=1.25 * one / 4)]
+    offered = placements(g, 4, strategy="contiguous", memory_bytes=1.25 * one / 4)
+    labels = [c.notes[-1] for c in offered]
     assert labels and not any(", 2 devices" in label for label in labels)
     # without the limit both device counts are tried
     free = partition(g, 4, strategy="pardnn")

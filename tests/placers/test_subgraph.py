@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from outcore.errors import InfeasibleError
 from outcore.graph.generators import make_transformer
 from outcore.graph.ir import build
 from outcore.hardware.spec import LinkSpec, flat_cluster
 from outcore.placers import partition, strategies, subgraph
-from outcore.placers.subgraph.branches import find_branches
-from outcore.placers.emulate import emulate
 from outcore.placers.context import make_context
+from outcore.placers.emulate import emulate
 from outcore.placers.subgraph import branch_table, place_branches
+from outcore.placers.subgraph.branches import find_branches
 
 GiB = 2**30
 

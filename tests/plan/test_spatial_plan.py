@@ -10,11 +10,11 @@ import torch
 import outcore
 from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import UsageError
-from outcore.search.loop import search
 from outcore.plan.layout import Layout
 from outcore.plan.plan import from_dict, to_dict
 from outcore.plan.request import PlanRequest
 from outcore.plan.spatial import SpatialPlan, join_candidates, tile_group
+from outcore.search.loop import search
 from outcore.sim.simulate import simulate
 from tests.parallel.spatial.sp_models import small_resnet, unet
 

@@ -8,14 +8,13 @@ import copy
 import numpy as np
 import torch
 
-from outcore.graph.capture import capture
-from outcore.graph.io import to_dict as graph_doc
-from outcore.plan.plan import make_plan, to_dict as plan_doc
-from outcore.plan.layout import Layout
 from outcore.config import TrainConfig
-from outcore.runtime.data import SyntheticData, default_loss, split
 from outcore.core.values import value_metas
-from outcore.graph.capture import trace
+from outcore.graph.capture import capture, trace
+from outcore.graph.io import to_dict as graph_doc
+from outcore.plan.layout import Layout
+from outcore.plan.plan import make_plan, to_dict as plan_doc
+from outcore.runtime.data import SyntheticData, default_loss, split
 from outcore.zoo import build_model
 
 
@@ -46,7 +45,8 @@ def docs_for(cfg: TrainConfig, assign, devices: int, *, parallel: str | None = N
         total = layout.ranks(devices)
     plan = make_plan(g, a, strategy="manual", devices=total, memory_bytes=None,
                      microbatches=cfg.planning.microbatches,
-                     schedule="1f1b" if cfg.planning.schedule == "auto" else cfg.planning.schedule, **fields)
+                     schedule="1f1b" if cfg.planning.schedule == "auto"
+                     else cfg.planning.schedule, **fields)
     return graph_doc(g), plan_doc(plan), g
 
 
@@ -66,7 +66,8 @@ def reference(cfg: TrainConfig, chunks: int | None = None, *, buffers: bool = Fa
     gm = trace(model).gm
     out_name = next(n.name for n in gm.graph.nodes if n.op == "output")
     meta = value_metas(gm, split(spec.example_inputs, chunks)[0])[out_name]
-    data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.graph.batch_size, cfg.run.seed)
+    data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.graph.batch_size,
+                         cfg.run.seed)
     if cfg.optim.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=cfg.optim.momentum)
     else:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from outcore.config import TrainConfig
 from outcore.errors import CheckpointError, RuntimeFailure
 from outcore.runtime import checkpoint, ckpt_trust
-from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import chunks, docs_for, reference
@@ -50,7 +50,7 @@ def test_resume_checks_digests_and_falls_back(tmp_path, capfd):
     metrics = tmp_path / "m.jsonl"
     # --resume on an empty folder: says it starts fresh
     _run(TrainConfig.make(**BASE, steps=4, checkpoint_dir=str(ckpt), checkpoint_every=2,
-                     resume=True, metrics_out=str(metrics)))
+                          resume=True, metrics_out=str(metrics)))
     assert "starting fresh" in capfd.readouterr().err
     assert [s for s, _ in checkpoint.complete(ckpt)] == [4, 2]
     marker = json.loads((ckpt / "step_4" / "COMPLETE").read_text())
@@ -68,7 +68,7 @@ def test_resume_checks_digests_and_falls_back(tmp_path, capfd):
     forged = tmp_path / "forged-ran"
     (ckpt / "step_4" / ".metadata").write_bytes(pickle.dumps(_Payload(str(forged))))
     cfg = TrainConfig.make(**BASE, steps=6, checkpoint_dir=str(ckpt), resume=True,
-                      metrics_out=str(metrics))
+                           metrics_out=str(metrics))
     resumed = _run(cfg)[0]["losses"]
     err_text = capfd.readouterr().err
     assert not forged.exists(), "the forged pickle was loaded"

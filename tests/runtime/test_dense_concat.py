@@ -46,8 +46,8 @@ CASES = [
 @pytest.mark.parametrize("schedule,assign", CASES, ids=["pipeline", "5-runs", "13-runs"])
 def test_dense_concatenations_on_two_ranks_equal_single_process(schedule, assign):
     cfg = TrainConfig.make(model=MODEL, batch_size=8, microbatches=2, steps=3, schedule=schedule,
-                      optimizer="sgd", lr=0.1, momentum=0.0, return_state=True,
-                      track_memory=False, timeout=30)
+                           optimizer="sgd", lr=0.1, momentum=0.0, return_state=True,
+                           track_memory=False, timeout=30)
     graph_doc, plan_doc, g = docs_for(cfg, assign, 2)
     a = np.asarray(assign(g))
     names = [g.name_of(i) for i in range(g.num_nodes)]

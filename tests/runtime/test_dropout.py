@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
 def _run(model: str, ranks: int, schedule: str):
     cfg = TrainConfig.make(model=model, batch_size=8, microbatches=2, steps=3, schedule=schedule,
-                      return_state=True, track_memory=False, timeout=20)
+                           return_state=True, track_memory=False, timeout=20)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, ranks), ranks)
     return run_local(train_worker, ranks, (cfg, graph_doc, plan_doc), timeout_s=90)
 

@@ -49,8 +49,8 @@ CASES = [
 def test_distributed_equals_single_process(model, mbs, schedule, assign, ranks, optimizer):
     shape = (8, 3, 32, 32) if model.startswith("torchvision") else None
     cfg = TrainConfig.make(model=model, input_shape=shape, batch_size=8, microbatches=mbs, steps=3,
-                      schedule=schedule, optimizer=optimizer, lr=1e-2 if optimizer == "sgd"
-                      else 1e-3, return_state=True, track_memory=False)
+                           schedule=schedule, optimizer=optimizer, lr=1e-2 if optimizer == "sgd"
+                           else 1e-3, return_state=True, track_memory=False)
     graph_doc, plan_doc, g = docs_for(cfg, assign, ranks)
     assert len(set(np.asarray(assign(g)).tolist())) == ranks, "every rank must hold nodes"
     results = run_local(train_worker, ranks, (cfg, graph_doc, plan_doc), timeout_s=60)
@@ -60,7 +60,7 @@ def test_distributed_equals_single_process(model, mbs, schedule, assign, ranks, 
 def test_single_rank_is_plain_training():
     """--devices 1 runs through the same code path and equals the plain loop."""
     cfg = TrainConfig.make(model="outcore:diamond", batch_size=8, microbatches=2, steps=4,
-                      return_state=True, track_memory=False)
+                           return_state=True, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1)
     results = run_local(train_worker, 1, (cfg, graph_doc, plan_doc), timeout_s=60)
     assert_matches(results, *reference(cfg))

@@ -11,9 +11,9 @@ import numpy as np
 import psutil
 import pytest
 
+from outcore.config import TrainConfig
 from outcore.errors import RuntimeFailure
 from outcore.runtime import checkpoint
-from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import chunks, docs_for
@@ -46,8 +46,8 @@ def _run(cfg: TrainConfig, ranks: int = 2, timeout_s: float = 60):
 def test_a_failing_worker_stops_everyone(mode):
     before = _children()
     cfg = TrainConfig.make(model="outcore:mlp", batch_size=4, microbatches=2, steps=5,
-                      fail_at_step=2, fail_rank=1, fail_mode=mode, timeout=8,
-                      track_memory=False)
+                           fail_at_step=2, fail_rank=1, fail_mode=mode, timeout=8,
+                           track_memory=False)
     start = time.monotonic()
     with pytest.raises(RuntimeFailure) as err:
         _run(cfg, timeout_s=8)
@@ -81,10 +81,10 @@ def test_resume_gives_the_same_losses(tmp_path):
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
     with pytest.raises(RuntimeFailure, match="injected failure at step 5"):
         _run(TrainConfig.make(**base, checkpoint_dir=str(ckpt), checkpoint_every=2, fail_at_step=5,
-                         fail_rank=0, metrics_out=str(metrics)))
+                              fail_rank=0, metrics_out=str(metrics)))
     assert checkpoint.latest(ckpt)[0] == 4
     resumed = _run(TrainConfig.make(**base, checkpoint_dir=str(ckpt), resume=True,
-                               metrics_out=str(metrics)))[0]["losses"]
+                                    metrics_out=str(metrics)))[0]["losses"]
     assert len(resumed) == 2
     np.testing.assert_allclose(resumed, full[4:], rtol=1e-6)
     logged = [json.loads(x) for x in metrics.read_text().splitlines()]
@@ -106,7 +106,7 @@ def test_partial_checkpoint_is_never_picked(tmp_path):
 def test_metrics_file_has_one_object_per_step(tmp_path):
     out = tmp_path / "m.jsonl"
     cfg = TrainConfig.make(model="outcore:mlp", batch_size=8, microbatches=2, steps=3,
-                      metrics_out=str(out))
+                           metrics_out=str(out))
     res = _run(cfg)
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2]

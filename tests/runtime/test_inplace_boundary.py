@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from outcore.config import TrainConfig
 from outcore.graph.capture import capture
 from outcore.graph.io import to_dict as graph_doc
 from outcore.graph.ir import Graph
 from outcore.plan.plan import make_plan, to_dict as plan_doc
-from outcore.config import TrainConfig
 from outcore.runtime.data import split
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
@@ -28,7 +28,7 @@ ALIAS_MODEL = "tests/runtime/inplace_alias_model.py:make"
 def _captured(model: str, path: str) -> tuple[TrainConfig, Graph]:
     """The run's config and the model's graph (1 / 2 ms per node), at the micro-batch size."""
     cfg = TrainConfig.make(model=model, batch_size=8, microbatches=2, steps=3, optimizer="sgd",
-                      lr=0.1, momentum=0.0, return_state=True, track_memory=False, timeout=30)
+                           lr=0.1, momentum=0.0, return_state=True, track_memory=False, timeout=30)
     spec, net = build_model(model, batch_size=8, seed=cfg.run.seed)
     g = capture(net, split(spec.example_inputs, 2)[0], name=model, path=path)
     return cfg, g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))

@@ -18,10 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from outcore.errors import CheckpointError, RuntimeFailure
-from outcore.runtime import ckpt_trust
 from outcore.config import TrainConfig
-from outcore.runtime import launch
+from outcore.errors import CheckpointError, RuntimeFailure
+from outcore.runtime import ckpt_trust, launch
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import chunks, docs_for
@@ -150,7 +149,7 @@ def test_local_workers_listen_on_loopback_only():
 
 def _cfg(**kw) -> TrainConfig:
     return TrainConfig.make(model="outcore:mlp", batch_size=4, microbatches=2, steps=2,
-                       track_memory=False, **kw)
+                            track_memory=False, **kw)
 
 
 def test_a_second_writer_is_refused(tmp_path):

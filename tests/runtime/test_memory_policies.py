@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from outcore.plan.policies import MemoryPolicies, segmented, segments
 from outcore.config import TrainConfig
+from outcore.plan.policies import MemoryPolicies, segmented, segments
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import assert_matches, chunks, docs_for, reference
@@ -31,7 +31,7 @@ def mixed(g, a):
 
 def test_policies_train_exactly_like_no_policy():
     cfg = TrainConfig.make(model="outcore:diamond", batch_size=8, microbatches=2, steps=3,
-                      return_state=True, track_memory=False)
+                           return_state=True, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, 2), 2, policies=mixed)
     results = run_local(train_worker, 2, (cfg, graph_doc, plan_doc), timeout_s=60)
     assert_matches(results, *reference(cfg))
@@ -39,7 +39,7 @@ def test_policies_train_exactly_like_no_policy():
 
 def test_checkpointing_lowers_measured_peak():
     cfg = TrainConfig.make(model="outcore:resnet_k:depth=29,width=8", batch_size=16,
-                      microbatches=1, steps=2, return_state=True, track_memory=True)
+                           microbatches=1, steps=2, return_state=True, track_memory=True)
 
     plain = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1)
     ckpt = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1, policies=_segmented("checkpoint"))
@@ -69,12 +69,12 @@ def test_pieces_of_one_rank_hold_what_the_simulator_predicts():
     autograd leaves held them), and a checkpointed piece's backward holds its recomputed
     activations and the three gradients of its downsampling block's forked input (predicted
     11.2 MiB against 16.2 MiB measured before both were modelled)."""
-    from outcore.runtime.local_cluster import local_cluster
     from outcore.plan.plan import make_plan
+    from outcore.runtime.local_cluster import local_cluster
     from outcore.sim.simulate import simulate
 
     cfg = TrainConfig.make(model="outcore:resnet_k:depth=11,width=8", batch_size=16,
-                      microbatches=1, steps=2, track_memory=True)
+                           microbatches=1, steps=2, track_memory=True)
     one = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1)
     whole = run_local(train_worker, 1, (cfg, one[0], one[1]), timeout_s=60)[0]["peak_bytes"][0]
     for policy in ("none", "checkpoint"):

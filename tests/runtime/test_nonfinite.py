@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from outcore.errors import NonFiniteError
 from outcore.config import TrainConfig
+from outcore.errors import NonFiniteError
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import chunks, docs_for, reference
@@ -46,7 +46,7 @@ def test_the_premise_step_2_is_the_first_nan():
 def test_stops_at_the_first_nonfinite_step(tmp_path):
     metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ckpt"
     cfg = TrainConfig.make(**BASE, metrics_out=str(metrics), checkpoint_dir=str(ckpt),
-                      checkpoint_every=1)
+                           checkpoint_every=1)
     with pytest.raises(NonFiniteError) as err:
         _run(cfg)
     msg = str(err.value)

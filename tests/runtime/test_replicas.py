@@ -31,7 +31,7 @@ CASES = [
 def test_replicated_training_equals_single_process(model, K, mode, replicas, dp, mbs):
     copies = replicas * dp
     cfg = TrainConfig.make(model=model, batch_size=4 * copies * mbs, microbatches=mbs, steps=3,
-                      optimizer="sgd", lr=0.05, return_state=True, track_memory=False)
+                           optimizer="sgd", lr=0.05, return_state=True, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, K), K, parallel=mode,
                                       replicas=replicas, dp=dp)
     results = run_local(train_worker, K * dp, (cfg, graph_doc, plan_doc), timeout_s=60)
@@ -55,8 +55,8 @@ def test_replicas_agree_on_batchnorm_statistics():
     """Each replica updates its batch-norm running statistics on its own micro-batches; at the
     end of training (and in every checkpoint) the ranks holding a statistic hold its average."""
     cfg = TrainConfig.make(model="outcore:resnet_k:depth=11,width=4", input_shape=(8, 3, 16, 16),
-                      batch_size=8, microbatches=2, steps=2, optimizer="sgd", lr=0.05,
-                      return_state=True, track_memory=False)
+                           batch_size=8, microbatches=2, steps=2, optimizer="sgd", lr=0.05,
+                           return_state=True, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, 2), 2, parallel="mp",
                                       replicas=1, dp=2)
     results = run_local(train_worker, 4, (cfg, graph_doc, plan_doc), timeout_s=60)

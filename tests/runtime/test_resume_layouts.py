@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from outcore.runtime import checkpoint
 from outcore.config import TrainConfig
+from outcore.runtime import checkpoint
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import assert_matches, chunks, docs_for, reference

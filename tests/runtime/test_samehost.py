@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from outcore.errors import RuntimeFailure
 from outcore.config import TrainConfig
-from outcore.runtime.launch import run_local
 from outcore.core.samehost import P2P_ENV, connect_same_host
+from outcore.errors import RuntimeFailure
+from outcore.runtime.launch import run_local
 from outcore.runtime.worker import build_trainer
 from tests.runtime.helpers import assert_matches, docs_for, reference
 
@@ -53,7 +53,7 @@ def _pingpong(g):
 def test_transport_equals_single_process(transport, monkeypatch):
     monkeypatch.setenv(P2P_ENV, "gloo" if transport == "gloo" else "auto")
     cfg = TrainConfig.make(model="outcore:diamond", batch_size=8, microbatches=4, steps=3,
-                      schedule="gpipe", optimizer="adam", lr=1e-3, track_memory=False)
+                           schedule="gpipe", optimizer="adam", lr=1e-3, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, _pingpong, 2)
     results = run_local(_train, 2, (cfg, graph_doc, plan_doc), timeout_s=60)
     assert [r["links"] for r in results] == ([[1], [0]] if transport == "samehost" else [[], []])
@@ -165,7 +165,7 @@ def test_every_rank_is_linked_for_the_step_sums(monkeypatch):
     equals the single-process loop."""
     monkeypatch.delenv(P2P_ENV, raising=False)
     cfg = TrainConfig.make(model="outcore:mlp", batch_size=8, microbatches=2, steps=2,
-                      schedule="1f1b", optimizer="sgd", lr=1e-2, track_memory=False)
+                           schedule="1f1b", optimizer="sgd", lr=1e-2, track_memory=False)
     graph_doc, plan_doc, _ = docs_for(cfg, _chain3, 3)
     results = run_local(_train, 3, (cfg, graph_doc, plan_doc), timeout_s=90)
     assert [r["links"] for r in results] == [[1, 2], [0, 2], [0, 1]]

@@ -53,8 +53,8 @@ def test_a_tensor_two_pieces_of_one_rank_take_crosses_once_and_trains_exactly():
     (they join on rank 0): ``h`` crosses once, to the first branch's piece, which hands it to
     the other; both branches' gradients of ``h`` go back in one message. Losses and every
     parameter equal single-process training (1e-5 relative), under 1F1B and GPipe."""
-    from outcore.plan.pieces import cut
     from outcore.config import TrainConfig
+    from outcore.plan.pieces import cut
     from outcore.runtime.launch import run_local
     from outcore.runtime.worker import train_worker
     from tests.runtime.helpers import assert_matches, docs_for, reference
@@ -64,7 +64,7 @@ def test_a_tensor_two_pieces_of_one_rank_take_crosses_once_and_trains_exactly():
 
     for schedule in ("1f1b", "gpipe"):
         cfg = TrainConfig.make(model="outcore:diamond", batch_size=8, microbatches=2, steps=2,
-                          schedule=schedule, return_state=True, track_memory=False)
+                               schedule=schedule, return_state=True, track_memory=False)
         graph_doc, plan_doc, g = docs_for(cfg, branches_on_1, 2)
         P = cut(g, branches_on_1(g))
         h = g.index_of_name["tanh"]
@@ -82,8 +82,8 @@ def test_a_tensor_handed_on_is_the_one_received_even_when_its_first_taker_writes
     to the ``h * 2 + t`` piece; the ReLU writes into its own copy, so the piece hands on the
     tensor it was given, and ``h * 2`` sees ``h`` as eager PyTorch does (before the ReLU).
     Losses and every parameter equal single-process training."""
-    from outcore.plan.pieces import cut
     from outcore.config import TrainConfig
+    from outcore.plan.pieces import cut
     from outcore.runtime.launch import run_local
     from outcore.runtime.worker import train_worker
     from tests.runtime.helpers import assert_matches, docs_for, reference
@@ -94,7 +94,7 @@ def test_a_tensor_handed_on_is_the_one_received_even_when_its_first_taker_writes
         return [int(g.name_of(v) in on_1) for v in range(g.num_nodes)]
 
     cfg = TrainConfig.make(model="tests/runtime/relay_inplace_model.py:make", batch_size=8,
-                      microbatches=2, steps=2, return_state=True, track_memory=False)
+                           microbatches=2, steps=2, return_state=True, track_memory=False)
     graph_doc, plan_doc, g = docs_for(cfg, place, 2)
     P = cut(g, place(g))
     h = g.index_of_name["mul"]

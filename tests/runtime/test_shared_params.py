@@ -46,8 +46,8 @@ CASES = [
                          ids=["pipeline-1f1b", "dag-gpipe", "mast-replicas"])
 def test_tied_weights_on_two_ranks_equal_single_process(schedule, assign, mode, replicas, mbs):
     cfg = TrainConfig.make(model=MODEL, batch_size=4 * replicas * mbs, microbatches=mbs, steps=3,
-                      schedule=schedule, optimizer="sgd", lr=0.1, momentum=0.0,
-                      return_state=True, track_memory=False, timeout=20)
+                           schedule=schedule, optimizer="sgd", lr=0.1, momentum=0.0,
+                           return_state=True, track_memory=False, timeout=20)
     graph_doc, plan_doc, g = docs_for(cfg, assign, 2, parallel=mode, replicas=replicas)
     assert _rank_of(g, assign, "embed") != _rank_of(g, assign, "head"), \
         "the test must split the tied layers"

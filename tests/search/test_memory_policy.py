@@ -7,10 +7,10 @@ import pytest
 
 from outcore.errors import InfeasibleError, UsageError
 from outcore.graph import build
-from outcore.hardware.spec import DeviceSpec, flat_cluster
-from outcore.search.memory_policy import choose
-from outcore.plan import make_plan
 from outcore.hardware.cluster import from_dict as cluster_from_dict
+from outcore.hardware.spec import DeviceSpec, flat_cluster
+from outcore.plan import make_plan
+from outcore.search.memory_policy import choose
 from outcore.sim import simulate
 
 MB = 2**20
@@ -111,8 +111,8 @@ def test_the_search_gives_up_in_the_round_that_passes_its_bound(monkeypatch):
     share: three rounds to fit, each keeping the last one's policies and slower)."""
     import outcore
     from outcore.graph.generators import make
-    from outcore.placers.context import make_context
     from outcore.placers import placements
+    from outcore.placers.context import make_context
     from outcore.search.memory_policy import choose_simulated
 
     g = make("rnn", 1000)
@@ -181,8 +181,8 @@ def test_options_a_fitted_plan_has_room_for_are_dropped_when_that_is_faster(monk
     import outcore
     from outcore.graph.generators import make
     from outcore.placers import placements
-    from outcore.search import memory_policy
     from outcore.placers.context import make_context
+    from outcore.search import memory_policy
 
     g = make("rnn", 600)
     one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())

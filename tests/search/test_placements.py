@@ -11,8 +11,8 @@ import outcore
 from outcore.errors import InfeasibleError
 from outcore.graph.generators import make
 from outcore.placers import auto_placers
-from outcore.search import threads as placements
 from outcore.placers.context import make_context
+from outcore.search import threads as placements
 
 
 def _placed(g, req, budget, threads, monkeypatch):

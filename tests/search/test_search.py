@@ -320,8 +320,8 @@ def test_the_pruning_margin_covers_the_contended_emulations_error(family, nodes)
     from outcore.placers import partition, placements
     from outcore.placers.context import make_context
     from outcore.placers.emulate import run
-    from outcore.search.prune import PRUNE_RATIO
     from outcore.plan import make_plan
+    from outcore.search.prune import PRUNE_RATIO
     g = make(family, nodes, seed=1)
     worst = 0.0
     for mbs, link in ((1, {"device": "a100", "bandwidth": "300GB/s", "latency": "5us"}),

@@ -9,12 +9,20 @@ import pytest
 from outcore.errors import UsageError
 from outcore.graph import build as gbuild
 from outcore.hardware.cluster import from_dict as _cluster_from_dict
+from outcore.hardware.collectives import (
+    Phases,
+    allreduce_s,
+    dp_allreduce,
+    flat_ring_allreduce,
+    hierarchical_allreduce,
+    peer_layout,
+    rhd_allreduce_s,
+    ring_allreduce_s,
+    ring_reduce_scatter_s,
+)
 from outcore.hardware.spec import Cluster, DeviceSpec, LinkSpec
 from outcore.plan import make_plan
 from outcore.sim import simulate
-from outcore.hardware.collectives import (Phases, allreduce_s, dp_allreduce, flat_ring_allreduce,
-                                     hierarchical_allreduce, peer_layout, rhd_allreduce_s,
-                                     ring_allreduce_s, ring_reduce_scatter_s)
 
 LINK = LinkSpec(bandwidth=1e9, latency_s=1e-5)
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from outcore.graph import build as gbuild
+from outcore.hardware.cluster import from_dict as _cluster_from_dict
 from outcore.hardware.spec import LinkSpec
 from outcore.plan import make_plan
 from outcore.sim import ring_allreduce_s, simulate
 from outcore.sim.simulate import step_host_s
-from outcore.hardware.cluster import from_dict as _cluster_from_dict
 
 
 def two_stage(kind: str, **kw):
@@ -335,8 +335,8 @@ def test_a_weights_gradient_is_counted_once_through_its_views():
     its consumer (counted there, not again as the layer's fresh gradient), and a view of it
     (the transposed weight) makes no second gradient (hf:mixtral's expert weights: 512 KiB
     counted three times put a backward 0.85 MiB over the measured peak)."""
-    from outcore.schedule.costs import _backward_working, piece_costs
     from outcore.plan.pieces import cut
+    from outcore.schedule.costs import _backward_working, piece_costs
     # w (param, 400 B) -> transpose -> matmul <- x (40 B); the matmul's output 40 B
     g = gbuild("w", fwd_s=[0.0, 0.0, 1.0, 1.0], src=[0, 1, 3], dst=[1, 2, 2],
                edge_bytes=[400, 400, 40], out_bytes=[400, 400, 40, 40],

@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outcore.viz.layout import (_isotonic, assign_layers, count_crossings, layered_layout,
-                                reduce_crossings, route_edges)
+from outcore.viz.layout import (
+    _isotonic,
+    assign_layers,
+    count_crossings,
+    layered_layout,
+    reduce_crossings,
+    route_edges,
+)
 from tests.viz.graphs import blocks, diamond, synthetic
 
 GRAPHS = {"diamond": diamond(), "blocks": blocks(4, 5), "synthetic": synthetic(150, 12)}

@@ -8,21 +8,21 @@ import copy
 import numpy as np
 import torch
 
-from outcore.graph.capture import capture
+from outcore.config import TrainConfig
+from outcore.core.values import value_metas
+from outcore.graph.capture import capture, retrace
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.plan import make_plan, to_dict as plan_doc
-from outcore.config import TrainConfig
 from outcore.runtime.data import SyntheticData, default_loss, split
-from outcore.core.values import value_metas
 from outcore.runtime.worker import make_optimizer
-from outcore.graph.capture import retrace
 from outcore.zoo import resolve_model
 from tests.runtime.helpers import accumulated_steps
 
 
 def docs(cfg: TrainConfig, assign, devices: int, costs: str = "flat"):
     """(graph doc, plan doc, graph) of ``cfg.graph.model`` captured at the micro-batch shape."""
-    spec = resolve_model(cfg.graph.model, input_shape=cfg.graph.input_shape, batch_size=cfg.graph.batch_size)
+    spec = resolve_model(cfg.graph.model, input_shape=cfg.graph.input_shape,
+                         batch_size=cfg.graph.batch_size)
     torch.manual_seed(cfg.run.seed)
     model = spec.build()
     micro = split(spec.example_inputs, cfg.planning.microbatches)[0]
@@ -47,15 +47,16 @@ def reference(cfg: TrainConfig, output_key: str | None):
     """Plain PyTorch: same seed and batches, the run's optimizer, gradient accumulation over
     the micro-batches.
     Returns (losses, parameters by name (a tied tensor under its first name))."""
-    spec = resolve_model(cfg.graph.model, input_shape=cfg.graph.input_shape, batch_size=cfg.graph.batch_size)
+    spec = resolve_model(cfg.graph.model, input_shape=cfg.graph.input_shape,
+                         batch_size=cfg.graph.batch_size)
     torch.manual_seed(cfg.run.seed)
     model = copy.deepcopy(spec.build())
     micro = split(spec.example_inputs, cfg.planning.microbatches)[0]
     gm = retrace(copy.deepcopy(model), micro, {"capture": {"path": "auto"}}).gm
     out_name = next(n.name for n in gm.graph.nodes if n.op == "output")
     meta = value_metas(gm, micro)[out_name]
-    data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.graph.batch_size, cfg.run.seed,
-                         spec.task, spec.task_options)
+    data = SyntheticData(spec.example_inputs, spec.int_high, meta, cfg.graph.batch_size,
+                         cfg.run.seed, spec.task, spec.task_options)
     opt = make_optimizer(cfg)(model.parameters())  # the run's optimizer, as the workers make it
     losses = accumulated_steps(model, opt, data.batch, cfg.run.steps, cfg.planning.microbatches,
                                lambda out, y: default_loss(output_of(out, output_key), y))

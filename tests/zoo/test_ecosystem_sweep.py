@@ -24,17 +24,17 @@ import torch
 pytest.importorskip("timm")
 pytest.importorskip("transformers")
 
+from outcore.config import TrainConfig  # noqa: E402
 from outcore.cost.profile import profile  # noqa: E402
+from outcore.cost.tensor import tensor_graph  # noqa: E402
 from outcore.graph.capture import capture  # noqa: E402
 from outcore.graph.io import to_dict as graph_doc  # noqa: E402
-from outcore.cost.tensor import tensor_graph  # noqa: E402
 from outcore.hardware.spec import LinkSpec  # noqa: E402
 from outcore.plan.layout import Layout  # noqa: E402
 from outcore.plan.plan import make_plan, to_dict as plan_doc  # noqa: E402
-from outcore.config import TrainConfig  # noqa: E402
+from outcore.runtime.data import split  # noqa: E402
 from outcore.runtime.launch import run_local  # noqa: E402
 from outcore.runtime.worker import build_trainer  # noqa: E402
-from outcore.runtime.data import split  # noqa: E402
 from outcore.zoo import resolve_model  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist, pytest.mark.timeout(3600)]
@@ -102,7 +102,7 @@ SGD = {"timm:densenet121:image_size=32,dtype=float64",
 def _cfg(model: str) -> TrainConfig:
     opt = dict(optimizer="sgd", lr=1e-2, momentum=0.0) if model in SGD else {}
     return TrainConfig.make(model=model, batch_size=BATCH, microbatches=MICRO, steps=STEPS,
-                       track_memory=False, timeout=60, **opt)
+                            track_memory=False, timeout=60, **opt)
 
 
 def _docs(model: str) -> tuple[dict, dict, dict, dict | None, dict, float]:

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(400)]
 @pytest.mark.parametrize("model", ["hf:gpt2:hidden_size=32", "hf:llama:hidden_size=32"])
 def test_hf_model_on_two_ranks_equals_plain_pytorch(model):
     cfg = TrainConfig.make(model=model, batch_size=4, microbatches=2, steps=2, return_state=True,
-                      track_memory=False)
+                           track_memory=False)
     graph_doc, plan_doc, g = docs(cfg, lambda g: chunks(g, 2), 2)
     assert g.meta["capture"]["path"] == "export"
     results = run_local(train_worker, 2, (cfg, graph_doc, plan_doc), timeout_s=120)

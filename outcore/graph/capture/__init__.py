@@ -23,9 +23,9 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 from torch.utils.flop_counter import FlopCounterMode
 
 from outcore.errors import CaptureError, ModelError, UsageError
+from outcore.graph.capture.mutation import thread_in_place
 from outcore.graph.coarsen import collapse
 from outcore.graph.ir import Graph, build
-from outcore.graph.capture.mutation import thread_in_place
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from outcore.cost.spatial_geometry import TileGrid, intervals
 from outcore.core.comm import settled
+from outcore.cost.spatial_geometry import TileGrid, intervals
 
 __all__ = ["SpatialGroup", "exchange_axis", "fetch_region", "lean_region", "group_sum",
            "gather_tiles", "scatter_image"]

@@ -4,8 +4,8 @@ parallelism, the "SP" part of SP + LP / SP + GEMS).
 1. *Shape propagation*: a copy of the model on the meta device runs the example input once; every
    module's global input size and the order in which modules are first called are recorded.
 2. *Conversion*: every leaf module first called before the join is replaced in place by its spatial
-   version (:mod:`outcore.parallel.spatial.layers`), element-wise layers are left as they are, anything else
-   raises (it would silently compute per tile).
+   version (:mod:`outcore.parallel.spatial.layers`), element-wise layers are left as they are,
+   anything else raises (it would silently compute per tile).
 3. *Join*: a forward pre-hook on the join module gathers its input (all tiles -> the whole tensor
    on every rank); with no join, the model's output is gathered.
 
@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from outcore.core.comm import allreduce_into
 from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import UsageError
-from outcore.core.comm import allreduce_into
 from outcore.parallel.spatial.comm import SpatialGroup, gather_tiles, scatter_image
 from outcore.parallel.spatial.layers import POINTWISE_TYPES, SPATIAL_TYPES, make_spatial
 

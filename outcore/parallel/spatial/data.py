@@ -1,11 +1,11 @@
 """``--data tiles:FOLDER``: training batches of huge images where each rank reads only its tile.
 
-A folder of same-size TIFF or PNG images (``outcore.parallel.spatial.images``; labels from an optional
-``labels.json``, file name -> class index, default 0), shuffled with a seeded permutation per
-epoch like ``imagefolder:``. Under a spatial plan every rank of the tile group reads only its
-tile's region of each image (tiled TIFF: only the overlapping tiles are decoded); a rank that
-needs only the targets reads no pixels; without spatial parallelism the rank holding the
-model's input reads whole images. Pixels are scaled to [0, 1], not resized.
+A folder of same-size TIFF or PNG images (``outcore.parallel.spatial.images``; labels from an
+optional ``labels.json``, file name -> class index, default 0), shuffled with a seeded permutation
+per epoch like ``imagefolder:``. Under a spatial plan every rank of the tile group reads only its
+tile's region of each image (tiled TIFF: only the overlapping tiles are decoded); a rank that needs
+only the targets reads no pixels; without spatial parallelism the rank holding the model's input
+reads whole images. Pixels are scaled to [0, 1], not resized.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 layer's output.
 
 A spatial layer reads its tile's input *region* (own rows and columns, the halo taken from the
-neighbours by :func:`outcore.parallel.spatial.comm.fetch_region`, the image's padding added locally) and runs
-the serial operator with no padding on it, so each output element sees the same inputs, in the same
-order, as in the serial layer. The global size of the layer's input is recorded when the model is
-converted (:mod:`outcore.parallel.spatial.convert`); at run time a layer checks its tile against it.
+neighbours by :func:`outcore.parallel.spatial.comm.fetch_region`, the image's padding added locally)
+and runs the serial operator with no padding on it, so each output element sees the same inputs, in
+the same order, as in the serial layer. The global size of the layer's input is recorded when the
+model is converted (:mod:`outcore.parallel.spatial.convert`); at run time a layer checks its tile
+against it.
 
 Classes are subclasses of the torch modules; :func:`make_spatial` converts a module in place
 (same parameter objects, same state-dict names).
@@ -19,9 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from outcore.cost.spatial_geometry import (bilinear_need, conv_need, conv_out_size,
-                                           conv_transpose_need, conv_transpose_out_size,
-                                           intervals, pool_divisors, upsample_need)
+from outcore.cost.spatial_geometry import (
+    bilinear_need,
+    conv_need,
+    conv_out_size,
+    conv_transpose_need,
+    conv_transpose_out_size,
+    intervals,
+    pool_divisors,
+    upsample_need,
+)
 from outcore.errors import UsageError
 from outcore.parallel.spatial.comm import SpatialGroup, fetch_region, lean_region
 

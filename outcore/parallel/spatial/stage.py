@@ -3,8 +3,8 @@
 A plan with ``layout.sp > 1`` (``outcore.plan.spatial``) runs the nodes up to its join on the
 tile group: the spatial stage's ordinary rank (tile 0) and the ``sp - 1`` extra tile ranks
 numbered after the ordinary slots. Every rank of the group converts the layers of those nodes
-in place to their spatial versions (:func:`outcore.parallel.spatial.layers.make_spatial`, halo exchange
-inside); then
+in place to their spatial versions (:func:`outcore.parallel.spatial.layers.make_spatial`, halo
+exchange inside); then
 
 * on **tile 0**, the piece holding the tiled nodes is edited: the model's input is cut to the
   rank's tile (a tile given as input is kept), and every tiled output used after the join (the
@@ -43,15 +43,15 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 
+from outcore.core.comm import allreduce_into
+from outcore.core.modules import PieceModule
 from outcore.cost.spatial_geometry import TileGrid
 from outcore.errors import PlanError, UsageError
 from outcore.graph.ir import Graph
-from outcore.core.comm import allreduce_into
-from outcore.plan.plan import Plan
-from outcore.plan.spatial import home_rank, tile_group, tile_ranks
-from outcore.core.modules import PieceModule
 from outcore.parallel.spatial.comm import SpatialGroup, gather_tiles
 from outcore.parallel.spatial.layers import POINTWISE_TYPES, SPATIAL_TYPES, make_spatial
+from outcore.plan.plan import Plan
+from outcore.plan.spatial import home_rank, tile_group, tile_ranks
 
 __all__ = ["SpatialStage", "attach"]
 

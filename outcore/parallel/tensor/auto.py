@@ -7,11 +7,11 @@ layer is split alone, without looking at its neighbours. outcore records instead
 while the context is open, every module whose constructor runs is remembered (a wrapper around
 ``nn.Module.__init__``, the one constructor every module calls); on exit the *roots* among them
 (modules not contained in another recorded module) that hold a Linear or an Embedding are handed
-to :func:`outcore.parallel.tensor.tensor_parallel`, which sees the whole model and can pair Megatron-style
-(one all-reduce per column/row pair instead of a gather per layer). Conversion happens on exit,
-not at the first forward, so an optimizer built afterwards holds the split parameters. Without
-``example_inputs`` the graph has no shapes, so only element-wise pairs (MLP blocks) are found;
-pass one batch to pair attention projections too.
+to :func:`outcore.parallel.tensor.tensor_parallel`, which sees the whole model and can pair
+Megatron-style (one all-reduce per column/row pair instead of a gather per layer). Conversion
+happens on exit, not at the first forward, so an optimizer built afterwards holds the split
+parameters. Without ``example_inputs`` the graph has no shapes, so only element-wise pairs (MLP
+blocks) are found; pass one batch to pair attention projections too.
 """
 
 from __future__ import annotations

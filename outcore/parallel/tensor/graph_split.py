@@ -1,12 +1,13 @@
 """Tensor parallelism at the graph level, for models captured through ``torch.export``.
 
 A plan's pieces are cut from the model's traced graph. A torch.fx trace calls each ``nn.Linear``
-as a module, so DTensor's ``parallelize_module`` (:func:`outcore.parallel.tensor.parallel.split_for_plan`)
-acts inside the pieces through the module's hooks. A ``torch.export`` graph (Hugging Face LMs)
-calls ``aten.linear`` / ``aten.embedding`` on the weights directly: no module hook runs, and
-torch.export cannot re-capture a DTensor-parallelised model either (checked with torch 2.14:
-"non-fx-graphable type DTensorSpec"). So the split is written into the exported graph itself,
-node for node (the node names, and so the plan's pieces, stay the same):
+as a module, so DTensor's ``parallelize_module``
+(:func:`outcore.parallel.tensor.parallel.split_for_plan`) acts inside the pieces through the
+module's hooks. A ``torch.export`` graph (Hugging Face LMs) calls ``aten.linear`` /
+``aten.embedding`` on the weights directly: no module hook runs, and torch.export cannot re-capture
+a DTensor-parallelised model either (checked with torch 2.14: "non-fx-graphable type DTensorSpec").
+So the split is written into the exported graph itself, node for node (the node names, and so the
+plan's pieces, stay the same):
 
 * the weights of the layout's split layers become ``DTensor`` shards (``Shard(0)``: rows of a
   column-split Linear's weight and bias, vocabulary rows of an Embedding; ``Shard(1)``: columns
@@ -38,10 +39,10 @@ import torch.fx as fx
 from torch import nn
 from torch.nn import functional as F
 
-from outcore.errors import UsageError
-from outcore.graph.tensor_pairs import TensorLayout, is_conv1d, out_features
 from outcore.core.comm import settled
 from outcore.core.values import local as _local
+from outcore.errors import UsageError
+from outcore.graph.tensor_pairs import TensorLayout, is_conv1d, out_features
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from outcore.core.values import local as _local
 from outcore.errors import UsageError
 from outcore.graph.tensor_pairs import TensorLayout
-from outcore.core.values import local as _local
 from outcore.parallel.tensor.graph_split import CopyToTP, GatherFromTP, ReduceFromTP
 from outcore.parallel.tensor.heads import divide_heads
 

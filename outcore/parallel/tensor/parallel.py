@@ -212,7 +212,8 @@ def is_exported(graph: Any) -> bool:
 def split_traced_for_plan(gm: Any, graph: Any, tp: int) -> TensorLayout:
     """:func:`split_for_plan` for a model captured through ``torch.export``: the same layout,
     written into its exported trace ``gm`` (node names = ``graph``'s) by
-    :func:`outcore.parallel.tensor.graph_split.split_graph`. Call it on every rank, after tracing."""
+    :func:`outcore.parallel.tensor.graph_split.split_graph`. Call it on every rank, after
+    tracing."""
     from outcore.cost.tensor import plan_layout
     from outcore.parallel.tensor.graph_split import split_graph
 

@@ -31,14 +31,14 @@ import logging
 import numpy as np
 
 from outcore.placers.context import Context
+from outcore.placers.feasibility import holds_floor
 from outcore.placers.pardnn.mapping import map_secondaries
 from outcore.placers.pardnn.memory import repair_memory
 from outcore.placers.pardnn.refine import refine
 from outcore.placers.pardnn.slicing import slice_graph
-from outcore.placers.feasibility import holds_floor
-from outcore.placers.stages import assignment_from_bounds, device_counts, stage_bounds
 from outcore.placers.registry import Placement, Placer
 from outcore.placers.result import Candidate, best_of, evaluate, listed
+from outcore.placers.stages import assignment_from_bounds, device_counts, stage_bounds
 from outcore.units import format_seconds
 
 log = logging.getLogger(__name__)

@@ -31,10 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from outcore.graph.heap import heap_pop as _pop, heap_push as _push
 from outcore.placers._jit import njit, njit_borrowing
 from outcore.placers._move_kernel import edge_cost
-from outcore.graph.heap import heap_pop as _pop
-from outcore.graph.heap import heap_push as _push
 from outcore.placers.context import Context
 
 log = logging.getLogger(__name__)

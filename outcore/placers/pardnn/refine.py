@@ -25,12 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from outcore.placers._jit import njit_borrowing
 from outcore.graph.level_kernel import bottom_levels, top_levels
-from outcore.placers._move_kernel import (cluster_moves, cp_switch_gains, row_marked,
-                                             set_move_delta)
-from outcore.placers.emulate import Emulation, run
+from outcore.placers._jit import njit_borrowing
+from outcore.placers._move_kernel import cluster_moves, cp_switch_gains, row_marked, set_move_delta
 from outcore.placers.context import Context
+from outcore.placers.emulate import Emulation, run
 
 log = logging.getLogger(__name__)
 

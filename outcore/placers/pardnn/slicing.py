@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from outcore.placers._jit import njit
 from outcore.graph.level_kernel import bottom_levels, top_levels
+from outcore.placers._jit import njit
 from outcore.placers.context import Context
 
 

@@ -50,15 +50,14 @@ import numpy as np
 
 from outcore.graph.algorithms import weakly_connected_components
 from outcore.graph.ir import Graph
+from outcore.hardware.collectives import ring_allreduce_s
 from outcore.hardware.spec import LinkSpec
 from outcore.placers._jit import njit
-from outcore.hardware.collectives import ring_allreduce_s
 from outcore.placers.context import Context
 from outcore.placers.feasibility import holds_floor
 from outcore.placers.pardnn.memory import repair_memory
 from outcore.placers.registry import Placement, Placer
-from outcore.placers.result import (Candidate, best_of, compact, devices_used, evaluate,
-                                    listed)
+from outcore.placers.result import Candidate, best_of, compact, devices_used, evaluate, listed
 from outcore.placers.stages import assignment_from_bounds, device_counts, stage_bounds
 from outcore.placers.subgraph.branches import Branches, find_branches
 from outcore.placers.subgraph.region_sets import RegionSet, gather_slices
@@ -242,9 +241,9 @@ def follow_branches(ctx: Context, table: BranchTable, a: np.ndarray,
     np.add.at(score, ss[e1] * k + a[g.dst[e1]], eb[e1])
     e2 = np.flatnonzero((sd >= 0) & (ss < 0))  # branch -> trunk
     np.add.at(score, sd[e2] * k + a[g.src[e2]], eb[e2])
-    score = score.reshape(nseg, k)
-    touched = score.max(axis=1) > 0
-    target = np.argmax(score, axis=1)
+    by_segment = score.reshape(nseg, k)
+    touched = by_segment.max(axis=1) > 0
+    target = np.argmax(by_segment, axis=1)
     trunk = segments >= 0
     move = trunk & touched[np.maximum(segments, 0)]
     out[move] = target[segments[move]]

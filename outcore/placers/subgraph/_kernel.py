@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.placers._jit import njit, njit_borrowing
 from outcore.graph.heap import heap_pop as _fheap_pop, heap_push as _fheap_push
+from outcore.placers._jit import njit, njit_borrowing
 from outcore.placers.subgraph.dominators import lca
 
 
@@ -340,8 +340,9 @@ def _fed_rows(b0, b1, tptr, tmp, side, members, cptr, assign, fed_ptr, fed_nodes
 def feeders_kernel(n, forks, joins, int_ptr, int_nodes, rb_ptr, br_ptr, br_nodes, sp, si, pp,
                     pi):
     """`outcore.placers.subgraph.branches.attach_feeders` on arrays (for
-    :meth:`outcore.placers.subgraph.region_sets.RegionSet.with_feeders`): for the chosen regions in order
-    (interiors ``int_nodes[int_ptr[r]:int_ptr[r + 1]]``, branches ``rb_ptr[r]:rb_ptr[r + 1]``
+    :meth:`outcore.placers.subgraph.region_sets.RegionSet.with_feeders`): for the chosen
+    regions in order (interiors ``int_nodes[int_ptr[r]:int_ptr[r + 1]]``, branches
+    ``rb_ptr[r]:rb_ptr[r + 1]``
     of ``br_ptr`` / ``br_nodes``), each branch's feeders (the closure of its nodes, and the
     side components that feed it alone) and each region's extra side branches. Returns
     ``(fed_ptr, fed_nodes, ex_rptr, ex_ptr, ex_nodes)``: per branch its feeders, sorted; per

@@ -59,10 +59,12 @@ import numpy as np
 
 from outcore.graph.algorithms import topological_order
 from outcore.graph.ir import Graph, memo
-from outcore.placers.subgraph._kernel import (closure_kernel, regions_kernel,
-                                              tree_intervals)
-from outcore.placers.subgraph.dominators import augmented_graph, post_dominator_tree
-from outcore.placers.subgraph.dominators import post_dominators  # noqa: F401  (re-exported)
+from outcore.placers.subgraph._kernel import closure_kernel, regions_kernel, tree_intervals
+from outcore.placers.subgraph.dominators import (
+    augmented_graph,
+    post_dominator_tree,
+    post_dominators,  # noqa: F401  (re-exported)
+)
 from outcore.placers.subgraph.region_sets import Region, RegionSet, Shapes
 
 log = logging.getLogger(__name__)
@@ -182,7 +184,8 @@ def _shape_cache(g: Graph) -> dict:
 def select_regions(g: Graph, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     """A set of disjoint regions with the largest total parallel saving (module docstring), on
     region objects: the reference :func:`find_branches`' choice on columns is held to
-    (:meth:`outcore.placers.subgraph.region_sets.Shapes.select`, ``tests/placers/test_branches.py``).
+    (:meth:`outcore.placers.subgraph.region_sets.Shapes.select`,
+    ``tests/placers/test_branches.py``).
 
     Regions with no saving are dropped when the graph has costs. The result is ordered by the
     topological rank of the fork, with feeders attached (:func:`attach_feeders`).

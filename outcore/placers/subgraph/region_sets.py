@@ -3,13 +3,13 @@ the chosen set with feeders, without a Python object per region.
 
 :mod:`outcore.placers.subgraph.branches` describes what is found and chosen; this module does the
 same on columns (row pointers and concatenated node lists). A 50k-node NAS graph has ~16k
-candidate regions and keeps ~8k: making a :class:`~outcore.placers.subgraph.branches.Region` for each
-took 0.2-0.25 s of every SUPER placement on a rescaled copy of the graph (the layout search
-rescales one graph per layout), more than placing its branches. The region objects are still
-made, from these columns, when read (:attr:`RegionSet.regions`, :attr:`Shapes.regions`), and
+candidate regions and keeps ~8k: making a :class:`~outcore.placers.subgraph.branches.Region` for
+each took 0.2-0.25 s of every SUPER placement on a rescaled copy of the graph (the layout search
+rescales one graph per layout), more than placing its branches. The region objects are still made,
+from these columns, when read (:attr:`RegionSet.regions`, :attr:`Shapes.regions`), and
 :func:`outcore.placers.subgraph.branches.select_regions` and ``attach_feeders``, which work on them,
-are the reference the tests hold this module to (the same regions, branches and work to the
-last bit).
+are the reference the tests hold this module to (the same regions, branches and work to the last
+bit).
 """
 
 from __future__ import annotations
@@ -19,8 +19,14 @@ from functools import cached_property
 
 import numpy as np
 
-from outcore.placers.subgraph._kernel import (feeders_kernel, keep_disjoint, nest,
-                                              row_sums, savings_choice, sort_within)
+from outcore.placers.subgraph._kernel import (
+    feeders_kernel,
+    keep_disjoint,
+    nest,
+    row_sums,
+    savings_choice,
+    sort_within,
+)
 
 __all__ = ["Region", "RegionSet", "Shapes", "gather_rows", "gather_slices"]
 
@@ -36,11 +42,13 @@ class Region:
         branches: per branch, ``int64`` node indices strictly between fork and join, sorted;
             branches are ordered by their smallest node index, side branches (below) last.
         feeders: per branch, ``int64`` indices of nodes outside the region that feed only that
-            branch (empty until :func:`~outcore.placers.subgraph.branches.select_regions` attaches them).
+            branch (empty until :func:`~outcore.placers.subgraph.branches.select_regions`
+            attaches them).
         work_s: ``float64[B]`` forward + backward seconds of each branch with its feeders (node
             counts when the graph has no costs).
         side: how many of the branches (the last ones) are side branches: nodes the fork does
-            not reach that feed only this region (see :func:`~outcore.placers.subgraph.branches.attach_feeders`); 0 until chosen.
+            not reach that feed only this region (see
+            :func:`~outcore.placers.subgraph.branches.attach_feeders`); 0 until chosen.
     """
 
     fork: int

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
+from outcore.config import TrainConfig
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.layout import Layout
-from outcore.plan.plan import make_plan
-from outcore.plan.plan import to_dict as plan_doc
+from outcore.plan.plan import make_plan, to_dict as plan_doc
 from outcore.plan.spatial import SpatialPlan
-from outcore.config import TrainConfig
 from tests.runtime.helpers import graph_for
 
 MODEL = f"{Path(__file__).parent / 'sp_models.py'}:small_resnet"
@@ -43,5 +42,5 @@ def unet_config(steps: int) -> TrainConfig:
     becomes a full step of noise; SGD moves every weight by its gradient, so an error in a
     gradient shows in the parameters."""
     return TrainConfig.make(model=UNET, batch_size=4, microbatches=2, steps=steps, schedule="1f1b",
-                       optimizer="sgd", lr=0.1, momentum=0.9, return_state=True,
-                       track_memory=False)
+                            optimizer="sgd", lr=0.1, momentum=0.9, return_state=True,
+                            track_memory=False)

@@ -11,8 +11,13 @@ from __future__ import annotations
 import pytest
 
 from outcore.runtime.launch import run_local
-from tests.parallel.spatial.workers import (LAYERS, gather_worker, reference, subgroup_worker,
-                                   suite_worker)
+from tests.parallel.spatial.workers import (
+    LAYERS,
+    gather_worker,
+    reference,
+    subgroup_worker,
+    suite_worker,
+)
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 

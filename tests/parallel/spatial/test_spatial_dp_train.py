@@ -8,16 +8,15 @@ import dataclasses
 import numpy as np
 import pytest
 
+from outcore.config import TrainConfig
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.layout import Layout
-from outcore.plan.plan import make_plan
-from outcore.plan.plan import to_dict as plan_doc
+from outcore.plan.plan import make_plan, to_dict as plan_doc
 from outcore.plan.spatial import SpatialPlan
-from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
-from tests.runtime.helpers import assert_matches, graph_for, reference
 from tests.parallel.spatial.plan_helpers import MODEL, UNET, unet_config
+from tests.runtime.helpers import assert_matches, graph_for, reference
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
@@ -26,8 +25,8 @@ def _two_tiles_to_relu_1():
     """The config (2 copies of 2 images, SGD), graph, node names and 2x1 spatial plan joined
     after ``relu_1`` the tests below share."""
     cfg = TrainConfig.make(model=MODEL, batch_size=4, microbatches=1, steps=3, schedule="1f1b",
-                      optimizer="sgd", lr=0.1, momentum=0.9, return_state=True,
-                      track_memory=False)
+                           optimizer="sgd", lr=0.1, momentum=0.9, return_state=True,
+                           track_memory=False)
     g = graph_for(cfg, copies=2)
     names = [g.name_of(i) for i in range(g.num_nodes)]
     j = names.index("relu_1")

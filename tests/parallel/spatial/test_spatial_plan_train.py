@@ -16,8 +16,8 @@ import pytest
 from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
-from tests.runtime.helpers import assert_matches, reference
 from tests.parallel.spatial.plan_helpers import MODEL, spatial_docs
+from tests.runtime.helpers import assert_matches, reference
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 ])
 def test_spatial_plan_equals_single_process(stages, join, boundary, schedule):
     cfg = TrainConfig.make(model=MODEL, batch_size=4, microbatches=2, steps=3, schedule=schedule,
-                      optimizer="adam", lr=1e-2, return_state=True, track_memory=False)
+                           optimizer="adam", lr=1e-2, return_state=True, track_memory=False)
     gdoc, pdoc = spatial_docs(cfg, join, stages, boundary)
     results = run_local(train_worker, stages + 1, (cfg, gdoc, pdoc), timeout_s=90)
     assert_matches(results, *reference(cfg))
@@ -40,8 +40,8 @@ def _tiles_reference(cfg: TrainConfig, root: str):
 
     import torch
 
-    from outcore.runtime.data import default_loss
     from outcore.parallel.spatial.data import TileFolderData
+    from outcore.runtime.data import default_loss
     from outcore.zoo import build_model
     from tests.runtime.helpers import accumulated_steps
     _, built = build_model(cfg.graph.model, batch_size=cfg.graph.batch_size, seed=cfg.run.seed)
@@ -65,8 +65,8 @@ def test_tile_ranks_read_only_their_tile(tmp_path):
             tmp_path / f"img{i}.png")
     (tmp_path / "labels.json").write_text(json.dumps({f"img{i}.png": i % 3 for i in range(4)}))
     cfg = TrainConfig.make(model=MODEL, batch_size=4, microbatches=2, steps=2, schedule="1f1b",
-                      optimizer="adam", lr=1e-2, return_state=True, track_memory=False,
-                      data=f"tiles:{tmp_path}")
+                           optimizer="adam", lr=1e-2, return_state=True, track_memory=False,
+                           data=f"tiles:{tmp_path}")
     from outcore.cost.spatial_geometry import TileGrid
     from outcore.parallel.spatial.data import TileFolderData
     (x,), _ = TileFolderData(str(tmp_path), 4, 0, grid=TileGrid(rows=2, cols=1), tile=1).batch(0)
@@ -80,7 +80,7 @@ def test_four_tiles_on_a_2x2_grid():
     """``--sp 4 --sp-grid 2x2``: tiles of 10/9 rows and 11/10 columns, corner halos in the
     second exchange step; 1 stage, 4 ranks."""
     cfg = TrainConfig.make(model=MODEL, batch_size=4, microbatches=2, steps=2, schedule="1f1b",
-                      optimizer="adam", lr=1e-2, return_state=True, track_memory=False)
+                           optimizer="adam", lr=1e-2, return_state=True, track_memory=False)
     gdoc, pdoc = spatial_docs(cfg, "relu_1", 1, None, grid="2x2")
     results = run_local(train_worker, 4, (cfg, gdoc, pdoc), timeout_s=120)
     assert_matches(results, *reference(cfg))

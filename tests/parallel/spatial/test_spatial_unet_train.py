@@ -5,15 +5,13 @@ parameter of every rank after 2-3 SGD steps equal single-process training to 1e-
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
-from tests.runtime.helpers import assert_matches, reference
 from tests.parallel.spatial.plan_helpers import UNET, spatial_docs, unet_config
+from tests.runtime.helpers import assert_matches, reference
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 

@@ -105,6 +105,7 @@ def layers_worker(ctx, grid, hw=(13, 11)):
     tiles) against the serial layer's, as max errors relative to the largest serial entry."""
     import torch.distributed as dist
     from torch import nn  # noqa: F401 (used by eval)
+
     from outcore.parallel.spatial import spatialize
     errors = {}
     for src in LAYERS:
@@ -145,6 +146,7 @@ def suite_worker(ctx, grid, jobs, shape, steps):
 def gather_worker(ctx, grid, dst):
     """gather_tiles to every rank and to one rank: values and the input gradient."""
     import torch.distributed as dist
+
     from outcore.parallel.spatial import SpatialGroup, TileGrid, gather_tiles, scatter_image
     sg = SpatialGroup(TileGrid.parse(grid))
     x = torch.randn(2, 3, 13, 11, generator=torch.Generator().manual_seed(5),
@@ -173,6 +175,7 @@ def subgroup_worker(ctx, name, grid, shape, steps, join):
     """Two tile groups of 2 in a world of 4, interleaved ({0, 2} and {1, 3}: group rank and
     global rank differ), as when spatial parallelism sits inside a larger mesh."""
     import torch.distributed as dist
+
     from outcore.parallel.spatial import spatialize
     groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     group = groups[ctx.rank % 2]

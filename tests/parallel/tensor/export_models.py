@@ -1,5 +1,5 @@
-"""Models for ``tests/parallel/tensor/test_plan_tensor_export.py`` (loaded by file path, as users name
-theirs): attention that reshapes with its head count and width as constants, which a
+"""Models for ``tests/parallel/tensor/test_plan_tensor_export.py`` (loaded by file path, as users
+name theirs): attention that reshapes with its head count and width as constants, which a
 ``torch.export`` graph bakes in and the graph-level split must divide by ``tp``; and timm-style
 attention with one fused q/k/v projection reshaped to ``[b, t, 3, heads, head_dim]``."""
 

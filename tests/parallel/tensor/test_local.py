@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from outcore.errors import UsageError
+from outcore.graph.tensor_pairs import find_layout
 from outcore.parallel.tensor import auto_parallelize, depth_units, tensor_parallel
 from outcore.parallel.tensor.export_graph import graph_from_export
-from outcore.graph.tensor_pairs import find_layout
 from outcore.zoo.toy import mlp
 from outcore.zoo.transformer import transformer
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from outcore.config import TrainConfig
 from outcore.errors import UsageError
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.layout import Layout
 from outcore.plan.plan import make_plan, to_dict as plan_doc
-from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from outcore.schedule.lower import lower
@@ -36,8 +36,8 @@ def _plan(g, stages: int, dp: int, depth: int, microbatches: int, tp: int = 1):
 def _run(stages: int, dp: int, depth: int, microbatches: int, optimizer: str = "sgd",
          model: str = MODEL, tp: int = 1):
     cfg = TrainConfig.make(model=model, batch_size=4 * microbatches * dp, microbatches=microbatches,
-                      steps=3, optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 1e-3,
-                      return_state=True, track_memory=False)
+                           steps=3, optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 1e-3,
+                           return_state=True, track_memory=False)
     g = graph_for(cfg)
     plan = _plan(g, stages, dp, depth, microbatches, tp)
     results = run_local(train_worker, stages * dp * tp, (cfg, graph_doc(g), plan_doc(plan)),
@@ -194,8 +194,12 @@ def test_sharding_bytes_and_gather_units_follow_their_definitions(source):
     from outcore.graph.generators import make
     from outcore.plan.policies import MemoryPolicies
     from outcore.plan.replicas import expand
-    from outcore.schedule.lower import (_sharded_node_bytes, shard_units, shared_param_buckets,
-                                        sharded_buckets)
+    from outcore.schedule.lower import (
+        _sharded_node_bytes,
+        shard_units,
+        sharded_buckets,
+        shared_param_buckets,
+    )
 
     if source == "generated":
         g = make("transformer", 600)

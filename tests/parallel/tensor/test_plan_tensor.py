@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from outcore.config import TrainConfig
 from outcore.graph.io import to_dict as graph_doc
 from outcore.plan.layout import Layout
 from outcore.plan.plan import make_plan, to_dict as plan_doc
-from outcore.config import TrainConfig
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from tests.runtime.helpers import assert_matches, chunks, graph_for, reference
@@ -31,8 +31,8 @@ MLP_PAIRS = ["blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2"]
 
 def _run(stages: int, tp: int, microbatches: int, schedule: str = "1f1b", model: str = MODEL):
     cfg = TrainConfig.make(model=model, batch_size=4 * microbatches, microbatches=microbatches,
-                      steps=3, optimizer="sgd", lr=0.05, return_state=True,
-                      track_memory=False, schedule=schedule)
+                           steps=3, optimizer="sgd", lr=0.05, return_state=True,
+                           track_memory=False, schedule=schedule)
     g = graph_for(cfg)
     plan = make_plan(g, chunks(g, stages), strategy="manual", devices=stages * tp,
                      memory_bytes=None, microbatches=microbatches, schedule=schedule,
@@ -109,7 +109,7 @@ def test_replicas_and_data_parallel_outside_tensor_parallel(mode, stages, dp):
     replicas = 2 if mode == "mast" else 1
     copies = replicas * dp
     cfg = TrainConfig.make(model=MODEL, batch_size=4 * copies, microbatches=1, steps=3,
-                      optimizer="sgd", lr=0.05, return_state=True, track_memory=False)
+                           optimizer="sgd", lr=0.05, return_state=True, track_memory=False)
     g = graph_for(cfg, copies=copies)
     layout = Layout.replicate(mode, stages, replicas, dp, tp=2)
     plan = make_plan(g, chunks(g, stages), strategy="manual", devices=layout.ranks(stages),

@@ -1,11 +1,11 @@
 """Tensor parallelism inside a plan for models captured through ``torch.export`` (Hugging Face
 LMs): the exported graph's split calls are rewritten to run on DTensor shards with Megatron's
-``f`` / ``g`` collectives (``outcore.parallel.tensor.graph_split``). Losses and every parameter (gathered
-whole) equal plain PyTorch training of the unmodified model on the same batches within 1e-5
-relative: a Llama-style decoder (q/k/v -> o and SwiGLU gate/up -> down pairs; SGD with
-momentum, and Adam with parameters to 1e-4, see its test) and GPT-2 (its Conv1D layers paired:
-the fused q/k/v projection's rows split chunk by chunk; the tied embedding / LM head matrix split
-by vocabulary; SGD with momentum)."""
+``f`` / ``g`` collectives (``outcore.parallel.tensor.graph_split``). Losses and every parameter
+(gathered whole) equal plain PyTorch training of the unmodified model on the same batches within
+1e-5 relative: a Llama-style decoder (q/k/v -> o and SwiGLU gate/up -> down pairs; SGD with
+momentum, and Adam with parameters to 1e-4, see its test) and GPT-2 (its Conv1D layers paired: the
+fused q/k/v projection's rows split chunk by chunk; the tied embedding / LM head matrix split by
+vocabulary; SGD with momentum)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import torch
 
 pytest.importorskip("transformers")
 
+from outcore.config import TrainConfig  # noqa: E402
 from outcore.graph.capture import capture  # noqa: E402
 from outcore.graph.io import to_dict as graph_doc  # noqa: E402
 from outcore.plan.layout import Layout  # noqa: E402
 from outcore.plan.plan import make_plan, to_dict as plan_doc  # noqa: E402
-from outcore.config import TrainConfig  # noqa: E402
 from outcore.runtime.data import split  # noqa: E402
 from outcore.runtime.launch import run_local  # noqa: E402
 from outcore.runtime.worker import train_worker  # noqa: E402
@@ -42,16 +42,17 @@ FUSED_QKV = str(Path(__file__).with_name("export_models.py")) + ":fused_qkv_atte
 
 
 def _graph(cfg: TrainConfig):
-    spec = resolve_model(cfg.graph.model, input_shape=cfg.graph.input_shape, batch_size=cfg.graph.batch_size)
+    spec = resolve_model(cfg.graph.model, input_shape=cfg.graph.input_shape,
+                         batch_size=cfg.graph.batch_size)
     torch.manual_seed(cfg.run.seed)
-    g = capture(spec.build(), split(spec.example_inputs, cfg.planning.microbatches)[0], name=cfg.graph.model,
-                path="export")
+    micro = split(spec.example_inputs, cfg.planning.microbatches)[0]
+    g = capture(spec.build(), micro, name=cfg.graph.model, path="export")
     return g.replace(fwd_s=np.full(g.num_nodes, 1e-3), bwd_s=np.full(g.num_nodes, 2e-3))
 
 
 def _run(model: str, optimizer: str, lr: float, stages: int = 1, tp: int = 2):
     cfg = TrainConfig.make(model=model, batch_size=4, microbatches=2, steps=3, optimizer=optimizer,
-                      lr=lr, return_state=True, track_memory=False)
+                           lr=lr, return_state=True, track_memory=False)
     g = _graph(cfg)
     assert g.meta["capture"]["path"] == "export"
     plan = make_plan(g, chunks(g, stages), strategy="manual", devices=stages * tp,

@@ -112,6 +112,7 @@ def test_a_tensor_parallel_plan_on_one_slot_starts_only_its_ranks(lm):
     """A tp 2 plan on 4 devices that keeps every node on slot 0 runs on 2 workers, not 4,
     and says so."""
     import numpy as np
+
     from outcore.job import _only_used_devices
     from outcore.plan.layout import Layout
     from outcore.plan.plan import make_plan
