@@ -1,4 +1,4 @@
-"""DAG parallelism with a fine placement: multi-branch cells on 1, 2 (and 4) workers (issue 17).
+"""DAG parallelism with a fine placement: multi-branch cells on 1, 2 (and 4) workers.
 
 The model (``branches`` below, also usable as ``benchmarks/dag_parallel.py:branches``) is a stack
 of ``cells`` cells; each cell runs ``branches`` independent chains of ``depth`` Linear + Tanh

@@ -1,5 +1,5 @@
 """The node-level emulator against the schedule simulator on every placement the search makes
-(issue 15: the search ranks placements by the emulator and simulates only the best few, so the
+(the search ranks placements by the emulator and simulates only the best few, so the
 emulator must rank them as the simulator does).
 
 For each generated graph (family x nodes), link (16 GB/s, 25 us: the default; 300 GB/s, 5 us

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--costs", default="profile")
     ap.add_argument("--dp", type=int, default=1,
                     help="data-parallel copies (cells whose workers it does not divide are "
-                         "skipped); default 1: the matrix of session 31 and before")
+                         "skipped; default 1)")
     ap.add_argument("--memory", default=None,
                     help="per-device memory limit (7MiB): makes the plan split a model that "
                          "would run faster on one device")

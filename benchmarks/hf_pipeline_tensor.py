@@ -1,4 +1,4 @@
-"""Hugging Face models under pipeline 2 x tensor 2 on 4 ranks, against one process (issue 13).
+"""Hugging Face models under pipeline 2 x tensor 2 on 4 ranks, against one process.
 
 Each model type is built tiny and random-init (hidden 32, 4 heads, 2 layers; ``hf:`` defaults),
 captured through ``torch.export``, cut into 2 contiguous stages of equal node count, each stage

@@ -8,7 +8,7 @@ time per action (forward, backward, send, receive, optimizer; traced steps) and 
 and per-message costs the simulator charges, so the two can be compared. In the same run it
 measures the gloo one-way latency (ping-pong, as ``benchmarks/link_probe.py``) and the
 runtime's per-piece cost (``outcore.runtime.overhead``, where that module exists) and simulates
-the plan again with those measured figures ("calibrated" prediction, issue 17).
+the plan again with those measured figures ("calibrated" prediction).
 
     .venv/bin/python benchmarks/piece_overhead.py --layers 64 --steps 60
 """
@@ -113,11 +113,8 @@ def _calibrated(p, g, oneway_s: float | None = None) -> float:
     import outcore
     from outcore.hardware.cluster import make_cluster
     sys.path.insert(0, os.path.dirname(__file__))
-    try:
-        from outcore.runtime.overhead import piece_overhead_s
-        over = piece_overhead_s()
-    except ImportError:  # the tree before issue 17
-        over = None
+    from outcore.runtime.overhead import piece_overhead_s
+    over = piece_overhead_s()
     messages, transport = None, "gloo"
     try:
         from outcore.runtime.local_cluster import same_host_transport

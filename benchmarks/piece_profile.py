@@ -1,4 +1,4 @@
-"""Profile the 2-worker alternating chain (issue 17): cProfile around ``trainer.step`` on both
+"""Profile the 2-worker alternating chain: cProfile around ``trainer.step`` on both
 ranks, own time grouped into gloo waits, gloo isend/irecv calls, outcore's Python, autograd and
 the rest, per step.
 

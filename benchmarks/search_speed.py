@@ -8,8 +8,7 @@ graph is built, with a memory cap: K = 4, 16 GB/s, the cap a multiple of the fai
 
 ``--layouts`` opens the layout as ``outcore plan GRAPH --layout auto`` does (data parallelism,
 GEMS mode, micro-batches, tensor-parallel degree and sharding: ``tp`` and ``depth`` left to the
-search). Before session 46 it left ``tp`` and sharding at 1, which the command does not: the
-figures recorded before then are of that narrower search.
+search).
 
 The process keeps freed memory in its heap, as ``outcore plan`` does
 (``outcore.api.keep_freed_memory``); ``--library-heap`` leaves glibc's default, as

@@ -1,5 +1,5 @@
 """The search (``outcore.plan``, strategy auto) against the lower bound on graphs with DAG
-parallelism at NVLink-class links (issue 15's "within 1.2x of the lower bound").
+parallelism at NVLink-class links (the aim: within 1.2x of the lower bound).
 
 For each family and size: 4 A100s (``a100`` preset: its runtime cost per piece overlaps the
 device's work) joined by 300 GB/s, 5 us links (NVLink 3), no memory cap, one micro-batch; the

@@ -1,5 +1,5 @@
 """The search (``outcore.plan``, strategy auto) against the trivial split, judged by outcore's
-own simulator (issue 15): a generated graph on 4 devices, memory capped at 1.25 x the fair share
+own simulator: a generated graph on 4 devices, memory capped at 1.25 x the fair share
 (one device's footprint / 4) unless ``--no-memory``; the trivial split is a topological order cut
 into 4 parts of equal memory (4 x parameters + saved activations).
 

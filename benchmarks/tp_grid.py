@@ -1,4 +1,4 @@
-"""Simulated: where AxoNN's 2-D grid beats Megatron's 1-D layout (issue 13), per MLP pair.
+"""Simulated: where AxoNN's 2-D grid beats Megatron's 1-D layout, per MLP pair.
 
 A GPT-style MLP pair (``hidden -> 4 hidden -> hidden``, bf16) of one micro-batch on ``tp`` A100s
 (8 per node on NVLink3, one HDR InfiniBand port per GPU), priced by

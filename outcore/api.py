@@ -1,4 +1,4 @@
-"""outcore's public functions (DESIGN.md, "Public API"). Each CLI subcommand calls them only.
+"""outcore's public functions (the README's "The Python API"). Each CLI subcommand calls them only.
 
     g = outcore.capture(model, example_inputs)            # graph IR with module hierarchy
     g = outcore.profile(g, model, example_inputs)          # or outcore.estimate(g, "a100")

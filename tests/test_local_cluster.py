@@ -1,5 +1,5 @@
 """The local job's cluster counts other processes' load: on a machine whose free cores are
-fewer than the workers, messages are costed at the oversubscribed latency (issue 15)."""
+fewer than the workers, messages are costed at the oversubscribed latency."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ gets a distinct tag per message.
 A message of several small tensors, and a run of consecutive sends of one rank to one peer,
 travel as one flat byte buffer (``PACK_MAX_BYTES``): each point-to-point operation costs a
 fixed host time (gloo: a lock, a socket write, a thread wake-up at the receiver; measured in
-BENCHMARKS.md, issue 17) that dwarfs copying a few KiB. Everything a message needs (metas,
+BENCHMARKS.md) that dwarfs copying a few KiB. Everything a message needs (metas,
 tags, pack layout, grouping) is computed once per schedule.
 
 Between two CPU ranks on one host (gloo backend) messages skip gloo altogether and travel over
@@ -501,7 +501,7 @@ class Messenger:
         activations this rank sent for that micro-batch: wait on that send (it has completed)
         and drop its tensor now instead of at the end-of-step flush (gloo's
         ``is_completed()`` stays False until ``wait()``; holding every sent activation until
-        the step ends cost up to twice the predicted peak, issue 15)."""
+        the step ends costs up to twice the predicted peak)."""
         if key[1] != "B":
             return
         for entry in self.sent_entries.pop((key[0], "F", key[2]), ()):

@@ -75,9 +75,9 @@ def background_load(samples: int = 10, every_s: float = 0.005) -> float:
     ``OUTCORE_HOST_LOAD`` overrides it (e.g. ``0`` for a dedicated machine).
 
     On 2 cores with other jobs running, 2 workers are oversubscribed: their messages take
-    1.5-2 ms instead of 0.1 ms (issue 15's fidelity matrix: -60 % on 2-worker cells). The
-    1-minute average lags: for a minute after a job of our own ended it still counted it
-    (load 1.8 on an idle machine), and a 2-worker plan was then priced as oversubscribed."""
+    1.5-2 ms instead of 0.1 ms (the fidelity matrix's 2-worker cells: 60 % slower). The
+    1-minute average lags: for a minute after a job of our own ends it still counts it (load
+    1.8 on an idle machine), which would price a 2-worker plan as oversubscribed."""
     given = os.environ.get("OUTCORE_HOST_LOAD")
     if given:
         return max(0.0, float(given))

@@ -113,7 +113,7 @@ class RankExecutor:
 
     def _precompute(self) -> None:
         """Everything an action needs that does not change between steps, worked out once
-        (issue 17: the runtime's fixed cost per piece and per message)."""
+        (what a piece and a message cost the runtime beyond their work is paid every step)."""
         s, metas = self.s, self.metas
         transfers = s.pieces.transfers
         # per piece: where each input comes from ("data", chunk base, position) /

@@ -2,7 +2,7 @@
 
 gloo carries every point-to-point message over TCP loopback through its own I/O threads: the
 sender's call takes a lock and writes the socket, the receiver's gloo thread reads it and wakes
-the waiting Python thread. Measured on the 2-core machine of BENCHMARKS.md (issue 17) a small
+the waiting Python thread. Measured on the 2-core machine of BENCHMARKS.md, a small
 message then costs ~75-140 us one way, against ~6 us for a blocking Unix-domain socket read
 in the receiving thread itself: one kernel copy and one wake-up, no helper thread. Intra-node
 transports do the same for the same reason: NCCL's SHM transport and MPI's shared-memory
@@ -53,7 +53,7 @@ P2P_ENV = "OUTCORE_P2P"
 # SPIN_AUTO_US when every local worker has a core of its own (a blocked process pays a wake-up
 # and cold caches: the 64-layer alternating chain on 2 quiet cores took 25.3 ms a step without
 # spinning, 13.0-13.5 ms with 200-1000 us), and none on busy cores (spinning takes the core
-# the peer needs: 92 -> 202 ms at load 5-6)
+# the peer needs: at load 5-6 a step takes 202 ms spinning, 92 ms not)
 SPIN_ENV, SPIN_AUTO_US = "OUTCORE_P2P_SPIN_US", 200.0
 
 
@@ -77,8 +77,8 @@ class SameHostLinks:
         socks: per peer process rank, a connected stream socket.
         timeout_s: longest wait for any message or send.
         spin_s: a receive polls its socket this long before it blocks (a blocked process
-            waits for the scheduler to wake it: ~0.1-2 ms on loaded cores, measured in
-            BENCHMARKS.md, issue 17); bounded, so an idle rank does not burn a core.
+            waits for the scheduler to wake it: ~0.1-2 ms on loaded cores, BENCHMARKS.md);
+            bounded, so an idle rank does not burn a core.
     """
 
     def __init__(self, rank: int, socks: dict[int, socket.socket], timeout_s: float,

@@ -1,4 +1,4 @@
-"""The training memory model (DESIGN.md, "Training memory model"); pure numpy.
+"""The training memory model (docs/design.md, "The memory model"); pure numpy.
 
 On a device during one iteration: for every node placed there, weights + gradients + optimizer
 state (``state_factor`` × ``param_bytes``: 4 for Adam in fp32 = weight, gradient, two moments;

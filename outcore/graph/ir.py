@@ -296,9 +296,10 @@ def build(
 ) -> Graph:
     """Build a :class:`Graph` from node arrays and edges given as node *indices*.
 
-    Missing fields take DESIGN.md defaults: ``bwd_s = 2 * fwd_s``, ``param_bytes = 0``,
-    ``out_bytes`` = largest outgoing edge, ``saved_bytes = out_bytes``. With ``check`` the graph
-    is validated (finite non-negative costs, edges in range, no self loop, acyclic).
+    Missing fields take the format's defaults (docs/design.md): ``bwd_s = 2 * fwd_s``,
+    ``param_bytes = 0``, ``out_bytes`` = largest outgoing edge, ``saved_bytes = out_bytes``.
+    With ``check`` the graph is validated (finite non-negative costs, edges in range, no self
+    loop, acyclic).
     """
     fwd = np.asarray(fwd_s, dtype=np.float64)
     n = fwd.shape[0]

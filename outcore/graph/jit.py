@@ -35,8 +35,8 @@ def njit_borrowing(fn):
     """:func:`njit` for kernels that allocate nothing (their arrays all come from the caller):
     compiled without numba's reference counting (NRT), which otherwise increments and
     decrements, atomically, the count of every array a call passes or a tuple hands out. In
-    the simulator's event loop, whose helpers take the state as tuples of arrays, that was
-    85 % of its time (88 -> 11 ms on 44k actions, the same timeline). A kernel that allocates
+    the simulator's event loop, whose helpers take the state as tuples of arrays, that counting
+    is 85 % of the time (44k actions: 88 ms with it, 11 ms without). A kernel that allocates
     does not compile this way (numba says so on first use)."""
     if HAVE_NUMBA and _knows_nrt_option():
         return _numba.njit(cache=True, nogil=True, _nrt=False)(fn)

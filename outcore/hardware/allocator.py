@@ -3,15 +3,15 @@
 glibc's ``malloc`` hands blocks above a threshold (128 KiB, then adapted) back to the OS when
 they are freed and takes them back with page faults on the next allocation. A training step
 frees and reallocates the same large activation buffers every iteration, so by default it pays
-those faults every step: resnet18's layer3-4 forward and backward at batch 8 took 43-46 ms on
-one thread by default and 21-23 ms with freed blocks kept in the heap (this machine, 2026-11-26).
+those faults every step: resnet18's layer3-4 forward and backward at batch 8 take 43-46 ms on
+one thread by default and 21-23 ms with freed blocks kept in the heap (on a 2-core VM).
 Workers keep them (:func:`keep_heap`, called when a worker joins its process group), and so must
 every process that *measures* costs for them (the profiler, the device and runtime probes):
 otherwise the plan is made with times up to 2x those the workers will see.
 
 The ``outcore plan`` and ``outcore simulate`` commands keep them too: the search makes and frees
 arrays the size of the graph thousands of times (a 50k-node NAS graph's search with the layout
-open: 1.21 -> 1.12 s in a fresh process, 0.98 -> 0.89 s in a warm one, page faults 110k -> 57k,
+open: 1.12 s against 1.21 s in a fresh process, with half the page faults,
 ``benchmarks/search_speed.py``). ``outcore.plan`` called from a user's own program leaves that
 program's allocator as it is (``outcore.api.keep_freed_memory()`` first to have the same).
 
@@ -69,7 +69,7 @@ def frozen_objects(*, collect: bool = False) -> Iterator[None]:
 
     The search makes many short-lived objects, and one full collection over everything took
     40 ms of the 1 s search of a 50k-node graph; a training step too (the transformer's 2-stage
-    pipeline: 5.05 -> 4.78 ms a step with the worker's objects frozen)."""
+    pipeline: 4.78 ms a step with the worker's objects frozen, 5.05 ms without)."""
     if gc.get_freeze_count():
         yield
         return

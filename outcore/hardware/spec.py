@@ -73,16 +73,15 @@ class DeviceSpec:
 # outcore's runtime cost per piece and micro-batch (forward, backward): Python, the module call,
 # the autograd call, on a host not probed (a local CPU cluster carries its own probe). The
 # probe (`outcore.runtime.overhead.piece_overhead_s`) gives 3.1-3.2 us and 11.4-11.7 us on
-# this project's 2-core VM since the executor's fourth pass (issue 17; it was ~50 / ~150 us
-# when this default was set); kept at about 3x that for hosts busier than a tight loop.
+# a 2-core VM; the default is about 3x that, for hosts busier than a tight loop.
 RUNTIME_OVERHEAD_S = (10e-6, 30e-6)
 
 # An action that starts after its worker waited runs at most this much slower than warm, and
-# no more than ``DeviceSpec.cold_start_s`` (measured on the 2-core VM, 2026-11-27: the zoo MLP's
+# no more than ``DeviceSpec.cold_start_s`` (measured on a 2-core VM: the zoo MLP's
 # first forward of a step 1.5x its later ones; the transformer's pieces after a receive
 # 1.2-1.5x; half a ResNet's Adam step after 1 ms asleep 1.44x, +0.21 ms). A wait shorter
 # than ``COLD_START_IDLE_S`` leaves it warm. A message call's own host time after a compute is
-# about that long (18-26 us for a small one, probed since 2026-11-27), so a compute after a send
+# about that long (18-26 us for a small one, probed), so a compute after a send
 # or a receive is charged too, as measured: a pipeline piece's module call 1.15-1.40x after
 # messages, the same call repeated at once 1.0x (the zoo ResNet, 2 workers).
 COLD_START_FRACTION = 0.5

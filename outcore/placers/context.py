@@ -4,7 +4,7 @@ A :class:`Context` is built once per (graph, cluster, devices, optimizer, micro-
 and shared by the planners, the emulator and the memory checks, so that topological orders and
 link matrices are computed once.
 
-Memory model (DESIGN.md "Training memory model"), per device ``d`` for an assignment:
+Memory model (docs/design.md, "The memory model"), per device ``d`` for an assignment:
 
     static(d)    = state_factor(optimizer) * sum of param_bytes of the nodes on d
     saved(d)     = sum of saved_bytes of the nodes on d                       (one micro-batch)

@@ -1,4 +1,4 @@
-"""Granularity as a planner decision: merge pieces too small to pay for themselves (issue 17).
+"""Granularity as a planner decision: merge pieces too small to pay for themselves.
 
 A piece placed apart from its neighbours costs the runtime a fixed time per micro-batch (its
 forward and backward overheads, ``DeviceSpec.fwd_overhead_s``/``bwd_overhead_s``) and its

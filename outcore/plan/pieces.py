@@ -1,14 +1,14 @@
 """Cut a placed graph into pieces: the units a rank runs forward and backward.
 
 A piece is a connected set of nodes on one device that can run its whole forward once its inputs
-have arrived (DESIGN.md, execution model). With ``hop(v)`` = the largest number of boundaries on
-any path into ``v`` — a device change, or leaving a node whose output another device consumes
-(such a node ends its piece, so its message departs at once) — the pieces are the connected
-components of nodes with equal ``(device, hop)``. Every edge between pieces goes from a lower hop
-to a higher one, so the piece graph is acyclic even when a device holds nodes on both sides of
-another device's nodes; a device's pieces are ordered by hop. Pieces are numbered in (hop, first
-node) order, a topological order of the piece graph. A tensor crosses to a device once
-(:func:`_relayed`): the first of the device's pieces that take it receives it and hands it on.
+have arrived (docs/runtime.md, "Execution model"). With ``hop(v)`` = the largest number of
+boundaries on any path into ``v`` — a device change, or leaving a node whose output another device
+consumes (such a node ends its piece, so its message departs at once) — the pieces are the connected
+components of nodes with equal ``(device, hop)``. Every edge between pieces goes from a lower hop to
+a higher one, so the piece graph is acyclic even when a device holds nodes on both sides of another
+device's nodes; a device's pieces are ordered by hop. Pieces are numbered in (hop, first node)
+order, a topological order of the piece graph. A tensor crosses to a device once (:func:`_relayed`):
+the first of the device's pieces that take it receives it and hands it on.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The Plan value and its JSON form, ``outcore-plan/2`` (DESIGN.md; ``/1`` files still read).
+"""The Plan value and its JSON form, ``outcore-plan/2`` (docs/design.md, "Formats"; ``/1`` files
+still read).
 
 A plan says where every node of a graph runs (``assignment``: node index -> stage), on which
 process mesh (``layout``: GEMS replicas, data, tensor and spatial degrees), with which per-piece

@@ -36,7 +36,7 @@ def local_cluster(devices: int, local: bool) -> Cluster:
     samehost = False
     spare = not (cores and devices > 1) or cores_to_spare(devices)  # the load, read once
     if local and devices > 1 and same_host_transport():
-        # CPU workers on one host exchange messages over Unix-domain sockets (issue 17), two
+        # CPU workers on one host exchange messages over Unix-domain sockets, two
         # ranks sum a bucket they alone hold so too (the simulator prices those sums as the
         # link's messages), other collectives stay on gloo's loopback TCP; their receives
         # poll as the workers' will

@@ -1,4 +1,4 @@
-"""Probe the runtime's fixed cost per piece on the live machine (issue 17).
+"""Probe the runtime's fixed cost per piece on the live machine.
 
 What one more piece costs the executor, beyond its layers' own times (which the graph's costs
 already hold): its forward detaches its input into a fresh autograd leaf, calls the piece's

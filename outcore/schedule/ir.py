@@ -1,4 +1,4 @@
-"""The schedule IR: per-rank ordered lists of small actions (DESIGN.md).
+"""The schedule IR: per-rank ordered lists of small actions (docs/runtime.md, "Schedules").
 
 An action is forward or backward of one piece for one micro-batch, the send or receive of one
 transfer's tensors (activations forward, gradients backward) for one micro-batch, a gradient

@@ -1,5 +1,5 @@
 """The one road from a plan to a schedule: expand copies, cut, cost, build, place all-reduces,
-check (DESIGN.md, "execution model").
+check (docs/runtime.md, "Execution model").
 
 :func:`lower` is used by the simulator, the runtime and the pictures alike, so what the simulator
 predicts is exactly what the runtime executes. A plan's graph is first expanded into the graph

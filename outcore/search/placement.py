@@ -225,7 +225,7 @@ def _coarsened(g: Graph, req: PlanRequest, result, best: Plan, check_fit: bool) 
     """``best`` with the pieces too small to pay for their runtime overhead and messages merged
     into a neighbour's device (:func:`outcore.placers.granularity.merge_small_pieces`, costed
     with the cluster's per-piece overheads and links), when the simulator finds that faster and
-    it still fits; the plan's notes say so. Granularity as a planner decision (issue 17)."""
+    it still fits; the plan's notes say so. Granularity as a planner decision."""
     if req.model_parallel_devices < 2 or req.strategy != "auto":  # a named planner's plan stays
         return best
     # a placement made on the coarsened graph is merged and emulated there too

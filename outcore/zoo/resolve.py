@@ -1,9 +1,9 @@
 """Turn a model name into a model builder and an example input.
 
-Five forms (DESIGN.md): ``torchvision:<builder>``, ``outcore:<zoo model>``, ``hf:<model type>``
-and ``timm:<name>`` (:mod:`outcore.zoo.ecosystem`, optional extras), and
-``path/to/file.py:function`` (the function returns a module, or a ``(module, example_input)``
-pair). Builder options follow a second colon: ``outcore:resnet_k:depth=110,width=16``,
+Five forms (docs/models.md, "Naming a model"): ``torchvision:<builder>``, ``outcore:<zoo model>``,
+``hf:<model type>`` and ``timm:<name>`` (:mod:`outcore.zoo.ecosystem`, optional extras), and
+``path/to/file.py:function`` (the function returns a module, or a ``(module, example_input)`` pair).
+Builder options follow a second colon: ``outcore:resnet_k:depth=110,width=16``,
 ``torchvision:resnet50:num_classes=10``. No weights are ever downloaded.
 """
 

@@ -1,4 +1,4 @@
-"""Coarsening by cost (issue 17): pieces too small to pay for their runtime overhead and
+"""Coarsening by cost: pieces too small to pay for their runtime overhead and
 messages merge into a neighbour's device; pieces worth their price stay where they are."""
 
 from __future__ import annotations

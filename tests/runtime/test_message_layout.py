@@ -1,4 +1,4 @@
-"""Packed messages (issue 17): several small tensors travel as one byte buffer and come back
+"""Packed messages: several small tensors travel as one byte buffer and come back
 bit-identical, of every dtype and shape, with no memory shared between the unpacked tensors'
 autograd histories."""
 

@@ -1,4 +1,4 @@
-"""The per-message probes (issue 17): the same-host link's host time per call and its one-way
+"""The per-message probes: the same-host link's host time per call and its one-way
 latency are positive and plausible on this machine."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The runtime's per-piece cost is probed on the live machine and reaches the plan's cluster
-(issue 17)."""
+."""
 
 from __future__ import annotations
 

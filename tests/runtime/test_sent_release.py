@@ -1,6 +1,6 @@
 """A rank does not hold the activations it sent until the end of the step: once a
-micro-batch's gradients come back, the send of its activations is released (issue 15: the
-measured peak of a pipeline's first stage grew with every micro-batch in flight)."""
+micro-batch's gradients come back, the send of its activations is released (held to the end,
+the measured peak of a pipeline's first stage grows with every micro-batch in flight)."""
 
 from __future__ import annotations
 

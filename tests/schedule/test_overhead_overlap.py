@@ -1,5 +1,5 @@
 """The runtime's per-piece cost: added to a CPU piece's time, overlapped with an accelerator's
-(issue 17: on GPUs the host queues the next piece while the device runs this one)."""
+(on GPUs the host queues the next piece while the device runs this one)."""
 
 from __future__ import annotations
 

@@ -313,9 +313,9 @@ def test_the_pruning_margin_covers_the_contended_emulations_error(family, nodes)
     """The search skips simulating a placement that the contended emulation finds
     ``PRUNE_RATIO`` times slower than the best simulated plan; that is safe only while the
     estimate never exceeds the simulated time by that much. Every placement the planners offer
-    (1 and 4 micro-batches, fast and slow links): the FIFO emulator of session 37 reached
-    1.49x on this RNN grid split in topological order (1.86x at 10k nodes), and contiguous
-    splits had to be simulated whatever it said."""
+    (1 and 4 micro-batches, fast and slow links): a FIFO emulator reaches 1.49x on this RNN
+    grid split in topological order (1.86x at 10k nodes), which is why the emulator orders
+    tasks as the simulator does and contiguous splits are simulated whatever it says."""
     from outcore.graph.generators import make
     from outcore.placers import partition, placements
     from outcore.placers.context import make_context

@@ -1,5 +1,5 @@
 """The runtime's host time per message (``DeviceSpec.send_overhead_s``/``recv_overhead_s``,
-issue 17, and per byte: ``send_byte_s``/``recv_byte_s``, issue 15) delays the sender's next
+and per byte: ``send_byte_s``/``recv_byte_s``) delays the sender's next
 action and the receiver's, by hand; and it survives the plan's cluster record."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The models users bring, unmodified: timm and Hugging Face models captured, costed and
-trained on 1 and 2 ranks with equal losses (issue 12's sweep); every model with layers that
+trained on 1 and 2 ranks with equal losses; every model with layers that
 split is also trained at tp 2 (one device slot of two tensor-parallel ranks), and every model
 with its nodes on alternating ranks (every edge a cut: each node its own piece, so every kind of
 value a layer hands on crosses ranks, and every in-place write meets its readers elsewhere).
