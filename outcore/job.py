@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
-import statistics
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,6 +41,7 @@ from outcore.plan.plan import (
     to_dict as plan_to_dict,
 )
 from outcore.plan.request import PlanRequest
+from outcore.report import MetricsWatcher, TrainReport, report
 from outcore.runtime.local_cluster import local_cluster
 from outcore.runtime.rundir import unique_run_dir
 from outcore.search.layouts import LayoutChoice
@@ -53,43 +50,6 @@ log = logging.getLogger(__name__)
 
 # the options that fix the layout: with none of them given, train searches it
 LAYOUT_OPTIONS = ("parallel", "replicas", "dp", "tp", "shard", "plan")
-
-
-@dataclass
-class TrainReport:
-    """What a run did, next to what the plan predicted."""
-
-    config: TrainConfig
-    plan: Plan
-    run_dir: Path
-    losses: list[float]
-    step_s: list[float]
-    peak_bytes: list[int]
-    busy_s: list[float]
-    predicted: dict[str, Any]
-    files: dict[str, str] = field(default_factory=dict)
-    comm: list[dict[str, Any]] = field(default_factory=list)  # trace.comm_profile rows
-
-    @property
-    def median_step_s(self) -> float:
-        steady = self.step_s[1:] if len(self.step_s) > 1 else self.step_s
-        return statistics.median(steady) if steady else float("nan")
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.config.graph.batch_size / self.median_step_s if self.step_s \
-            else float("nan")
-
-    def to_dict(self) -> dict[str, Any]:
-        cfg = self.config
-        return {"model": cfg.graph.model, "devices": self.plan.devices,
-                "strategy": self.plan.strategy, "batch_size": cfg.graph.batch_size,
-                "microbatches": cfg.planning.microbatches, "schedule": cfg.planning.schedule,
-                "steps": len(self.losses), "losses": self.losses, "step_s": self.step_s,
-                "median_step_s": self.median_step_s, "samples_per_s": self.samples_per_s,
-                "peak_bytes": self.peak_bytes, "busy_s": self.busy_s,
-                "memory_bytes": self.plan.memory_bytes, "predicted": self.predicted,
-                "files": self.files, "comm": self.comm}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,14 +351,14 @@ def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
     cfg = job.cfg
     if progress and p.devices == planned.devices:
         progress(f"starting {_workers(p.devices)}", 0, 1)
-    watcher = _MetricsWatcher(Path(cfg.run.metrics_out or job.run_dir / "metrics.jsonl"),
+    watcher = MetricsWatcher(Path(cfg.run.metrics_out or job.run_dir / "metrics.jsonl"),
                               on_metrics)
     results = run_local(train_worker, p.devices, (_with_spin(cfg, p.devices),
                                                    graph_to_dict(g), plan_to_dict(p)),
                         timeout_s=cfg.run.timeout, threads=cfg.worker.threads,
                         poll=watcher.poll)
     watcher.poll()
-    return _report(cfg, g, p, job.run_dir, results)
+    return report(cfg, g, p, job.run_dir, results)
 
 
 def _workers(n: int) -> str:
@@ -470,100 +430,6 @@ def _slug(model: str) -> str:
 
 
 
-class _MetricsWatcher:
-    """Tails rank 0's metrics file and hands each new line of this run to a callback.
-
-    The file may be one an earlier run left in the same run folder, until rank 0 replaces it
-    (a fresh run makes a new file, a resumed one rewrites it keeping its earlier steps): lines
-    stamped before this watcher started are not this run's progress and are skipped, and a
-    replaced or shorter file is read from its start. A line that is not JSON is skipped: the
-    progress display never stops a run."""
-
-    def __init__(self, path: Path, callback: Callable[[dict[str, Any]], None] | None):
-        self.path, self.callback, self.offset = path, callback, 0
-        self.since = time.time()
-        self.inode: int | None = None
-
-    def poll(self) -> None:
-        if self.callback is None:
-            return
-        try:
-            with open(self.path, "rb") as f:
-                st = os.fstat(f.fileno())
-                if st.st_ino != self.inode or st.st_size < self.offset:
-                    self.inode, self.offset = st.st_ino, 0
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        end = chunk.rfind(b"\n") + 1  # a torn last line waits for its end
-        self.offset += end
-        for line in chunk[:end].decode("utf-8", "replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and float(record.get("time", 0)) >= self.since:
-                self.callback(record)
-
-
-
-def _report(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
-            results: list[dict[str, Any]]) -> TrainReport:
-    r0 = results[0]
-    report = TrainReport(cfg, p, root, r0["losses"], r0["step_s"], r0["peak_bytes"],
-                         r0["busy_s"], dict(p.predicted))
-    files = {"graph": str(root / "graph.json"), "plan": str(root / "plan.json"),
-             "metrics": cfg.run.metrics_out or ""}
-    trace_dir = cfg.worker.trace_dir
-    if trace_dir and Path(trace_dir).is_dir():
-        files.update(_timeline_files(cfg, g, p, root, report))
-    report.files = files
-    (root / "report.json").write_text(json.dumps(_strict(report.to_dict()), indent=1,
-                                                 allow_nan=False))
-    return report
-
-
-def _strict(value: Any) -> Any:
-    """``value`` with NaN and infinities as None (strict JSON: a skipped step has no loss)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value
-
-
-
-def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
-                    report: TrainReport | None = None) -> dict[str, str]:
-    """Merge the ranks' measured timelines; draw them under the simulator's prediction."""
-    from outcore.api import simulate
-    from outcore.trace import Timeline, comm_profile, load_events, save_chrome_trace
-
-    parts = sorted(Path(cfg.worker.trace_dir or "").glob("rank*.json"))
-    if not parts:
-        return {}
-    events = []
-    for part in parts:
-        events += list(load_events(part).events)
-    measured = Timeline(p.devices // p.layout.tp, tuple(sorted(events, key=lambda e: e.start_s)),
-                        max((e.end_s for e in events), default=0.0), source="measured")
-    predicted = simulate(p, g, schedule_file=cfg.planning.schedule_file).timeline
-    if report is not None:
-        report.comm = comm_profile(measured, predicted)
-    out = {"trace": str(save_chrome_trace(root / "trace.json", [predicted, measured],
-                                          ["predicted", "measured"]))}
-    try:
-        from outcore.viz import draw_comparison
-        draw_comparison(predicted, measured, root / "timeline.png")
-        out["timeline"] = str(root / "timeline.png")
-    except Exception as e:  # a picture must never fail a finished training run
-        log.warning("could not draw the timeline: %s", e)
-    return out
-
-
 def _train_in_job(job: Job) -> TrainReport:
     """Under torchrun/mpirun/srun: rank 0 plans and broadcasts; every rank trains."""
     from outcore.runtime.launch import run_in_job
@@ -594,7 +460,7 @@ def _job_main(ctx: Any, job: Job) -> TrainReport | None:
     dist.all_gather_object(gathered, result)
     if ctx.rank != 0:
         return None
-    return _report(job.cfg, g, p, job.run_dir, gathered)  # rank 0's own graph and plan
+    return report(job.cfg, g, p, job.run_dir, gathered)  # rank 0's own graph and plan
 
 
 def _with_schedule_file(cfg: TrainConfig, g: Graph, p: Plan) -> Plan:

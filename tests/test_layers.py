@@ -25,7 +25,7 @@ LAYERS = {
     "parallel": 5, "runtime": 6,
     "placers": 5,
     "search": 6,
-    "api": 7, "job": 7, "__init__": 7,
+    "api": 7, "job": 7, "report": 7, "__init__": 7,
     "cli": 8,
 }
 TORCH_FREE = ("errors", "units", "jsonfile", "lazytuple", "config", "graph", "hardware.spec",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from outcore.job import _MetricsWatcher
+from outcore.report import MetricsWatcher
 from outcore.runtime.resume import open_metrics
 
 
@@ -19,7 +19,7 @@ def test_only_this_runs_steps_reach_the_callback(tmp_path):
     before = time.time() - 60
     path.write_text("".join(_line(s, before) for s in range(10)))  # an earlier run's file
     seen: list[int] = []
-    watcher = _MetricsWatcher(path, lambda r: seen.append(r["step"]))
+    watcher = MetricsWatcher(path, lambda r: seen.append(r["step"]))
     watcher.poll()
     assert seen == []  # the earlier run's steps are not this run's progress
     f = open_metrics(str(path), 0)  # this run starts afresh: a new file
@@ -41,7 +41,7 @@ def test_a_resumed_run_rewriting_the_file_is_read_from_its_start(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(_line(s, time.time() - 60) for s in range(4)))
     seen: list[int] = []
-    watcher = _MetricsWatcher(path, lambda r: seen.append(r["step"]))
+    watcher = MetricsWatcher(path, lambda r: seen.append(r["step"]))
     watcher.poll()
     f = open_metrics(str(path), 2)  # resumed at step 2: steps 0 and 1 kept, the file replaced
     f.write(_line(2, time.time()))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from outcore.errors import RuntimeFailure
-from outcore.runtime.launch import WorkerTraceback, run_local
+from outcore.runtime.failures import WorkerTraceback
+from outcore.runtime.launch import run_local
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 
@@ -35,16 +36,16 @@ def test_only_a_failure_to_connect_while_joining_starts_the_workers_again():
     """A launch is started again when its workers failed joining the process group over a
     connection (gloo's full-mesh connect between local processes fails now and then), never
     once a worker ran the function, returned, died silently or failed for another reason."""
-    from outcore.runtime.launch import JOINING, RUNNING, _join_failed, silent_death
+    from outcore.runtime.failures import JOINING, RUNNING, join_failed, silent_death
     closed = "RuntimeError: Gloo connectFullMesh failed with ... Connection closed by peer\nTb"
-    assert _join_failed({}, [(0, (closed, "RuntimeError", JOINING))]) == (
+    assert join_failed({}, [(0, (closed, "RuntimeError", JOINING))]) == (
         "rank 0 could not join the process group: RuntimeError: Gloo connectFullMesh failed "
         "with ... Connection closed by peer")
-    assert _join_failed({}, [(1, (closed, "RuntimeError", RUNNING))]) is None
-    assert _join_failed({0: 1}, [(1, (closed, "RuntimeError", JOINING))]) is None
-    assert _join_failed({}, [(0, (closed, "RuntimeError", JOINING)),
+    assert join_failed({}, [(1, (closed, "RuntimeError", RUNNING))]) is None
+    assert join_failed({0: 1}, [(1, (closed, "RuntimeError", JOINING))]) is None
+    assert join_failed({}, [(0, (closed, "RuntimeError", JOINING)),
                              (1, silent_death(1, -9))]) is None
-    assert _join_failed({}, [(0, ("ValueError: bad threads", "ValueError", JOINING))]) is None
+    assert join_failed({}, [(0, ("ValueError: bad threads", "ValueError", JOINING))]) is None
 
 
 def test_a_launch_that_could_not_join_is_started_once_more(monkeypatch, caplog):
