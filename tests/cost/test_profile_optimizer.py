@@ -39,18 +39,37 @@ def test_the_optimizer_step_is_timed_and_scales_the_model():
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())  # lr 0
     assert all(p.grad is None for p in net.parameters())
     cpu = make_cluster(1, None, device=device_preset("cpu"))
-    scale, it = _scale_and_step(g, cpu)
-    assert 0.5 <= scale <= 4.0
-    # twice the measured step: twice the scale (until the clip), a longer iteration
-    slow = g.replace(meta={**g.meta, "profile": {**g.meta["profile"], "adam_step_s": 2 * measured}})
-    scale2, it2 = _scale_and_step(slow, cpu)
-    assert abs(scale2 - min(2 * scale, 4.0)) < 1e-9
+    assert 0.5 <= _scale_and_step(g, cpu)[0] <= 4.0
+    # a step twice as long: twice the scale, a longer iteration. The steps are set at 1.5x and
+    # 3x the modelled one, inside the clip whatever this machine measured
+    modelled = _modelled_step_s(g, cpu)
+    scale, it = _scale_and_step(_with_step(g, 1.5 * modelled), cpu)
+    scale2, it2 = _scale_and_step(_with_step(g, 3.0 * modelled), cpu)
+    assert abs(scale - 1.5) < 1e-9 and abs(scale2 - 3.0) < 1e-9
     assert it2 > it
+    slow = _with_step(g, 2 * measured)
     # no CPU profile, or an accelerator: the model as it is
     gpu = make_cluster(1, None, device=device_preset("a100"))
     assert _scale_and_step(slow, gpu)[0] == 1.0
     bare = g.replace(meta={k: v for k, v in g.meta.items() if k != "profile"})
     assert _scale_and_step(bare, cpu)[0] == 1.0
+
+
+def _with_step(g, step_s: float):
+    """``g`` with its profiled optimizer step set to ``step_s``."""
+    return g.replace(meta={**g.meta, "profile": {**g.meta["profile"], "adam_step_s": step_s}})
+
+
+def _modelled_step_s(g, cluster) -> float:
+    """The modelled step the simulator divides the measured one by, read off a step the clip
+    leaves alone (the scale is measured / modelled, clipped to [0.5, 4])."""
+    step = g.meta["profile"]["adam_step_s"]
+    for _ in range(20):
+        scale = _scale_and_step(_with_step(g, step), cluster)[0]
+        if 0.5 < scale < 4.0:
+            return step / scale
+        step = step / 8 if scale >= 4.0 else step * 8
+    raise AssertionError("no step inside the clip")
 
 
 def _profiled_mlp():
