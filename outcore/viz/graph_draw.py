@@ -20,7 +20,7 @@ from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 from outcore.units import format_bytes, format_seconds
 from outcore.viz.condense import View, condense, device_shares
-from outcore.viz.layout import Layout, layered_layout
+from outcore.viz.layout import Layout, folded, layered_layout
 from outcore.viz.legend import Header, draw_header
 from outcore.viz.style import (
     CUT_RED,
@@ -100,9 +100,9 @@ def draw_graph(g: Graph, path: str | os.PathLike, *, assignment: Any = None,
     view = condense(g, max_nodes, devices)
     boxes = _boxes(view, g, devices, label_chars)
     vg = view.graph
-    lay = layered_layout(vg.num_nodes, vg.src, vg.dst, boxes.width,
-                         node_height=NODE_H_IN + 0.04 * boxes.by_device,
-                         layer=view.layer, column=view.column)
+    lay = folded(layered_layout(vg.num_nodes, vg.src, vg.dst, boxes.width,
+                                node_height=NODE_H_IN + 0.04 * boxes.by_device,
+                                layer=view.layer, column=view.column))
     log.info("graph %r: %d boxes in %d layers, %d crossings", g.name, vg.num_nodes,
              len(lay.layers), lay.crossings)
     header = _header(g, view, devices, title)

@@ -17,7 +17,8 @@ All lengths are inches: the drawing code uses them directly as figure coordinate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -385,3 +386,21 @@ def layered_layout(n: int, src: np.ndarray, dst: np.ndarray, width: np.ndarray, 
     return Layout(n, vlayer, pos, x, y, vwidth, node_height,
                   tuple(tuple(lay) for lay in layers), vedges, tuple(routes), tuple(flat),
                   crossings)
+
+
+def folded(lay: Layout, max_aspect: float = 3.0, gap_in: float = 0.8) -> Layout:
+    """``lay`` cut, between layers, into side-by-side columns when it is more than
+    ``max_aspect`` times taller than wide (a chain of a hundred layers is one long strip:
+    folded, it reads as a page). Each column holds consecutive layers of about equal height;
+    edges that cross a fold run from the bottom of one column to the top of the next."""
+    height, width = lay.height_in, max(lay.width_in, 0.5)
+    if not lay.layers or height <= max_aspect * width:
+        return lay
+    cols = max(2, math.ceil(math.sqrt(height / (1.5 * (width + gap_in)))))
+    tops = np.array([float(lay.y[list(layer)].min()) - lay.node_height / 2
+                     for layer in lay.layers])
+    col_of_layer = np.minimum((tops / (height / cols)).astype(np.int64), cols - 1)
+    col_top = np.array([tops[col_of_layer == c].min() if (col_of_layer == c).any() else 0.0
+                        for c in range(cols)])
+    col = col_of_layer[lay.layer]
+    return replace(lay, x=lay.x + col * (width + gap_in), y=lay.y - col_top[col])

@@ -109,3 +109,22 @@ def test_isotonic_keeps_separation_and_targets():
     assert np.all(np.diff(x) >= 1.0 - 1e-12)
     assert x[2] == pytest.approx(5.0)
     assert x[0] + x[1] == pytest.approx(0.1)  # the clash is split evenly around the targets
+
+
+def test_a_tall_drawing_is_folded_into_columns_and_a_short_one_is_not():
+    """A 150-layer chain is cut into side-by-side columns of consecutive layers (about as tall
+    as the page is wide), each column keeping its layers' order; a short graph stays as is."""
+    from outcore.viz.layout import folded
+    n = 150
+    src, dst = np.arange(n - 1), np.arange(1, n)
+    lay = layered_layout(n, src, dst, np.full(n, 1.5))
+    assert lay.height_in > 20 * lay.width_in
+    out = folded(lay)
+    assert out.height_in < 3 * out.width_in and out.height_in < lay.height_in / 3
+    cols = np.round((out.x - lay.x) / (out.x - lay.x).max() * 100)
+    assert (np.diff(cols[:n]) >= 0).all()  # consecutive layers, column after column
+    for c in np.unique(cols):
+        ys = out.y[:n][cols[:n] == c]
+        assert (np.diff(ys) > 0).all() and ys.min() >= 0
+    short = layered_layout(5, np.arange(4), np.arange(1, 5), np.full(5, 1.5))
+    assert folded(short) is short
