@@ -28,7 +28,7 @@ def run(name: str, model: str, devices: int, batch: int, mbs: int, steps: int,
     import outcore
     with tempfile.TemporaryDirectory() as tmp:
         rep = outcore.train(model, devices, batch_size=batch, microbatches=mbs, steps=steps,
-                            run_dir=tmp, timeline=False, costs="profile", **kw)
+                            run_dir=tmp, timeline=False, costs="profile", layout="given", **kw)
     pred = rep.predicted
     row = {"config": name, "model": model, "devices": devices, "batch": batch,
            "microbatches": mbs, "strategy": rep.plan.strategy,

@@ -52,7 +52,7 @@ def run(model: str, size: int, devices: int, limit: str, steps: int, **options) 
     try:
         r = outcore.train(model, devices, memory=limit, input_shape=f"1x3x{size}x{size}",
                           batch_size=1, microbatches=1, steps=steps, optimizer="sgd", lr=0.01,
-                          costs="estimate:cpu", timeline=False, timeout=600.0,
+                          costs="estimate:cpu", timeline=False, timeout=600.0, layout="given",
                           run_dir=tempfile.mkdtemp(prefix="spatial-job-"), **options)
     except OutcoreError as e:
         return {"devices": devices, "fits": False, "error": str(e).splitlines()[0]}

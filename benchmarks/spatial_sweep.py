@@ -33,7 +33,7 @@ def run(model: str, size: int, tiles: int, steps: int, join: str | None) -> dict
     options = {"sp": tiles, "sp_join": join} if tiles > 1 else {}
     r = outcore.train(model, tiles, input_shape=f"1x3x{size}x{size}", batch_size=1,
                       microbatches=1, steps=steps, optimizer="sgd", lr=0.01,
-                      costs="estimate:cpu", timeline=False, timeout=600.0,
+                      costs="estimate:cpu", timeline=False, timeout=600.0, layout="given",
                       memory_policy="none", run_dir=tempfile.mkdtemp(prefix="spatial-sweep-"),
                       **options)
     return {"size": size, "tiles": tiles, "ranks": r.plan.devices,

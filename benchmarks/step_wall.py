@@ -34,7 +34,8 @@ def cell(model: str, workers: int, mbs: int, steps: int, skip: int) -> dict:
     tmp = tempfile.mkdtemp(prefix="step_wall_")
     try:
         r = outcore.train(model, workers, batch_size=16, microbatches=mbs, steps=steps,
-                          strategy="pipeline", run_dir=tmp, timeline=False, timeout=120.0)
+                          strategy="pipeline", run_dir=tmp, timeline=False, timeout=120.0,
+                          layout="given")
         with open(r.files["metrics"]) as f:
             stamps = [json.loads(line)["time"] for line in f if line.strip()]
     finally:
