@@ -37,6 +37,9 @@ class TrainReport:
     predicted: dict[str, Any]
     files: dict[str, str] = field(default_factory=dict)
     comm: list[dict[str, Any]] = field(default_factory=list)  # trace.comm_profile rows
+    # per rank, the process's peak resident memory: its tensors (``peak_bytes``) and all
+    # around them (interpreter, libraries, allocator slack) that a node's RAM must hold
+    host_peak_bytes: list[int] = field(default_factory=list)
 
     @property
     def median_step_s(self) -> float:
@@ -55,7 +58,8 @@ class TrainReport:
                 "microbatches": cfg.planning.microbatches, "schedule": cfg.planning.schedule,
                 "steps": len(self.losses), "losses": self.losses, "step_s": self.step_s,
                 "median_step_s": self.median_step_s, "samples_per_s": self.samples_per_s,
-                "peak_bytes": self.peak_bytes, "busy_s": self.busy_s,
+                "peak_bytes": self.peak_bytes, "host_peak_bytes": self.host_peak_bytes,
+                "busy_s": self.busy_s,
                 "memory_bytes": self.plan.memory_bytes, "predicted": self.predicted,
                 "files": self.files, "comm": self.comm}
 
@@ -98,10 +102,13 @@ class MetricsWatcher:
 
 
 def report(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
-            results: list[dict[str, Any]]) -> TrainReport:
+           results: list[dict[str, Any]]) -> TrainReport:
+    """Rank 0's results (its figures hold every rank's) beside the plan's prediction, written
+    to ``report.json`` with the timelines drawn."""
     r0 = results[0]
     report = TrainReport(cfg, p, root, r0["losses"], r0["step_s"], r0["peak_bytes"],
-                         r0["busy_s"], dict(p.predicted))
+                         r0["busy_s"], dict(p.predicted),
+                         host_peak_bytes=list(r0.get("host_peak_bytes", [])))
     files = {"graph": str(root / "graph.json"), "plan": str(root / "plan.json"),
              "metrics": cfg.run.metrics_out or ""}
     trace_dir = cfg.worker.trace_dir

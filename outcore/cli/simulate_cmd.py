@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from outcore.cli.common import check_output_suffix, console, note, positive_int, slot_label, table
 from outcore.units import format_bytes, format_seconds
@@ -13,7 +14,8 @@ its actions (forward/backward of a piece for a micro-batch, sends, receives, all
 compute stream; messages cost latency + bytes / bandwidth with per-link contention. Prints the
 iteration time and, per device, busy time, bubbles, bytes sent and peak memory; --json prints
 the same as JSON. --trace writes a Chrome trace (open in Perfetto), --gantt a PNG timeline with
-memory over time."""
+memory over time. Exits 1 when a device's simulated peak passes the plan's memory limit (after
+printing everything), so scripts can gate on it; 2 on an error."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         note(f"wrote {args.gantt}")
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
-        return 0
+        return _fit_status(r, p)
     rows = []
     for d in range(len(r.busy_s)):
         rows.append([slot_label(d, p.layout.tp), format_seconds(r.busy_s[d]),
@@ -106,4 +108,16 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"iteration {format_seconds(r.iteration_s)}   "
                   f"{r.samples_per_s:.1f} samples/s   "
                   f"fits memory: {'yes' if r.fits else 'NO'}")
-    return 0
+    return _fit_status(r, p)
+
+
+def _fit_status(r, p) -> int:
+    """0 when the simulated iteration fits the plan's limit; else 1, the devices over it named on
+    stderr."""
+    if r.fits:
+        return 0
+    over = [f"device {slot_label(d, p.layout.tp)} peaks at {format_bytes(b)}"
+            for d, b in enumerate(r.peak_bytes) if p.memory_bytes and b > p.memory_bytes]
+    print(f"outcore simulate: the plan does not fit its {format_bytes(p.memory_bytes)} per "
+          f"device: {', '.join(over)}", file=sys.stderr)
+    return 1

@@ -113,6 +113,7 @@ def print_report(report) -> None:
     p_peak = pred.get("peak_bytes", [None] * K)
     p_busy = pred.get("busy_s", [None] * K)
     limit = report.plan.memory_bytes
+    host = report.host_peak_bytes or [0] * K
     rows = []
     for r in range(K):
         s = r // tp
@@ -120,13 +121,14 @@ def print_report(report) -> None:
                      format_seconds(p_busy[s]) if p_busy[s] is not None else "-",
                      format_bytes(report.peak_bytes[r]) if report.peak_bytes[r] else "-",
                      format_bytes(p_peak[s]) if p_peak[s] is not None else "-",
-                     format_bytes(limit) if limit else "-"])
+                     format_bytes(limit) if limit else "-",
+                     format_bytes(host[r]) if host[r] else "-"])
     cfg = report.config
     console.print(table(f"{cfg.graph.model}: {plural(K, 'device')}, {report.plan.strategy} "
                         f"plan, {cfg.planning.schedule}, "
                         f"{plural(cfg.planning.microbatches, 'micro-batch')}",
                         ["rank", "busy (measured)", "busy (predicted)", "peak memory (measured)",
-                         "peak (predicted)", "limit"], rows))
+                         "peak (predicted)", "limit", "process peak (host)"], rows))
     from outcore.cli.plan_cmd import policy_lines
     for line in policy_lines(report.plan):
         console.print(line)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -150,6 +152,7 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
     peaks = [0] * world
     measured_at = -1
     busy = [0.0] * world
+    host = [0] * world
     step = start
     try:
         for step in range(start, cfg.run.steps):
@@ -166,11 +169,12 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
                                   track_memory=measure)
             step_s = time.perf_counter() - t0
             gathered = trainer.messenger.gather_over_ranks([float(report.peak_bytes),
-                                                            report.busy_s])
+                                                            report.busy_s, host_peak_bytes()])
             if measure:  # steps without measurement repeat the latest measured peaks
                 peaks = [int(g[0]) for g in gathered]
                 measured_at = step
             busy = [g[1] for g in gathered]
+            host = [int(g[2]) for g in gathered]
             losses.append(report.loss)
             step_times.append(step_s)
             last_events = report.events
@@ -179,7 +183,8 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
                 record = {"step": step, "steps": cfg.run.steps, "time": time.time(),
                           "loss": report.loss, "step_s": step_s,
                           "samples_per_s": cfg.graph.batch_size / step_s, "peak_bytes": peaks,
-                          "peak_measured_at": measured_at, "busy_s": busy}
+                          "peak_measured_at": measured_at, "busy_s": busy,
+                          "host_peak_bytes": host}
                 if any(bad):
                     record["nonfinite"] = [w for w, b in zip(("loss", "gradient"), bad) if b]
                     record["skipped"] = cfg.run.on_nonfinite == "skip"
@@ -212,7 +217,7 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
         save_events(Path(cfg.worker.trace_dir) / f"rank{rank}.json", tl)
     return _summary(cfg, trainer, {"rank": rank, "losses": losses, "step_s": step_times,
                                    "peak_bytes": peaks, "peak_measured_at": measured_at,
-                                   "busy_s": busy})
+                                   "busy_s": busy, "host_peak_bytes": host})
 
 
 def _summary(cfg: TrainConfig, trainer: Any, out: dict[str, Any]) -> dict[str, Any]:
@@ -228,6 +233,13 @@ def _summary(cfg: TrainConfig, trainer: Any, out: dict[str, Any]) -> dict[str, A
         out["buffers"] = {k: b.detach().cpu().clone() for k, b in trainer.gm.named_buffers()
                           if b.device.type != "meta"}
     return out
+
+
+def host_peak_bytes() -> int:
+    """This process's peak resident memory so far (what a node's RAM must hold for it): the
+    tensors, and the interpreter, libraries and allocator slack around them."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, else KiB
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:

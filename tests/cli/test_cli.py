@@ -83,6 +83,14 @@ def test_graph_plan_simulate_pipeline(tmp_path):
     r = run("simulate", "p.json", "--graph", "g.json", "--microbatches", "4", "--schedule",
             "gpipe", cwd=tmp_path)
     assert r.returncode == 0 and "gpipe, 4 micro-batches" in r.stdout
+    # the same plan held to a limit it cannot keep: everything printed, then exit 1
+    plan["memory_bytes"] = 1000
+    (tmp_path / "tight.json").write_text(json.dumps(plan))
+    for extra in ([], ["--json"]):
+        r = run("simulate", "tight.json", "--graph", "g.json", *extra, cwd=tmp_path)
+        assert r.returncode == 1, r.stderr
+        assert "does not fit its 1000 B per device" in r.stderr and "device 0" in r.stderr
+        assert ("fits memory: NO" in r.stdout) if not extra else not json.loads(r.stdout)["fits"]
 
 
 def test_a_searched_plan_simulates_on_the_graph_it_was_planned_from(tmp_path):

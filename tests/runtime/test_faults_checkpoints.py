@@ -113,6 +113,9 @@ def test_metrics_file_has_one_object_per_step(tmp_path):
     for m in lines:
         assert {"step", "loss", "step_s", "samples_per_s", "peak_bytes"} <= set(m)
         assert len(m["peak_bytes"]) == 2 and all(b > 0 for b in m["peak_bytes"])
+        # the whole process (interpreter, torch, its tensors) against the tensors alone
+        assert len(m["host_peak_bytes"]) == 2
+        assert all(h > max(b, 50 * 2**20) for h, b in zip(m["host_peak_bytes"], m["peak_bytes"]))
         assert m["samples_per_s"] == pytest.approx(8 / m["step_s"])
     assert [m["loss"] for m in lines] == pytest.approx(res[0]["losses"])
     # when each record was written: after its step, so at least a step apart
