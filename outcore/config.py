@@ -89,6 +89,27 @@ def _costs(text: Any) -> str:
     return value
 
 
+# what a run can train on: --data synthetic, or KIND:PATH for the other kinds
+DATA_KINDS = {"synthetic": "seeded random batches", "imagefolder": "a folder of class folders",
+              "text": "a text file, byte-level tokens", "tiles": "huge images read tile by tile"}
+
+
+def data_source(text: Any) -> tuple[str, str]:
+    """``(kind, path)`` of a ``--data`` value (``("synthetic", "")`` for synthetic data)."""
+    kind, _, path = str(text).partition(":")
+    if kind == "synthetic" and not path:
+        return kind, ""
+    if kind not in DATA_KINDS or kind == "synthetic" or not path:
+        raise UsageError(f"unknown data {text!r}: use synthetic, imagefolder:PATH, text:FILE "
+                         "or tiles:PATH")
+    return kind, path
+
+
+def _data(text: Any) -> str:
+    data_source(text)
+    return str(text)
+
+
 def option(default: Any, help: str, *, commands: tuple[str, ...] = ("train",),
            parse: Callable[[Any], Any] = _text, choices: tuple[str, ...] | None = None,
            metavar: str | None = None, flag: bool = False, many: bool = False,
@@ -151,7 +172,7 @@ class DataOptions:
 
     data: str = option(
         "synthetic", "synthetic (seeded random batches), imagefolder:PATH, text:FILE "
-        "(byte-level tokens) or tiles:PATH (huge images read tile by tile)")
+        "(byte-level tokens) or tiles:PATH (huge images read tile by tile)", parse=_data)
     epochs: int | None = option(
         None, "epochs over an image folder instead of --steps", parse=_positive_int,
         metavar="N")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +22,7 @@ import numpy as np
 
 from outcore.config import (
     TrainConfig,
+    data_source,
     default_of,
     degree,
     differences,
@@ -42,6 +44,7 @@ from outcore.plan.plan import (
 )
 from outcore.plan.request import PlanRequest
 from outcore.report import MetricsWatcher, TrainReport, report
+from outcore.runtime import checkpoint, resume
 from outcore.runtime.local_cluster import local_cluster
 from outcore.runtime.rundir import unique_run_dir
 from outcore.search.layouts import LayoutChoice
@@ -114,6 +117,7 @@ def resolve(given: dict[str, Any]) -> Job:
     cfg = from_options(given)
     if cfg.run.resume:
         cfg = _resumed(cfg, given)
+    check_inputs(cfg)
     asked = cfg
     run, planning, graph = cfg.run, cfg.planning, cfg.graph
     devices = planning.devices
@@ -159,13 +163,43 @@ def resolve(given: dict[str, Any]) -> Job:
                depth=depth)
 
 
+def check_inputs(cfg: TrainConfig) -> None:
+    """Refuse, before capture and profiling, what would otherwise stop the workers: data that
+    is not there, a checkpoint folder that cannot be written, nothing left to resume."""
+    kind, path = data_source(cfg.dataset.data)
+    want_dir = kind in ("imagefolder", "tiles")
+    if kind != "synthetic" and not (Path(path).is_dir() if want_dir else Path(path).is_file()):
+        what = "folder" if want_dir else "file"
+        inside = {"imagefolder": "one sub-folder of images per class",
+                  "tiles": "one sub-folder of images per class, read tile by tile",
+                  "text": "the text to train on, as bytes"}[kind]
+        raise UsageError(f"no {what} at {path} (--data {kind}:{what.upper()}: {inside})")
+    folder = cfg.run.checkpoint_dir
+    if cfg.run.resume and not folder:
+        raise UsageError("--resume needs --checkpoint-dir (the folder to resume from)")
+    if not folder:
+        return
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        raise UsageError(f"cannot write checkpoints to {folder}: {e.strerror or e}; pass a "
+                         "--checkpoint-dir you can write") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write checkpoints to {folder}: permission denied; pass a "
+                         "--checkpoint-dir you can write")
+    found = checkpoint.latest(folder) if cfg.run.resume else None
+    if found is not None:
+        resume.refuse_finished(found[0], found[1], cfg.run.steps)
+
+
 def _steps_for_epochs(data: str, epochs: int, batch: int) -> int:
     """Steps of ``epochs`` passes over an image folder of global batches."""
-    if not data.startswith("imagefolder:"):
+    kind, path = data_source(data)
+    if kind != "imagefolder":
         raise UsageError("--epochs needs --data imagefolder:PATH; with synthetic data use "
                          "--steps")
     import torchvision
-    n = len(torchvision.datasets.ImageFolder(data.split(":", 1)[1]))
+    n = len(torchvision.datasets.ImageFolder(path))
     return max(1, epochs * (n // batch))
 
 

@@ -213,6 +213,7 @@ def _worker(rank: int, world: int, store: str, parent_pid: int, fn: Callable[...
     import torch.distributed as dist
 
     _worker_logging(rank, log_level)
+    _thread_lock_for_progress_bars()
     lo = loopback_interface()  # local workers' sockets listen on loopback only
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world),
@@ -243,6 +244,19 @@ def _worker(rank: int, world: int, store: str, parent_pid: int, fn: Callable[...
                 dist.destroy_process_group()
             except Exception:  # best effort on the way out
                 pass
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """Give tqdm a thread lock before torch.fx's interpreter makes its progress bar: tqdm's own
+    default holds a multiprocessing semaphore, which a worker that stops on an error (its
+    ``os._exit``) or is stopped (SIGTERM) leaves registered, and Python's resource tracker then
+    warns about a "leaked semaphore" after the run's error line."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # torch.fx then draws no progress bar
+        return
+    if "_lock" not in vars(tqdm):
+        tqdm.set_lock(threading.RLock())
 
 
 def _worker_logging(rank: int, level: int) -> None:
@@ -380,8 +394,7 @@ def _attempt(ctx: Any, fn: Callable[..., Any], world_size: int, args: tuple,
                 error, cause = failure(procs, outputs, errors)
                 raise error from cause
             # let finished workers exit on their own (up to ``grace_s``): a terminated worker
-            # skips its exit handlers, and the resource tracker then warns about semaphores it
-            # registered (tqdm's lock, made when torch.fx's interpreter runs)
+            # skips its exit handlers
             deadline = time.monotonic() + grace_s
             for p in procs:
                 p.join(timeout=max(0.0, deadline - time.monotonic()))

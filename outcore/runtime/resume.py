@@ -84,10 +84,7 @@ def _load(trainer: Any, cfg: TrainConfig, found: tuple[int, Path] | None,
                         cfg.run.checkpoint_dir)
         return Start(0, None, lock)
     step, path = found
-    if step >= cfg.run.steps:
-        raise UsageError(f"nothing to resume: {path} is after step {step} and the run has "
-                         f"{cfg.run.steps} steps; pass a larger --steps to train on, or drop "
-                         "--resume to start over")
+    refuse_finished(step, path, cfg.run.steps)
     loaded = checkpoint.load(trainer, path)
     if trainer.rank == 0:
         log.warning("resumed from step %d (%s)", loaded, path)
@@ -132,3 +129,11 @@ def finite_or_none(value: Any) -> Any:
 def json_line(record: dict[str, Any]) -> str:
     """One metrics line; never a bare ``NaN`` or ``Infinity``."""
     return json.dumps(finite_or_none(record), allow_nan=False) + "\n"
+
+
+def refuse_finished(step: int, path: Path, steps: int) -> None:
+    """Refuse to resume from a checkpoint at or after the run's last step."""
+    if step >= steps:
+        raise UsageError(f"nothing to resume: {path} is after step {step} and the run has "
+                         f"{steps} steps; pass a larger --steps to train on, or drop "
+                         "--resume to start over")

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from outcore.config import TrainConfig
+from outcore.config import TrainConfig, data_source
 from outcore.core.samehost import SPIN_ENV
 from outcore.errors import NonFiniteError, OutcoreError, RuntimeFailure, UsageError
 from outcore.graph.io import from_dict as graph_from_dict
@@ -96,25 +96,22 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
                       schedule_doc=schedule_doc)
     output_name = next(n.name for n in trainer.gm.graph.nodes if n.op == "output")
     output_meta = trainer.executor.metas[output_name]
-    if cfg.dataset.data == "synthetic":
+    kind, path = data_source(cfg.dataset.data)
+    if kind == "synthetic":
         data = SyntheticData(spec.example_inputs, spec.int_high, output_meta, cfg.graph.batch_size,
                              cfg.run.seed, cfg.graph.task or spec.task, spec.task_options)
-    elif cfg.dataset.data.startswith("imagefolder:"):
-        data = ImageFolderData(cfg.dataset.data.split(":", 1)[1], spec.example_inputs[0],
+    elif kind == "imagefolder":
+        data = ImageFolderData(path, spec.example_inputs[0],
                                cfg.graph.batch_size, cfg.run.seed)
-    elif cfg.dataset.data.startswith("text:"):
-        data = TextData(cfg.dataset.data.split(":", 1)[1], spec.example_inputs[0],
+    elif kind == "text":
+        data = TextData(path, spec.example_inputs[0],
                         cfg.graph.batch_size,
                         cfg.run.seed, cfg.graph.task or spec.task, spec.task_options,
                         vocab=spec.int_high[0] if spec.int_high else None)
-    elif cfg.dataset.data.startswith("tiles:"):  # huge images: each tile rank reads only its tile
+    else:  # tiles, huge images: each tile rank reads only its tile
         from outcore.parallel.spatial.data import TileFolderData
-        data = TileFolderData.for_trainer(cfg.dataset.data.split(":", 1)[1], trainer,
-                                          cfg.graph.batch_size, cfg.run.seed)
-    else:
-        raise UsageError(f"unknown data {cfg.dataset.data!r}: use synthetic, imagefolder:PATH, "
-                         "tiles:PATH or text:FILE")
-    if trainer.spatial is not None and not cfg.dataset.data.startswith("tiles:"):
+        data = TileFolderData.for_trainer(path, trainer, cfg.graph.batch_size, cfg.run.seed)
+    if trainer.spatial is not None and kind != "tiles":
         from outcore.parallel.spatial.data import TileCut  # the tile group holds only its tiles
         data = TileCut.for_trainer(data, trainer)
     return trainer, data
