@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         outcore.draw_timeline(r.timeline, check_output_suffix(args.gantt, (".png", ".svg")))
         note(f"wrote {args.gantt}")
     if args.json:
-        print(json.dumps(r.to_dict(), indent=1))
+        print(json.dumps({**r.to_dict(), "fits": r.fits}, indent=1))
         return _fit_status(r, p)
     rows = []
     for d in range(len(r.busy_s)):

@@ -59,6 +59,7 @@ from outcore.search.ranking import (
     why_skipped,
 )
 from outcore.search.refusal import checked_refusal
+from outcore.search.runnable import runnable
 from outcore.search.spatial import plan_spatial
 from outcore.search.tensor import tensor_costed, tensor_split, with_grid_note
 from outcore.search.threads import current_threads, shared_threads
@@ -150,6 +151,10 @@ def _dispatch(g: Graph, req: PlanRequest,
     the plan of the request's own layout on ``g`` costed for its ``tp``."""
     if req.whole_batch:
         return search_layouts(g, req, progress)
+    why = runnable(g, rescaled=False).refusal(int(g.batch_size or 1))
+    if why:
+        raise UsageError(f"the model cannot train on {why}; use more samples per micro-batch "
+                         "(--batch-size, fewer --microbatches or --dp)")
     tg, layout = tensor_split(g, req)
     return with_grid_note(plan_layout(tg, req), layout, req)
 
@@ -184,7 +189,7 @@ def fits_request(g: Graph, req: PlanRequest) -> bool:
     try:
         with first_fit():
             return fits(_dispatch(g, req))
-    except InfeasibleError:
+    except (InfeasibleError, UsageError):  # nothing fits, or nothing the model can run
         return False
 
 
@@ -205,8 +210,9 @@ def search_layouts(g: Graph, req: PlanRequest,
         raise UsageError(f"the batch of {g.batch_size} samples does not split over any layout "
                          f"of {req.devices} devices: make the batch a multiple of the devices, "
                          "or pass --microbatches and --dp")
-    graphs = _Rescaled(g, fixed_s(req))
     records: list[dict[str, Any]] = []
+    choices = _runnable_only(g, req, choices, records)
+    graphs = _Rescaled(g, fixed_s(req))
     best: list[Any] = []  # [key, plan, record] of the best plan so far
     errors: list[InfeasibleError] = []
     groups = mesh_groups(choices)
@@ -251,6 +257,26 @@ def search_layouts(g: Graph, req: PlanRequest,
     return plan.replace(extra={**plan.extra, "candidates": records},
                         predicted=_bound_over_layouts(plan.predicted, records)
                         ).with_notes(*tp_notes, note)
+
+
+def _runnable_only(g: Graph, req: PlanRequest, choices: list[LayoutChoice],
+                   records: list[dict[str, Any]]) -> list[LayoutChoice]:
+    """The layouts whose micro-batches the model can run; the others recorded with why
+    (:mod:`outcore.search.runnable`). None left: a refusal that says what to change."""
+    need = runnable(g, rescaled=req.whole_batch)
+    ok = []
+    for c in choices:
+        why = need.refusal(c.samples)
+        if why is None:
+            ok.append(c)
+        else:
+            records.append({**record(c, "none"), "outcome": f"cannot run: {why}"})
+    if not ok:
+        raise UsageError(f"no layout of {req.devices} devices gives the model a micro-batch it "
+                         f"can train on: {need.refusal(1)}; use a batch of at least "
+                         f"{need.min_samples} samples per micro-batch and model copy "
+                         "(--batch-size, fewer --microbatches or --dp)")
+    return ok
 
 
 def _bound_over_layouts(predicted: dict[str, Any], records: list[dict[str, Any]]

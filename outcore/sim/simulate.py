@@ -58,7 +58,7 @@ class SimResult:
                 "busy_s": self.busy_s.tolist(), "idle_s": self.idle_s.tolist(),
                 "bubble_s": self.bubble_s.tolist(), "comm_bytes": self.comm_bytes.tolist(),
                 "peak_bytes": self.peak_bytes.tolist(),
-                "memory_limit_bytes": self.memory_limit_bytes, "fits": self.fits,
+                "memory_limit_bytes": self.memory_limit_bytes,
                 "schedule": self.schedule.kind, "microbatches": self.schedule.microbatches,
                 "pieces": self.schedule.pieces.num_pieces,
                 "transfers": self.schedule.pieces.num_transfers}

@@ -1,0 +1,55 @@
+"""What a layout must leave the model to run at all: the fewest samples per micro-batch it
+trains on (no torch).
+
+The layout search rules out, before ranking, the layouts the model cannot run, and records why
+(``outcore plan --explain``). A micro-batch of one sample cannot train
+
+- a batch norm whose input has one value per channel per sample (after a global pool, or a
+  ``BatchNorm1d`` over features): PyTorch refuses it ("Expected more than 1 value per channel
+  when training");
+- a model captured with torch.export at a larger batch: torch.export specialises a dimension of
+  size 1, so the model exported again at one sample no longer matches the planned graph.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from outcore.graph.ir import Graph
+
+__all__ = ["Runnable", "runnable"]
+
+_BATCH_NORM = re.compile(r"batch_?norm", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Runnable:
+    """The fewest samples per micro-batch a model trains on, and why (empty when 1)."""
+
+    min_samples: int = 1
+    reason: str = ""
+
+    def refusal(self, samples: int) -> str | None:
+        """Why a micro-batch of ``samples`` cannot run, or None when it can."""
+        if samples >= self.min_samples:
+            return None
+        return f"a micro-batch of {samples} sample{'s' if samples != 1 else ''}: {self.reason}"
+
+
+def runnable(g: Graph, *, rescaled: bool) -> Runnable:
+    """What ``g``'s model needs of a micro-batch; ``rescaled``: the search plans ``g`` at
+    other batch sizes than the one it was captured at (the layout search over its batch)."""
+    for i in range(g.num_nodes):
+        if not _BATCH_NORM.search(g.op_of(i)):
+            continue
+        shape = g.attr(i, "shape")
+        if shape and len(shape) >= 2 and math.prod(shape[2:]) == 1:
+            return Runnable(2, f"batch norm {g.name_of(i)} would see one value per channel "
+                               "(PyTorch cannot train it on that)")
+    capture = g.meta.get("capture") or {}
+    if rescaled and capture.get("path") == "export" and int(g.batch_size or 1) > 1:
+        return Runnable(2, "torch.export specialises a batch dimension of 1, so the model "
+                           "exported again at one sample would not match its planned graph")
+    return Runnable()
