@@ -16,7 +16,8 @@ search does the same over its process mesh (:class:`~outcore.plan.layout.Layout`
    rank sees it (:func:`outcore.cost.tensor.tensor_graph`): its time cannot beat
    ``max(total work / device slots, critical path of one micro-batch)``, and a device must hold at
    least ``(state x parameters x replicas + one micro-batch's saved activations) / stages``
-   (parameters only, when memory policies may drop activations).
+   (parameter state only, when memory policies may drop activations; its weights and
+   gradients only, when they may also offload the optimizer state to the host).
 3. **Prune and evaluate** (:func:`search_layouts`): gradient accumulation before checkpointing —
    a first pass allows no memory policy, a second (only when nothing fits) the request's. Layouts
    whose memory floor exceeds the limit, or whose time bound cannot beat the best simulated plan,
@@ -62,8 +63,10 @@ class LayoutChoice:
         microbatches: micro-batches per iteration and model copy.
         samples: samples per micro-batch.
         time_bound_s: no plan of this layout is faster (total work / devices, critical path).
-        params_floor_bytes: per device, parameter state alone (floor with memory policies).
+        params_floor_bytes: per device, parameter state alone (floor with checkpointing).
         memory_floor_bytes: per device, parameter state plus one micro-batch's activations.
+        offload_floor_bytes: per device, what offloading leaves of the parameter state (the
+            weights and gradients; the floor with policies that may offload parameters).
     """
 
     dp: int
@@ -77,6 +80,7 @@ class LayoutChoice:
     time_bound_s: float = 0.0
     params_floor_bytes: float = 0.0
     memory_floor_bytes: float = 0.0
+    offload_floor_bytes: float | None = None
 
     @property
     def label(self) -> str:
@@ -94,7 +98,12 @@ class LayoutChoice:
                            search_layout=False)
 
     def floor(self, memory_policy: str) -> float:
-        return self.params_floor_bytes if memory_policy != "none" else self.memory_floor_bytes
+        """No plan of this layout under ``memory_policy`` needs less per device."""
+        if memory_policy == "none":
+            return self.memory_floor_bytes
+        if memory_policy in ("auto", "offload") and self.offload_floor_bytes is not None:
+            return self.offload_floor_bytes
+        return self.params_floor_bytes
 
 
 def _modes(req: PlanRequest, stages: int) -> list[tuple[str, int]]:
@@ -229,10 +238,14 @@ def _choice(dp: int, mode: str, R: int, M: int, samples: int, req: PlanRequest,
     stages = max(req.devices // (dp * tp * req.sp), 1)
     R = R if mode != "mp" else 1
     own = totals.params_bytes * R / (stages * req.sp * depth)
+    # offloading a segment's parameters keeps its weights and gradients on the device
+    # (outcore.search.memory_policy.options); on a host-is-device machine it frees nothing
+    factor = state_factor(req.optimizer)
+    kept = 1.0 if req.cluster.device.host_is_device else min(1.0, 2.0 / factor)
     return LayoutChoice(dp=dp, parallel=mode, replicas=R, microbatches=M, samples=samples,
                         tp=tp, sp=req.sp, depth=depth,
                         time_bound_s=max(work_s * tp / req.devices, totals.path_at(scale)),
-                        params_floor_bytes=own,
+                        params_floor_bytes=own, offload_floor_bytes=own * kept,
                         memory_floor_bytes=own + totals.saved_bytes * scale / (stages * req.sp))
 
 

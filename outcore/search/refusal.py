@@ -53,17 +53,40 @@ def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError,
     # them: the zoo MLP at 15 KiB per device, one layer needing 16.75 KiB, fits on 3 devices
     devices = error.min_devices or (req.model_parallel_devices + 1
                                     if req.memory_policy != "none" else None)
+    m = _most_microbatches(fits, g, req, over)
     k = _fewest_devices(fits, req, devices, over)
     mem = _least_memory(fits, req, error.min_memory_bytes, over)
     if progress:
         progress("nothing fits: checking what would", int(budget_s), int(budget_s))
     fixes = []
+    if m is not None:
+        fixes.append(f"--microbatches {m} fits (checked)")
     if k is not None:
         fixes.append(f"{k} devices fit (checked)")
     if mem is not None:
         fixes.append(f"{format_bytes(mem)} per device fits on {req.devices} (checked)")
     fix = " or ".join(fixes) if fixes else "no device count or memory that was tried fits"
     return InfeasibleError(f"{first}; {fix}", min_devices=k, min_memory_bytes=mem)
+
+
+def _most_microbatches(fits_request: Callable[[PlanRequest], bool], g: Graph,
+                       req: PlanRequest, over: Callable[[], bool]) -> int | None:
+    """The most micro-batches below the request's fixed count that fit: a pipeline keeps up
+    to a micro-batch per stage in flight, so fewer can fit where more do not. Counts that
+    split the batch when the graph holds the whole batch (the search splits it over the
+    copies); any fewer otherwise (the graph is one micro-batch). None when the count is open
+    (the search tried them) or 1."""
+    if not isinstance(req.microbatches, int) or req.microbatches <= 1:
+        return None
+    batch = int(g.batch_size or 1)
+    counts = [m for m in range(req.microbatches - 1, 0, -1)
+              if not req.whole_batch or batch % m == 0]
+    for m in counts:
+        if over():
+            return None
+        if fits_request(req.replace(microbatches=m)):
+            return m
+    return None
 
 
 # a device count estimated above this (or 4x the request) is not checked: planning on that

@@ -49,8 +49,9 @@ def place(g: Graph, req: PlanRequest, budget: float | None, names: tuple[str, ..
           check_fit: bool, *, contend: bool = False):
     """Every planner's placement(s) as ``(name, PartitionResult)``, emulated, not simulated.
 
-    A planner that finds nothing under ``budget`` places under a relaxed limit (the tightest
-    of 1.5x, 2x, 4x, 8x, unlimited that it can meet) when memory policies may close the gap.
+    A planner that finds nothing under ``budget`` places under a relaxed limit
+    (:data:`RELAXED`: the tightest of 1.5x, 2x, 4x, 8x, unlimited that it can meet when memory
+    policies may close the gap; 1.5x without them), for the simulator to judge.
     The planners run side by side (:func:`planner_threads`) (their compiled loops
     release the interpreter); the results are listed in ``names`` order, as run one by one.
     ``contend``: also return each placement's :func:`contended_runs` emulation, each
@@ -97,7 +98,7 @@ class _Placing:
                  names: tuple[str, ...], check_fit: bool, contend: bool,
                  pool: ThreadPoolExecutor | None) -> None:
         floor = spread_floor(g, req, budget)
-        relaxable = req.memory_policy != "none" and check_fit and budget is not None
+        relaxable = check_fit and budget is not None
         self.names = names
         self.runs = _Runs(g, req, pool) if contend else None
 
@@ -195,13 +196,22 @@ def shared_threads() -> Iterator[SharedThreads]:
         shared.close()
 
 
+# the limits (x the budget) a planner that places nothing under the budget tries next, the
+# tightest it meets first; None: unlimited. The simulator then judges the fit: memory policies
+# may close the gap, and without them the planners' memory model, which bounds the peak from
+# above, can refuse a placement that fits (an RNN grid's contiguous split: 288 MiB by the
+# planner, 230 MiB simulated, under a 272 MiB limit), so 1.5x is tried even then
+RELAXED = (1.0, 1.5, 2.0, 4.0, 8.0, None)
+
+
 def _planner(g: Graph, req: PlanRequest, budget: float | None, name: str, floor,
              relaxable: bool) -> tuple[list, InfeasibleError | None, str | None]:
     """One planner's placements under ``budget`` (relaxed as :func:`place` says): ``(results,
     the first refusal, a note when it placed nothing)``."""
     first_error: InfeasibleError | None = None
     error: InfeasibleError | None = None
-    for relax in (1.0, 1.5, 2.0, 4.0, 8.0, None) if relaxable else (1.0,):
+    policies = req.memory_policy != "none"
+    for relax in RELAXED if relaxable and policies else RELAXED[:2] if relaxable else (1.0,):
         limit = None if relax is None or budget is None else budget * relax
         if limit is not None and floor is not None and limit < floor[0]:
             error = floor[1]()  # every planner would fail under this limit
@@ -216,7 +226,7 @@ def _planner(g: Graph, req: PlanRequest, budget: float | None, name: str, floor,
             continue
         return results, first_error, None
     return [], first_error, f"{name}: {error}" + (
-        "; memory policies cannot close the gap either" if relaxable else "")
+        "; memory policies cannot close the gap either" if relaxable and policies else "")
 
 
 def spread_floor(g: Graph, req: PlanRequest, budget: float | None):
