@@ -262,15 +262,17 @@ def search_layouts(g: Graph, req: PlanRequest,
 def _runnable_only(g: Graph, req: PlanRequest, choices: list[LayoutChoice],
                    records: list[dict[str, Any]]) -> list[LayoutChoice]:
     """The layouts whose micro-batches the model can run; the others recorded with why
-    (:mod:`outcore.search.runnable`). None left: a refusal that says what to change."""
+    (:mod:`outcore.search.runnable`). None left: a refusal that says what to change, or,
+    when the rule is a preference (not ``strict``), every layout."""
     need = runnable(g, rescaled=req.whole_batch)
-    ok = []
+    ok = [c for c in choices if need.refusal(c.samples) is None]
+    if not ok and not need.strict:
+        return choices
     for c in choices:
         why = need.refusal(c.samples)
-        if why is None:
-            ok.append(c)
-        else:
-            records.append({**record(c, "none"), "outcome": f"cannot run: {why}"})
+        if why is not None:
+            verdict = "cannot run" if need.strict else "not tried"
+            records.append({**record(c, "none"), "outcome": f"{verdict}: {why}"})
     if not ok:
         raise UsageError(f"no layout of {req.devices} devices gives the model a micro-batch it "
                          f"can train on: {need.refusal(1)}; use a batch of at least "

@@ -8,7 +8,10 @@ The layout search rules out, before ranking, the layouts the model cannot run, a
   ``BatchNorm1d`` over features): PyTorch refuses it ("Expected more than 1 value per channel
   when training");
 - a model captured with torch.export at a larger batch: torch.export specialises a dimension of
-  size 1, so the model exported again at one sample no longer matches the planned graph.
+  size 1, so the model exported again at one sample may not match the planned graph. The run
+  places the chosen layout again on the graph captured at its micro-batch when they differ
+  (``job.prepare``), so this rule is a preference, not a refusal: such layouts are ruled out
+  only while another layout remains (``strict`` False).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ _BATCH_NORM = re.compile(r"batch_?norm", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Runnable:
-    """The fewest samples per micro-batch a model trains on, and why (empty when 1)."""
+    """The fewest samples per micro-batch a model trains on, and why (empty when 1);
+    ``strict`` False: fewer can run, and are ruled out only while another layout remains."""
 
     min_samples: int = 1
     reason: str = ""
+    strict: bool = True
 
     def refusal(self, samples: int) -> str | None:
         """Why a micro-batch of ``samples`` cannot run, or None when it can."""
@@ -51,5 +56,6 @@ def runnable(g: Graph, *, rescaled: bool) -> Runnable:
     capture = g.meta.get("capture") or {}
     if rescaled and capture.get("path") == "export" and int(g.batch_size or 1) > 1:
         return Runnable(2, "torch.export specialises a batch dimension of 1, so the model "
-                           "exported again at one sample would not match its planned graph")
+                           "exported again at one sample may not match its planned graph",
+                        strict=False)
     return Runnable()

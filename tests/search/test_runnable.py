@@ -62,8 +62,23 @@ def test_no_runnable_layout_is_refused_with_the_fix():
 def test_a_graph_torch_export_captured_at_a_larger_batch_needs_two_samples():
     g = _graph(pool=False)
     exported = g.replace(meta={**g.meta, "capture": {**g.meta["capture"], "path": "export"}})
-    assert runnable(exported, rescaled=True).min_samples == 2
-    assert "torch.export specialises" in runnable(exported, rescaled=True).reason
+    need = runnable(exported, rescaled=True)
+    assert need.min_samples == 2 and not need.strict
+    assert "torch.export specialises" in need.reason
     # planned at the batch it was captured at, or captured at one sample: nothing to re-export
     assert runnable(exported, rescaled=False).min_samples == 1
     assert runnable(at_microbatch(exported, 1), rescaled=True).min_samples == 1
+
+
+def test_a_preference_rules_layouts_out_only_while_others_remain():
+    """A graph torch.export captured may still run at one sample (the run places the layout
+    again on the graph captured there): with other layouts it is not tried; alone it is."""
+    g = _graph(pool=False)
+    exported = g.replace(meta={**g.meta, "capture": {**g.meta["capture"], "path": "export"}})
+    p = outcore.plan(exported, outcore.plan_request(2, None, microbatches=2, search_layout=True))
+    assert g.batch_size // (p.layout.copies * p.microbatches) >= 2
+    assert any(r["outcome"].startswith("not tried: a micro-batch of 1 sample")
+               for r in p.extra["candidates"])
+    two = at_microbatch(exported, 2)  # dp 2 of a batch of 2: one sample each, the only layout
+    p = outcore.plan(two, outcore.plan_request(2, None, dp=2, microbatches="auto"))
+    assert p.layout.dp == 2
