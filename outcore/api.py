@@ -134,7 +134,7 @@ def plan_request_of(cfg: TrainConfig) -> PlanRequest:
                         tp=degree(pl.tp, searched), depth=degree(pl.shard, searched), sp=pl.sp,
                         sp_join=pl.sp_join, sp_grid=pl.sp_grid, bandwidth=pl.bandwidth,
                         latency=pl.latency, microbatches=pl.microbatches or 1,
-                        schedule=pl.schedule, optimizer=cfg.optim.optimizer,
+                        schedule=pl.schedule, optimizer=cfg.optim.planned,
                         memory_policy=pl.memory_policy, device=pl.device,
                         search_layout=searched, seed=cfg.run.seed)
 

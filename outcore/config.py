@@ -183,14 +183,24 @@ class OptimizerOptions:
     """How parameters are updated (the plan's memory model follows the optimizer)."""
 
     optimizer: str = option(
-        "adam", "adam, adamw or sgd (SGD with momentum; the memory model counts 4, 4 and 3 "
-        "copies of the parameters)", commands=("train", "plan"),
+        "adam", "adam, adamw or sgd (with --momentum, 0.9 by default; the memory model "
+        "counts 4, 4 and 3 copies of the parameters, 2 for SGD with --momentum 0)",
+        commands=("train", "plan"),
         choices=("adam", "adamw", "sgd"))
     lr: float = option(1e-3, "learning rate", parse=float)
-    momentum: float = option(0.9, "SGD momentum", parse=float)
+    momentum: float = option(0.9, "SGD momentum (0: plain SGD, one copy of the parameters "
+                             "less in memory)", parse=float, commands=("train", "plan"))
     weight_decay: float = option(0.0, "weight decay", parse=float)
     lr_schedule: str = option("none", "learning-rate schedule: none, cosine, or step (x0.1 "
                               "every third of the run)", choices=("none", "cosine", "step"))
+
+    @property
+    def planned(self) -> str:
+        """The optimizer as the plan's memory and time models name it: SGD with momentum keeps
+        a momentum buffer (3 copies of the parameters), plain SGD none (2)."""
+        if self.optimizer == "sgd" and self.momentum:
+            return "sgd-momentum"
+        return self.optimizer
 
 
 @dataclass(frozen=True, kw_only=True)

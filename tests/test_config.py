@@ -132,3 +132,22 @@ def test_a_resumed_run_starts_from_its_checkpoints_configuration(tmp_path, caplo
                        "checkpoint_dir": str(folder), "run_dir": str(tmp_path / "run2")})
     assert job.cfg.planning.devices == 1 and job.cfg.planning.plan is None
     assert "devices 2 -> 1" in caplog.text and "planning again" in caplog.text
+
+
+def test_the_plan_counts_the_optimizer_state_the_run_keeps(tmp_path):
+    """SGD runs with momentum 0.9 unless told otherwise: its momentum buffer is a third copy of
+    the parameters, which the plan's memory model must count (a plan of two copies went over
+    its limit by a third)."""
+    from outcore.cost.memory import state_factor
+    from outcore.job import plan_request, resolve
+
+    cases = {("sgd", None): ("sgd-momentum", 3.0), ("sgd", 0.0): ("sgd", 2.0),
+             ("sgd", 0.5): ("sgd-momentum", 3.0), ("adam", None): ("adam", 4.0)}
+    for (name, momentum), (planned, copies) in cases.items():
+        given = {"optimizer": name} | ({} if momentum is None else {"momentum": momentum})
+        cfg = TrainConfig.make(**given)
+        assert cfg.optim.planned == planned and state_factor(planned) == copies
+        assert outcore.api.plan_request_of(cfg).optimizer == planned
+    job = resolve({"model": "outcore:mlp", "devices": 2, "optimizer": "sgd",
+                   "run_dir": str(tmp_path / "run")})
+    assert plan_request(job).optimizer == "sgd-momentum"

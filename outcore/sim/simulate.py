@@ -278,7 +278,8 @@ def step_sync_s(cluster: Cluster, ranks: int) -> float:
 # against the 17.3 GB/s copy bandwidth of the cpu preset): Adam 0.38 ns/byte = 6.6 bytes per
 # byte, SGD 0.046 ns/byte = 0.8, SGD with momentum 0.12 ns/byte = 2.0. (glibc's default
 # allocator unmaps and faults Adam's temporaries back every step: 21.5 bytes per byte.)
-# ``sgd`` is SGD as ``outcore train`` runs it: with momentum 0.9 (``TrainConfig.momentum``).
+# ``sgd`` is plain SGD; ``sgd-momentum`` SGD with a momentum buffer (``outcore train``'s
+# default, ``OptimizerOptions.planned``): the same traffic and fixed costs, one copy more memory.
 _OPT_TRAFFIC = {"adam": (7.0, 7.0), "adamw": (7.0, 7.0), "sgd": (4.0, 2.0),
                 "sgd-momentum": (4.0, 2.0), "momentum": (4.0, 2.0)}
 
