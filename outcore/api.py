@@ -84,6 +84,7 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
     """
     from outcore.runtime.data import split as split_batch
     from outcore.zoo import build_model
+    from outcore.zoo.weightless import fake_inputs
 
     if task:
         from outcore.zoo.ecosystem import with_task
@@ -92,8 +93,10 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
     if kind == "profile" and where:
         device = where
         costs = "profile"
-    spec, net = build_model(model, input_shape=input_shape, batch_size=batch_size, seed=seed)
-    micro = split_batch(spec.example_inputs, max(split, 1))[0]
+    # only profiling runs the layers: capture and estimates need shapes, not weights
+    spec, net = build_model(model, input_shape=input_shape, batch_size=batch_size, seed=seed,
+                            weights=costs == "profile")
+    micro = fake_inputs(net, split_batch(spec.example_inputs, max(split, 1))[0])
     if progress:
         progress("capturing the graph", 0, 1)
     g = capture(net, micro, name=model, leaf_modules=leaves)

@@ -23,6 +23,7 @@ from torch import nn
 
 from outcore.config import TASKS
 from outcore.errors import ModelError, UsageError
+from outcore.zoo.weightless import probe
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
             raise ModelError(f"cannot build {spec} for {task}: {e}") from e
         return model if dtype is None else model.to(dtype)  # weights (inputs are token ids)
 
-    build()
+    probe(build)
     batch = batch_size or 2
     seq = int(opts.get("seq", seq_from_shape or 16))
     vocab = int(config.vocab_size)
@@ -223,11 +224,11 @@ def timm_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]]
         return timm.create_model(name, pretrained=False, **kw).to(dtype)
 
     try:
-        create(kwargs)
+        probe(lambda: create(kwargs))
     except TypeError:
         if "img_size" not in opts and "img_size" in kwargs:
             kwargs.pop("img_size")  # a convolutional model: any input size
-            create(kwargs)
+            probe(lambda: create(kwargs))
         else:
             raise
     except Exception as e:  # timm raises many types for bad options

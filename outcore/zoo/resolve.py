@@ -23,6 +23,7 @@ from torch import nn
 
 from outcore.errors import ModelError, UsageError
 from outcore.zoo import amoeba, lstm, resnet, toy, transformer
+from outcore.zoo.weightless import parameters_on_meta, probe
 
 Inputs = tuple[torch.Tensor, ...]
 
@@ -217,7 +218,7 @@ def _zoo(spec: str, rest: str, input_shape: tuple[int, ...] | None,
         except (ValueError, TypeError) as e:
             raise ModelError(f"cannot build outcore:{name}: {e}") from e
 
-    build()  # fail early on bad options
+    probe(build)  # fail early on bad options
     if shape is not None:
         default = entry.make_input(opts, 1)
         if len(default) != 1:
@@ -260,7 +261,7 @@ def _torchvision(spec: str, rest: str, input_shape: tuple[int, ...] | None,
         except TypeError as e:
             raise ModelError(f"cannot build torchvision:{name} with {opts}: {e}") from e
 
-    build()
+    probe(build)
     batch, shape = _batch_and_shape(input_shape, batch_size, 1)
     if shape is None:
         size = _TV_SIZES.get(name, 224)
@@ -310,7 +311,11 @@ def _from_file(spec: str, input_shape: tuple[int, ...] | None,
                              "torch.nn.Module or a (module, example_input) pair")
         return result, example
 
-    _, example = call()
+    try:  # the example, without the weights where the function can run so
+        with parameters_on_meta():
+            _, example = call()
+    except Exception:
+        _, example = call()
     high: tuple[int | None, ...] = ()
     if example is not None:
         example_inputs = example if isinstance(example, tuple) else (example,)

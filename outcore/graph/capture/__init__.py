@@ -333,7 +333,7 @@ def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bo
     with torch.enable_grad():
         if fake:
             from torch._subclasses.fake_tensor import FakeTensorMode
-            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            with weightless_mode(gm) or FakeTensorMode(allow_non_fake_inputs=True) as mode:
                 rec.run(*(mode.from_tensor(x) for x in inputs))
                 # parameters were converted to fake tensors on first use (memoised): exclude
                 # what autograd saved of them by their fake storages
@@ -344,6 +344,20 @@ def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bo
     exclude |= {StorageWeakRef(t.untyped_storage()) for t in state}
     rec.saved = rec.saved_by_node(exclude)
     return rec
+
+
+def weightless_mode(model: nn.Module) -> Any:
+    """The ``FakeTensorMode`` ``model`` was built in (:func:`outcore.zoo.build_model` with
+    ``weights=False``: its parameters are fake tensors, shapes without memory), or None."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for t in model.parameters():
+        if isinstance(t, FakeTensor):
+            return t.fake_mode
+    for t in model.buffers():
+        if isinstance(t, FakeTensor):
+            return t.fake_mode
+    return None
 
 
 def _op_name(n: fx.Node, gm: fx.GraphModule) -> str:
