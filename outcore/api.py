@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from outcore.config import TrainConfig, degree
+from outcore.config import TrainConfig, add_options, degree, from_args, given
 from outcore.errors import InfeasibleError, PlanError, UsageError, speaks_api
 from outcore.graph.ir import Graph
 from outcore.hardware.cluster import make_cluster
@@ -33,9 +33,11 @@ if TYPE_CHECKING:  # torch-dependent types, imported lazily at call time
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PlanRequest", "capture", "check_fits", "estimate", "load_graph", "load_plan",
-           "lower", "make_cluster", "model_graph", "parallelize", "plan", "plan_request",
-           "plan_request_of", "profile", "save_graph", "save_plan", "simulate", "strategies"]
+# the run configuration's command-line side (outcore.config), for the CLI
+__all__ = ["PlanRequest", "add_options", "capture", "check_fits", "estimate", "from_args",
+           "given", "load_graph", "load_plan", "lower", "make_cluster", "model_graph",
+           "parallelize", "plan", "plan_request", "plan_request_of", "profile", "save_graph",
+           "save_plan", "simulate", "strategies"]
 
 
 @speaks_api

@@ -7,8 +7,8 @@ TYPE_CHECKING:`` do not): each package has a layer number; a module may import o
 of its own layer or below, and the torch-free layers may not import torch at all. Beyond the
 numbers, the design's stricter rules: the planning side (plan, schedule, trace, sim, placers,
 search) never imports the runtime side (core, parallel, runtime) nor the other way round; the
-core knows no parallelism; the CLI imports only the public API, the configuration, units and
-errors.
+core knows no parallelism; the CLI imports only the public API (which hands it the
+configuration's options), units and errors.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ FORBIDDEN = {
     "parallel": ("runtime", "api", "job") + PLANNING[3:] + FITTING,
     "runtime": ("api", "job") + PLANNING[3:] + FITTING,
 }
-CLI_MAY_IMPORT = ("__init__", "api", "config", "units", "errors", "cli")
+CLI_MAY_IMPORT = ("__init__", "api", "units", "errors", "cli")
 
 
 def module_name(path: Path) -> str:
@@ -109,7 +109,7 @@ def rule_problems(name: str, target: str) -> list[str]:
                     for b in banned if within(target, b)]
     if within(name, "cli") and not any(within(target, ok) for ok in CLI_MAY_IMPORT):
         out.append(f"outcore.{name} imports outcore.{target} (the CLI imports only the public "
-                   "API, the configuration, units and errors)")
+                   "API, units and errors)")
     return out
 
 
@@ -137,7 +137,8 @@ def test_the_rules_catch_each_violation_the_design_forbids():
     """Each import the design forbids is reported, and the ones it allows are not."""
     for name, target in [("runtime.trainer", "sim.simulate"), ("runtime.worker", "search.loop"),
                          ("cli.plan_cmd", "placers"), ("cli.train_cmd", "runtime.launch"),
-                         ("cli.graph_cmd", "zoo"), ("schedule.lower", "sim.engine"),
+                         ("cli.graph_cmd", "zoo"), ("cli.train_cmd", "config"),
+                         ("schedule.lower", "sim.engine"),
                          ("search.loop", "runtime"), ("search.loop", "core.comm"),
                          ("placers.run", "sim.simulate"), ("placers.pardnn", "search.loop"),
                          ("core.executor", "parallel.sharding"), ("core.comm", "runtime.worker"),
@@ -145,7 +146,7 @@ def test_the_rules_catch_each_violation_the_design_forbids():
                                                                     "cost.regression")]:
         assert rule_problems(name, target), f"outcore.{name} -> outcore.{target} not caught"
     for name, target in [("cli.plan_cmd", "__init__"), ("cli.main", "errors"),
-                         ("cli.train_cmd", "config"), ("runtime.trainer", "schedule.lower"),
+                         ("cli.train_cmd", "api"), ("runtime.trainer", "schedule.lower"),
                          ("runtime.trainer", "parallel"), ("parallel.sharding", "core.comm"),
                          ("sim.simulate", "trace"), ("search.loop", "sim.simulate"),
                          ("search.loop", "placers")]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from outcore.api import add_options, from_args
 from outcore.cli.common import (
     MODEL_HELP,
     check_output_suffix,
@@ -13,7 +14,6 @@ from outcore.cli.common import (
     note,
     table,
 )
-from outcore.config import add_options, from_args
 from outcore.errors import UsageError
 from outcore.units import format_bytes, format_seconds
 

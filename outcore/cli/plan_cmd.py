@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from outcore.api import add_options, from_args
 from outcore.cli.common import (
     MODEL_HELP,
     check_output_suffix,
@@ -16,7 +17,6 @@ from outcore.cli.common import (
     slot_label,
     table,
 )
-from outcore.config import add_options, from_args
 from outcore.errors import UsageError
 from outcore.units import format_bytes, format_seconds
 

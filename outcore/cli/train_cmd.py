@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from outcore.api import add_options, given as options_given
 from outcore.cli.common import MODEL_HELP, console, note, plural, table
-from outcore.config import add_options, given as options_given
 from outcore.units import format_bytes, format_seconds
 
 # The embedded default job: a model whose training step does not fit one device of its memory,

@@ -351,10 +351,7 @@ def weightless_mode(model: nn.Module) -> Any:
     ``weights=False``: its parameters are fake tensors, shapes without memory), or None."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    for t in model.parameters():
-        if isinstance(t, FakeTensor):
-            return t.fake_mode
-    for t in model.buffers():
+    for t in (*model.parameters(), *model.buffers()):
         if isinstance(t, FakeTensor):
             return t.fake_mode
     return None
