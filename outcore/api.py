@@ -141,7 +141,7 @@ def plan_request_of(cfg: TrainConfig) -> PlanRequest:
                         latency=pl.latency, microbatches=pl.microbatches or 1,
                         schedule=pl.schedule, optimizer=cfg.optim.planned,
                         memory_policy=pl.memory_policy, device=pl.device,
-                        search_layout=searched, seed=cfg.run.seed)
+                        search_layout=searched, seed=cfg.run.seed, batch_stats=pl.batch_stats)
 
 
 @speaks_api

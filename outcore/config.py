@@ -264,6 +264,11 @@ class PlanOptions:
         "activation checkpointing and CPU offload that fits), none, checkpoint or offload "
         "(on a CPU only checkpointing saves memory)", commands=("train", "plan"),
         choices=("auto", "none", "checkpoint", "offload"))
+    batch_stats: str = option(
+        "global", "batch-norm statistics when the search chooses the layout: global (over each "
+        "of the --microbatches micro-batches of the whole batch, as on one device: model "
+        "copies take whole micro-batches) or per-copy (--microbatches counts per model copy, "
+        "as DDP does)", commands=("train", "plan"), choices=("global", "per-copy"))
     plan: str | None = option(
         None, "a saved plan (outcore plan -o) to train instead of planning", metavar="PLAN.json")
     schedule_file: str | None = option(

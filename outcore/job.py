@@ -314,6 +314,7 @@ def plan_request(job: Job, local: bool = True) -> PlanRequest:
         if parallel == "master" else None,
         dp=dp, schedule=planning.schedule, microbatches=planning.microbatches,
         optimizer=cfg.optim.planned, seed=cfg.run.seed, memory_policy=planning.memory_policy,
+        batch_stats=planning.batch_stats,
         search_layout=job.search_layout, tp=None if job.search_layout else job.tp,
         depth=None if job.search_layout else job.depth, sp=planning.sp,
         sp_join=planning.sp_join, sp_grid=planning.sp_grid)

@@ -20,7 +20,10 @@ from outcore.plan.policies import CHOICES
 from outcore.plan.spatial import check_spatial_request
 from outcore.units import parse_bytes
 
-__all__ = ["PlanRequest"]
+__all__ = ["BATCH_STATS", "PlanRequest"]
+
+# how a model's batch statistics group the samples (PlanRequest.batch_stats)
+BATCH_STATS = ("global", "per-copy")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +60,10 @@ class PlanRequest:
         seed: for randomised planners (METIS); the others are deterministic.
         search_layout: the search also chooses ``dp`` and the GEMS mode and replicas
             (``outcore.search.layouts.candidate_layouts``) instead of taking them as given.
+        batch_stats: for a model with batch statistics (batch norm) whose layout the search
+            chooses: ``global``, a given ``microbatches`` counts the micro-batches of the whole
+            batch (model copies take whole micro-batches, so every batch norm sees the samples
+            it would on one device); ``per-copy``, it counts per model copy (DDP's statistics).
     """
 
     devices: int
@@ -77,6 +84,7 @@ class PlanRequest:
     memory_policy: str = "auto"
     seed: int = 0
     search_layout: bool = False
+    batch_stats: str = "global"
 
     def __post_init__(self) -> None:
         check_positive("devices", self.devices)
@@ -108,6 +116,9 @@ class PlanRequest:
         if self.memory_policy not in CHOICES:
             raise UsageError(f"unknown memory policy {self.memory_policy!r}: use "
                              f"{', '.join(CHOICES)}")
+        if self.batch_stats not in BATCH_STATS:
+            raise UsageError(f"unknown batch statistics {self.batch_stats!r}: use "
+                             f"{' or '.join(BATCH_STATS)}")
         if self.cluster.size < self.devices:
             raise UsageError(f"the cluster has {self.cluster.size} devices, the request "
                              f"{self.devices}: pass a larger cluster or fewer devices")

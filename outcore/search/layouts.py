@@ -42,6 +42,7 @@ from outcore.graph.algorithms import longest_to_sinks
 from outcore.graph.batch import divisors
 from outcore.graph.ir import Graph
 from outcore.plan.request import PlanRequest
+from outcore.search.runnable import has_batch_statistics
 from outcore.search.tensor import tensor_costed
 from outcore.units import format_bytes
 
@@ -198,6 +199,9 @@ def candidate_layouts(g: Graph, req: PlanRequest,
         return [_choice(req.dp, req.parallel, req.replica_options()[0], M, B, req,
                         totals, 1.0, req.depth or 1, req.fixed_tp,
                         work_s=totals.work_s * M * copies)]
+    # batch statistics as on one device: the request's micro-batches are of the whole batch
+    whole_micro = req.batch_stats == "global" and req.microbatches != "auto" \
+        and has_batch_statistics(g)
     out: list[LayoutChoice] = []
     for tp, totals in degrees.items():
         for dp in (divisors(req.devices) if req.search_layout else [req.dp]):
@@ -209,8 +213,7 @@ def candidate_layouts(g: Graph, req: PlanRequest,
                 if B % copies:
                     continue
                 per_copy = B // copies
-                counts = (divisors(per_copy, at_most=MAX_MICROBATCHES)
-                          if req.microbatches == "auto" else [int(req.microbatches)])
+                counts = _microbatch_counts(req, per_copy, copies, whole_micro)
                 for M in counts:
                     if per_copy % M:
                         continue
@@ -219,6 +222,20 @@ def candidate_layouts(g: Graph, req: PlanRequest,
                                            (per_copy // M) / B, depth, tp,
                                            work_s=totals.work_at(copies * M)))
     return out
+
+
+def _microbatch_counts(req: PlanRequest, per_copy: int, copies: int,
+                       whole_micro: bool) -> list[int]:
+    """Micro-batches per copy a layout of ``copies`` model copies may run: any divisor of its
+    samples (``auto``), the request's count, or, when that counts the micro-batches of the
+    whole batch (``whole_micro``), its share of them: copies take whole micro-batches, so no
+    batch statistic is split over copies (none when the count does not divide)."""
+    if req.microbatches == "auto":
+        return divisors(per_copy, at_most=MAX_MICROBATCHES)
+    M = int(req.microbatches)
+    if not whole_micro:
+        return [M]
+    return [M // copies] if M % copies == 0 else []
 
 
 def _depths(req: PlanRequest, dp: int, mode: str) -> list[int]:

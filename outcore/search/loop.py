@@ -59,7 +59,7 @@ from outcore.search.ranking import (
     why_skipped,
 )
 from outcore.search.refusal import checked_refusal
-from outcore.search.runnable import runnable
+from outcore.search.runnable import runnable, statistics_note
 from outcore.search.spatial import plan_spatial
 from outcore.search.tensor import tensor_costed, tensor_split, with_grid_note
 from outcore.search.threads import current_threads, shared_threads
@@ -87,7 +87,9 @@ def search(g: Graph, req: PlanRequest, *, check_suggestions: bool = True,
     not simulated again (:func:`outcore.sim.simulate.remembered`).
     """
     with frozen_objects(), remembered():
-        return _searched(g, req, check_suggestions, progress)
+        plan = _searched(g, req, check_suggestions, progress)
+    note = statistics_note(g, req, plan)  # first: the search's own notes end with its verdict
+    return plan.replace(notes=(note, *plan.notes)) if note else plan
 
 
 def _searched(g: Graph, req: PlanRequest, check_suggestions: bool,

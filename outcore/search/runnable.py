@@ -21,8 +21,10 @@ import re
 from dataclasses import dataclass
 
 from outcore.graph.ir import Graph
+from outcore.plan.plan import Plan
+from outcore.plan.request import PlanRequest
 
-__all__ = ["Runnable", "runnable"]
+__all__ = ["Runnable", "has_batch_statistics", "runnable", "statistics_note"]
 
 _BATCH_NORM = re.compile(r"batch_?norm", re.IGNORECASE)
 
@@ -59,3 +61,29 @@ def runnable(g: Graph, *, rescaled: bool) -> Runnable:
                            "exported again at one sample may not match its planned graph",
                         strict=False)
     return Runnable()
+
+
+def has_batch_statistics(g: Graph) -> bool:
+    """Whether ``g`` takes statistics over the samples of a micro-batch (batch norm in
+    training): its result then depends on how the batch is grouped into micro-batches."""
+    return any(_BATCH_NORM.search(g.op_of(i)) for i in range(g.num_nodes))
+
+
+def statistics_note(g: Graph, req: PlanRequest, plan: Plan) -> str | None:
+    """The plan's note on the samples each batch statistic is taken over (None without batch
+    statistics): the micro-batches of every model copy, as one device with that many
+    micro-batches of the whole batch takes them (the runtime gives copy ``c`` the micro-batches
+    ``c * M`` to ``c * M + M - 1``; spatial tiles synchronise theirs)."""
+    if not has_batch_statistics(g):
+        return None
+    chunks = plan.layout.copies * plan.microbatches
+    batch = int(g.batch_size or 1)
+    samples = batch // chunks if req.whole_batch else batch
+    rule = ""
+    if req.search_layout and req.microbatches != "auto":
+        rule = ("; model copies take whole micro-batches (batch_stats global)"
+                if req.batch_stats == "global" else
+                "; micro-batches counted per model copy (batch_stats per-copy)")
+    return (f"batch statistics: over each of {chunks} micro-batch{'es' if chunks != 1 else ''} "
+            f"of {samples} sample{'s' if samples != 1 else ''}, as one device training the "
+            f"batch in {chunks} micro-batch{'es' if chunks != 1 else ''} takes them{rule}")

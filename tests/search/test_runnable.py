@@ -34,7 +34,9 @@ def test_batch_norm_over_one_value_per_channel_needs_two_samples():
 
 def test_the_search_rules_out_micro_batches_of_one_and_says_why():
     g = _graph(pool=True)
-    req = outcore.plan_request(2, None, microbatches=2, search_layout=True)
+    # micro-batches per copy (batch_stats global would give every copy whole ones of 2)
+    req = outcore.plan_request(2, None, microbatches=2, search_layout=True,
+                               batch_stats="per-copy")
     p = outcore.plan(g, req)
     assert g.batch_size // (p.layout.copies * p.microbatches) >= 2
     records = p.extra["candidates"]
@@ -75,7 +77,8 @@ def test_a_preference_rules_layouts_out_only_while_others_remain():
     again on the graph captured there): with other layouts it is not tried; alone it is."""
     g = _graph(pool=False)
     exported = g.replace(meta={**g.meta, "capture": {**g.meta["capture"], "path": "export"}})
-    p = outcore.plan(exported, outcore.plan_request(2, None, microbatches=2, search_layout=True))
+    p = outcore.plan(exported, outcore.plan_request(2, None, microbatches=2, search_layout=True,
+                                                    batch_stats="per-copy"))
     assert g.batch_size // (p.layout.copies * p.microbatches) >= 2
     assert any(r["outcome"].startswith("not tried: a micro-batch of 1 sample")
                for r in p.extra["candidates"])
