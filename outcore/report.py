@@ -10,7 +10,7 @@ import math
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -135,7 +135,13 @@ def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
                     report: TrainReport | None = None) -> dict[str, str]:
     """Merge the ranks' measured timelines; draw them under the simulator's prediction."""
     from outcore.api import simulate
-    from outcore.trace import Timeline, comm_profile, load_events, save_chrome_trace
+    from outcore.trace import (
+        Timeline,
+        comm_profile,
+        load_events,
+        save_chrome_trace,
+        with_inner_collectives,
+    )
 
     parts = sorted(Path(cfg.worker.trace_dir or "").glob("rank*.json"))
     if not parts:
@@ -145,7 +151,14 @@ def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
         events += list(load_events(part).events)
     measured = Timeline(p.devices // p.layout.tp, tuple(sorted(events, key=lambda e: e.start_s)),
                         max((e.end_s for e in events), default=0.0), source="measured")
-    predicted = simulate(p, g, schedule_file=cfg.planning.schedule_file).timeline
+    sim = simulate(p, g, schedule_file=cfg.planning.schedule_file)
+    # a sharded bucket whose shard no other copy holds sums nothing (the runtime records none)
+    idle = {f"AR{b}" for b, ring in enumerate(sim.schedule.meta.get("bucket_ring", ()))
+            if ring == 1}
+    predicted = with_inner_collectives(sim.timeline, sim.costs.collectives)
+    if idle:
+        predicted = replace(predicted, events=tuple(
+            e for e in predicted.events if not (e.kind == "allreduce" and e.label in idle)))
     if report is not None:
         report.comm = comm_profile(measured, predicted)
     out = {"trace": str(save_chrome_trace(root / "trace.json", [predicted, measured],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
@@ -185,6 +185,31 @@ COMM_KINDS = ("send", "recv", "allreduce", "allgather", "reduce_scatter", "broad
               "offload", "prefetch")
 
 
+def with_inner_collectives(tl: Timeline,
+                           collectives: dict[int, tuple[tuple[str, str, float, float], ...]]
+                           | None) -> Timeline:
+    """``tl`` with the collectives pieces run inside their forward or backward
+    (:attr:`outcore.schedule.costs.PieceCosts.collectives`) as ``comm`` events, one after
+    another from the start of each forward / backward that runs them (their time is part of
+    that action's), so the communication profile can set them beside the measured ones."""
+    if not collectives:
+        return tl
+    extra = []
+    for e in tl.events:
+        if e.kind not in ("F", "B") or e.piece not in collectives:
+            continue
+        t = e.start_s
+        for phase, kind, nbytes, secs in collectives[e.piece]:
+            if phase == e.kind:
+                extra.append(Event(e.rank, kind, kind, t, t + secs, "comm", e.mb, e.piece,
+                                   int(nbytes)))
+                t += secs
+    if not extra:
+        return tl
+    events = tuple(sorted([*tl.events, *extra], key=lambda e: e.start_s))
+    return replace(tl, events=events)
+
+
 def comm_profile(measured: Timeline, predicted: Timeline | None = None) -> list[dict[str, Any]]:
     """Per communication kind (send, recv, all-reduce, ...): count, bytes, measured seconds and
     achieved bandwidth, beside the predicted timeline's seconds and bandwidth for the same kind
@@ -209,9 +234,11 @@ def comm_profile(measured: Timeline, predicted: Timeline | None = None) -> list[
     rows = []
     for kind in sorted(set(meas) | set(pred)):
         n, nbytes, secs = meas.get(kind, [0, 0.0, 0.0])
-        _, pbytes, psecs = pred.get(kind, [0, 0.0, 0.0])
+        pn, pbytes, psecs = pred.get(kind, [0, 0.0, 0.0])
         rows.append({"kind": kind, "count": int(n), "bytes": int(nbytes), "measured_s": secs,
                      "measured_bandwidth": nbytes / secs if secs > 0 else None,
+                     "predicted_count": int(pn) if kind in pred else None,
+                     "predicted_bytes": int(pbytes) if kind in pred else None,
                      "predicted_s": psecs if kind in pred else None,
                      "predicted_bandwidth": pbytes / psecs if psecs > 0 else None})
     return rows

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from outcore.core.boundary import Edge, Roots, entry_tree, run_backward
+from outcore.core.collectives import CollectiveLog
 from outcore.core.comm import Messenger, PairSum
 from outcore.core.modules import PieceModule
 from outcore.core.offload import ActivationOffloader, ParamOffloader, frozen_running_stats
@@ -85,6 +86,8 @@ class RankExecutor:
         self.sharder = sharder  # FSDP-style sharded parameters (outcore.parallel.sharding)
         self.sharded_buckets = {b for b, sh in enumerate(schedule.meta.get("bucket_sharded", ()))
                                 if sh} if sharder is not None else set()
+        # collectives run inside pieces (a parallelism's), timed on traced steps
+        self.collectives = CollectiveLog()
         offloaded = [q for p, pol in self.policies.items() if pol == "offload-params"
                      for q in self.piece_params.get(p, [])]
         self.act_off = ActivationOffloader(device)
@@ -218,6 +221,7 @@ class RankExecutor:
         self.losses: dict[int, torch.Tensor] = {}
         result = StepResult(None)
         self.msg.start_step()
+        self.collectives.start(self.trace)
         self.ar_done.clear()
         self.nonfinite = None
         self.step_loss = None
@@ -241,8 +245,12 @@ class RankExecutor:
                 busy += end - start
             if trace:
                 result.events.append(self._event(acts[k], start - t0, end - t0))
-        if trace and self.ar_done:  # every all-reduce has completed (the OPT action waited)
-            result.events = [self._completed(e, a, t0) for e, a in zip(result.events, acts)]
+        if trace:
+            pairs = [(e, a) for e, a in zip(result.events, acts)
+                     if not (a.op == "AR" and self._nothing_to_sum(a.bucket))]
+            if self.ar_done:  # every all-reduce has completed (the OPT action waited)
+                pairs = [(self._completed(e, a, t0), a) for e, a in pairs]
+            result.events = [e for e, _ in pairs] + self.collectives.events(self.rank, t0)
         result.busy_s = busy
         self.msg.flush()
         if self.guard_nonfinite and self.nonfinite is None:  # a rank without an OPT action
@@ -250,6 +258,11 @@ class RankExecutor:
         if self.losses:
             result.loss = self._loss_sum()
         return result
+
+    def _nothing_to_sum(self, bucket: int) -> bool:
+        """A sharded bucket no other copy holds the same shard of: its gradients were
+        reduce-scattered in the backward, and its all-reduce action sums nothing."""
+        return bucket in self.sharded_buckets and self.sharder.replicas is None
 
     def _loss_sum(self) -> float:
         """This rank's loss of the step: its output pieces' losses over the micro-batches."""

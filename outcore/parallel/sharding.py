@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from outcore.core.collectives import CollectiveLog
 from outcore.core.comm import settled
 from outcore.core.memtrack import storage_resized
 from outcore.core.modules import module_params
@@ -138,6 +139,7 @@ class ParamSharder:
     def __init__(self, pieces: list[tuple[int, list[tuple[str, nn.Parameter]]]], group: Any,
                  replicas: Any, depth: int, wait: Callable[[Any, str], None]):
         self.group, self.replicas, self.depth, self.wait = group, replicas, depth, wait
+        self.log = CollectiveLog()  # the executor's, once it exists (the traced step's timings)
         index = dist.get_rank(group) if group is not None else 0
         self.units: list[_Unit] = []
         self.uses: dict[int, list[_Unit]] = {}
@@ -171,9 +173,11 @@ class ParamSharder:
     def gather(self, piece: int) -> None:
         """Whole parameters of ``piece``'s units, until :meth:`release`."""
         for unit in self.uses.get(piece, ()):
-            work = dist.all_gather_single(unit.allocate(), unit.shard.detach(),
-                                          group=self.group, async_op=True)
-            self.wait(work, f"gathering {len(unit.names)} sharded parameters")
+            whole = unit.allocate()
+            with self.log.timed("shard allgather", whole.numel() * whole.element_size()):
+                work = dist.all_gather_single(whole, unit.shard.detach(), group=self.group,
+                                              async_op=True)
+                self.wait(work, f"gathering {len(unit.names)} sharded parameters")
 
     def release(self, piece: int) -> None:
         for unit in self.uses.get(piece, ()):
@@ -192,7 +196,9 @@ class ParamSharder:
                     p.grad = None
                 offset += n
             out = torch.empty(unit.size, dtype=flat.dtype, device=flat.device)
-            with settled(flat, out):  # gloo's thread lets go of flat before it is dropped
+            with settled(flat, out), \
+                    self.log.timed("shard reduce_scatter", flat.numel() * flat.element_size()):
+                # (settled: gloo's thread lets go of flat before it is dropped)
                 work = dist.reduce_scatter_single(out, flat, group=self.group, async_op=True)
                 self.wait(work, f"reduce-scattering {len(unit.names)} sharded gradients")
                 del work

@@ -9,6 +9,7 @@ fixed steps of that sequence; the pieces run on the runtime core (:mod:`outcore.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -194,9 +195,13 @@ class Trainer:
             self.messenger, loss_fn or default_loss, self.optimizer, self._buckets(),
             self.placeholders, self.device, on_step=self._after_optimizer, copies=self.copies,
             policies=self.policies, piece_params=piece_params, sharder=self.sharder)
+        if self.sharder is not None:  # its gathers and reduce-scatters in the traced step
+            self.sharder.log = self.executor.collectives
         # every shard of a tensor-parallel slot computes the same loss: count it once
         self.executor.count_loss = self.shard == 0
         self.buffer_groups: list[StatGroup] = []
+        # context managers a traced step runs in (a parallelism timing its collectives)
+        self.traced_steps: list[Callable[[Any], Any]] = []
         for par in parallelisms:
             par.on_trainer(self)
 
@@ -287,13 +292,16 @@ class Trainer:
         micro_tg = split(_to(targets, self.device), chunks) \
             if (self.needs_targets and targets is not None) else None
         self.executor.trace = trace
-        if self.track_memory if track_memory is None else track_memory:
-            with MemoryTracker(self.device, self.baseline_tensors()) as mt:
-                result: StepResult = self._run_step(micro_in, micro_tg)
-            peak = mt.peak_bytes
-        else:
-            result = self._run_step(micro_in, micro_tg)
-            peak = 0
+        with contextlib.ExitStack() as timing:
+            for make in self.traced_steps if trace else ():
+                timing.enter_context(make(self.executor.collectives))
+            if self.track_memory if track_memory is None else track_memory:
+                with MemoryTracker(self.device, self.baseline_tensors()) as mt:
+                    result: StepResult = self._run_step(micro_in, micro_tg)
+                peak = mt.peak_bytes
+            else:
+                result = self._run_step(micro_in, micro_tg)
+                peak = 0
         loss = self.executor.step_loss  # summed over the ranks by the non-finite check
         if loss is None:
             mine = result.loss if result.loss is not None and self.executor.count_loss else 0.0

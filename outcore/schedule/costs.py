@@ -67,6 +67,11 @@ class PieceCosts:
             piece's first backward of a step and freed when the optimizer has stepped (the
             runtime clears them, ``zero_grad(set_to_none=True)``); 0 for pieces under a memory
             policy or sharded, whose state the policy accounts.
+        collectives: per piece with any, the collectives its forward or backward runs inside
+            itself (their time is in ``fwd_s`` / ``bwd_s``): ``(phase, kind, bytes, seconds)``
+            per micro-batch, ``phase`` ``F`` or ``B`` (sharded parameters gathered and
+            gradients reduce-scattered; tensor-parallel collectives), for the communication
+            profile.
     """
 
     fwd_s: np.ndarray
@@ -81,6 +86,7 @@ class PieceCosts:
     policies: tuple[str, ...] = ()
     param_tensors: np.ndarray | None = None
     grad_bytes: np.ndarray | None = None
+    collectives: dict[int, tuple[tuple[str, str, float, float], ...]] | None = None
 
     @property
     def bwd_transient(self) -> np.ndarray:
@@ -161,11 +167,12 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                         saved, transient, t_bwd, grad_tmp, static_piece, piece_params)
     plain = np.array([p == "none" for p in pol], dtype=bool)
     grads = np.where(plain, piece_params, 0.0) if n_p else np.zeros(0)
+    inner = None
     if sharded_bytes is not None and depth > 1:
         grads = np.zeros(n_p)
-        _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth, factor,
-               gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece, piece_params,
-               grad_tmp)
+        inner = _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth,
+                       factor, gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece,
+                       piece_params, grad_tmp)
     static = np.bincount(rank_of_piece, weights=static_piece, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
     params = np.bincount(rank_of_piece, weights=piece_params, minlength=num_ranks) \
@@ -179,7 +186,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 held[rank_of_piece[piece_of[v]]].update(names)
             tensors = np.array([len(h) for h in held], dtype=np.float64)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
-                      pol, tensors, grads)
+                      pol, tensors, grads, inner)
 
 
 def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, scale: float,
@@ -301,9 +308,11 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
            gather_s: Callable[[np.ndarray], np.ndarray] | None,
            scatter_s: Callable[[np.ndarray], np.ndarray] | None,
            fwd: np.ndarray, bwd: np.ndarray, transient: np.ndarray, t_bwd: np.ndarray,
-           static_piece: np.ndarray, piece_params: np.ndarray, grad_tmp: np.ndarray) -> None:
+           static_piece: np.ndarray, piece_params: np.ndarray, grad_tmp: np.ndarray
+           ) -> dict[int, tuple[tuple[str, str, float, float], ...]]:
     """Apply FSDP / ZeRO-3 sharding to the piece costs in place (see the module docstring);
-    ``gather_s`` / ``scatter_s`` take the pieces' sharded bytes as an array."""
+    ``gather_s`` / ``scatter_s`` take the pieces' sharded bytes as an array. Returns the
+    gathers and reduce-scatters per piece (:attr:`PieceCosts.collectives`)."""
     sb = np.bincount(piece_of, weights=sharded, minlength=n_p)
     p = np.flatnonzero(sb > 0)
     b = sb[p]
@@ -313,9 +322,15 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
     # gathered parameters and the whole gradients (which hold the fresh gradient of the
     # largest layer already counted), then the gradients and their flat copy
     t_bwd[p] += 2 * b - np.minimum(grad_tmp[p], b)
-    gather = gather_s(b) if gather_s is not None else 0.0
+    gather = gather_s(b) if gather_s is not None else np.zeros_like(b)
+    scatter = scatter_s(b) if scatter_s is not None else np.zeros_like(b)
     fwd[p] += gather
-    bwd[p] += gather + (scatter_s(b) if scatter_s is not None else 0.0)
+    bwd[p] += gather + scatter
+    gather, scatter = np.broadcast_to(gather, b.shape), np.broadcast_to(scatter, b.shape)
+    return {int(q): (("F", "shard allgather", float(x), float(tg)),
+                     ("B", "shard allgather", float(x), float(tg)),
+                     ("B", "shard reduce_scatter", float(x), float(ts)))
+            for q, x, tg, ts in zip(p, b, gather, scatter)}
 
 
 def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:

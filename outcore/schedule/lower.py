@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import numpy as np
 
-from outcore.cost.tensor import tensor_graph
+from outcore.cost.tensor import collective_s, layout_collectives, tensor_graph
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
@@ -105,8 +105,12 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
         from outcore.schedule.spatial import tiled_graph
         g = tiled_graph(g, plan.spatial, cl, plan.stages, plan.layout.dp)
     tp = plan.layout.tp
+    tp_inner: dict[int, tuple] = {}
     if tp > 1:
-        g = tensor_graph(g, tp, cl.link(0, 1))[0]
+        link = cl.link(0, 1)
+        g, layout = tensor_graph(g, tp, link)
+        tp_inner = {v: tuple((c, collective_s(c, link)) for c in cs)
+                    for v, cs in layout_collectives(layout).items()}
         cl = cl.slots(tp)
     big, assignment, copies = expand(g, plan)
     if mb_samples is not None:
@@ -123,7 +127,31 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
                                          depth=(plan.stages, plan.layout.dp, depth)
                                          if depth > 1 else None,
                                          whole=_tiled_mask(g, plan, copies), checked=checked)
+    if tp_inner:
+        costs = _with_tensor_collectives(costs, pieces, tp_inner, g.num_nodes, scale)
     return Lowered(big, assignment, copies, pieces, costs, sched, cl, batch, tp)
+
+
+def _with_tensor_collectives(costs: PieceCosts, pieces: Pieces,
+                             per_node: dict[int, tuple], n: int, scale: float) -> PieceCosts:
+    """``costs`` with each piece's tensor-parallel collectives (``per_node``: node of one
+    model copy -> its collectives and their seconds, at the graph's batch) added to
+    :attr:`~outcore.schedule.costs.PieceCosts.collectives`, at the micro-batch's ``scale``
+    (the seconds scaled with the bytes: an upper bound for the latency part)."""
+    out = {k: list(v) for k, v in (costs.collectives or {}).items()}
+    piece_of = pieces.piece_of
+    for copy in range(len(piece_of) // n):
+        for v, cs in per_node.items():
+            for c, secs in cs:
+                out.setdefault(int(piece_of[copy * n + v]), []).append(
+                    ("F" if c.phase == "fwd" else "B", _TP_KINDS[c.kind],
+                     float(c.nbytes) * scale, secs * scale))
+    return replace(costs, collectives={k: tuple(v) for k, v in out.items()})
+
+
+# the communication profile's names of tensor-parallel collectives
+_TP_KINDS = {"all_reduce": "tp allreduce", "all_gather": "tp allgather",
+             "reduce_scatter": "tp reduce_scatter"}
 
 
 def _tiled_mask(g: Graph, plan: Plan, copies: int) -> np.ndarray | None:

@@ -43,6 +43,7 @@ from outcore.core.comm import settled
 from outcore.core.values import local as _local
 from outcore.errors import UsageError
 from outcore.graph.tensor_pairs import TensorLayout, is_conv1d, out_features
+from outcore.parallel.tensor.timing import record
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def _is_fake(t: torch.Tensor) -> bool:
 def _all_reduce(t: torch.Tensor, group: Any) -> torch.Tensor:
     out = t.contiguous().clone()
     if not _is_fake(out):  # shape propagation (FakeTensorMode) runs no collective
-        with settled(out):
+        with settled(out), record("tp allreduce", out.numel() * out.element_size()):
             dist.all_reduce(out, group=group)
     return out
 
@@ -107,7 +108,7 @@ class GatherFromTP(torch.autograd.Function):
         if _is_fake(x):
             return torch.cat([x] * size, dim=-1)
         parts = [torch.empty_like(x) for _ in range(size)]
-        with settled(x, *parts):
+        with settled(x, *parts), record("tp allgather", x.numel() * x.element_size() * size):
             dist.all_gather(parts, x, group=group)
         return torch.cat(parts, dim=-1)
 
@@ -209,6 +210,11 @@ def tp_rowwise_alone_conv1d(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -
 
 
 _HEADS_MESH: list[Any] = []  # this process's tensor-parallel mesh (set by the split passes)
+
+
+def current_tensor_mesh() -> Any:
+    """This process's 1-D tensor-parallel mesh (the latest split pass's)."""
+    return _HEADS_MESH[-1]
 
 
 def set_tensor_mesh(mesh: Any) -> None:

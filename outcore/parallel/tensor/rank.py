@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from outcore.parallel.base import Parallelism, RankBuild
-from outcore.parallel.tensor.graph_split import slice_head_operands
+from outcore.parallel.tensor.graph_split import current_tensor_mesh, slice_head_operands
 from outcore.parallel.tensor.parallel import is_exported, split_for_plan, split_traced_for_plan
+from outcore.parallel.tensor.timing import timed_step
 
 __all__ = ["TensorParallelism"]
 
@@ -39,3 +40,8 @@ class TensorParallelism(Parallelism):
                                                           build.plan.layout.tp)
         else:  # per-head operands: sliced in the traced graph
             slice_head_operands(build.gm, build.graph, build.made[self.name])
+
+    def on_trainer(self, trainer: Any) -> None:
+        """The traced step times this slot's tensor-parallel collectives."""
+        group = current_tensor_mesh().get_group()
+        trainer.traced_steps.append(lambda log: timed_step(log, group))
