@@ -131,14 +131,16 @@ def plan_request(devices: int, memory: str | float | None = None, **options: Any
 @speaks_api
 def plan_request_of(cfg: TrainConfig) -> PlanRequest:
     """The planning request of a configuration's planning options, as ``outcore plan`` makes
-    it (the layout as given unless ``layout="auto"``; one micro-batch unless given)."""
+    it (the layout as given unless ``layout="auto"``; the micro-batches as given, else one, or
+    chosen by the search with ``layout="auto"``)."""
     pl = cfg.planning
     searched = pl.layout == "auto"
     return plan_request(pl.devices, pl.memory, strategy=pl.strategy,
                         parallel=pl.parallel or "mp", replicas=pl.replicas, dp=pl.dp or 1,
                         tp=degree(pl.tp, searched), depth=degree(pl.shard, searched), sp=pl.sp,
                         sp_join=pl.sp_join, sp_grid=pl.sp_grid, bandwidth=pl.bandwidth,
-                        latency=pl.latency, microbatches=pl.microbatches or 1,
+                        latency=pl.latency,
+                        microbatches=pl.microbatches or ("auto" if searched else 1),
                         schedule=pl.schedule, optimizer=cfg.optim.planned,
                         memory_policy=pl.memory_policy, device=pl.device,
                         search_layout=searched, seed=cfg.run.seed, batch_stats=pl.batch_stats)

@@ -252,8 +252,10 @@ class PlanOptions:
         None, "tile grid, ROWSxCOLS (default: --sp tiles over the height)",
         commands=("train", "plan"), metavar="ROWSxCOLS")
     microbatches: int | str | None = option(
-        None, "micro-batches per step and model copy, or auto: the fewest that fit, more when "
-        "they are faster (default: auto for train, 1 for plan; 4 for the default job)",
+        None, "micro-batches per step and model copy (of the whole batch for a batch-norm "
+        "model whose layout the search chooses: --batch-stats), or auto: the fewest that fit, "
+        "more when they are faster (default: auto for train and for plan --layout auto, else 1 "
+        "for plan; 4 for the default job)",
         commands=("train", "plan"), parse=_degree, metavar="N|auto")
     schedule: str = option(
         "auto", "pipeline schedule: 1f1b (fewest activations held), gpipe (every forward, then "
