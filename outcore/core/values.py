@@ -108,10 +108,20 @@ def _storage(t: torch.Tensor) -> Any:
 
 
 def value_metas(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> dict[str, ValueMeta]:
-    """Meta of every node's value for ``inputs`` (run under FakeTensorMode: no memory)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """Meta of every node's value for ``inputs`` (run under FakeTensorMode: no memory).
 
+    The model's real buffers are left as they were: a batch norm counts its batches in
+    Python (``num_batches_tracked.add_(1)``), on the real tensor, even in a fake run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+
+    counters = [(b, b.clone()) for b in gm.buffers()
+                if not b.is_floating_point() and b.device.type != "meta" and not is_fake(b)]
     rec = _MetaRecorder(gm)
-    with torch.enable_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        rec.run(*(mode.from_tensor(x) for x in inputs))
+    try:
+        with torch.enable_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            rec.run(*(mode.from_tensor(x) for x in inputs))
+    finally:
+        with torch.no_grad():
+            for b, before in counters:
+                b.copy_(before)
     return rec.meta
