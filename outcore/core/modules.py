@@ -216,6 +216,37 @@ def prune_unowned(gm: fx.GraphModule, pieces_here: list[PieceModule]) -> list[st
     return sorted(set(kept))
 
 
+def adopt_values(roots: list[nn.Module], source: nn.Module, names: list[str]) -> None:
+    """Give the parameters ``names`` and every real buffer of ``roots`` (the traced model and
+    the piece modules, which share its tensors) ``source``'s tensors of the same names: a
+    model traced without its weights takes the values built for this rank
+    (:func:`outcore.zoo.weightless.built_in_part`). Every module holding a replaced tensor
+    holds the new one."""
+    params = dict(source.named_parameters(remove_duplicate=False))
+    buffers = dict(source.named_buffers(remove_duplicate=False))
+    root = roots[0]
+    held = dict(root.named_parameters(remove_duplicate=False))
+    new: dict[int, nn.Parameter] = {}
+    for name in names:
+        if name not in params or params[name].device.type == "meta":
+            raise KeyError(name)
+        old = held[name]
+        new.setdefault(id(old), nn.Parameter(params[name].detach(),
+                                             requires_grad=old.requires_grad))
+    new_buffers: dict[int, torch.Tensor] = {}
+    for name, b in root.named_buffers(remove_duplicate=False):
+        if b.device.type != "meta" and name in buffers:
+            new_buffers.setdefault(id(b), buffers[name])
+    for top in roots:
+        for m in top.modules():
+            for k, p in list(m._parameters.items()):
+                if p is not None and id(p) in new:
+                    m._parameters[k] = new[id(p)]
+            for k, b in list(m._buffers.items()):
+                if b is not None and id(b) in new_buffers:
+                    m._buffers[k] = new_buffers[id(b)]
+
+
 def module_params(gm: fx.GraphModule) -> list[nn.Parameter]:
     """Parameters a piece module uses (through its call_module and get_attr nodes)."""
     out: dict[int, nn.Parameter] = {}

@@ -1,10 +1,13 @@
 """``Trainer``: one rank's share of a plan, ready to train inside torch.distributed.
 
-Every rank builds the whole model from the same seed (so its weights equal single-process
-training's), traces it, cuts the traced graph by the plan into pieces, keeps its own pieces and
-the parameters they use, and runs the schedule the simulator predicts. The parallelisms the
-plan uses (:mod:`outcore.parallel`: tensor, spatial, sharding, replicas) take their part at
-fixed steps of that sequence; the pieces run on the runtime core (:mod:`outcore.core`).
+Every rank builds the model from the same seed, traces it, cuts the traced graph by the plan
+into pieces, keeps its own pieces and the parameters they use, and runs the schedule the
+simulator predicts. A model built without its weights (the worker's default where the plan
+splits no layer) gets only this rank's parameters allocated, with the values the whole model
+would have (``materialise``), so its weights equal single-process training's either way. The
+parallelisms the plan uses (:mod:`outcore.parallel`: tensor, spatial, sharding, replicas) take
+their part at fixed steps of that sequence; the pieces run on the runtime core
+(:mod:`outcore.core`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ from torch import nn
 from outcore.core.comm import Messenger
 from outcore.core.executor import RankExecutor, StepResult
 from outcore.core.memtrack import MemoryTracker
-from outcore.core.modules import build_piece_modules, module_params, param_aliases, prune_unowned
+from outcore.core.modules import (
+    adopt_values,
+    build_piece_modules,
+    module_params,
+    param_aliases,
+    prune_unowned,
+)
 from outcore.core.values import local, value_metas
 from outcore.errors import PlanError
 from outcore.graph.capture import retrace
@@ -119,6 +128,10 @@ class Trainer:
         track_memory: measure peak tensor memory of each step.
         schedule_doc: a schedule file's document (``outcore-schedule/1``) whose action lists
             to run instead of the freshly lowered ones (checked against them).
+        materialise: for a ``model`` built without its weights
+            (:func:`outcore.zoo.weightless.weightless`): ``materialise(names)`` returns the model
+            with (at least) the parameters ``names`` real, as the whole model built with the
+            run's seed has them; this rank's parameters and buffers take its values.
     """
 
     def __init__(self, model: nn.Module, graph: Graph, plan: Plan, *, microbatches: int,
@@ -127,7 +140,8 @@ class Trainer:
                  optimizer: Callable[[list[nn.Parameter]], Any] | None = None,
                  lr_scheduler: Callable[[Any], Any] | None = None,
                  device: torch.device | None = None, timeout_s: float = 60.0,
-                 track_memory: bool = True, schedule_doc: dict[str, Any] | None = None):
+                 track_memory: bool = True, schedule_doc: dict[str, Any] | None = None,
+                 materialise: Callable[[list[str]], nn.Module] | None = None):
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         if plan.devices != self.world:
@@ -137,6 +151,7 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.microbatches = microbatches
         self.track_memory = track_memory
+        self.materialise = materialise
         # tensor parallelism: process ``slot * tp + t`` runs slot ``slot``'s actions on shard t
         self.tp = plan.layout.tp
         self.slot, self.shard = divmod(self.rank, self.tp)
@@ -212,7 +227,16 @@ class Trainer:
         scheduler) over them."""
         gm = build.gm
         self.aliases = build.aliases = param_aliases(gm)  # tied weights: one name on every rank
+        # the parameter bytes this rank allocated to build the model: all of them, or (built
+        # without weights) its part's
+        self.built_bytes = _real_bytes(build.model)
         kept = prune_unowned(gm, build.modules + build.extra_modules)
+        if self.materialise is not None:  # built without weights: this rank's, with values
+            source = self.materialise(kept)
+            self.built_bytes = _real_bytes(source)
+            adopt_values([gm] + [pm.module for pm in build.modules + build.extra_modules],
+                         source, kept)
+            del source
         # move what this rank keeps; dropped tensors stay on the meta device
         gm._apply(lambda t: t if t.device.type == "meta" else t.to(self.device))
         self.gm = gm
@@ -340,6 +364,13 @@ class Trainer:
         if self.lr_scheduler is not None:
             state["lr_scheduler"] = self.lr_scheduler.state_dict()
         return state
+
+
+def _real_bytes(model: nn.Module) -> int:
+    """Bytes of ``model``'s parameters that have storage (not on ``meta``, not fake)."""
+    from torch._subclasses.fake_tensor import is_fake
+    return sum(p.numel() * p.element_size() for p in model.parameters()
+               if p.device.type != "meta" and not is_fake(p))
 
 
 def _to(value: Any, device: torch.device) -> Any:

@@ -24,6 +24,7 @@ from outcore.runtime.data import ImageFolderData, SyntheticData, TextData, split
 from outcore.runtime.trainer import Trainer
 from outcore.schedule import io as schedule_io
 from outcore.trace import Timeline, save_events
+from outcore.zoo.weightless import built_in_part, registered
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +76,42 @@ def make_lr_scheduler(cfg: TrainConfig):
 MEASURE_EVERY = 100
 
 
+def in_part_build(plan: Any) -> bool:
+    """Whether a rank of ``plan`` builds only its own parameters: the model built without its
+    weights, traced, and this rank's parameters allocated once its pieces are known. Layouts
+    that change the model's modules before tracing or shard its parameters (tensor, spatial,
+    sharded) build it whole."""
+    lay = plan.layout
+    return lay.tp == 1 and lay.depth == 1 and plan.spatial is None
+
+
+def _rank_part(build: Any, seed: int, names: list[str], order: list[tuple[str, ...]]) -> Any:
+    """The model with the parameters ``names`` built as the whole model has them with ``seed``
+    (:func:`outcore.zoo.weightless.built_in_part`); a model that cannot be built so is built
+    whole (the same values, all of them)."""
+    torch.manual_seed(seed)
+    try:
+        return built_in_part(build, set(names), order)
+    except Exception as e:  # its build reads a parameter back, or registers others
+        log.info("building the whole model: this rank's part alone could not be built (%s: %s)",
+                 type(e).__name__, e)
+    torch.manual_seed(seed)
+    return build()
+
+
 def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[str, Any],
                   device: torch.device):
     """Resolve the model, build it with the seed, and make this rank's :class:`Trainer`."""
     from outcore.zoo import build_model
 
-    spec, model = build_model(cfg.graph.model, input_shape=cfg.graph.input_shape,
-                              batch_size=cfg.graph.batch_size, seed=cfg.run.seed)
     graph = graph_from_dict(graph_doc, source="graph")
     plan = align(plan_from_dict(plan_doc, source="plan"), graph) \
         if plan_doc.get("graph", {}).get("depth") is None else plan_from_dict(plan_doc)
+    in_part = in_part_build(plan)
+    spec, model = build_model(cfg.graph.model, input_shape=cfg.graph.input_shape,
+                              batch_size=cfg.graph.batch_size, seed=cfg.run.seed,
+                              weights=not in_part)
+    order = registered(model) if in_part else None
     micro_inputs = split(spec.example_inputs, cfg.planning.microbatches * plan.layout.copies)[0]
     schedule_file = cfg.planning.schedule_file
     schedule_doc = schedule_io.load(schedule_file) if schedule_file else None
@@ -93,7 +120,9 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
                       optimizer=make_optimizer(cfg), lr_scheduler=make_lr_scheduler(cfg),
                       device=device, timeout_s=cfg.run.timeout,
                       track_memory=cfg.worker.track_memory,
-                      schedule_doc=schedule_doc)
+                      schedule_doc=schedule_doc,
+                      materialise=None if order is None else
+                      lambda names: _rank_part(spec.build, cfg.run.seed, names, order))
     output_name = next(n.name for n in trainer.gm.graph.nodes if n.op == "output")
     output_meta = trainer.executor.metas[output_name]
     kind, path = data_source(cfg.dataset.data)
@@ -214,7 +243,8 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
         save_events(Path(cfg.worker.trace_dir) / f"rank{rank}.json", tl)
     return _summary(cfg, trainer, {"rank": rank, "losses": losses, "step_s": step_times,
                                    "peak_bytes": peaks, "peak_measured_at": measured_at,
-                                   "busy_s": busy, "host_peak_bytes": host})
+                                   "busy_s": busy, "host_peak_bytes": host,
+                                   "built_bytes": trainer.built_bytes})
 
 
 def _summary(cfg: TrainConfig, trainer: Any, out: dict[str, Any]) -> dict[str, Any]:
