@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -34,7 +35,8 @@ if TYPE_CHECKING:  # torch-dependent types, imported lazily at call time
 log = logging.getLogger(__name__)
 
 # the run configuration's command-line side (outcore.config), for the CLI
-__all__ = ["PlanRequest", "add_options", "capture", "check_fits", "estimate", "from_args",
+__all__ = ["PlanRequest", "add_options", "capture", "check_fits", "estimate", "export",
+           "from_args",
            "given", "load_graph", "load_plan", "lower", "make_cluster", "model_graph",
            "parallelize", "plan", "plan_request", "plan_request_of", "profile", "save_graph",
            "save_plan", "simulate", "strategies"]
@@ -168,6 +170,17 @@ def plan(g: Graph, devices: int | PlanRequest, memory: str | float | None = None
     req = devices if isinstance(devices, PlanRequest) else plan_request(devices, memory,
                                                                          **options)
     return search(g, req, progress=progress)
+
+
+@speaks_api
+def export(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
+    """Write a run's weights from its checkpoint (a ``--checkpoint-dir``, whose newest usable
+    checkpoint is taken, or one ``step_<N>`` folder) to ``out``: one ``.safetensors`` file
+    named like the model's ``state_dict()``, or a folder with ``model.safetensors`` (and a
+    Hugging Face model's ``config.json``, so ``from_pretrained(out)`` loads it). Returns what
+    was written: ``step``, ``tensors``, ``bytes``, ``file`` (and ``config``)."""
+    from outcore.runtime.export import export_weights
+    return export_weights(checkpoint, out)
 
 
 def strategies() -> dict[str, str]:

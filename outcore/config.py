@@ -158,6 +158,10 @@ class GraphOptions:
         "(layer1.0) or a module class name (BasicBlock: every module of that type); "
         "repeatable. For modules torch.fx cannot trace, or to plan on coarser layers",
         commands=COMMANDS, many=True, metavar="MODULE")
+    weights: str | None = option(
+        None, "start from these weights: a .safetensors file or a torch state dict (torch.save), "
+        "tensors matched to the model's parameters by name; each rank reads only its own "
+        "(default: the model's own random initialisation with --seed)", metavar="FILE")
     costs: str = option(
         "profile", "how layers are costed: profile (time each layer on this machine), "
         "estimate:DEVICE (analytical for a preset: cpu, v100, a100, h100, mi250x) or none "

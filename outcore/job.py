@@ -174,6 +174,10 @@ def check_inputs(cfg: TrainConfig) -> None:
                   "tiles": "one sub-folder of images per class, read tile by tile",
                   "text": "the text to train on, as bytes"}[kind]
         raise UsageError(f"no {what} at {path} (--data {kind}:{what.upper()}: {inside})")
+    weights = cfg.graph.weights
+    if weights and not Path(weights).is_file():
+        raise UsageError(f"no weights file at {weights} (--weights: a .safetensors file or a "
+                         "torch state dict)")
     folder = cfg.run.checkpoint_dir
     if cfg.run.resume and not folder:
         raise UsageError("--resume needs --checkpoint-dir (the folder to resume from)")

@@ -16,7 +16,7 @@ from outcore.errors import OutcoreError, cli_spelling
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from outcore.cli import graph_cmd, plan_cmd, simulate_cmd, train_cmd
+    from outcore.cli import export_cmd, graph_cmd, plan_cmd, simulate_cmd, train_cmd
 
     parser = argparse.ArgumentParser(
         prog="outcore",
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_parser(sub)
     simulate_cmd.add_parser(sub)
     train_cmd.add_parser(sub)
+    export_cmd.add_parser(sub)
     return parser
 
 

@@ -22,6 +22,7 @@ from outcore.plan.plan import align, from_dict as plan_from_dict
 from outcore.runtime import checkpoint, resume
 from outcore.runtime.data import ImageFolderData, SyntheticData, TextData, split
 from outcore.runtime.trainer import Trainer
+from outcore.runtime.weights import load_weights
 from outcore.schedule import io as schedule_io
 from outcore.trace import Timeline, save_events
 from outcore.zoo.weightless import built_in_part, registered
@@ -123,6 +124,7 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
                       schedule_doc=schedule_doc,
                       materialise=None if order is None else
                       lambda names: _rank_part(spec.build, cfg.run.seed, names, order))
+    trainer.start_weights = cfg.graph.weights or spec.weights  # given, or the model's own
     output_name = next(n.name for n in trainer.gm.graph.nodes if n.op == "output")
     output_meta = trainer.executor.metas[output_name]
     kind, path = data_source(cfg.dataset.data)
@@ -158,6 +160,8 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
     trainer, data = build_trainer(cfg, graph_doc, plan_doc, device)
     trainer.executor.guard_nonfinite = True
     begun = resume.begin(trainer, cfg)
+    if trainer.start_weights and begun.checkpoint is None:  # a resumed run has its own
+        load_weights(trainer, trainer.start_weights)
     try:
         # the model, the pieces and torch's own objects live as long as the steps: left out of
         # the garbage collector's scans while they run

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -164,7 +165,12 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
     opts = parse(opt_text, spec)
     if opts.get("task") == "regression":
         opts.setdefault("num_labels", 1)
-    config = hf_config(model_type, opts)
+    folder = local_folder(model_type)
+    if folder is not None:  # a checkpoint on disk: its config, and its weights to start from
+        config = folder_config(folder, opts)
+        model_type = config.model_type
+    else:
+        config = hf_config(model_type, opts)
     task = hf_task(model_type, opts.get("task"))
     make = _hf_builder(task)
     if task == "regression":
@@ -194,7 +200,35 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
     if mask_id is None or not 0 <= int(mask_id) < vocab:
         mask_id = vocab - 1
     return {"build": build, "example_inputs": inputs, "int_high": high, "task": task,
-            "task_options": {"mask_token_id": int(mask_id)}}
+            "task_options": {"mask_token_id": int(mask_id)},
+            "weights": str(folder) if folder is not None else None}
+
+
+def local_folder(name: str) -> Path | None:
+    """``name`` as a local Hugging Face checkpoint folder (a path holding ``config.json``), or
+    None for a model type. A path without one is refused."""
+    if "/" not in name and not name.startswith(".") and not Path(name).is_dir():
+        return None
+    folder = Path(name).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"hf:{name}: no config.json in that folder (a local Hugging Face "
+                         "checkpoint: config.json and *.safetensors)")
+    if not list(folder.glob("*.safetensors")):
+        raise ModelError(f"hf:{name}: no *.safetensors in that folder (save it with "
+                         "save_pretrained(folder), which writes them)")
+    return folder
+
+
+def folder_config(folder: Path, opts: dict[str, Any]) -> Any:
+    """The config of a local checkpoint, read offline; ``opts`` as for a model type (except
+    sizes, which are the checkpoint's)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    config.use_cache = False
+    if "dropout" in opts:
+        _no_dropout(config, float(opts["dropout"]))
+    return config
 
 
 def timm_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],

@@ -89,6 +89,8 @@ class ModelSpec:
         task: what the targets are (``causal_lm``, ``masked_lm``, ``seq2seq_lm``,
             ``classification``, ``regression``), or None: inferred from the output's shape.
         task_options: what the task needs (``mask_token_id`` of a masked LM).
+        weights: the weights the model starts from when no ``--weights`` is given (a local
+            Hugging Face folder's ``*.safetensors``), or None: its own initialisation.
     """
 
     name: str
@@ -97,6 +99,7 @@ class ModelSpec:
     int_high: tuple[int | None, ...] = field(default=())
     task: str | None = None
     task_options: dict[str, Any] = field(default_factory=dict)
+    weights: str | None = None
 
     @property
     def batch_size(self) -> int:

@@ -17,7 +17,7 @@ def run(*args, cwd=None, timeout=300):
                           cwd=cwd, timeout=timeout)
 
 
-@pytest.mark.parametrize("command", ["graph", "profile", "plan", "simulate", "train"])
+@pytest.mark.parametrize("command", ["graph", "profile", "plan", "simulate", "train", "export"])
 def test_every_command_has_help(command):
     r = run(command, "--help")
     assert r.returncode == 0
