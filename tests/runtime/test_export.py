@@ -13,6 +13,7 @@ import torch
 import outcore
 from outcore.runtime.export import model_state
 from outcore.zoo import build_model
+from tests.zoo.helpers import llama_folder
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -24,12 +25,8 @@ def test_a_hugging_face_folder_fine_tunes_and_loads_back(tmp_path):
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import load_file
 
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      vocab_size=128, max_position_embeddings=64)
-    torch.manual_seed(5)
-    start = transformers.LlamaForCausalLM(config)
-    start.save_pretrained(tmp_path / "llama")
+    start = llama_folder(tmp_path / "llama", seed=5)
+    config = start.config
     ckpt = tmp_path / "ckpt"
     outcore.train(f"hf:{tmp_path / 'llama'}", 2, layout="given", microbatches=2,
                   checkpoint_dir=str(ckpt), run_dir=str(tmp_path / "run"), **TRAIN)

@@ -14,7 +14,7 @@ from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from outcore.zoo import build_model
 from tests.runtime.helpers import chunks
-from tests.zoo.helpers import docs
+from tests.zoo.helpers import docs, llama_folder
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -50,13 +50,8 @@ def test_a_weights_file_is_where_each_rank_starts(tmp_path, suffix):
 
 
 def test_a_local_hugging_face_folder_trains_from_its_weights(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      vocab_size=128, max_position_embeddings=64)
-    torch.manual_seed(11)
-    saved = transformers.LlamaForCausalLM(config)
-    saved.save_pretrained(tmp_path / "llama")
+    pytest.importorskip("transformers")
+    saved = llama_folder(tmp_path / "llama", seed=11)
     cfg = TrainConfig.make(model=f"hf:{tmp_path / 'llama'}", batch_size=4, microbatches=2,
                            steps=1, optimizer="sgd", lr=0.0, momentum=0.0, return_state=True,
                            track_memory=False)

@@ -80,3 +80,17 @@ def assert_close(results, ref_losses, ref_state, rtol: float):
             seen.add(k)
     missing = [k for k in ref_state if k not in seen]
     assert not missing, f"parameters no rank holds: {missing[:5]}"
+
+
+def llama_folder(folder, seed: int):
+    """A tiny random Llama saved as a local Hugging Face checkpoint in ``folder``; returns the
+    model (its weights are the folder's)."""
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      vocab_size=128, max_position_embeddings=64)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(folder)
+    return model
