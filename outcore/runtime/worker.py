@@ -25,6 +25,7 @@ from outcore.runtime.trainer import Trainer
 from outcore.runtime.weights import load_weights
 from outcore.schedule import io as schedule_io
 from outcore.trace import Timeline, save_events
+from outcore.zoo import built_for_real
 from outcore.zoo.weightless import built_in_part, registered
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ def _rank_part(build: Any, seed: int, names: list[str], order: list[tuple[str, .
         log.info("building the whole model: this rank's part alone could not be built (%s: %s)",
                  type(e).__name__, e)
     torch.manual_seed(seed)
-    return build()
+    return built_for_real(build, "the model")
 
 
 def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[str, Any],

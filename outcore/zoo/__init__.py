@@ -11,7 +11,7 @@ from outcore.zoo.weightless import weightless
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelSpec", "build_model", "resolve_model", "zoo_names"]
+__all__ = ["ModelSpec", "build_model", "built_for_real", "resolve_model", "zoo_names"]
 
 
 def build_model(name: str, *, input_shape: tuple[int, ...] | None = None,
@@ -32,9 +32,17 @@ def build_model(name: str, *, input_shape: tuple[int, ...] | None = None,
             log.info("%s cannot be built without its weights (%s: %s); building it whole",
                      name, type(e).__name__, e)
             torch.manual_seed(seed)
-    net = spec.build()
-    if any(p.device.type == "meta" for p in net.parameters()):
-        raise ModelError(f"{name} gave a model whose parameters are on the meta device: "
-                         "outcore calls the function more than once (once without the "
-                         "weights, to read the example); return a new model on each call")
-    return spec, net
+    return spec, built_for_real(spec.build, name)
+
+
+def built_for_real(build: Any, name: str) -> Any:
+    """``build()``, refused when its parameters have no storage: a function that hands out a
+    model it keeps returns the one built without weights the first time."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    net = build()
+    if any(p.device.type == "meta" or is_fake(p) for p in net.parameters()):
+        raise ModelError(f"{name} gave a model whose parameters have no storage: outcore calls "
+                         "the function more than once (once without the weights, to read the "
+                         "example); return a new model on each call")
+    return net
