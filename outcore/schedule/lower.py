@@ -169,15 +169,17 @@ def _node_params(g: Graph, i: int) -> list[str]:
     return list(g.attr(i, "params", []) or []) + list(g.attr(i, "shared_params", []) or [])
 
 
-def shared_param_buckets(g: Graph, assignment: np.ndarray) -> tuple[
-        tuple[tuple[int, ...], ...], tuple[tuple[str, ...], ...], tuple[float, ...]]:
+def shared_param_buckets(g: Graph, assignment: np.ndarray, apart: frozenset[str] = frozenset()
+                         ) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[str, ...], ...],
+                                    tuple[float, ...]]:
     """Buckets of parameters held by more than one rank.
 
     Returns ``(groups, names, bytes)``: per bucket the ranks that hold a copy, the parameter
     names, and their bytes (one copy). Built from capture's ``params`` / ``shared_params``
     attrs, so it covers shared modules, tied weights and replicated copies alike; a graph
     without them (a generated graph, a graph file) has one parameter tensor per node that
-    owns parameter bytes (:func:`_unnamed_buckets`).
+    owns parameter bytes (:func:`_unnamed_buckets`). The names in ``apart`` get buckets of
+    their own (after the others of the same ranks).
     """
     if g.attrs is None:
         return _unnamed_buckets(g, assignment)
@@ -189,13 +191,13 @@ def shared_param_buckets(g: Graph, assignment: np.ndarray) -> tuple[
             size.setdefault(name, float(g.param_bytes[i]) / len(owned))
         for name in _node_params(g, i):
             ranks[name].add(int(assignment[i]))
-    by_group: dict[tuple[int, ...], list[str]] = defaultdict(list)
+    by_group: dict[tuple[tuple[int, ...], bool], list[str]] = defaultdict(list)
     for name in sorted(ranks):
         if len(ranks[name]) > 1:
-            by_group[tuple(sorted(ranks[name]))].append(name)
-    groups = tuple(sorted(by_group))
-    return (groups, tuple(tuple(by_group[k]) for k in groups),
-            tuple(sum(size.get(n, 0.0) for n in by_group[k]) for k in groups))
+            by_group[(tuple(sorted(ranks[name])), name in apart)].append(name)
+    keys = sorted(by_group)
+    return (tuple(k[0] for k in keys), tuple(tuple(by_group[k]) for k in keys),
+            tuple(sum(size.get(n, 0.0) for n in by_group[k]) for k in keys))
 
 
 def _param_namer(g: Graph) -> Callable[[list[int]], list[str]]:
@@ -383,11 +385,13 @@ class _Sharding:
 
     def __init__(self, g: Graph, groups: tuple[tuple[int, ...], ...],
                  names: tuple[tuple[str, ...], ...], layout: tuple[int, int, int],
-                 cluster: Cluster):
+                 cluster: Cluster, passed: frozenset[str]):
         from outcore.hardware.collectives import ring_reduce_scatter_s
 
         stages, self.dp, self.depth = layout
-        self.sharded = sharded_buckets(groups, stages, self.dp)
+        # a parameter one piece hands to another stays whole (its bucket holds only such)
+        self.sharded = tuple(sh and not passed.intersection(ns)
+                             for sh, ns in zip(sharded_buckets(groups, stages, self.dp), names))
         self.node_bytes = _sharded_node_bytes(g, names, self.sharded)
         link = cluster.link(0, min(stages, cluster.size - 1)) if stages < cluster.size \
             else cluster.link(0, 1)
@@ -404,6 +408,19 @@ class _Sharding:
                 "bucket_ring": tuple(self.dp // self.depth if sh else 0
                                      for sh in self.sharded),
                 "bucket_sharded": self.sharded, "depth": self.depth}
+
+
+def _passed_params(g: Graph, pieces: Pieces) -> frozenset[str]:
+    """Parameters whose tensor a piece hands to another (an exported graph reads a tied weight
+    once, at its first use, and passes it on): they stay whole, since a shard's parameter is
+    whole only while the piece that gathered it runs."""
+    if g.attrs is None or not g.num_edges:
+        return frozenset()
+    piece_of = pieces.piece_of
+    leaving = np.unique(g.src[piece_of[g.src] != piece_of[g.dst]])
+    params = set(g.nodes_with_op("param").tolist())
+    return frozenset(name for i in leaving.tolist() if i in params
+                     for name in (g.attr(i, "params", []) or []))
 
 
 def _sharded_node_bytes(g: Graph, names: tuple[tuple[str, ...], ...],
@@ -440,8 +457,9 @@ def make_schedule(g: Graph, assignment: np.ndarray, num_ranks: int, *, microbatc
     pieces = cut(g, assignment, policies.group_of if policies is not None else None, whole)
     piece_policies = tuple(policies.policy_of_group(k) for k in pieces.group_of.tolist()) \
         if policies is not None else None
-    groups, names, sizes = shared_param_buckets(g, assignment)
-    shard = _Sharding(g, groups, names, depth, cluster) if depth else None
+    passed = _passed_params(g, pieces) if depth else frozenset()
+    groups, names, sizes = shared_param_buckets(g, assignment, apart=passed)
+    shard = _Sharding(g, groups, names, depth, cluster, passed) if depth else None
     costs = piece_costs(g, pieces, num_ranks, scale=scale, optimizer=optimizer,
                         policies=piece_policies, host_bandwidth=cluster.device.host_bandwidth,
                         host_is_device=cluster.device.host_is_device,

@@ -224,3 +224,26 @@ def test_sharding_bytes_and_gather_units_follow_their_definitions(source):
         got = _sharded_node_bytes(big, names, mask)
         np.testing.assert_array_equal(got, _sharded_bytes_by_names(big, names, mask))
     assert _sharded_node_bytes(big, names, sharded).sum() > 0
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_a_tied_weight_an_exported_graph_passes_on_stays_whole():
+    """GPT-2 through torch.export reads its tied embedding once and hands it to the output
+    layer's piece: that parameter stays whole (a shard is whole only while the piece that
+    gathered it runs), the others are sharded, and training equals plain PyTorch."""
+    pytest.importorskip("transformers")
+    from tests.zoo.helpers import assert_close, docs, reference as plain
+
+    model = "hf:gpt2:hidden_size=32"
+    # the graph and the reference at the run's chunk: 2 copies x 2 micro-batches of 2 samples
+    at_chunk = TrainConfig.make(model=model, batch_size=8, microbatches=4, steps=2,
+                                optimizer="sgd", lr=0.05, return_state=True, track_memory=False)
+    _, _, g = docs(at_chunk, lambda g: np.zeros(g.num_nodes), 1)
+    assert g.meta["capture"]["path"] == "export"
+    cfg = at_chunk.replace(microbatches=2)
+    plan = _plan(g, stages=1, dp=2, depth=2, microbatches=2)
+    results = run_local(train_worker, 2, (cfg, graph_doc(g), plan_doc(plan)), timeout_s=120)
+    assert_close(results, *plain(at_chunk, g.meta["capture"].get("output")), rtol=1e-5)
+    sharded = results[0]["sharded"]
+    assert sharded and "transformer.wte.weight" not in sharded
