@@ -27,9 +27,9 @@ import outcore
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = {"mlp": ("outcore:mlp", None),
-          "lm (tied)": ("outcore:transformer:layers=2,d_model=64,heads=4,seq=16,vocab=2048", None),
+          "lm": ("outcore:transformer:layers=2,d_model=64,heads=4,seq=16,vocab=2048", None),
           "cnn (bn)": ("outcore:resnet_k:depth=11,width=8", (8, 3, 32, 32)),
-          "hf gpt2": ("hf:gpt2:hidden_size=64", None)}
+          "hf gpt2 (tied)": ("hf:gpt2:hidden_size=64", None)}
 LAYOUTS = {"pipeline": (2, dict(strategy="pipeline", microbatches=2)),
            "dag": (2, dict(strategy="pardnn", microbatches=2)),
            "dp": (2, dict(dp=2)),
