@@ -152,6 +152,7 @@ class Trainer:
         self.microbatches = microbatches
         self.track_memory = track_memory
         self.materialise = materialise
+        self.start_weights: str | None = None  # a weights file the run starts from (worker)
         # tensor parallelism: process ``slot * tp + t`` runs slot ``slot``'s actions on shard t
         self.tp = plan.layout.tp
         self.slot, self.shard = divmod(self.rank, self.tp)

@@ -25,7 +25,7 @@ from outcore.runtime.trainer import Trainer
 from outcore.runtime.weights import load_weights
 from outcore.schedule import io as schedule_io
 from outcore.trace import Timeline, save_events
-from outcore.zoo import built_for_real
+from outcore.zoo import build_model, built_for_real
 from outcore.zoo.weightless import built_in_part, registered
 
 log = logging.getLogger(__name__)
@@ -104,8 +104,6 @@ def _rank_part(build: Any, seed: int, names: list[str], order: list[tuple[str, .
 def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[str, Any],
                   device: torch.device):
     """Resolve the model, build it with the seed, and make this rank's :class:`Trainer`."""
-    from outcore.zoo import build_model
-
     graph = graph_from_dict(graph_doc, source="graph")
     plan = align(plan_from_dict(plan_doc, source="plan"), graph) \
         if plan_doc.get("graph", {}).get("depth") is None else plan_from_dict(plan_doc)
