@@ -164,8 +164,9 @@ def resolve(given: dict[str, Any]) -> Job:
 
 
 def check_inputs(cfg: TrainConfig) -> None:
-    """Refuse, before capture and profiling, what would otherwise stop the workers: data that
-    is not there, a checkpoint folder that cannot be written, nothing left to resume."""
+    """Refuse, before capture and profiling, what would otherwise stop the workers: more local
+    workers than GPUs, data that is not there, a checkpoint folder that cannot be written,
+    nothing left to resume."""
     kind, path = data_source(cfg.dataset.data)
     want_dir = kind in ("imagefolder", "tiles")
     if kind != "synthetic" and not (Path(path).is_dir() if want_dir else Path(path).is_file()):
@@ -174,6 +175,9 @@ def check_inputs(cfg: TrainConfig) -> None:
                   "tiles": "one sub-folder of images per class, read tile by tile",
                   "text": "the text to train on, as bytes"}[kind]
         raise UsageError(f"no {what} at {path} (--data {kind}:{what.upper()}: {inside})")
+    if detect().launcher == "none":  # local workers: one GPU each, where there are GPUs
+        from outcore.runtime.launch import check_gpus
+        check_gpus(cfg.planning.devices)
     weights = cfg.graph.weights
     if weights and not Path(weights).is_file():
         raise UsageError(f"no weights file at {weights} (--weights: a .safetensors file or a "

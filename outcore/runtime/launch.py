@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import outcore.errors as errors_mod
 from outcore.core.env import JobEnv, detect
-from outcore.errors import Interrupted, LaunchError, OutcoreError
+from outcore.errors import Interrupted, LaunchError, OutcoreError, UsageError
 from outcore.hardware.allocator import keep_heap
 from outcore.runtime import lifetime
 from outcore.runtime.failures import (
@@ -64,6 +64,19 @@ def _backend() -> str:
     import torch
     return "nccl" if torch.cuda.is_available() and torch.distributed.is_nccl_available() \
         else "gloo"
+
+
+def check_gpus(workers: int) -> None:
+    """Refuse ``workers`` local workers on a machine with fewer GPUs, before any starts: NCCL
+    gives each worker a GPU of its own (two on one fail with "invalid usage")."""
+    import torch
+    if _backend() != "nccl":
+        return
+    have = torch.cuda.device_count()
+    if workers > have:
+        raise UsageError(f"{workers} workers need {workers} GPUs, one each, and this machine has "
+                         f"{have}: pass --devices {have} (or fewer), or run the workers on the "
+                         "CPU with CUDA_VISIBLE_DEVICES=\"\"")
 
 
 def init_distributed(env: JobEnv, timeout_s: float, threads: int | None,
@@ -288,6 +301,7 @@ def run_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *,
     """
     if world_size < 1:
         raise LaunchError(f"need at least one worker, got {world_size}")
+    check_gpus(world_size)
     _check_main_guard()
     ctx = _start_context()  # counts this launch: the fork server stays while it runs
     try:

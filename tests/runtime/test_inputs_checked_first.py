@@ -74,3 +74,23 @@ def test_the_command_line_says_it_in_one_line_without_warnings(tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"outcore train: error: no folder at {tmp_path / 'missing'} (--data "
         "imagefolder:FOLDER: one sub-folder of images per class)"]
+
+
+def test_more_workers_than_gpus_are_refused_first(monkeypatch):
+    """On a machine with one GPU, two local workers would each need one (NCCL): refused in one
+    line naming the GPUs there are and what to run instead, before capture and before any
+    worker starts."""
+    import torch
+
+    from outcore.runtime.launch import run_local
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    # (the API names its own argument where the command line says --devices)
+    with pytest.raises(UsageError, match=r"2 workers need 2 GPUs, one each, and this machine "
+                                         r"has 1: pass devices=1 \(or fewer\), or run the "
+                                         r"workers on the CPU with CUDA_VISIBLE_DEVICES"):
+        _train()
+    with pytest.raises(UsageError, match="3 workers need 3 GPUs"):
+        run_local(print, 3)
