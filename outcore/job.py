@@ -220,9 +220,7 @@ def replicas_asked(parallel: str, replicas: int | None, devices: int, dp: int) -
     return replicas or (4 if devices // max(dp, 1) >= 4 else 2)
 
 
-# a checkpoint folder's record of the run that writes it (and the plan it trains)
-SAVED_CONFIG = "config.json"
-SAVED_PLAN = "plan.json"
+SAVED_CONFIG, SAVED_PLAN = checkpoint.SAVED_CONFIG, checkpoint.SAVED_PLAN
 # options a resumed run may change without planning again
 FREE_ON_RESUME = ("steps", "run_dir", "metrics_out", "trace", "checkpoint_every", "resume",
                   "on_nonfinite", "timeout", "explain", "timeline", "lr", "lr_schedule",

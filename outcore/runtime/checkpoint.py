@@ -34,6 +34,9 @@ from outcore.runtime import ckpt_trust
 
 log = logging.getLogger(__name__)
 _DONE = ckpt_trust.DONE
+# beside the checkpoints: the configuration of the run that writes them and the plan it trains
+SAVED_CONFIG = "config.json"
+SAVED_PLAN = "plan.json"
 
 
 def _flatten(trainer: Any, step: int) -> dict[str, Any]:

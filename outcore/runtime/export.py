@@ -24,8 +24,6 @@ from outcore.runtime import checkpoint, ckpt_trust
 
 __all__ = ["export_weights"]
 
-_SAVED_CONFIG = "config.json"  # the run's configuration, beside its checkpoints
-
 
 def _checkpoint_of(path: Path) -> tuple[int, Path]:
     """A ``step_<N>`` folder, or the newest usable one in a checkpoint directory."""
@@ -83,8 +81,8 @@ def export_weights(path: str | Path, out: str | Path) -> dict[str, Any]:
 def _hf_config_of(path: Path) -> Any:
     """A writer of the run's Hugging Face ``config.json`` (None for another model), from the
     configuration saved beside the checkpoints."""
-    root = path if (path / _SAVED_CONFIG).is_file() else path.parent
-    saved = root / _SAVED_CONFIG
+    root = path if (path / checkpoint.SAVED_CONFIG).is_file() else path.parent
+    saved = root / checkpoint.SAVED_CONFIG
     if not saved.is_file():
         return None
     model = str(json.loads(saved.read_text()).get("graph", {}).get("model", ""))

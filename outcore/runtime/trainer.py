@@ -151,7 +151,6 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.microbatches = microbatches
         self.track_memory = track_memory
-        self.materialise = materialise
         self.start_weights: str | None = None  # a weights file the run starts from (worker)
         # tensor parallelism: process ``slot * tp + t`` runs slot ``slot``'s actions on shard t
         self.tp = plan.layout.tp
@@ -183,7 +182,7 @@ class Trainer:
                                                       metas)
         for par in parallelisms:
             par.on_pieces(build)
-        self._keep_parameters(build, parallelisms, optimizer, lr_scheduler)
+        self._keep_parameters(build, parallelisms, optimizer, lr_scheduler, materialise)
         # what the parallelisms made, which the steps and the worker read
         self.tensor_layout = build.made.get("tensor")
         self.spatial = build.made.get("spatial")  # the tiled layers (outcore.parallel.spatial)
@@ -222,18 +221,19 @@ class Trainer:
             par.on_trainer(self)
 
     def _keep_parameters(self, build: RankBuild, parallelisms: list[Parallelism],
-                         optimizer: Any, lr_scheduler: Any) -> None:
+                         optimizer: Any, lr_scheduler: Any,
+                         materialise: Callable[[list[str]], nn.Module] | None) -> None:
         """Drop the parameters no piece of this rank uses, move the rest to the device, let
         the parallelisms change them (sharding), and make the optimizer (and learning-rate
         scheduler) over them."""
         gm = build.gm
         self.aliases = build.aliases = param_aliases(gm)  # tied weights: one name on every rank
-        # the parameter bytes this rank allocated to build the model: all of them, or (built
-        # without weights) its part's
+        # the parameter bytes this rank allocated to build the model: all of them (counted
+        # before the unused ones are dropped), or (built without weights) its part's
         self.built_bytes = _real_bytes(build.model)
         kept = prune_unowned(gm, build.modules + build.extra_modules)
-        if self.materialise is not None:  # built without weights: this rank's, with values
-            source = self.materialise(kept)
+        if materialise is not None:  # built without weights: this rank's, with values
+            source = materialise(kept)
             self.built_bytes = _real_bytes(source)
             adopt_values([gm] + [pm.module for pm in build.modules + build.extra_modules],
                          source, kept)

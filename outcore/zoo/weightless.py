@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_any, tree_map
 
 from outcore.graph.capture import weightless_mode
 
@@ -190,15 +190,8 @@ class _DrawsOnMeta(TorchDispatchMode):
 
 
 def _on_meta(args: tuple, kwargs: dict) -> bool:
-    found = [False]
-
-    def look(x: Any) -> Any:
-        if (isinstance(x, torch.Tensor) and x.device.type == "meta") or \
-                (isinstance(x, torch.device) and x.type == "meta"):
-            found[0] = True
-        return x
-    tree_map(look, (args, kwargs))
-    return found[0]
+    return tree_any(lambda x: (isinstance(x, torch.Tensor) and x.device.type == "meta")
+                    or (isinstance(x, torch.device) and x.type == "meta"), (args, kwargs))
 
 
 def fake_inputs(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
