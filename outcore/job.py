@@ -179,9 +179,9 @@ def check_inputs(cfg: TrainConfig) -> None:
         from outcore.runtime.launch import check_gpus
         check_gpus(cfg.planning.devices)
     weights = cfg.graph.weights
-    if weights and not Path(weights).is_file():
-        raise UsageError(f"no weights file at {weights} (--weights: a .safetensors file or a "
-                         "torch state dict)")
+    if weights and not Path(weights).exists():
+        raise UsageError(f"no weights file at {weights} (--weights: a .safetensors file, a "
+                         "folder of them, or a torch state dict)")
     folder = cfg.run.checkpoint_dir
     if cfg.run.resume and not folder:
         raise UsageError("--resume needs --checkpoint-dir (the folder to resume from)")
