@@ -59,3 +59,38 @@ def test_tracking_leaves_the_process_memory_as_it_is():
         assert plain < grads_mib + 16
     for peak in (peak1, peak2):  # the weights (the baseline) and their gradients
         assert abs(peak / 2**20 - 2 * grads_mib) < 2, peak
+
+
+def test_tracking_leaves_autograd_summing_in_place():
+    """A tensor two layers read gets two gradients, which autograd adds into one of them; an
+    operator-watching tracker (any ``TorchDispatchMode``) made it add out of place, a third
+    tensor the untracked program never holds."""
+    import torch
+    from torch import nn
+
+    from outcore.core.memtrack import MemoryTracker
+
+    def summed_in_place(track: bool) -> bool:
+        torch.manual_seed(0)
+        a, b = nn.Linear(256, 128), nn.Linear(256, 128)
+        x = torch.randn(32, 256, requires_grad=True)
+        ptrs: list = []
+        a.register_full_backward_hook(lambda m, gi, go: ptrs.append(gi[0].data_ptr()))
+        b.register_full_backward_hook(lambda m, gi, go: ptrs.append(gi[0].data_ptr()))
+        y = torch.relu(x)
+        y.register_hook(lambda g: ptrs.append(("sum", g.data_ptr())))
+        loss = a(y).sum() + b(y).sum()
+        if track:
+            with MemoryTracker(torch.device("cpu"), [*a.parameters(), *b.parameters()]) as mt:
+                loss.backward()
+            # the weights, their gradients, and at most the two branches' gradients of y and
+            # x's (the sum in place): nothing measured is a copy
+            weights = 2 * (256 * 128 + 128) * 4
+            assert 2 * weights < mt.peak_bytes <= 2 * weights + 3 * 32 * 256 * 4 + 4096
+        else:
+            loss.backward()
+        assert len(ptrs) == 3
+        return ptrs[-1][1] in ptrs[:-1]
+
+    assert summed_in_place(False)
+    assert summed_in_place(True)
