@@ -397,6 +397,9 @@ class RankExecutor:
                 if type(t) is Edge:
                     roots.append(t)
                     grads.append(g)
+                elif t.requires_grad and t.grad_fn is None and type(t) is torch.nn.Parameter \
+                        and type(g) is torch.Tensor and g.shape == t.shape:
+                    _into_grad(t, g)  # a parameter this piece hands on (a tied weight)
                 elif t.requires_grad:
                     roots.append(t)
                     grads.append(like(t, g) if not hasattr(g, "to_local") else g)
@@ -438,7 +441,12 @@ class RankExecutor:
                     g = like(a, g)
                 else:
                     a = like(g, a)
-            acc[i] = g if a is None else a + g
+            if a is None:
+                acc[i] = g
+            elif _owned(a):  # summed into the one held (no third copy while they are added)
+                acc[i] = a.add_(g)
+            else:
+                acc[i] = a + g
 
     # ------------------------------------------------------------------ communication
     def _grad_positions(self, name: str) -> list[int]:
@@ -552,6 +560,25 @@ class RankExecutor:
                 p.grad = like(p, flat[offset:offset + n].view_as(shard))
                 offset += n
         self.pending_ar.clear()
+
+
+def _owned(t: torch.Tensor) -> bool:
+    """Whether a gradient is a tensor of its own: contiguous, the whole of its storage (not an
+    expanded view autograd may hand back, nor a slice of a received message), and not part
+    of a graph, so it can be summed into in place or kept as a ``.grad``."""
+    return type(t) is torch.Tensor and not t.requires_grad and t.is_contiguous() and \
+        t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def _into_grad(p: torch.Tensor, g: torch.Tensor) -> None:
+    """Add ``g`` to the leaf ``p``'s ``.grad`` as autograd's accumulation would, but keeping
+    ``g`` itself where it is a tensor of its own (autograd copies a gradient the caller still
+    holds: the copy of a tied weight's gradient put its stage over the plan)."""
+    with torch.no_grad():
+        if p.grad is None:
+            p.grad = g if _owned(g) else g.clone()
+        else:
+            p.grad.add_(g)
 
 
 def like(p: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
