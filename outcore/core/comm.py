@@ -137,18 +137,22 @@ def _wire_messages(schedule: Schedule, sender: int, layouts: dict[tuple[int, str
     """Per destination, the messages ``sender`` puts on the wire, in its order.
 
     A run of consecutive send actions of ``sender`` to one peer (no other action between them,
-    so nothing waits for the earlier ones) travels as one packed message when it fits in
-    ``PACK_MAX_BYTES``; otherwise each send is its own message. Sender and receiver derive the
-    same grouping from the schedule, so nothing but tensor data crosses the wire.
+    so nothing waits for the earlier ones) whose receives are consecutive actions of the peer
+    too (a part received early is memory held early, which the plan does not count: a tied
+    weight's gradient packed with the first gradients a stage takes put it 13 % over its
+    prediction) travels as one packed message when it fits in ``PACK_MAX_BYTES``; otherwise
+    each send is its own message. Sender and receiver derive the same grouping from the
+    schedule, so nothing but tensor data crosses the wire.
     """
     out: dict[int, list[tuple[MsgKey, ...]]] = {}
     runs: list[tuple[int, list[MsgKey]]] = []
+    where = _receive_positions(schedule)
     for a in schedule.actions[sender]:
         if a.op not in ("SF", "SB"):
             runs.append((-1, []))
             continue
         dst, key = schedule.peer(sender, a), (a.transfer, a.op[1], a.mb)
-        if runs and runs[-1][0] == dst:
+        if runs and runs[-1][0] == dst and where.get(key) == where.get(runs[-1][1][-1], -2) + 1:
             runs[-1][1].append(key)
         else:
             runs.append((dst, [key]))
@@ -159,6 +163,12 @@ def _wire_messages(schedule: Schedule, sender: int, layouts: dict[tuple[int, str
         together = len(keys) > 1 and _Layout(metas).packed
         out.setdefault(dst, []).extend([tuple(keys)] if together else [(k,) for k in keys])
     return out
+
+
+def _receive_positions(schedule: Schedule) -> dict[MsgKey, int]:
+    """Per message key, the place of its receive among its receiver's actions."""
+    return {(a.transfer, a.op[1], a.mb): k for acts in schedule.actions
+            for k, a in enumerate(acts) if a.op in ("RF", "RB")}
 
 
 # the tag of the per-step sums on same-host links (read after every data message of the step:

@@ -352,7 +352,9 @@ def _message_columns(pieces: Pieces, num_ranks: int, rank: np.ndarray, op: np.nd
     Before ``F(p, m)``: receive every remote input transfer of ``p``; after it, send every
     remote output transfer. Before ``B(p, m)``: receive the gradients of every remote output
     transfer; after it, send the gradients of every remote input transfer (transfer ids
-    ascending in each).
+    ascending in each, but the gradients' descending: the latest producer, whose backward
+    runs first, first; a peer reads a same-host link's messages in their order, so one
+    it needs later, sent earlier, is held from the first one's receive).
     """
     o = np.argsort(rank, kind="stable")
     rank, op, piece, mb = rank[o], op[o], piece[o], mb[o]
@@ -373,13 +375,15 @@ def _message_columns(pieces: Pieces, num_ranks: int, rank: np.ndarray, op: np.nd
     at = start[:-1] + before
     a_op[at], a_piece[at] = np.where(fwd, _F, _B), piece
     in_base, out_base = in_ptr[piece], ins.size + out_ptr[piece]
-    for n, first, base, codes in (
-            (before, start[:-1], np.where(fwd, in_base, out_base), np.where(fwd, _RF, _RB)),
-            (after, at + 1, np.where(fwd, out_base, in_base), np.where(fwd, _SF, _SB))):
+    for n, first, base, codes, down in (
+            (before, start[:-1], np.where(fwd, in_base, out_base), np.where(fwd, _RF, _RB),
+             np.zeros_like(fwd)),
+            (after, at + 1, np.where(fwd, out_base, in_base), np.where(fwd, _SF, _SB), ~fwd)):
         task = np.repeat(np.arange(n.size), n)
         k = np.arange(task.size) - np.repeat(np.cumsum(n) - n, n)
         a_op[first[task] + k] = codes[task]
-        a_tr[first[task] + k] = ids[base[task] + k]
+        k_id = np.where(down[task], n[task] - 1 - k, k)
+        a_tr[first[task] + k] = ids[base[task] + k_id]
     bounds = start[np.searchsorted(rank, np.arange(num_ranks + 1))]
     return [(a_op[i:j], a_mb[i:j], a_piece[i:j], a_tr[i:j])
             for i, j in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
