@@ -18,7 +18,7 @@ import numpy as np
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 
-__all__ = ["CONSTANT_OPS", "at_microbatch", "divisors"]
+__all__ = ["CONSTANT_OPS", "at_microbatch", "batch_factor", "bytes_at_scale", "divisors"]
 
 # nodes whose output does not grow with the batch (parameter reads, constants, shapes)
 CONSTANT_OPS = frozenset({"param", "constant", "get_attr", "scalar_tensor", "full", "ones",
@@ -42,21 +42,37 @@ def at_microbatch(g: Graph, samples: int, fixed_s: float = 0.0) -> Graph:
     if samples == g.batch_size:
         return g
     scale = samples / g.batch_size
-    const = np.zeros(g.num_nodes, dtype=bool)
-    for op in CONSTANT_OPS:  # the graph's index of nodes by op (made once per structure)
-        const[g.nodes_with_op(op)] = True
-    act = np.where(const, 1.0, scale)
-
-    def scaled(x: np.ndarray, factor: np.ndarray | float) -> np.ndarray:
-        return np.ceil(np.asarray(x, np.float64) * factor).astype(np.asarray(x).dtype)
 
     def timed(t: np.ndarray) -> np.ndarray:
         fixed = np.minimum(t, fixed_s)
         return fixed + (t - fixed) * scale
 
-    return g.replace(batch_size=int(samples),
-                     fwd_s=timed(g.fwd_s), bwd_s=timed(g.bwd_s),
-                     out_bytes=scaled(g.out_bytes, act), saved_bytes=scaled(g.saved_bytes, act),
+    return bytes_at_scale(g, scale).replace(batch_size=int(samples), fwd_s=timed(g.fwd_s),
+                                            bwd_s=timed(g.bwd_s))
+
+
+def batch_factor(g: Graph, scale: float) -> np.ndarray:
+    """Per node, the factor its activation bytes take at ``scale`` times the graph's samples:
+    ``scale``, but 1 for the nodes whose output does not grow with the batch
+    (:data:`CONSTANT_OPS`: a parameter read and handed to another piece is the same tensor
+    whatever the micro-batch)."""
+    act = np.full(g.num_nodes, float(scale))
+    for op in CONSTANT_OPS:  # the graph's index of nodes by op (made once per structure)
+        act[g.nodes_with_op(op)] = 1.0
+    return act
+
+
+def bytes_at_scale(g: Graph, scale: float) -> Graph:
+    """``g`` with its output, saved and edge bytes at ``scale`` times its samples (rounded
+    up), those of :data:`CONSTANT_OPS` nodes as they are; times and batch size unchanged."""
+    if scale == 1.0:
+        return g
+    act = batch_factor(g, scale)
+
+    def scaled(x: np.ndarray, factor: np.ndarray) -> np.ndarray:
+        return np.ceil(np.asarray(x, np.float64) * factor).astype(np.asarray(x).dtype)
+
+    return g.replace(out_bytes=scaled(g.out_bytes, act), saved_bytes=scaled(g.saved_bytes, act),
                      edge_bytes=scaled(g.edge_bytes, act[g.src]))
 
 

@@ -1,7 +1,8 @@
 """Per-piece costs of one micro-batch: what the schedule builder and the simulator charge.
 
 Node costs in the graph are for ``g.batch_size`` samples; a micro-batch of ``mb_size`` samples
-scales times and activation bytes by ``mb_size / batch_size`` (a linear model: accurate for
+scales times and activation bytes (not a parameter's, :func:`~outcore.graph.batch.batch_factor`)
+by ``mb_size / batch_size`` (a linear model: accurate for
 large layers, optimistic for tiny ones where fixed per-op costs dominate).
 
 Memory policies change a piece's costs (``outcore.plan.policies``):
@@ -36,6 +37,7 @@ import numpy as np
 
 from outcore.cost.memory import state_factor
 from outcore.graph.algorithms import topological_order
+from outcore.graph.batch import batch_factor, bytes_at_scale
 from outcore.graph.ir import Graph
 from outcore.graph.jit import njit
 from outcore.hardware.spec import DeviceSpec
@@ -137,33 +139,41 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     piece_of = pieces.piece_of
     fwd = np.bincount(piece_of, weights=g.fwd_s, minlength=n_p) * scale
     bwd = np.bincount(piece_of, weights=g.bwd_s, minlength=n_p) * scale
+    tbytes = _transfer_bytes(g, pieces, scale)
+    # bytes at the micro-batch (a parameter's do not change with it); times scaled above
+    g = bytes_at_scale(g, scale)
     if loss_s is not None:
         for v in g.nodes_with_op("output").tolist():
-            f, b = loss_s(float(g.out_bytes[v]) * scale)
+            f, b = loss_s(float(g.out_bytes[v]))
             fwd[piece_of[v]] += f
             bwd[piece_of[v]] += b
     if overhead_overlaps:
         fwd, bwd = np.maximum(fwd, fwd_overhead_s), np.maximum(bwd, bwd_overhead_s)
     else:
         fwd, bwd = fwd + fwd_overhead_s, bwd + bwd_overhead_s
-    saved = np.bincount(piece_of, weights=g.saved_bytes, minlength=n_p) * scale
+    saved = np.bincount(piece_of, weights=g.saved_bytes, minlength=n_p).astype(np.float64)
     rank_of_piece = pieces.device_of
-    saved -= _saved_received(g, piece_of, rank_of_piece, n_p) * scale
+    saved -= _saved_received(g, piece_of, rank_of_piece, n_p)
     if loss_s is not None:  # the runtime's loss keeps the output's log-probabilities
         # (cross-entropy) or its difference from the target (MSE) for its backward: hf:llama's
         # 256 KiB of logits were the whole gap between its measured peak and the prediction
         for v in g.nodes_with_op("output").tolist():
-            saved[piece_of[v]] += float(g.out_bytes[v]) * scale
+            saved[piece_of[v]] += float(g.out_bytes[v])
+    ws_f, ws_b = workspace_bytes(g)
     transient = np.zeros(n_p)
-    np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) * scale)
-    tbytes = pieces.transfer_bytes.astype(np.float64) * scale
+    np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) + ws_f)
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
     factor = state_factor(optimizer)
     pol = tuple(policies) if policies is not None else ("none",) * n_p
-    t_bwd, grad_tmp = _backward_bytes(g, piece_of, n_p, scale, pol)
+    t_bwd, grad_tmp = _backward_bytes(g, piece_of, n_p, pol, ws_b)
+    if loss_s is not None:  # the loss's backward: the gradients of the log-probabilities and
+        # of the output together (GPT-2's stage of logits: 0.13 MiB over without the first)
+        for v in g.nodes_with_op("output").tolist():
+            p = piece_of[v]
+            t_bwd[p] = max(t_bwd[p], 2.0 * float(g.out_bytes[v]))
     static_piece = piece_params * factor
     if any(p != "none" for p in pol):
-        _apply_policies(g, pieces, pol, scale, host_bandwidth, host_is_device, fwd, bwd,
+        _apply_policies(g, pieces, pol, host_bandwidth, host_is_device, fwd, bwd,
                         saved, transient, t_bwd, grad_tmp, static_piece, piece_params)
     plain = np.array([p == "none" for p in pol], dtype=bool)
     grads = np.where(plain, piece_params, 0.0) if n_p else np.zeros(0)
@@ -189,9 +199,9 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                       pol, tensors, grads, inner)
 
 
-def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, scale: float,
-                    pol: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Per piece, its backward's working memory (:func:`_backward_working`, at ``scale``) with
+def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ...],
+                    workspace: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per piece, its backward's working memory (:func:`_backward_working`) with
     the fresh gradient of its largest layer, and that gradient alone. The backward holds a
     layer's fresh gradient until it is accumulated into ``.grad``; a parameter that is a node
     of its own, as torch.export captures them, passes its gradient along an edge, which the
@@ -200,11 +210,12 @@ def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, scale: float,
     layer_params = g.param_bytes.astype(np.float64)
     layer_params[g.nodes_with_op("param")] = 0.0
     np.maximum.at(grad_tmp, piece_of, layer_params)
-    t_bwd = _backward_working(g, piece_of, n_p) * scale + grad_tmp
+    t_bwd = _backward_working(g, piece_of, n_p, workspace=workspace) + grad_tmp
     if "checkpoint" in pol:  # a recomputing backward sums a forked output's gradients out of
         # place (a checkpointed ResNet: 17.0 MiB measured, 14.4 predicted with the in-place sum)
         ck = np.array([p == "checkpoint" for p in pol], dtype=bool)
-        t_bwd[ck] = (_backward_working(g, piece_of, n_p, summed=3) * scale + grad_tmp)[ck]
+        t_bwd[ck] = (_backward_working(g, piece_of, n_p, summed=3, workspace=workspace)
+                     + grad_tmp)[ck]
     return t_bwd, grad_tmp
 
 
@@ -214,8 +225,8 @@ ALIASING_BACKWARD_OPS = ("view", "_unsafe_view", "reshape", "unflatten", "flatte
                          "transpose", "permute", "unsqueeze", "squeeze", "t")
 
 
-def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2
-                      ) -> np.ndarray:
+def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
+                      workspace: np.ndarray | None = None) -> np.ndarray:
     """Per piece, the working memory of its backward above what it holds when the backward
     starts: at each node (in reverse topological order), the gradient of its output (unless
     that is a received one, counted where it is received) and of its inputs from the same
@@ -240,12 +251,13 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2
                            np.asarray(piece_of, np.int64), n_p, g.src, g.dst,
                            np.asarray(g.edge_bytes, np.float64),
                            np.asarray(g.saved_bytes, np.float64),
-                           np.asarray(g.out_bytes, np.float64), aliasing, summed)
+                           np.asarray(g.out_bytes, np.float64), aliasing, summed,
+                           np.zeros(n) if workspace is None else workspace)
 
 
 @njit
 def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes, aliasing,
-                    summed):
+                    summed, workspace):
     """:func:`_backward_working` in two passes (compiled): the edges, then the nodes in
     reverse topological order, each piece's saved bytes freed so far summed as it goes."""
     n = order.shape[0]
@@ -271,7 +283,8 @@ def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes
             held = summed - outside[v]
         else:
             held = min(consumers[v], 1)
-        work = held * out_bytes[v] + (0.0 if aliasing[v] else grads_in[v]) - freed[p]
+        work = held * out_bytes[v] + (0.0 if aliasing[v] else grads_in[v]) + workspace[v] \
+            - freed[p]
         if work > out[p]:
             out[p] = work
         freed[p] += saved[v]
@@ -296,6 +309,45 @@ def _saved_received(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray,
         return np.zeros(n_p)
     s, u = savers[cross], producers[cross]
     return np.bincount(piece_of[s], weights=_input_share(g, s, u), minlength=n_p)
+
+
+def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, the memory its forward and its backward take inside the operator beyond
+    their outputs (scratch buffers the tensors of the graph do not show), measured with the
+    CPU allocator (oneDNN, torch 2.14): a convolution's forward about one of its larger
+    activation (input or output), up to two for a few channels; its backward two, up to three;
+    a batch norm's backward one. The larger of each is kept: a bound, since a model that
+    does not fit its plan fails, and one that fits with room to spare does not. Zero for
+    other operators (measured none for linear layers and element-wise ops)."""
+    n = g.num_nodes
+    fwd, bwd = np.zeros(n), np.zeros(n)
+    if g.ops is None or not n:
+        return fwd, bwd
+    largest_in = np.zeros(n)
+    np.maximum.at(largest_in, g.dst, np.asarray(g.edge_bytes, np.float64))
+    act = np.maximum(largest_in, np.asarray(g.out_bytes, np.float64))
+    for op, idx in g._nodes_by_op.items():
+        name = op.lower()
+        if "conv" in name and "transpose" not in name:
+            fwd[idx], bwd[idx] = 2.0 * act[idx], 3.0 * act[idx]
+        elif "batch_norm" in name or "batchnorm" in name:
+            bwd[idx] = act[idx]
+    return fwd, bwd
+
+
+def _transfer_bytes(g: Graph, pieces: Pieces, scale: float) -> np.ndarray:
+    """Per transfer, the bytes of one micro-batch at ``scale``: a tensor that does not grow
+    with the batch (a tied weight one piece reads and hands on) at its whole size."""
+    total = pieces.transfer_bytes.astype(np.float64)
+    if scale == 1.0 or not total.size:
+        return total
+    fixed = batch_factor(g, scale)[pieces.tensor_idx] == 1.0
+    const = np.zeros(total.size)
+    if fixed.any():
+        tid = np.repeat(np.arange(total.size), np.diff(pieces.tensor_ptr))
+        np.add.at(const, tid[fixed], g.out_bytes[pieces.tensor_idx[fixed]].astype(np.float64))
+        const = np.minimum(const, total)
+    return (total - const) * scale + const
 
 
 def _input_share(g: Graph, savers: np.ndarray, producers: np.ndarray) -> np.ndarray:
@@ -371,15 +423,15 @@ def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     return np.bincount(P[keep], weights=g.out_bytes[U[keep]].astype(np.float64), minlength=n_p)
 
 
-def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], scale: float,
-                    host_bandwidth: float, host_is_device: bool,
+def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], host_bandwidth: float,
+                    host_is_device: bool,
                     fwd: np.ndarray, bwd: np.ndarray, saved: np.ndarray, transient: np.ndarray,
                     t_bwd: np.ndarray, grad_tmp: np.ndarray, static_piece: np.ndarray,
                     piece_params: np.ndarray) -> None:
     """Apply the pieces' memory policies to their costs in place (see the module docstring)."""
     n_p, piece_of = pieces.num_pieces, pieces.piece_of
-    inputs = _kept_inputs(g, pieces, pol) * scale
-    kept_saved = _saved_received(g, piece_of, pieces.device_of, n_p, same_rank=True) * scale
+    inputs = _kept_inputs(g, pieces, pol)
+    kept_saved = _saved_received(g, piece_of, pieces.device_of, n_p, same_rank=True)
     for p, name in enumerate(pol):
         if name == "checkpoint":
             # the recompute brings back what the forward saved (but the inputs, kept) and

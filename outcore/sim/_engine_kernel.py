@@ -170,6 +170,9 @@ def _finish_compute(A, P, D, rf, ri, cnt, E, M, H, k, t, end):
     h = held_p[p * nmb + mb]
     held_p[p * nmb + mb] = 0.0
     _mem(M, cnt, r, end, in_grad[p] - saved[p] - h)
+    local_ptr, local_src, local_bytes = P[14], P[15], P[16]
+    for j in range(local_ptr[p], local_ptr[p + 1]):  # handed to a piece of this rank
+        held_p[local_src[j] * nmb + mb] += local_bytes[j]
     if not made[p]:  # its parameters' .grad, until the step
         made[p] = True
         _mem(M, cnt, r, end, grads[p])

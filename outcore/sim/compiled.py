@@ -113,13 +113,20 @@ def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs,
     src, dst = s.pieces.transfer_pieces
     dev = np.asarray(s.pieces.device_of, np.int64)
     remote = dev[src] != dev[dst]  # (a transfer is local when its pieces share a device)
-    in_grad = np.zeros(P)
-    np.add.at(in_grad, dst[remote], tb[remote])  # in transfer order, as the reference sums
     grads = np.asarray(grad_bytes(s, costs), np.float64)
     last_b = np.full(P, -1, np.int64)
     b = np.flatnonzero(op == K.OP_B)[::-1]  # the last backward of each piece in rank order
     with_b, first = np.unique(pcs[b], return_index=True)
     last_b[with_b] = mbs[b][first]
+    # gradients handed to a piece of the same rank, held until its backward
+    local = ~remote & (last_b[src] >= 0)
+    in_grad = np.zeros(P)
+    made = remote | local
+    np.add.at(in_grad, dst[made], tb[made])  # in transfer order, as the reference sums
+    lo = np.flatnonzero(local)
+    lo = lo[np.argsort(dst[lo], kind="stable")]
+    local_ptr = np.zeros(P + 1, np.int64)
+    local_ptr[1:] = np.cumsum(np.bincount(dst[lo], minlength=P))
     left = np.bincount(np.asarray(s.pieces.device_of, np.int64)[with_b], minlength=R)
     pparam = np.asarray(costs.piece_param_bytes, np.float64)
     ph, rph, port_of, ports, total = _dp_phases(s, costs, cluster, opt, last_b, pparam, R)
@@ -127,7 +134,8 @@ def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs,
             np.asarray(costs.transient_bytes, np.float64),
             np.asarray(costs.bwd_transient, np.float64),
             np.asarray(costs.saved_bytes, np.float64), in_grad, grads, last_b, pparam, ph, rph,
-            np.zeros(ports), port_of, total), left
+            np.zeros(ports), port_of, total, local_ptr, src[lo].astype(np.int64),
+            tb[lo].copy()), left
 
 
 def _dp_phases(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, last_b, pparam, R: int):

@@ -84,19 +84,27 @@ class _Engine:
         self.ar_end: dict[int, float] = {}
         self.ar_free = [0.0] * R
         self.ar_waiters: dict[int, list[int]] = {}
-        # received bytes to free: ("F", transfer, mb) at the gradients' send, (piece, mb) at
-        # the piece's backward
+        # received bytes to free: ("F", transfer, mb) at the gradients' send; gradients
+        # received or handed on by a piece of the same rank, (piece, mb) at the piece's backward
         self.held: dict[tuple, float] = {}
-        # per piece, the gradients of its received inputs (made by its backward, then sent)
+        # per piece, the gradients of its inputs from other pieces (made by its backward, then
+        # sent, or held for a piece of its own rank)
         # per piece and transfer, as Python numbers (the main loop reads them per action)
         self.fwd, self.bwd = costs.fwd_s.tolist(), costs.bwd_s.tolist()
         self.work_f, self.work_b = costs.transient_bytes.tolist(), costs.bwd_transient.tolist()
         self.saved = costs.saved_bytes.tolist()
         self.tbytes = np.asarray(costs.transfer_bytes, np.float64).tolist()
         self.in_grad = [0.0] * len(s.pieces.pieces)
+        # per piece, the gradients it hands to pieces of its own rank, held until their
+        # backward: (source piece, bytes)
+        self.local_grads: list[list[tuple[int, float]]] = [[] for _ in s.pieces.pieces]
+        backward = {a.piece for acts in s.actions for a in acts if a.op == "B"}
         for tr in s.pieces.transfers:
             if not tr.local:
                 self.in_grad[tr.dst] += self.tbytes[tr.id]
+            elif tr.src in backward:
+                self.in_grad[tr.dst] += self.tbytes[tr.id]
+                self.local_grads[tr.dst].append((tr.src, self.tbytes[tr.id]))
         self._ports: dict[tuple[int, int], tuple[object, object, LinkSpec]] = {}
         self.dp_free = [0.0] * R
         # (node, port) -> when the data-parallel traffic through that network port ends
@@ -224,6 +232,8 @@ class _Engine:
         else:  # the gradients of its received inputs stay until they are sent
             self.add_mem(r, end, self.in_grad[a.piece] - self.saved[a.piece]
                          - self.held.pop((a.piece, a.mb), 0.0))
+            for src, nbytes in self.local_grads[a.piece]:
+                self.held[(src, a.mb)] = self.held.get((src, a.mb), 0.0) + nbytes
             if a.piece not in self.grads_made:  # its parameters' .grad, until the step
                 self.grads_made.add(a.piece)
                 self.add_mem(r, end, float(self.grads[a.piece]))
