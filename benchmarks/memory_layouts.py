@@ -4,7 +4,7 @@ prediction, for every layout kind x a few models.
 Each cell is one ``outcore.train`` (estimated CPU costs, 2 steps, SGD without momentum, batch
 8, gloo workers on this machine); the peak is the tensor tracker's (``report.peak_bytes``), the
 prediction the plan's (``report.predicted["peak_bytes"]``), both per rank. The checkpoint cell
-gives the pipeline cell's predicted peak x 0.8 as ``--memory`` with ``--memory-policy
+gives the pipeline cell's predicted peak x 0.9 as ``--memory`` with ``--memory-policy
 checkpoint``, so the plan must drop activations. A cell is over when a rank's measured peak
 passes its prediction (a plan made for that prediction would break its limit). CPU offload is
 not a cell: on a CPU the host is the device (``--memory-policy offload`` saves nothing here).
@@ -102,7 +102,7 @@ def main() -> int:
                     plain_peak = max(_train(model, shape, devices,
                                             dict(LAYOUTS["pipeline"][1])).get("predicted")
                                      or [0])
-                options["memory"] = 0.8 * plain_peak if plain_peak else None
+                options["memory"] = 0.9 * plain_peak if plain_peak else None
             res = _train(model, shape, devices, options)
             if kind == "pipeline" and res.get("predicted"):
                 plain_peak = max(res["predicted"])
