@@ -74,6 +74,9 @@ class PieceCosts:
             per micro-batch, ``phase`` ``F`` or ``B`` (sharded parameters gathered and
             gradients reduce-scattered; tensor-parallel collectives), for the communication
             profile.
+        out_grad_cap: ``[pieces]`` the bytes of a piece's distinct outputs that other pieces
+            take: the gradients they hand back (or send) are summed into one per tensor and
+            held until the piece's backward, so at most this much per micro-batch.
     """
 
     fwd_s: np.ndarray
@@ -89,6 +92,7 @@ class PieceCosts:
     param_tensors: np.ndarray | None = None
     grad_bytes: np.ndarray | None = None
     collectives: dict[int, tuple[tuple[str, str, float, float], ...]] | None = None
+    out_grad_cap: np.ndarray | None = None
 
     @property
     def bwd_transient(self) -> np.ndarray:
@@ -159,7 +163,8 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         # 256 KiB of logits were the whole gap between its measured peak and the prediction
         for v in g.nodes_with_op("output").tolist():
             saved[piece_of[v]] += float(g.out_bytes[v])
-    ws_f, ws_b = workspace_bytes(g)
+    # operators' scratch memory, as measured on CPU (an accelerator's libraries differ)
+    ws_f, ws_b = workspace_bytes(g) if host_is_device else (np.zeros(g.num_nodes),) * 2
     transient = np.zeros(n_p)
     np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) + ws_f)
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
@@ -196,7 +201,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 held[rank_of_piece[piece_of[v]]].update(names)
             tensors = np.array([len(h) for h in held], dtype=np.float64)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
-                      pol, tensors, grads, inner)
+                      pol, tensors, grads, inner, _taken_outputs(g, pieces))
 
 
 def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ...],
@@ -311,28 +316,76 @@ def _saved_received(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray,
     return np.bincount(piece_of[s], weights=_input_share(g, s, u), minlength=n_p)
 
 
+def _taken_outputs(g: Graph, pieces: Pieces) -> np.ndarray:
+    """Per piece, the bytes of its distinct outputs that other pieces take."""
+    n_p = pieces.num_pieces
+    prods = np.unique(pieces.tensor_idx)
+    return np.bincount(pieces.piece_of[prods], weights=g.out_bytes[prods].astype(np.float64),
+                       minlength=n_p)
+
+
 def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     """Per node, the memory its forward and its backward take inside the operator beyond
-    their outputs (scratch buffers the tensors of the graph do not show), measured with the
-    CPU allocator (oneDNN, torch 2.14): a convolution's forward about one of its larger
-    activation (input or output), up to two for a few channels; its backward two, up to three;
-    a batch norm's backward one. The larger of each is kept: a bound, since a model that
-    does not fit its plan fails, and one that fits with room to spare does not. Zero for
-    other operators (measured none for linear layers and element-wise ops)."""
+    their outputs (scratch buffers the tensors of the graph do not show; :func:`workspace`).
+    Counted for CPU devices, where it was measured; an accelerator's (cuDNN's workspaces,
+    capped by the library) is not modelled yet."""
     n = g.num_nodes
     fwd, bwd = np.zeros(n), np.zeros(n)
     if g.ops is None or not n:
         return fwd, bwd
     largest_in = np.zeros(n)
     np.maximum.at(largest_in, g.dst, np.asarray(g.edge_bytes, np.float64))
-    act = np.maximum(largest_in, np.asarray(g.out_bytes, np.float64))
+    out = np.asarray(g.out_bytes, np.float64)
     for op, idx in g._nodes_by_op.items():
-        name = op.lower()
-        if "conv" in name and "transpose" not in name:
-            fwd[idx], bwd[idx] = 2.0 * act[idx], 3.0 * act[idx]
-        elif "batch_norm" in name or "batchnorm" in name:
-            bwd[idx] = act[idx]
+        if _workspace_kind(op):
+            for i in idx.tolist():
+                fwd[i], bwd[i] = workspace(g, i, float(largest_in[i]), float(out[i]))
     return fwd, bwd
+
+
+def _workspace_kind(op: str) -> str:
+    name = op.lower()
+    if "conv" in name and "transpose" not in name:
+        return "conv"
+    if "batch_norm" in name or "batchnorm" in name:
+        return "norm"
+    return ""
+
+
+# oneDNN computes a convolution in blocks of this many channels (AVX-512; 8 on AVX2)
+_CHANNEL_BLOCK = 16
+
+
+def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[float, float]:
+    """Node ``i``'s scratch memory (forward, backward) beside an input of ``in_bytes`` and an
+    output of ``out_bytes``, measured with the CPU allocator (oneDNN, torch 2.14) and kept
+    as the larger: a convolution copies its input and output into channel blocks of 16
+    (a tensor of 4 channels takes 4 times its size), forward about the larger of those copies
+    and 1.1 activations, backward both copies or two activations (measured 1.0-4.0 and
+    1.9-6.9 activations for 3 to 64 channels); a batch norm's backward one activation. A
+    bound: a plan that does not fit fails, one with room to spare does not. Zero for other
+    operators (measured none for linear layers and element-wise ops)."""
+    kind = _workspace_kind(g.op_of(i))
+    act = max(in_bytes, out_bytes)
+    if kind == "norm":
+        return 0.0, act
+    if kind != "conv":
+        return 0.0, 0.0
+    shape = g.attr(i, "shape") if g.attrs is not None else None
+    ins = g.attr(i, "in_shapes") if g.attrs is not None else None
+    if not shape or not ins or len(shape) < 3 or not ins[0] or len(ins[0]) < 3:
+        return 2.0 * act, 3.0 * act  # no shapes: the bound over the channels measured
+    pin, pout = _blocked(int(ins[0][1])) * in_bytes, _blocked(int(shape[1])) * out_bytes
+    # the model's input has no gradient: the backward copies only the output's blocks
+    grad_in = not all(g.op_of(int(p)) == "input" for p in g.predecessors(i))
+    return max(1.1 * act, pin, pout), max(2.0 * act, (pin if grad_in else 0.0) + pout)
+
+
+def _blocked(channels: int) -> float:
+    """How much larger a tensor of ``channels`` channels is in oneDNN's channel blocks."""
+    if channels <= 0:
+        return 1.0
+    return -(-channels // _CHANNEL_BLOCK) * _CHANNEL_BLOCK / channels
 
 
 def _transfer_bytes(g: Graph, pieces: Pieces, scale: float) -> np.ndarray:

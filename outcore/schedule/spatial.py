@@ -29,6 +29,7 @@ from outcore.cost.spatial_geometry import TileGrid
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
 from outcore.plan.spatial import SpatialPlan, tile_fraction, tile_ranks
+from outcore.schedule.costs import workspace
 
 __all__ = ["TileCosts", "comm_times", "geometry_of_node", "inflight", "tiled_graph",
            "tile_rank_costs", "walk_peak"]
@@ -176,18 +177,25 @@ def _work_bytes(g: Graph, i: int, out: np.ndarray) -> float:
     return 2.0 * float(out[i])
 
 
-def walk_peak(g: Graph, idx: np.ndarray, saved: np.ndarray, out: np.ndarray) -> float:
+def walk_peak(g: Graph, idx: np.ndarray, saved: np.ndarray, out: np.ndarray,
+              scratch: bool = False) -> float:
     """Peak of one micro-batch on a tile rank, walking the tiled nodes (indices ``idx``, in
     order): in the forward, the activations saved so far plus the node's output and input; in
     the backward (reverse order), the activations still saved (those of the nodes up to it:
     the later ones were freed by their backwards) plus the node's working set
-    (:func:`_work_bytes`). ``saved`` and ``out`` are per-tile bytes indexed like ``g``."""
+    (:func:`_work_bytes`). ``saved`` and ``out`` are per-tile bytes indexed like ``g``.
+    ``scratch``: add operators' scratch memory (:func:`~outcore.schedule.costs.workspace`; on
+    CPU devices)."""
     kept = np.cumsum(saved[idx])
     peak = 0.0
     for k, i in enumerate(idx.tolist()):
         preds = [int(p) for p in g.predecessors(i)]
         inp = sum(float(out[p]) for p in preds)
-        peak = max(peak, kept[k] + float(out[i]) + inp, kept[k] + _work_bytes(g, i, out))
+        # an operator's scratch memory (a convolution's, on its tile)
+        ws_f, ws_b = workspace(g, i, max((float(out[p]) for p in preds), default=0.0),
+                               float(out[i])) if scratch else (0.0, 0.0)
+        peak = max(peak, kept[k] + float(out[i]) + inp + ws_f,
+                   kept[k] + _work_bytes(g, i, out) + ws_b)
     return float(peak)
 
 
@@ -203,7 +211,8 @@ def tile_rank_costs(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int,
         out[i] = g.out_bytes[i] * tile_fraction(g, int(i), grid)
     saved = float(gt.saved_bytes[idx].sum())
     return TileCosts(float(gt.fwd_s[idx].sum()), float(gt.bwd_s[idx].sum()), saved,
-                     walk_peak(g, idx, gt.saved_bytes, out) - saved,
+                     walk_peak(g, idx, gt.saved_bytes, out,
+                               scratch=cluster.device.host_is_device) - saved,
                      float(g.param_bytes[idx].sum() * state_factor(optimizer)),
                      float(nbytes[idx].sum()))
 

@@ -170,9 +170,18 @@ def _finish_compute(A, P, D, rf, ri, cnt, E, M, H, k, t, end):
     h = held_p[p * nmb + mb]
     held_p[p * nmb + mb] = 0.0
     _mem(M, cnt, r, end, in_grad[p] - saved[p] - h)
-    local_ptr, local_src, local_bytes = P[14], P[15], P[16]
-    for j in range(local_ptr[p], local_ptr[p + 1]):  # handed to a piece of this rank
-        held_p[local_src[j] * nmb + mb] += local_bytes[j]
+    local_ptr, local_src, local_bytes, cap, grad_held = P[14], P[15], P[16], P[17], P[18]
+    grad_held[p * nmb + mb] = 0.0
+    handed = 0.0
+    for j in range(local_ptr[p], local_ptr[p + 1]):  # handed to a piece of this rank, summed
+        key = local_src[j] * nmb + mb  # into one gradient per tensor
+        add = min(local_bytes[j], cap[local_src[j]] - grad_held[key])
+        if add > 0:
+            grad_held[key] += add
+            held_p[key] += add
+            handed += add
+    if handed:
+        _mem(M, cnt, r, end, handed)
     if not made[p]:  # its parameters' .grad, until the step
         made[p] = True
         _mem(M, cnt, r, end, grads[p])
@@ -221,7 +230,7 @@ def _send(A, T, cnt, E, M, H, Q, rf, k, t):
 
 
 @njit
-def _receive(A, T, D, cnt, E, M, H, rf, reached, k, t):
+def _receive(A, P, T, D, cnt, E, M, H, rf, reached, k, t):
     """A receive (``_Engine._execute_other``): the rank's next free time, or -1 blocked."""
     op, mb, tr, r = A[1][k], A[2][k], A[4][k], A[6][k]
     nmb = A[7]
@@ -243,11 +252,21 @@ def _receive(A, T, D, cnt, E, M, H, rf, reached, k, t):
     # the buffer exists from the receive's post (RECV_POST_AHEAD actions before it)
     first = A[0][r]
     _mem(M, cnt, r, reached[first + max(k - first - A[8], 0)], nbytes)
+    done = max(t, arrive) + D[2] + D[3] * nbytes
     if op == OP_RF:
         H[1][tr * nmb + mb] += nbytes
-    else:
-        H[2][T[3][tr] * nmb + mb] += nbytes
-    return max(t, arrive) + D[2] + D[3] * nbytes
+        return done
+    # gradients: summed into the one held per tensor of the producing piece (at most its
+    # outputs others take); the rest of the buffer goes once read
+    src = T[3][tr]
+    gkey = src * nmb + mb
+    cap, grad_held = P[17], P[18]
+    keep = max(min(nbytes, cap[src] - grad_held[gkey]), 0.0)
+    grad_held[gkey] += keep
+    H[2][gkey] += keep
+    if nbytes > keep:
+        _mem(M, cnt, r, done, keep - nbytes)
+    return done
 
 
 @njit
@@ -379,7 +398,7 @@ def _execute(A, P, T, B, O, D, cnt, E, M, H, Q, rf, ri, reached, k, t):
         _send(A, T, cnt, E, M, H, Q, rf, k, t)
         return t
     if op == OP_RF or op == OP_RB:
-        return _receive(A, T, D, cnt, E, M, H, rf, reached, k, t)
+        return _receive(A, P, T, D, cnt, E, M, H, rf, reached, k, t)
     if op == OP_AR:
         return _collective(A, B, cnt, E, M, Q, rf, ri, k, t)
     return _optimizer(A, B, O, D, cnt, E, M, Q, rf, ri, k, t)

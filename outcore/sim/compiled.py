@@ -50,7 +50,7 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
     ptr[1:] = np.cumsum([len(c[0]) for c in columns])
     rank_of = np.repeat(np.arange(R, dtype=np.int64), np.diff(ptr))
     A = (ptr, op, mbs, pcs, trs, bks, rank_of, nmb, RECV_POST_AHEAD)
-    Pa, left = _pieces(s, costs, cluster, opt, op, mbs, pcs, R)
+    Pa, left = _pieces(s, costs, cluster, opt, op, mbs, pcs, R, nmb)
     Ta, nports = _transfers(s, costs, cluster)
     paired = paired_buckets(s, cluster, opt)
     Ba = _buckets(s, cluster, opt, R, paired)
@@ -71,7 +71,7 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
     E = (np.zeros(n_ev, np.int64), np.zeros(n_ev, np.int64), np.zeros(n_ev, np.int64),
          np.zeros(n_ev), np.zeros(n_ev), np.zeros(n_ev, np.int64), np.zeros(n_ev, np.int64),
          np.zeros(n_ev), np.zeros(n_ev, np.int64))
-    n_mem = 2 * R + 6 * n_actions + 16
+    n_mem = 2 * R + 7 * n_actions + 16
     M = (np.zeros(n_mem, np.int64), np.zeros(n_mem), np.zeros(n_mem))
     M[0][:R] = np.arange(R)  # the static state, less the gradients the step makes
     M[2][:R] = held_at_start(s, costs, Pa[6])
@@ -106,7 +106,8 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
                     {"schedule": s.kind, "microbatches": s.microbatches, "dp": opt.dp})
 
 
-def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs, R: int):
+def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs, R: int,
+            nmb: int):
     """Per-piece arrays (and each rank's count of pieces with a last backward)."""
     P = s.pieces.num_pieces
     tb = np.asarray(costs.transfer_bytes, np.float64)
@@ -121,8 +122,9 @@ def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs,
     # gradients handed to a piece of the same rank, held until its backward
     local = ~remote & (last_b[src] >= 0)
     in_grad = np.zeros(P)
-    made = remote | local
-    np.add.at(in_grad, dst[made], tb[made])  # in transfer order, as the reference sums
+    np.add.at(in_grad, dst[remote], tb[remote])  # in transfer order, as the reference sums
+    cap = np.asarray(costs.out_grad_cap, np.float64) if costs.out_grad_cap is not None \
+        else np.full(P, np.inf)
     lo = np.flatnonzero(local)
     lo = lo[np.argsort(dst[lo], kind="stable")]
     local_ptr = np.zeros(P + 1, np.int64)
@@ -135,7 +137,7 @@ def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs,
             np.asarray(costs.bwd_transient, np.float64),
             np.asarray(costs.saved_bytes, np.float64), in_grad, grads, last_b, pparam, ph, rph,
             np.zeros(ports), port_of, total, local_ptr, src[lo].astype(np.int64),
-            tb[lo].copy()), left
+            tb[lo].copy(), cap, np.zeros(P * nmb)), left
 
 
 def _dp_phases(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, last_b, pparam, R: int):

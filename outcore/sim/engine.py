@@ -103,8 +103,11 @@ class _Engine:
             if not tr.local:
                 self.in_grad[tr.dst] += self.tbytes[tr.id]
             elif tr.src in backward:
-                self.in_grad[tr.dst] += self.tbytes[tr.id]
                 self.local_grads[tr.dst].append((tr.src, self.tbytes[tr.id]))
+        # summed into one gradient per tensor: at most the piece's outputs others take
+        self.grad_cap = (costs.out_grad_cap.tolist() if costs.out_grad_cap is not None
+                         else [np.inf] * len(s.pieces.pieces))
+        self.grad_held: dict[tuple[int, int], float] = {}
         self._ports: dict[tuple[int, int], tuple[object, object, LinkSpec]] = {}
         self.dp_free = [0.0] * R
         # (node, port) -> when the data-parallel traffic through that network port ends
@@ -232,8 +235,18 @@ class _Engine:
         else:  # the gradients of its received inputs stay until they are sent
             self.add_mem(r, end, self.in_grad[a.piece] - self.saved[a.piece]
                          - self.held.pop((a.piece, a.mb), 0.0))
+            self.grad_held.pop((a.piece, a.mb), None)
+            handed = 0.0
             for src, nbytes in self.local_grads[a.piece]:
-                self.held[(src, a.mb)] = self.held.get((src, a.mb), 0.0) + nbytes
+                key = (src, a.mb)
+                now = self.grad_held.get(key, 0.0)
+                add = min(nbytes, self.grad_cap[src] - now)
+                if add > 0:
+                    self.grad_held[key] = now + add
+                    self.held[key] = self.held.get(key, 0.0) + add
+                    handed += add
+            if handed:
+                self.add_mem(r, end, handed)
             if a.piece not in self.grads_made:  # its parameters' .grad, until the step
                 self.grads_made.add(a.piece)
                 self.add_mem(r, end, float(self.grads[a.piece]))
@@ -308,9 +321,21 @@ class _Engine:
             self.add_mem(r, self.reached[r][max(self.pc[r] - RECV_POST_AHEAD, 0)], nbytes)
             # activations are dropped when their gradients are sent; gradients after the
             # backward that consumes them
-            key = ("F", a.transfer, a.mb) if a.op == "RF" else (tr.src, a.mb)
-            self.held[key] = self.held.get(key, 0.0) + nbytes
-            return max(t, arrive) + dev.recv_overhead_s + dev.recv_byte_s * nbytes
+            done = max(t, arrive) + dev.recv_overhead_s + dev.recv_byte_s * nbytes
+            if a.op == "RF":
+                key = ("F", a.transfer, a.mb)
+                self.held[key] = self.held.get(key, 0.0) + nbytes
+                return done
+            # gradients: summed into the one held per tensor of the producing piece (at most
+            # its outputs others take); the rest of the buffer goes once read
+            key = (tr.src, a.mb)
+            now = self.grad_held.get(key, 0.0)
+            keep = max(min(nbytes, self.grad_cap[tr.src] - now), 0.0)
+            self.grad_held[key] = now + keep
+            self.held[key] = self.held.get(key, 0.0) + keep
+            if nbytes > keep:
+                self.add_mem(r, done, keep - nbytes)
+            return done
         if a.op == "AR":
             return self.collective(r, a, t)
         # OPT: wait for this rank's all-reduces (shared parameters, replicas, data parallel)

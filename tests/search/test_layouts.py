@@ -73,7 +73,11 @@ def test_unet_under_60_percent_of_its_footprint_plans_with_microbatches(unet):
     assert max(p.predicted["peak_bytes"]) <= mem
     chosen = [r for r in p.extra["candidates"] if r["outcome"] == "chosen"]
     assert len(chosen) == 1 and chosen[0]["microbatches"] == p.microbatches
-    assert any(r["outcome"].startswith("pruned: memory floor") for r in p.extra["candidates"])
+    # one micro-batch is ruled out, by its memory floor or by its own simulated plan (the
+    # floor counts no operator's scratch memory, so it may leave the simulation to refuse it)
+    assert any(r["microbatches"] == 1 and r["outcome"].startswith(("pruned: memory floor",
+                                                                   "no plan: device 0 needs"))
+               for r in p.extra["candidates"])
     micro = outcore.model_graph(UNET, costs="estimate:cpu", split=p.microbatches)
     assert outcore.simulate(p, micro).fits
 

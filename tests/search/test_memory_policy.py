@@ -108,7 +108,8 @@ def test_the_search_gives_up_in_the_round_that_passes_its_bound(monkeypatch):
     """A plan that needs several rounds of policies stops at the first round whose simulated
     time reaches ``give_up_above_s`` (it cannot win: later rounds only add policies), not
     after its last round (the generator's RNN on 2 devices, 2 micro-batches, at the fair
-    share: three rounds to fit, each keeping the last one's policies and slower)."""
+    share: two rounds to fit, each keeping the last one's policies and slower, then one
+    that drops what the fitted plan has room for)."""
     import outcore
     from outcore.graph.generators import make
     from outcore.placers import placements
@@ -126,11 +127,11 @@ def test_the_search_gives_up_in_the_round_that_passes_its_bound(monkeypatch):
     q, sim = choose_simulated(g, p, cluster=req.cluster)
     assert sim.fits and len(times) >= 4 and times[:3] == sorted(times[:3]), times
     rounds = times[:]
-    bound = (rounds[1] + rounds[2]) / 2  # passed by the second round's plan
+    bound = (rounds[0] + rounds[1]) / 2  # passed by the first round's plan, which does not fit
     times.clear()
     q, sim = choose_simulated(g, p, cluster=req.cluster, give_up_above_s=bound)
-    assert not sim.fits and sim.iteration_s >= bound
-    assert times == rounds[:3]
+    assert not sim.fits and sim.iteration_s >= bound, (rounds, times)
+    assert times == rounds[:2]
 
 
 def _counting(monkeypatch):
@@ -152,7 +153,9 @@ def test_policies_are_priced_by_what_they_free_at_the_simulated_peak(monkeypatch
     """Each round takes the options cheapest per byte they free at the device's simulated
     peak (their piece's micro-batches held there), so a few rounds fit the plan: the
     generator's 1000-node RNN at its fair share took 49 (2 devices) and 7 (4 devices)
-    simulations when every option was counted at every micro-batch in flight."""
+    simulations when every option was counted at every micro-batch in flight (1.15x the
+    placers' fair share here: the simulator also holds the gradients of the shared weights
+    each step's piece hands back, which the placers' model does not count)."""
     import outcore
     from outcore.graph.generators import make
     from outcore.placers import placements
@@ -161,7 +164,7 @@ def test_policies_are_priced_by_what_they_free_at_the_simulated_peak(monkeypatch
 
     g = make("rnn", 1000)
     one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
-    req = outcore.plan_request(devices, one / devices, bandwidth="16GB/s",
+    req = outcore.plan_request(devices, one / devices * 1.15, bandwidth="16GB/s",
                                microbatches=microbatches)
     a = placements(g, devices, strategy="contiguous", cluster=req.cluster.slots(1),
                    optimizer=req.optimizer, microbatches=microbatches)[0].assignment
@@ -177,7 +180,8 @@ def test_policies_are_priced_by_what_they_free_at_the_simulated_peak(monkeypatch
 def test_options_a_fitted_plan_has_room_for_are_dropped_when_that_is_faster(monkeypatch):
     """Once every device fits, the options taken last on a device with room to spare are
     dropped when the simulator finds the plan still fits and is faster: the RNN generator's
-    600 nodes on 4 devices at 1.25x the fair share, 2 micro-batches, 109.3 -> 101.7 ms."""
+    600 nodes on 4 devices at 1.3x the placers' fair share, 2 micro-batches, 101.9 -> 97.6
+    ms."""
     import outcore
     from outcore.graph.generators import make
     from outcore.placers import placements
@@ -186,7 +190,7 @@ def test_options_a_fitted_plan_has_room_for_are_dropped_when_that_is_faster(monk
 
     g = make("rnn", 600)
     one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
-    req = outcore.plan_request(4, 1.25 * one / 4, bandwidth="16GB/s", microbatches=2)
+    req = outcore.plan_request(4, 1.3 * one / 4, bandwidth="16GB/s", microbatches=2)
     a = placements(g, 4, strategy="contiguous", cluster=req.cluster.slots(1),
                    optimizer=req.optimizer, microbatches=2)[0].assignment
     p = make_plan(g, a, strategy="contiguous", devices=4, memory_bytes=req.memory_bytes,
@@ -195,5 +199,5 @@ def test_options_a_fitted_plan_has_room_for_are_dropped_when_that_is_faster(monk
     monkeypatch.setattr(memory_policy, "_trimmed", lambda g, plan, fitted, *rest: fitted)
     untrimmed, before = memory_policy.choose_simulated(g, p, cluster=req.cluster)
     assert sim.fits and before.fits
-    assert sim.iteration_s < 0.97 * before.iteration_s
+    assert sim.iteration_s < 0.97 * before.iteration_s, (sim.iteration_s, before.iteration_s)
     assert len(trimmed.policies.policies) < len(untrimmed.policies.policies)

@@ -1,6 +1,9 @@
-"""A spatial plan's predicted peak per rank against the measured one (the CPU tensor tracker),
-on the huge-image benchmark's network (``benchmarks/spatial_job.py``) at 256 x 256: the spatial
-stage's rank and the extra tile rank within 5 % (measured: 0.6 % and 0.6 %). Twice, in
+"""A spatial plan's predicted peak per rank against the measured one (the CPU allocator's),
+on the huge-image benchmark's network (``benchmarks/spatial_job.py``) at 256 x 256: no rank
+over its prediction by more than 5 %, none more than 15 % under it (measured 4 % and 11 %
+under: the prediction bounds the scratch memory of 4-channel convolutions from above). When
+the tracker watched operator outputs it saw no scratch memory, and both ranks measured 0.6 %
+from a prediction without it. Twice, in
 whole-suite runs, a rank measured more (the tile rank +4.3 %, the spatial stage +7.7 %): gloo's
 worker thread still held a finished gather's or scatter's tensors (``runtime.comm.settled``
 now waits for it; reproduced on one core in 4 of 24 runs before, 0 of 16 after). Before the
@@ -41,5 +44,5 @@ def test_tile_ranks_peak_as_predicted(tmp_path):
                       lr=0.01, costs="estimate:cpu", timeline=False, run_dir=str(tmp_path / "run"))
     predicted = r.predicted["peak_bytes"]
     assert len(r.peak_bytes) == len(predicted) == 2
-    for measured, pred in zip(r.peak_bytes, predicted):
-        assert abs(measured - pred) <= 0.05 * pred, (r.peak_bytes, predicted)
+    for measured, pred in zip(r.peak_bytes, predicted):  # a bound, and a close one
+        assert 0.85 * pred <= measured <= 1.05 * pred, (r.peak_bytes, predicted)

@@ -100,12 +100,12 @@ def test_the_layout_search_notes_degrees_no_layer_splits_into():
 def test_a_tensor_parallel_plan_notes_the_row_x_column_grid(lm):
     """A tp 4 plan's notes price its largest pair's collectives on the 1-D layout beside the
     best grid; on a flat cluster (one link) 1-D moves the fewest bytes, so no grid wins."""
-    p = outcore.plan(lm, 4, "14MiB", tp=4)
+    p = outcore.plan(lm, 4, "16MiB", tp=4)
     notes = [n for n in p.notes if n.startswith("tensor grid:")]
     assert len(notes) == 1 and "(1 x 4)" in notes[0]
     assert "no row x column grid moves them faster" in notes[0]
     # tp 2 has no grid but 1 x 2 and 2 x 1: no note
-    assert not any(n.startswith("tensor grid:") for n in outcore.plan(lm, 4, "14MiB", tp=2).notes)
+    assert not any(n.startswith("tensor grid:") for n in outcore.plan(lm, 4, "16MiB", tp=2).notes)
 
 
 def test_a_tensor_parallel_plan_on_one_slot_starts_only_its_ranks(lm):
