@@ -114,6 +114,7 @@ class MemoryTracker:
                 st = t.untyped_storage()
                 seen[st.data_ptr()] = st.nbytes()
         self.base_bytes = sum(seen.values())
+        _warn_once_quietly()
         self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                                profile_memory=True)
         with _quiet():
@@ -153,6 +154,23 @@ class MemoryTracker:
                 fin.detach()
         counter.seen.clear()
         self.counter = None
+
+
+_WARNED = False
+
+
+def _warn_once_quietly() -> None:
+    """Free memory allocated before a profile once, silenced: the allocator warns the first
+    time it sees such a free (once a process), which every worker's first step would print."""
+    global _WARNED
+    if _WARNED:
+        return
+    _WARNED = True
+    t = torch.empty(1)
+    with _quiet():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                    profile_memory=True):
+            del t
 
 
 @contextlib.contextmanager

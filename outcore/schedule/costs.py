@@ -238,12 +238,12 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
     piece, less the saved activations the backward has freed already (those of the piece's
     later nodes); an output with several consumers holds two gradients while they are
     summed (``summed``: autograd adds the one arriving into the one held, in place; a
-    checkpointed piece's recomputing backward sums out of place, three). The largest over the
-    nodes; measured on CPU for a ResNet (one piece): the peak rises 1.0 MiB above the end of
-    the forward, where the largest output is 2 MiB; for a downsampling block alone, 4 MiB
-    above (its 2 MiB input feeds two convolutions). Three gradients (an out-of-place sum) put
-    the zoo ResNet's predicted peaks 6-10 % over the CPU tracker's in every fidelity cell; two,
-    1-2 %."""
+    checkpointed piece's recomputing backward sums out of place, three); and the gradient a
+    fork's consumer that ran its backward first returned for it, waiting while the others run
+    theirs. The largest over the nodes. Autograd sums two gradients in place when it holds
+    the only reference to one (the operator-watching tracker this project once used prevented
+    that, and measured three); the checkpointed pieces' three was measured with that tracker
+    and is kept as a bound."""
     n = g.num_nodes
     if not n or not n_p:
         return np.zeros(n_p)
@@ -257,12 +257,13 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
                            np.asarray(g.edge_bytes, np.float64),
                            np.asarray(g.saved_bytes, np.float64),
                            np.asarray(g.out_bytes, np.float64), aliasing, summed,
-                           np.zeros(n) if workspace is None else workspace)
+                           np.zeros(n) if workspace is None else workspace,
+                           g.pred_ptr, g.pred_idx)
 
 
 @njit
 def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes, aliasing,
-                    summed, workspace):
+                    summed, workspace, pred_ptr, pred_idx):
     """:func:`_backward_working` in two passes (compiled): the edges, then the nodes in
     reverse topological order, each piece's saved bytes freed so far summed as it goes."""
     n = order.shape[0]
@@ -279,6 +280,7 @@ def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes
             outside[u] = 1
     freed = np.zeros(n_p)  # saved bytes of the piece's later nodes, freed already
     out = np.zeros(n_p)
+    begun = np.zeros(n, np.bool_)  # a fork whose first consumer's backward has run
     for i in range(n - 1, -1, -1):
         v = order[i]
         p = piece_of[v]
@@ -288,8 +290,19 @@ def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes
             held = summed - outside[v]
         else:
             held = min(consumers[v], 1)
+        # an input another of its consumers has returned a gradient for already: that
+        # gradient waits while this node makes its own (the second branch of a ResNet's
+        # downsampling block: 0.3 MiB over the prediction without it)
+        waiting = 0.0
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = pred_idx[k]
+            if piece_of[u] == p and consumers[u] >= 2:
+                if begun[u]:
+                    waiting += out_bytes[u]
+                else:
+                    begun[u] = True
         work = held * out_bytes[v] + (0.0 if aliasing[v] else grads_in[v]) + workspace[v] \
-            - freed[p]
+            + waiting - freed[p]
         if work > out[p]:
             out[p] = work
         freed[p] += saved[v]

@@ -171,8 +171,9 @@ def test_sharding_copies_of_a_graph_without_parameter_names_saves_memory():
 def test_backward_working_memory_matches_a_node_by_node_reading(seed):
     """The compiled pass of :func:`_backward_working` against its definition read node by
     node: per piece, the largest of (gradients held for a node's output, plus the largest
-    gradient its inputs from its own piece return unless its op aliases it, less the saved
-    bytes of the piece's nodes after it), and never below 0."""
+    gradient its inputs from its own piece return unless its op aliases it, plus the
+    gradients other consumers returned already for its inputs, less the saved bytes of the
+    piece's nodes after it), and never below 0."""
     from outcore.graph.algorithms import topological_order
     from outcore.schedule.costs import ALIASING_BACKWARD_OPS, _backward_working
 
@@ -205,5 +206,13 @@ def test_backward_working_memory_matches_a_node_by_node_reading(seed):
             held = summed - outside if inside + outside >= 2 else min(inside, 1)
             freed = sum(g.saved_bytes[w] for w in range(n)
                         if piece_of[w] == p and pos[w] > pos[v])
-            want[p] = max(want[p], held * g.out_bytes[v] + grad_in - freed)
+            # an input of its piece that another consumer, whose backward ran first (later
+            # in the order), has returned a gradient for: that gradient waits
+            waiting = 0.0
+            for u in {int(g.src[e]) for e in range(g.num_edges) if g.dst[e] == v}:
+                users = [int(g.dst[e]) for e in range(g.num_edges)
+                         if g.src[e] == u and piece_of[g.dst[e]] == piece_of[u]]
+                if piece_of[u] == p and len(users) >= 2 and v != max(users, key=pos.__getitem__):
+                    waiting += g.out_bytes[u]
+            want[p] = max(want[p], held * g.out_bytes[v] + grad_in + waiting - freed)
         assert np.allclose(_backward_working(g, piece_of, k, summed), want)

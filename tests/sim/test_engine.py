@@ -248,8 +248,9 @@ def test_an_output_with_two_consumers_holds_two_gradients_while_they_are_summed(
                edge_bytes=[100, 100, 10, 10], out_bytes=[100, 10, 10, 5],
                saved_bytes=[0, 0, 0, 0])
     # node 0: the gradient from 1 and the one from 2, added into it in place (2 x 100); no
-    # input
-    assert _backward_working(g, np.zeros(4, dtype=np.int64), 1).tolist() == [200.0]
+    # input. Node 1, whose backward runs after 2's: 2's gradient for 0 waits while 1 holds
+    # its output's gradient and makes its own for 0 (100 + 10 + 100)
+    assert _backward_working(g, np.zeros(4, dtype=np.int64), 1).tolist() == [210.0]
     # 2 in another piece: the gradient it returns is held as that piece's input gradient (the
     # simulator counts it there), so node 0 adds the one arriving from 1 (100), less than
     # node 1 holding its output's gradient while it makes its input's (10 + 100); node 2's
