@@ -132,8 +132,8 @@ class _Layout:
                 for m, dt in zip(self.metas, self.wire_dtypes)]
 
 
-def _wire_messages(schedule: Schedule, sender: int, layouts: dict[tuple[int, str], _Layout]
-                   ) -> dict[int, list[tuple[MsgKey, ...]]]:
+def _wire_messages(schedule: Schedule, sender: int, layouts: dict[tuple[int, str], _Layout],
+                   where: dict[MsgKey, int]) -> dict[int, list[tuple[MsgKey, ...]]]:
     """Per destination, the messages ``sender`` puts on the wire, in its order.
 
     A run of consecutive send actions of ``sender`` to one peer (no other action between them,
@@ -142,11 +142,11 @@ def _wire_messages(schedule: Schedule, sender: int, layouts: dict[tuple[int, str
     weight's gradient packed with the first gradients a stage takes put it 13 % over its
     prediction) travels as one packed message when it fits in ``PACK_MAX_BYTES``; otherwise
     each send is its own message. Sender and receiver derive the same grouping from the
-    schedule, so nothing but tensor data crosses the wire.
+    schedule, so nothing but tensor data crosses the wire. ``where``: every receive's place
+    among its receiver's actions (:func:`_receive_positions`).
     """
     out: dict[int, list[tuple[MsgKey, ...]]] = {}
     runs: list[tuple[int, list[MsgKey]]] = []
-    where = _receive_positions(schedule)
     for a in schedule.actions[sender]:
         if a.op not in ("SF", "SB"):
             runs.append((-1, []))
@@ -250,7 +250,8 @@ class Messenger:
         self.wire_layout: dict[tuple[MsgKey, ...], _Layout] = {}
         # sends: the wire message each of this rank's sends belongs to
         self.wire_of_send: dict[MsgKey, tuple[MsgKey, ...]] = {}
-        sends = _wire_messages(schedule, rank, self.layouts)
+        where = _receive_positions(schedule)
+        sends = _wire_messages(schedule, rank, self.layouts, where)
         for wires in sends.values():
             for w in wires:
                 self._add_wire(w)
@@ -260,7 +261,7 @@ class Messenger:
         self.order: dict[int, list[tuple[MsgKey, ...]]] = {}
         for peer in range(len(schedule.actions)):
             if peer != rank:
-                wires = _wire_messages(schedule, peer, self.layouts).get(rank)
+                wires = _wire_messages(schedule, peer, self.layouts, where).get(rank)
                 if wires:
                     self.order[peer] = wires
                     for w in wires:
