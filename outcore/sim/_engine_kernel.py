@@ -11,7 +11,8 @@ The kernel allocates nothing and is compiled without numba's reference counting
 rank, rows ``R_*``), ``ri`` (integers per rank, rows ``I_*``), ``cnt`` (counters, ``C_*``), and
 one array per keyed table of the reference (message arrivals and waiters by ``(transfer,
 direction, micro-batch)``, held bytes by ``(transfer, micro-batch)`` and ``(piece,
-micro-batch)``, all-reduce arrivals by bucket).
+micro-batch)``, gradients held summed by ``(piece, micro-batch)``, all-reduce arrivals by
+bucket).
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def _finish_compute(A, P, D, rf, ri, cnt, E, M, H, k, t, end):
     h = held_p[p * nmb + mb]
     held_p[p * nmb + mb] = 0.0
     _mem(M, cnt, r, end, in_grad[p] - saved[p] - h)
-    local_ptr, local_src, local_bytes, cap, grad_held = P[14], P[15], P[16], P[17], P[18]
+    local_ptr, local_src, local_bytes, cap, grad_held = P[14], P[15], P[16], P[17], H[8]
     grad_held[p * nmb + mb] = 0.0
     handed = 0.0
     for j in range(local_ptr[p], local_ptr[p + 1]):  # handed to a piece of this rank, summed
@@ -260,7 +261,7 @@ def _receive(A, P, T, D, cnt, E, M, H, rf, reached, k, t):
     # outputs others take); the rest of the buffer goes once read
     src = T[3][tr]
     gkey = src * nmb + mb
-    cap, grad_held = P[17], P[18]
+    cap, grad_held = P[17], H[8]
     keep = max(min(nbytes, cap[src] - grad_held[gkey]), 0.0)
     grad_held[gkey] += keep
     H[2][gkey] += keep

@@ -44,13 +44,13 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
         return None
     nmb = int(max(mbs.max(), 0)) + 1
     T, P = s.pieces.num_transfers, s.pieces.num_pieces
-    if (T * 2 + P) * nmb > MAX_TABLE:
+    if (T * 2 + 2 * P) * nmb > MAX_TABLE:
         return None
     ptr = np.zeros(R + 1, np.int64)
     ptr[1:] = np.cumsum([len(c[0]) for c in columns])
     rank_of = np.repeat(np.arange(R, dtype=np.int64), np.diff(ptr))
     A = (ptr, op, mbs, pcs, trs, bks, rank_of, nmb, RECV_POST_AHEAD)
-    Pa, left = _pieces(s, costs, cluster, opt, op, mbs, pcs, R, nmb)
+    Pa, left = _pieces(s, costs, cluster, opt, op, mbs, pcs, R)
     Ta, nports = _transfers(s, costs, cluster)
     paired = paired_buckets(s, cluster, opt)
     Ba = _buckets(s, cluster, opt, R, paired)
@@ -77,7 +77,8 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
     M[2][:R] = held_at_start(s, costs, Pa[6])
     key = T * 2 * nmb
     H = (np.zeros(key), np.zeros(T * nmb), np.zeros(P * nmb), np.zeros(P, np.bool_),
-         np.zeros(nports), np.zeros(nports), np.zeros(key, np.int8), np.full(key, -1, np.int64))
+         np.zeros(nports), np.zeros(nports), np.zeros(key, np.int8), np.full(key, -1, np.int64),
+         np.zeros(P * nmb))  # the last: gradients held per (piece, micro-batch), summed
     Q = (np.zeros(pushes), np.zeros(pushes, np.int64), np.zeros(pushes, np.int64),
          np.zeros(pushes, np.int64))
     rf = np.zeros((11, R))
@@ -106,8 +107,7 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
                     {"schedule": s.kind, "microbatches": s.microbatches, "dp": opt.dp})
 
 
-def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs, R: int,
-            nmb: int):
+def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs, R: int):
     """Per-piece arrays (and each rank's count of pieces with a last backward)."""
     P = s.pieces.num_pieces
     tb = np.asarray(costs.transfer_bytes, np.float64)
@@ -137,7 +137,7 @@ def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs,
             np.asarray(costs.bwd_transient, np.float64),
             np.asarray(costs.saved_bytes, np.float64), in_grad, grads, last_b, pparam, ph, rph,
             np.zeros(ports), port_of, total, local_ptr, src[lo].astype(np.int64),
-            tb[lo].copy(), cap, np.zeros(P * nmb)), left
+            tb[lo].copy(), cap), left
 
 
 def _dp_phases(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, last_b, pparam, R: int):
