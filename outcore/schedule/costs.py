@@ -38,7 +38,7 @@ import numpy as np
 from outcore.cost.memory import state_factor
 from outcore.graph.algorithms import topological_order
 from outcore.graph.batch import batch_factor, bytes_at_scale
-from outcore.graph.ir import Graph
+from outcore.graph.ir import Graph, memo
 from outcore.graph.jit import njit
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
@@ -144,6 +144,15 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     fwd = np.bincount(piece_of, weights=g.fwd_s, minlength=n_p) * scale
     bwd = np.bincount(piece_of, weights=g.bwd_s, minlength=n_p) * scale
     tbytes = _transfer_bytes(g, pieces, scale)
+    # operators' scratch memory, as measured on CPU (an accelerator's libraries differ); the
+    # same for every placement of the graph, so remembered with it
+    if host_is_device:
+        known = memo(g, "workspace")
+        if scale not in known:
+            known[scale] = workspace_bytes(bytes_at_scale(g, scale))
+        ws_f, ws_b = known[scale]
+    else:
+        ws_f = ws_b = np.zeros(g.num_nodes)
     # bytes at the micro-batch (a parameter's do not change with it); times scaled above
     g = bytes_at_scale(g, scale)
     if loss_s is not None:
@@ -163,8 +172,6 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         # 256 KiB of logits were the whole gap between its measured peak and the prediction
         for v in g.nodes_with_op("output").tolist():
             saved[piece_of[v]] += float(g.out_bytes[v])
-    # operators' scratch memory, as measured on CPU (an accelerator's libraries differ)
-    ws_f, ws_b = workspace_bytes(g) if host_is_device else (np.zeros(g.num_nodes),) * 2
     transient = np.zeros(n_p)
     np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) + ws_f)
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
