@@ -144,17 +144,17 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     fwd = np.bincount(piece_of, weights=g.fwd_s, minlength=n_p) * scale
     bwd = np.bincount(piece_of, weights=g.bwd_s, minlength=n_p) * scale
     tbytes = _transfer_bytes(g, pieces, scale)
+    # bytes at the micro-batch (a parameter's do not change with it); times scaled above
+    whole, g = g, bytes_at_scale(g, scale)
     # operators' scratch memory, as measured on CPU (an accelerator's libraries differ); the
     # same for every placement of the graph, so remembered with it
     if host_is_device:
-        known = memo(g, "workspace")
+        known = memo(whole, "workspace")
         if scale not in known:
-            known[scale] = workspace_bytes(bytes_at_scale(g, scale))
+            known[scale] = workspace_bytes(g)
         ws_f, ws_b = known[scale]
     else:
         ws_f = ws_b = np.zeros(g.num_nodes)
-    # bytes at the micro-batch (a parameter's do not change with it); times scaled above
-    g = bytes_at_scale(g, scale)
     if loss_s is not None:
         for v in g.nodes_with_op("output").tolist():
             f, b = loss_s(float(g.out_bytes[v]))

@@ -94,15 +94,19 @@ class _Engine:
         self.work_f, self.work_b = costs.transient_bytes.tolist(), costs.bwd_transient.tolist()
         self.saved = costs.saved_bytes.tolist()
         self.tbytes = np.asarray(costs.transfer_bytes, np.float64).tolist()
+        self.last_b = {}
+        for r, acts in enumerate(s.actions):
+            for a in acts:
+                if a.op == "B":
+                    self.last_b[a.piece] = a.mb  # last backward of each piece in rank order
         self.in_grad = [0.0] * len(s.pieces.pieces)
-        # per piece, the gradients it hands to pieces of its own rank, held until their
-        # backward: (source piece, bytes)
+        # per piece, the gradients it hands to pieces of its own rank (that have a backward),
+        # held until their backward: (source piece, bytes)
         self.local_grads: list[list[tuple[int, float]]] = [[] for _ in s.pieces.pieces]
-        backward = {a.piece for acts in s.actions for a in acts if a.op == "B"}
         for tr in s.pieces.transfers:
             if not tr.local:
                 self.in_grad[tr.dst] += self.tbytes[tr.id]
-            elif tr.src in backward:
+            elif tr.src in self.last_b:
                 self.local_grads[tr.dst].append((tr.src, self.tbytes[tr.id]))
         # summed into one gradient per tensor: at most the piece's outputs others take
         self.grad_cap = (costs.out_grad_cap.tolist() if costs.out_grad_cap is not None
@@ -112,11 +116,6 @@ class _Engine:
         self.dp_free = [0.0] * R
         # (node, port) -> when the data-parallel traffic through that network port ends
         self.dp_port: dict[tuple[int, int], float] = {}
-        self.last_b = {}
-        for r, acts in enumerate(s.actions):
-            for a in acts:
-                if a.op == "B":
-                    self.last_b[a.piece] = a.mb  # last backward of each piece in rank order
         self.pieces_left = [0] * R  # per rank: pieces whose last backward is still to run
         for piece in self.last_b:
             self.pieces_left[s.pieces.pieces[piece].device] += 1
