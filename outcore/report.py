@@ -41,6 +41,15 @@ class TrainReport:
     # around them (interpreter, libraries, allocator slack) that a node's RAM must hold
     host_peak_bytes: list[int] = field(default_factory=list)
 
+    def per_rank(self, key: str) -> list[Any]:
+        """The plan's per-device prediction ``key`` (``peak_bytes``, ``busy_s``) for each rank,
+        beside the measured lists: the ``tp`` ranks of a device slot share its figure (None
+        where the prediction has none)."""
+        values = list(self.predicted.get(key) or [])
+        tp = self.plan.layout.tp
+        return [values[r // tp] if r // tp < len(values) else None
+                for r in range(self.plan.devices)]
+
     @property
     def median_step_s(self) -> float:
         steady = self.step_s[1:] if len(self.step_s) > 1 else self.step_s
@@ -61,6 +70,7 @@ class TrainReport:
                 "peak_bytes": self.peak_bytes, "host_peak_bytes": self.host_peak_bytes,
                 "busy_s": self.busy_s,
                 "memory_bytes": self.plan.memory_bytes, "predicted": self.predicted,
+                "predicted_peak_bytes_per_rank": self.per_rank("peak_bytes"),
                 "files": self.files, "comm": self.comm}
 
 

@@ -109,18 +109,15 @@ def _copy_trace(report, directory: str) -> None:
 def print_report(report) -> None:
     pred = report.predicted
     K = report.plan.devices
-    tp = report.plan.layout.tp  # the prediction is per device slot of tp ranks
-    p_peak = pred.get("peak_bytes", [None] * K)
-    p_busy = pred.get("busy_s", [None] * K)
+    p_peak, p_busy = report.per_rank("peak_bytes"), report.per_rank("busy_s")
     limit = report.plan.memory_bytes
     host = report.host_peak_bytes or [0] * K
     rows = []
     for r in range(K):
-        s = r // tp
         rows.append([r, format_seconds(report.busy_s[r]),
-                     format_seconds(p_busy[s]) if p_busy[s] is not None else "-",
+                     format_seconds(p_busy[r]) if p_busy[r] is not None else "-",
                      format_bytes(report.peak_bytes[r]) if report.peak_bytes[r] else "-",
-                     format_bytes(p_peak[s]) if p_peak[s] is not None else "-",
+                     format_bytes(p_peak[r]) if p_peak[r] is not None else "-",
                      format_bytes(limit) if limit else "-",
                      format_bytes(host[r]) if host[r] else "-"])
     cfg = report.config
