@@ -31,7 +31,7 @@ piece's parameters (held while it runs), and the backward then reduce-scatters t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -67,8 +67,9 @@ class PieceCosts:
             optimizers pay a fixed cost per tensor).
         grad_bytes: ``[pieces]`` the part of ``static_bytes`` that is gradients made by the
             piece's first backward of a step and freed when the optimizer has stepped (the
-            runtime clears them, ``zero_grad(set_to_none=True)``); 0 for pieces under a memory
-            policy or sharded, whose state the policy accounts.
+            runtime clears them, ``zero_grad(set_to_none=True)``; a sharded piece's shard of
+            them, which its reduce-scatter makes); 0 for pieces under a memory policy, whose
+            state the policy accounts.
         collectives: per piece with any, the collectives its forward or backward runs inside
             itself (their time is in ``fwd_s`` / ``bwd_s``): ``(phase, kind, bytes, seconds)``
             per micro-batch, ``phase`` ``F`` or ``B`` (sharded parameters gathered and
@@ -77,6 +78,9 @@ class PieceCosts:
         out_grad_cap: ``[pieces]`` the bytes of a piece's distinct outputs that other pieces
             take: the gradients they hand back (or send) are summed into one per tensor and
             held until the piece's backward, so at most this much per micro-batch.
+        first_bwd_extra: ``[pieces]`` what a step's first backward of the piece holds beyond
+            ``transient_bwd_bytes``: the ``.grad`` tensors it has made so far at its costliest
+            node (later backwards add into them, one fresh gradient at a time).
     """
 
     fwd_s: np.ndarray
@@ -93,6 +97,7 @@ class PieceCosts:
     grad_bytes: np.ndarray | None = None
     collectives: dict[int, tuple[tuple[str, str, float, float], ...]] | None = None
     out_grad_cap: np.ndarray | None = None
+    first_bwd_extra: np.ndarray | None = None
 
     @property
     def bwd_transient(self) -> np.ndarray:
@@ -177,7 +182,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
     factor = state_factor(optimizer)
     pol = tuple(policies) if policies is not None else ("none",) * n_p
-    t_bwd, grad_tmp = _backward_bytes(g, piece_of, n_p, pol, ws_b)
+    t_bwd, grad_tmp, t_first = _backward_bytes(g, piece_of, n_p, pol, ws_b)
     if loss_s is not None:  # the loss's backward: the gradients of the log-probabilities and
         # of the output together (GPT-2's stage of logits: 0.13 MiB over without the first)
         for v in g.nodes_with_op("output").tolist():
@@ -187,14 +192,20 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     if any(p != "none" for p in pol):
         _apply_policies(g, pieces, pol, host_bandwidth, host_is_device, fwd, bwd,
                         saved, transient, t_bwd, grad_tmp, static_piece, piece_params)
-    plain = np.array([p == "none" for p in pol], dtype=bool)
-    grads = np.where(plain, piece_params, 0.0) if n_p else np.zeros(0)
     inner = None
     if sharded_bytes is not None and depth > 1:
-        grads = np.zeros(n_p)
         inner = _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth,
                        factor, gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece,
                        piece_params, grad_tmp)
+    # a sharded piece's gradient shard is made by its first reduce-scatter, like a whole one
+    plain = np.array([p == "none" for p in pol], dtype=bool)
+    grads = np.where(plain, piece_params, 0.0) if n_p else np.zeros(0)
+    # a step's first backward of a piece holds the .grad tensors it has made so far (a
+    # sharded piece's whole gradients are in its own term)
+    first_extra = np.where(plain, np.maximum(t_first - t_bwd, 0.0), 0.0) if n_p \
+        else np.zeros(0)
+    if inner:
+        first_extra[list(inner)] = 0.0
     static = np.bincount(rank_of_piece, weights=static_piece, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
     params = np.bincount(rank_of_piece, weights=piece_params, minlength=num_ranks) \
@@ -208,13 +219,15 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 held[rank_of_piece[piece_of[v]]].update(names)
             tensors = np.array([len(h) for h in held], dtype=np.float64)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
-                      pol, tensors, grads, inner, _taken_outputs(g, pieces))
+                      pol, tensors, grads, inner, _taken_outputs(g, pieces), first_extra)
 
 
 def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ...],
-                    workspace: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    workspace: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per piece, its backward's working memory (:func:`_backward_working`) with
-    the fresh gradient of its largest layer, and that gradient alone. The backward holds a
+    the fresh gradient of its largest layer, that gradient alone, and the first backward's
+    working memory (with the ``.grad`` tensors it has made so far). The backward holds a
     layer's fresh gradient until it is accumulated into ``.grad``; a parameter that is a node
     of its own, as torch.export captures them, passes its gradient along an edge, which the
     working memory counts already."""
@@ -222,13 +235,14 @@ def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ..
     layer_params = g.param_bytes.astype(np.float64)
     layer_params[g.nodes_with_op("param")] = 0.0
     np.maximum.at(grad_tmp, piece_of, layer_params)
-    t_bwd = _backward_working(g, piece_of, n_p, workspace=workspace) + grad_tmp
+    work, work_first = _backward_working(g, piece_of, n_p, workspace=workspace, first=True)
+    t_bwd = work + grad_tmp
     if "checkpoint" in pol:  # a recomputing backward sums a forked output's gradients out of
         # place (a checkpointed ResNet: 17.0 MiB measured, 14.4 predicted with the in-place sum)
         ck = np.array([p == "checkpoint" for p in pol], dtype=bool)
         t_bwd[ck] = (_backward_working(g, piece_of, n_p, summed=3, workspace=workspace)
                      + grad_tmp)[ck]
-    return t_bwd, grad_tmp
+    return t_bwd, grad_tmp, work_first + grad_tmp
 
 
 # ops whose backward returns a view of the output's gradient (no new memory): reshapes,
@@ -238,7 +252,7 @@ ALIASING_BACKWARD_OPS = ("view", "_unsafe_view", "reshape", "unflatten", "flatte
 
 
 def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
-                      workspace: np.ndarray | None = None) -> np.ndarray:
+                      workspace: np.ndarray | None = None, first: bool = False) -> Any:
     """Per piece, the working memory of its backward above what it holds when the backward
     starts: at each node (in reverse topological order), the gradient of its output (unless
     that is a received one, counted where it is received) and of its inputs from the same
@@ -247,10 +261,12 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
     summed (``summed``: autograd adds the one arriving into the one held, in place; a
     checkpointed piece's recomputing backward sums out of place, three); and the gradient a
     fork's consumer that ran its backward first returned for it, waiting while the others run
-    theirs. The largest over the nodes. Autograd sums two gradients in place when it holds
-    the only reference to one (the operator-watching tracker this project once used prevented
-    that, and measured three); the checkpointed pieces' three was measured with that tracker
-    and is kept as a bound."""
+    theirs. The largest over the nodes; with ``first``, also the largest with the gradients
+    of the parameters of the nodes done so far (a step's first backward of the piece makes
+    its ``.grad`` tensors as it goes; later ones add into them). Autograd sums two gradients
+    in place when it holds the only reference to one (the operator-watching tracker this
+    project once used prevented that, and measured three); the checkpointed pieces' three was
+    measured with that tracker and is kept as a bound."""
     n = g.num_nodes
     if not n or not n_p:
         return np.zeros(n_p)
@@ -259,20 +275,25 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
     aliasing = np.zeros(n, dtype=np.bool_)
     for op in ALIASING_BACKWARD_OPS:
         aliasing[g.nodes_with_op(op)] = True
-    return _working_kernel(np.asarray(topological_order(g), np.int64),
-                           np.asarray(piece_of, np.int64), n_p, g.src, g.dst,
-                           np.asarray(g.edge_bytes, np.float64),
-                           np.asarray(g.saved_bytes, np.float64),
-                           np.asarray(g.out_bytes, np.float64), aliasing, summed,
-                           np.zeros(n) if workspace is None else workspace,
-                           g.pred_ptr, g.pred_idx)
+    is_param = np.zeros(n, dtype=np.bool_)
+    is_param[g.nodes_with_op("param")] = True
+    layer_params = np.where(is_param, 0.0, np.asarray(g.param_bytes, np.float64))
+    out, out_first = _working_kernel(np.asarray(topological_order(g), np.int64),
+                                     np.asarray(piece_of, np.int64), n_p, g.src, g.dst,
+                                     np.asarray(g.edge_bytes, np.float64),
+                                     np.asarray(g.saved_bytes, np.float64),
+                                     np.asarray(g.out_bytes, np.float64), aliasing, summed,
+                                     np.zeros(n) if workspace is None else workspace,
+                                     g.pred_ptr, g.pred_idx, layer_params, is_param)
+    return (out, out_first) if first else out
 
 
 @njit
 def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes, aliasing,
-                    summed, workspace, pred_ptr, pred_idx):
+                    summed, workspace, pred_ptr, pred_idx, layer_params, is_param):
     """:func:`_backward_working` in two passes (compiled): the edges, then the nodes in
-    reverse topological order, each piece's saved bytes freed so far summed as it goes."""
+    reverse topological order, each piece's saved bytes freed so far summed as it goes; also
+    the largest with the parameters' gradients made so far added (a step's first backward)."""
     n = order.shape[0]
     grads_in = np.zeros(n)  # the largest gradient a node's input from its own piece returns
     consumers = np.zeros(n, np.int64)  # consumers in its own piece
@@ -287,6 +308,9 @@ def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes
             outside[u] = 1
     freed = np.zeros(n_p)  # saved bytes of the piece's later nodes, freed already
     out = np.zeros(n_p)
+    made = np.zeros(n_p)  # parameters' gradients its backward has made so far (.grad)
+    out_first = np.zeros(n_p)
+    credited = np.zeros(n, np.bool_)
     begun = np.zeros(n, np.bool_)  # a fork whose first consumer's backward has run
     for i in range(n - 1, -1, -1):
         v = order[i]
@@ -312,8 +336,18 @@ def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes
             + waiting - freed[p]
         if work > out[p]:
             out[p] = work
+        if work + made[p] > out_first[p]:
+            out_first[p] = work + made[p]
         freed[p] += saved[v]
-    return out
+        # its weights' gradients stay (a parameter node's, captured by torch.export, once
+        # its consumer has returned it)
+        made[p] += layer_params[v]
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = pred_idx[k]
+            if is_param[u] and piece_of[u] == p and not credited[u]:
+                credited[u] = True
+                made[p] += out_bytes[u]
+    return out, out_first
 
 
 def _saved_received(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray,

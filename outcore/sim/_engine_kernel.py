@@ -163,6 +163,8 @@ def _finish_compute(A, P, D, rf, ri, cnt, E, M, H, k, t, end):
     rf[R_WARM, r] = end
     _event(E, cnt, r, op, k, t, end, mb, p, 0.0, -1)
     work = work_f[p] if op == OP_F else work_b[p]
+    if op == OP_B and not made[p]:  # the step's first: the .grad tensors made so far
+        work += P[18][p]
     _mem(M, cnt, r, t, work)
     _mem(M, cnt, r, end, -work)
     if op == OP_F:

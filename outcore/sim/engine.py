@@ -227,6 +227,8 @@ class _Engine:
         self.warm_until[r] = end
         self.events.append(Event(r, a.op, str(a), t, end, "compute", a.mb, a.piece))
         work = self.work_f[a.piece] if a.op == "F" else self.work_b[a.piece]
+        if a.op == "B" and a.piece not in self.grads_made and self.c.first_bwd_extra is not None:
+            work += float(self.c.first_bwd_extra[a.piece])  # the .grad tensors made so far
         self.add_mem(r, t, work)
         self.add_mem(r, end, -work)
         if a.op == "F":
