@@ -166,6 +166,8 @@ def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
     idle = {f"AR{b}" for b, ring in enumerate(sim.schedule.meta.get("bucket_ring", ()))
             if ring == 1}
     predicted = with_inner_collectives(sim.timeline, sim.costs.collectives)
+    if p.spatial is not None:
+        predicted = _tiles_communicate(predicted, p)
     if idle:
         predicted = replace(predicted, events=tuple(
             e for e in predicted.events if not (e.kind == "allreduce" and e.label in idle)))
@@ -180,3 +182,17 @@ def _timeline_files(cfg: TrainConfig, g: Graph, p: Plan, root: Path,
     except Exception as e:  # a picture must never fail a finished training run
         log.warning("could not draw the timeline: %s", e)
     return out
+
+
+def _tiles_communicate(tl: Any, p: Plan) -> Any:
+    """``tl`` with each extra tile rank running its spatial stage's rank's tile communication
+    (halos, statistics, the join) in lock-step: the simulated timeline has it on that rank."""
+    from outcore.plan.spatial import home_rank, tile_ranks
+    sp, extra = p.spatial, []
+    assert sp is not None
+    for c in range(p.layout.copies):
+        home = home_rank(p.stages, sp, c, p.layout.maps)
+        mine = [e for e in tl.events if e.rank == home and e.kind.startswith("sp ")]
+        for r in tile_ranks(p.stages, sp.tiles, p.layout.dp, c):
+            extra += [e._replace(rank=r) for e in mine]
+    return replace(tl, events=tuple(sorted([*tl.events, *extra], key=lambda e: e.start_s)))

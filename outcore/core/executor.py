@@ -205,10 +205,12 @@ class RankExecutor:
 
     # ------------------------------------------------------------------ per step
     def run_step(self, inputs: list[tuple[torch.Tensor, ...]] | None,
-                 targets: list[Any] | None) -> StepResult:
+                 targets: list[Any] | None, since: float | None = None) -> StepResult:
         """Run this rank's actions once. ``inputs``/``targets`` are per chunk of the global batch
         (``copies * microbatches`` chunks; micro-batch ``m`` of copy ``c`` is chunk
-        ``c * M + m``); only the ranks holding the model's inputs / output need them."""
+        ``c * M + m``); only the ranks holding the model's inputs / output need them.
+        ``since``: the step began then, with work of the caller's (an extra tile rank's
+        tiles) whose collectives the log already holds."""
         self.inputs, self.targets = inputs, targets
         self.fwd_inputs: dict[tuple[int, int], dict[str, list[Any]]] = {}
         self.anchor = torch.zeros((), requires_grad=True)  # see Entry
@@ -221,11 +223,12 @@ class RankExecutor:
         self.losses: dict[int, torch.Tensor] = {}
         result = StepResult(None)
         self.msg.start_step()
-        self.collectives.start(self.trace)
+        if since is None:
+            self.collectives.start(self.trace)
         self.ar_done.clear()
         self.nonfinite = None
         self.step_loss = None
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if since is None else since
         acts = self.s.actions[self.rank]
         prepost, prefetch = self.msg.prepost, self.act_off.prefetch
         clock, trace, busy = time.perf_counter, self.trace, 0.0

@@ -338,9 +338,10 @@ class Trainer:
         extra = self.spatial is not None and self.spatial.is_extra
         t0 = time.perf_counter()
         if extra:  # an extra tile rank: its tiles, then the step its schedule has no OPT for
+            self.executor.collectives.start(self.executor.trace)  # the tiles' communication
             self.spatial.run_tiles(micro_in)
         tiles_s = time.perf_counter() - t0
-        result = self.executor.run_step(micro_in, micro_tg)
+        result = self.executor.run_step(micro_in, micro_tg, since=t0 if extra else None)
         result.busy_s += tiles_s
         if extra and self.optimizer is not None:
             if not any(self.executor.nonfinite or ()):

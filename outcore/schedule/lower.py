@@ -101,16 +101,18 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
         raise UsageError(f"micro-batches must be at least 1, got {M}")
     kind = schedule or plan.schedule or "1f1b"
     cl = cluster or plan.cluster_or_default()
+    inner: dict[int, list[tuple[str, str, float, float]]] = {}  # per node of one copy
     if plan.spatial is not None:  # MPI4DL SP: tiled layers costed for the largest tile
-        from outcore.schedule.spatial import tiled_graph
+        from outcore.schedule.spatial import collectives, tiled_graph
+        inner = collectives(g, plan.spatial, cl, plan.stages, plan.layout.dp)
         g = tiled_graph(g, plan.spatial, cl, plan.stages, plan.layout.dp)
     tp = plan.layout.tp
-    tp_inner: dict[int, tuple] = {}
     if tp > 1:
         link = cl.link(0, 1)
         g, layout = tensor_graph(g, tp, link)
-        tp_inner = {v: tuple((c, collective_s(c, link)) for c in cs)
-                    for v, cs in layout_collectives(layout).items()}
+        inner = {v: [("F" if c.phase == "fwd" else "B", _TP_KINDS[c.kind], float(c.nbytes),
+                      collective_s(c, link)) for c in cs]
+                 for v, cs in layout_collectives(layout).items()}
         cl = cl.slots(tp)
     big, assignment, copies = expand(g, plan)
     if mb_samples is not None:
@@ -127,25 +129,26 @@ def lower(g: Graph, plan: Plan, *, microbatches: int | None = None,
                                          depth=(plan.stages, plan.layout.dp, depth)
                                          if depth > 1 else None,
                                          whole=_tiled_mask(g, plan, copies), checked=checked)
-    if tp_inner:
-        costs = _with_tensor_collectives(costs, pieces, tp_inner, g.num_nodes, scale)
+    if inner:
+        costs = _with_inner_collectives(costs, pieces, inner, g.num_nodes, scale)
     return Lowered(big, assignment, copies, pieces, costs, sched, cl, batch, tp)
 
 
-def _with_tensor_collectives(costs: PieceCosts, pieces: Pieces,
-                             per_node: dict[int, tuple], n: int, scale: float) -> PieceCosts:
-    """``costs`` with each piece's tensor-parallel collectives (``per_node``: node of one
-    model copy -> its collectives and their seconds, at the graph's batch) added to
+def _with_inner_collectives(costs: PieceCosts, pieces: Pieces,
+                            per_node: dict[int, list[tuple[str, str, float, float]]], n: int,
+                            scale: float) -> PieceCosts:
+    """``costs`` with the collectives each piece runs inside its forward or backward
+    (``per_node``: node of one model copy -> ``(phase, kind, bytes, seconds)`` at the graph's
+    batch; tensor-parallel collectives, spatial halos and gathers) added to
     :attr:`~outcore.schedule.costs.PieceCosts.collectives`, at the micro-batch's ``scale``
     (the seconds scaled with the bytes: an upper bound for the latency part)."""
     out = {k: list(v) for k, v in (costs.collectives or {}).items()}
     piece_of = pieces.piece_of
     for copy in range(len(piece_of) // n):
-        for v, cs in per_node.items():
-            for c, secs in cs:
+        for v, rows in per_node.items():
+            for phase, kind, nbytes, secs in rows:
                 out.setdefault(int(piece_of[copy * n + v]), []).append(
-                    ("F" if c.phase == "fwd" else "B", _TP_KINDS[c.kind],
-                     float(c.nbytes) * scale, secs * scale))
+                    (phase, kind, float(nbytes) * scale, secs * scale))
     return replace(costs, collectives={k: tuple(v) for k, v in out.items()})
 
 

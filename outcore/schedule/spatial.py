@@ -31,7 +31,7 @@ from outcore.hardware.spec import Cluster
 from outcore.plan.spatial import SpatialPlan, tile_fraction, tile_ranks
 from outcore.schedule.costs import workspace
 
-__all__ = ["TileCosts", "comm_times", "geometry_of_node", "inflight", "tiled_graph",
+__all__ = ["TileCosts", "collectives", "comm_times", "geometry_of_node", "inflight", "tiled_graph",
            "tile_rank_costs", "walk_peak"]
 
 
@@ -75,33 +75,45 @@ def comm_times(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int, dp: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per node: forward and backward communication seconds of the tiled layers (halo, batch
     norm statistics, gather/scatter at the join) and halo + gather bytes received (tile 0)."""
+    fwd, bwd, nbytes = (np.zeros(g.num_nodes) for _ in range(3))
+    for i, rows in collectives(g, sp, cluster, stages, dp).items():
+        for phase, kind, b, secs in rows:
+            (fwd if phase == "F" else bwd)[i] += secs
+            nbytes[i] += b if phase == "F" and kind != "sp allreduce" else 0.0
+    return fwd, bwd, nbytes
+
+
+def collectives(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int, dp: int = 1
+                ) -> dict[int, list[tuple[str, str, float, float]]]:
+    """Per tiled node with any, the communication it runs inside its forward (``F``) and
+    backward (``B``): ``(phase, kind, bytes, seconds)`` for the largest tile, kinds as the
+    runtime records them (``sp halo``, ``sp allreduce``, ``sp gather``, ``sp scatter``)."""
     grid = TileGrid.parse(sp.grid)
     peer = tile_ranks(stages, grid.tiles, dp)[0]
-    fwd, bwd, nbytes = (np.zeros(g.num_nodes) for _ in range(3))
-    idx = sp.indices(g)
+    out: dict[int, list[tuple[str, str, float, float]]] = {}
     lat = _link_s(cluster, sp.stage, peer, 1.0)
-    for i in idx.tolist():
+    for i in sp.indices(g).tolist():
         geo, shape = geometry_of_node(g, i), _in_shape(g, i)
         if geo is not None and shape:
             hb = max(halo_bytes(geo, shape[0], shape[1], (shape[2], shape[3]), grid))
             two_steps = 2 if grid.rows > 1 and grid.cols > 1 else 1
             t = _link_s(cluster, sp.stage, peer, hb) + (two_steps - 1) * lat
-            fwd[i] += t
-            bwd[i] += t
-            nbytes[i] += hb
+            if hb > 0:  # (a window inside its tile, a strided 1x1 convolution's, moves none)
+                out[i] = [("F", "sp halo", hb, t), ("B", "sp halo", hb, t)]
         elif g.op_of(i) == "batchnorm2d" and shape:
             ring = 2 * (grid.tiles - 1)
-            step = _link_s(cluster, sp.stage, peer, 2 * shape[1] * 4 / grid.tiles)
-            fwd[i] += 2 * ring * step
-            bwd[i] += ring * step
+            stats = shape[1] * 4  # a float per channel: the mean's sums, then the variance's
+            step = _link_s(cluster, sp.stage, peer, 2 * stats / grid.tiles)
+            out[i] = [("F", "sp allreduce", stats, ring * step),
+                      ("F", "sp allreduce", stats, ring * step),
+                      ("B", "sp allreduce", 2 * stats, ring * step)]
     for j in sp.gathered(g).tolist():
         shape = g.attr(j, "shape")
         if isinstance(shape, list) and len(shape) == 4:
             gb = gather_bytes(shape[0], shape[1], (shape[2], shape[3]), grid)
-            fwd[j] += _link_s(cluster, sp.stage, peer, gb)
-            bwd[j] += _link_s(cluster, sp.stage, peer, gb)
-            nbytes[j] += gb
-    return fwd, bwd, nbytes
+            t = _link_s(cluster, sp.stage, peer, gb)
+            out.setdefault(j, []).extend([("F", "sp gather", gb, t), ("B", "sp scatter", gb, t)])
+    return out
 
 
 def tiled_graph(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int, dp: int = 1
@@ -187,6 +199,7 @@ def walk_peak(g: Graph, idx: np.ndarray, saved: np.ndarray, out: np.ndarray,
     ``scratch``: add operators' scratch memory (:func:`~outcore.schedule.costs.workspace`; on
     CPU devices)."""
     kept = np.cumsum(saved[idx])
+    waiting = _waiting_grads(g, idx, out)
     peak = 0.0
     for k, i in enumerate(idx.tolist()):
         preds = [int(p) for p in g.predecessors(i)]
@@ -195,8 +208,22 @@ def walk_peak(g: Graph, idx: np.ndarray, saved: np.ndarray, out: np.ndarray,
         ws_f, ws_b = workspace(g, i, max((float(out[p]) for p in preds), default=0.0),
                                float(out[i])) if scratch else (0.0, 0.0)
         peak = max(peak, kept[k] + float(out[i]) + inp + ws_f,
-                   kept[k] + _work_bytes(g, i, out) + ws_b)
+                   kept[k] + _work_bytes(g, i, out) + ws_b + waiting[k])
     return float(peak)
+
+
+def _waiting_grads(g: Graph, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Per position of ``idx`` in the backward, the gradients of forked tensors that wait for
+    their other consumers: a tensor two layers read (a residual block's input) holds the
+    gradient the later one returned while the earlier one runs its backward."""
+    pos = {int(i): k for k, i in enumerate(idx.tolist())}
+    diff = np.zeros(len(idx) + 1)
+    for t in idx.tolist():
+        cons = [pos[int(c)] for c in g.successors(t) if int(c) in pos]
+        if len(cons) > 1:
+            diff[min(cons)] += float(out[t])
+            diff[max(cons)] -= float(out[t])
+    return np.cumsum(diff)[:len(idx)]
 
 
 def tile_rank_costs(g: Graph, sp: SpatialPlan, cluster: Cluster, stages: int,

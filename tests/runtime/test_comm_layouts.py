@@ -43,3 +43,19 @@ def test_sharded_gathers_and_scatters_replace_an_empty_all_reduce(tmp_path):
         assert row["count"] > 0 and row["count"] == row["predicted_count"], row
         assert row["predicted_bytes"] == pytest.approx(row["bytes"], rel=0.05), row
         assert row["predicted_s"] > 0
+
+
+def test_spatial_halos_statistics_and_the_join_are_measured_and_predicted(tmp_path):
+    """Every tile rank's halo exchanges, batch-norm statistics and the join's gather and
+    scatter (a tile rank runs them in lock-step with its spatial stage's rank)."""
+    report = outcore.train("outcore:resnet_k:depth=11,width=8", 2, sp=2,
+                           input_shape=(4, 3, 32, 32), run_dir=str(tmp_path), **ARGS)
+    assert report.plan.layout.sp == 2
+    rows = _rows(report)
+    for kind in ("sp halo", "sp allreduce", "sp gather", "sp scatter"):
+        row = rows[kind]
+        assert row["count"] > 0 and row["bytes"] > 0 and row["predicted_s"] > 0, row
+        assert row["predicted_count"] > 0, row
+    # both tiles exchange their halos forward and backward, the same rows on each side
+    halo = rows["sp halo"]
+    assert halo["predicted_bytes"] == pytest.approx(halo["bytes"], rel=0.25), halo

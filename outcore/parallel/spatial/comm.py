@@ -11,16 +11,42 @@ exchanging in both directions cannot deadlock.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from outcore.core.collectives import CollectiveLog
 from outcore.core.comm import settled
 from outcore.cost.spatial_geometry import TileGrid, intervals
 
 __all__ = ["SpatialGroup", "exchange_axis", "fetch_region", "lean_region", "group_sum",
-           "gather_tiles", "scatter_image"]
+           "gather_tiles", "record", "scatter_image", "timed_step"]
+
+_LOG: list[CollectiveLog] = []  # the traced step's log, while one runs
+
+
+@contextlib.contextmanager
+def timed_step(log: CollectiveLog) -> Iterator[None]:
+    """Within the block (a traced step) the tile group's communication is recorded in
+    ``log``: the communication profile's ``sp halo``, ``sp allreduce`` (batch norm's
+    statistics), ``sp gather`` and ``sp scatter`` (the join and its gradient) rows."""
+    _LOG.append(log)
+    try:
+        yield
+    finally:
+        _LOG.pop()
+
+
+def record(kind: str, nbytes: int) -> contextlib.AbstractContextManager[None]:
+    """Time the block as one ``kind`` communication of ``nbytes`` on the traced step."""
+    return _LOG[-1].timed(kind, nbytes) if _LOG else contextlib.nullcontext()
+
+
+def _nbytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @dataclass(frozen=True)
@@ -91,7 +117,8 @@ class _Exchange(torch.autograd.Function):
                 buf = x.new_empty(shape)
                 recvs.append((buf, peers[j]))
                 pieces.append(buf)
-        _p2p(sends, recvs, group)
+        with record("sp halo", _nbytes(t for t, _ in recvs)):
+            _p2p(sends, recvs, group)
         if not pieces:                                    # this tile reads nothing on this axis
             return x.narrow(dim, 0, 0).clone()
         return torch.cat(pieces, dim) if len(pieces) > 1 else pieces[0].clone()
@@ -119,7 +146,8 @@ class _Exchange(torch.autograd.Function):
                     rshape = list(shape)
                     rshape[dim] = hi - lo
                     recvs.append((grad.new_empty(rshape), peers[j], lo))
-        _p2p(sends, [(b, p) for b, p, _ in recvs], group)
+        with record("sp halo", _nbytes(b for b, _, _ in recvs)):
+            _p2p(sends, [(b, p) for b, p, _ in recvs], group)
         for buf, _, lo in recvs:
             gx.narrow(dim, lo - own[me][0], buf.shape[dim]).add_(buf)
         return gx, None, None, None, None, None, None
@@ -135,6 +163,11 @@ def exchange_axis(x: torch.Tensor, sg: SpatialGroup, axis: int, n: int,
     clipped = [(max(lo, 0), max(min(hi, n), max(lo, 0))) for lo, hi in needs]
     if all(c == o for c, o in zip(clipped, own)):
         return x
+    if all(o[0] <= c[0] and c[1] <= o[1] for c, o in zip(clipped, own)):
+        # every tile reads inside its own rows (a strided 1x1 convolution skips the last):
+        # nothing moves between tiles, and my region is a view of my tile
+        lo, hi = clipped[me]
+        return x.narrow(2 + axis, lo - own[me][0], hi - lo)
     if parts == 1:
         return x.narrow(2 + axis, clipped[0][0], clipped[0][1] - clipped[0][0])
     peers = sg.axis_peers(axis)
@@ -211,14 +244,14 @@ class _GroupSum(torch.autograd.Function):
     def forward(ctx, x, group):
         ctx.group = group
         y = x.clone()
-        with settled(y):
+        with settled(y), record("sp allreduce", _nbytes([y])):
             dist.all_reduce(y, group=group)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         g = grad.clone()
-        with settled(g):
+        with settled(g), record("sp allreduce", _nbytes([g])):
             dist.all_reduce(g, group=ctx.group)
         return g, None
 
@@ -243,7 +276,7 @@ class _Gather(torch.autograd.Function):
         ctx.region = (rows[r], cols[c])
         padded = torch.nn.functional.pad(x, (0, mw - x.shape[3], 0, mh - x.shape[2])).contiguous()
         bufs = [torch.empty_like(padded) for _ in range(grid.tiles)]
-        with settled(padded, *bufs):
+        with settled(padded, *bufs), record("sp gather", _nbytes(bufs[1:])):
             dist.all_gather(bufs, padded, group=sg.group)
         out = x.new_empty(x.shape[:2] + tuple(hw))
         for t, buf in enumerate(bufs):
@@ -271,11 +304,11 @@ class _GatherTo(torch.autograd.Function):
         padded = torch.nn.functional.pad(x, (0, mw - x.shape[3], 0, mh - x.shape[2])).contiguous()
         root = sg.global_rank(dst)
         if sg.tile != dst:
-            with settled(padded):
+            with settled(padded), record("sp gather", _nbytes([padded])):
                 dist.gather(padded, None, dst=root, group=sg.group)
             return x.new_empty(0)
         bufs = [torch.empty_like(padded) for _ in range(grid.tiles)]
-        with settled(padded, *bufs):
+        with settled(padded, *bufs), record("sp gather", _nbytes(bufs[1:])):
             dist.gather(padded, bufs, dst=root, group=sg.group)
         out = x.new_empty(x.shape[:2] + tuple(hw))
         for buf, ((a, b), (p, q)) in zip(bufs, regions):
@@ -284,21 +317,25 @@ class _GatherTo(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        sg, regions, (mh, mw), dst, shape = ctx.args
-        recv = grad.new_zeros(shape[:2] + (mh, mw))
-        root = sg.global_rank(dst)
-        if sg.tile == dst:
-            parts = []
-            for (a, b), (p, q) in regions:
-                g = grad[:, :, a:b, p:q]
-                parts.append(torch.nn.functional.pad(
-                    g, (0, mw - g.shape[3], 0, mh - g.shape[2])).contiguous())
-            with settled(recv, *parts):
-                dist.scatter(recv, parts, src=root, group=sg.group)
-        else:
-            with settled(recv):
-                dist.scatter(recv, None, src=root, group=sg.group)
-        return recv[:, :, :shape[2], :shape[3]].contiguous(), None, None, None
+        # each tile's slice of the gradient goes to it on its own, one at a time: a scatter
+        # would copy every slice first and its library flatten them once more (two whole
+        # gradients beside the one held)
+        sg, regions, _, dst, shape = ctx.args
+        if sg.tile != dst:
+            recv = grad.new_empty(shape)
+            with record("sp scatter", _nbytes([recv])):
+                _p2p([], [(recv, sg.global_rank(dst))], sg.group)
+            return recv, None, None, None
+        mine = None
+        for t, ((a, b), (p, q)) in enumerate(regions):
+            part = grad[:, :, a:b, p:q].contiguous()
+            if t == dst:
+                mine = part
+            else:
+                with record("sp scatter", _nbytes([part])):
+                    _p2p([(part, sg.global_rank(t))], [], sg.group)
+            del part
+        return mine, None, None, None
 
 
 def gather_tiles(x: torch.Tensor, sg: SpatialGroup, hw: tuple[int, int],

@@ -31,7 +31,7 @@ from outcore.cost.spatial_geometry import (
     upsample_need,
 )
 from outcore.errors import UsageError
-from outcore.parallel.spatial.comm import SpatialGroup, fetch_region, lean_region
+from outcore.parallel.spatial.comm import SpatialGroup, fetch_region, lean_region, record
 
 __all__ = ["make_spatial", "geometry_of", "SPATIAL_TYPES", "POINTWISE_TYPES", "global_pool_sum"]
 
@@ -79,6 +79,20 @@ def _conv_pads(module, axis: int) -> tuple[int, int]:
     return module.padding[axis], module.padding[axis]
 
 
+def _on_tile(x: torch.Tensor, xr: torch.Tensor, k, s, d) -> torch.Tensor:
+    """``x`` itself where the region ``xr`` is ``x`` cut short at its ends by rows or columns
+    that give no output of a window ``k``, stride ``s``, dilation ``d`` (a strided 1x1
+    convolution reads every other row): the operator then neither copies the region nor
+    rebuilds it in the backward, and the output is the same."""
+    if xr is x or xr.data_ptr() != x.data_ptr() or xr.shape[:2] != x.shape[:2]:
+        return xr
+    for a in (0, 1):
+        n, m, reach = x.shape[2 + a], xr.shape[2 + a], d[a] * (k[a] - 1) + 1
+        if m > n or (n - reach) // s[a] != (m - reach) // s[a]:
+            return xr
+    return x
+
+
 class SpatialConv2d(_SpatialMixin, nn.Conv2d):
     """Conv2d on a tile: any kernel, stride, padding (zeros), dilation and groups."""
 
@@ -94,7 +108,7 @@ class SpatialConv2d(_SpatialMixin, nn.Conv2d):
             return conv_need(o0, o1, k[a], s[a], _conv_pads(self, a)[0], d[a])
 
         _, (nh, nw) = self._plans(hw, out_fn, need_fn)
-        xr = fetch_region(x, self._sp, hw, nh, nw, 0.0)
+        xr = _on_tile(x, fetch_region(x, self._sp, hw, nh, nw, 0.0), k, s, d)
         with lean_region(x, xr, self._sp, hw, nh, nw):
             return F.conv2d(xr, self.weight, self.bias, s, 0, d, self.groups)
 
@@ -224,12 +238,14 @@ class _TileBatchNorm(torch.autograd.Function):
     def forward(ctx, x, weight, bias, n, eps, group):
         s1 = x.sum((0, 2, 3))
         if group is not False:
-            torch.distributed.all_reduce(s1, group=group)
+            with record("sp allreduce", s1.numel() * s1.element_size()):
+                torch.distributed.all_reduce(s1, group=group)
         mean = s1 / n
         xc = x - mean[None, :, None, None]
         s2 = (xc * xc).sum((0, 2, 3))
         if group is not False:
-            torch.distributed.all_reduce(s2, group=group)
+            with record("sp allreduce", s2.numel() * s2.element_size()):
+                torch.distributed.all_reduce(s2, group=group)
         var = s2 / n
         invstd = torch.rsqrt(var + eps)
         y = xc.mul_(invstd[None, :, None, None])
@@ -247,7 +263,8 @@ class _TileBatchNorm(torch.autograd.Function):
         local = torch.stack([gy.sum((0, 2, 3)), (gy * xmu).sum((0, 2, 3))])
         total = local.clone()
         if ctx.group is not False:
-            torch.distributed.all_reduce(total, group=ctx.group)
+            with record("sp allreduce", total.numel() * total.element_size()):
+                torch.distributed.all_reduce(total, group=ctx.group)
         sum_dy, sum_dy_xmu = total[0] / ctx.n, total[1] / ctx.n
         scale = invstd if weight is None else invstd * weight
         # in place: the working set is gy, xmu and gx (three tiles, what the memory model
@@ -294,7 +311,8 @@ class _ReplicatedSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         y = x.clone()
-        torch.distributed.all_reduce(y, group=group)
+        with record("sp allreduce", y.numel() * y.element_size()):
+            torch.distributed.all_reduce(y, group=group)
         return y
 
     @staticmethod
