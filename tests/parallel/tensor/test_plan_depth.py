@@ -22,6 +22,7 @@ from outcore.plan.plan import make_plan, to_dict as plan_doc
 from outcore.runtime.launch import run_local
 from outcore.runtime.worker import train_worker
 from outcore.schedule.lower import lower
+from outcore.zoo import build_model
 from tests.runtime.helpers import assert_matches, chunks, graph_for, reference
 
 MODEL = "outcore:transformer:layers=2"
@@ -57,12 +58,19 @@ def test_sharded_data_parallel_equals_single_process(optimizer, model):
 
 
 @pytest.mark.dist
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_pipeline_2_x_sharded_2_equals_single_process():
+    """Each rank builds only its stage's parameters (built without weights, then its part)
+    before keeping its shard of them, and still trains as one process."""
     cfg, results = _run(stages=2, dp=2, depth=2, microbatches=2)
     assert_matches(results, *reference(cfg))
     assert results[0]["sharded"] == results[2]["sharded"] != results[1]["sharded"]
+    _, whole = build_model(MODEL)
+    whole_bytes = sum(p.numel() * p.element_size() for p in whole.parameters())
+    built = [r["built_bytes"] for r in results]  # ranks d * 2 + s: copy d of stage s
+    assert built[0] == built[2] and built[1] == built[3], built
+    assert 0 < built[0] < whole_bytes and 0 < built[1] < whole_bytes, (built, whole_bytes)
+    assert built[0] + built[1] >= whole_bytes, (built, whole_bytes)  # every one built once
 
 
 @pytest.mark.dist
