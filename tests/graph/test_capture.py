@@ -175,3 +175,16 @@ def test_saved_inputs_are_recorded_and_a_sliced_input_counts_at_its_own_size():
     # collapsed to one block: it saves the model input; _1 saving _0 is inside the block
     whole = collapse(g, 0)
     assert [a.get("saved_inputs") for a in whole.attrs] == [None, ["input_1"], None]
+
+
+@pytest.mark.parametrize("fake", [True, False])
+def test_capture_leaves_the_models_buffers_as_they_were(fake):
+    """Capture runs the model once in training mode: batch norm's counter counts even under
+    fake tensors, and a real run moves its running statistics; the model comes back as it was
+    (its docstring's promise; a plain PyTorch copy of it must train the same)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    capture(net, torch.randn(2, 3, 8, 8), fake=fake)
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k]), k

@@ -1,10 +1,10 @@
 """Capture a PyTorch model as a layer graph (the only graph module that imports torch).
 
 torch.fx symbolic tracing gives one node per leaf-module call or tensor op; the module path of
-every node is kept (``nn_module_stack``) so blocks can be collapsed later. A module fx cannot trace
-(data-dependent control flow, unsupported Python) is made a leaf, with a warning naming it.
-One forward pass (under ``FakeTensorMode`` by default: no memory, no compute) records output
-shapes and bytes, and what autograd saves for the backward, per node.
+every node is kept (``nn_module_stack``) so blocks can be collapsed later. A module fx cannot
+trace (data-dependent control flow, unsupported Python) is made a leaf, with a warning naming
+it. One forward pass (under ``FakeTensorMode`` by default: no memory, no compute; the model's
+buffers restored after it) records output shapes and bytes, and what autograd saves, per node.
 """
 
 from __future__ import annotations
@@ -330,6 +330,7 @@ def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bo
     inputs = tuple(_compact(x) for x in inputs)
     state = list(gm.parameters()) + list(gm.buffers())
     rec = _Recorder(gm)
+    kept = [(b, b.detach().clone()) for b in gm.buffers()]  # batch norm counts even when fake
     with torch.enable_grad():
         if fake:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -341,6 +342,9 @@ def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bo
         else:
             rec.run(*inputs)
             exclude = set()
+    with torch.no_grad():
+        for b, value in kept:
+            b.copy_(value)
     exclude |= {StorageWeakRef(t.untyped_storage()) for t in state}
     rec.saved = rec.saved_by_node(exclude)
     return rec
@@ -478,7 +482,7 @@ def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool =
     try:
         return _run_recorder(gm, inputs, fake)
     except Exception as fake_error:
-        if not fake and _is_batch_of_one(fake_error):
+        if not fake and "more than 1 value per channel" in str(fake_error):  # batch norm
             raise ModelError(f"batch norm cannot train on a micro-batch of {inputs[0].shape[0]} "
                              f"(input {shapes}): it needs more than one value per channel; use "
                              "a larger batch or fewer micro-batches") from fake_error
@@ -488,11 +492,6 @@ def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool =
                              "--input-shape") from fake_error
         log.debug("fake-tensor run failed (%s); running for real", fake_error)
         return record(gm, inputs, fake=False)
-
-
-def _is_batch_of_one(e: BaseException) -> bool:
-    """Batch norm's refusal of one value per channel (a micro-batch of 1 after pooling)."""
-    return "more than 1 value per channel" in str(e)
 
 
 def _computed_sizes(n: fx.Node) -> list[int]:
