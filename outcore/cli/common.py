@@ -15,8 +15,9 @@ from outcore.errors import UsageError
 
 # piped output (a log file, CI) is not cut to 80 columns: tables keep one line per row
 _WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160"))
-console = Console(stderr=False, highlight=False, width=_WIDTH)
-err_console = Console(stderr=True, highlight=False,
+# no emoji codes: a model name such as hf:llama:... is text, not ":llama:"
+console = Console(stderr=False, highlight=False, emoji=False, width=_WIDTH)
+err_console = Console(stderr=True, highlight=False, emoji=False,
                       width=None if sys.stderr.isatty() else int(os.environ.get("COLUMNS", "160")))
 
 MODEL_HELP = ("the model: torchvision:<builder> (e.g. torchvision:resnet50), outcore:<zoo model>"

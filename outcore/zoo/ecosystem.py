@@ -86,10 +86,16 @@ def hf_config(model_type: str, opts: dict[str, Any]) -> Any:
         raise ModelError("hf: models need transformers: pip install 'outcore[models]'") from e
     kwargs = {**_HF_TINY, **_HF_TYPE_TINY.get(model_type, {})}
     kwargs.update({k: v for k, v in opts.items() if k not in _OWN_OPTIONS})
+    # the full vocabulary's special token ids past the tiny one are fitted below
+    # (_fit_token_ids): the config's warning about them while it is made is not the user's
+    said = logging.getLogger("transformers.configuration_utils")
+    said.addFilter(_token_id_warning)
     try:
         config = AutoConfig.for_model(model_type, **kwargs)
     except ValueError as e:
         raise ModelError(f"transformers has no model type {model_type!r}: {e}") from None
+    finally:
+        said.removeFilter(_token_id_warning)
     config.use_cache = False  # a cache in the output is not a pytree and training needs none
     _fit_heads(config, opts)
     _fit_token_ids(config, opts)
@@ -116,6 +122,10 @@ def _fit_heads(config: Any, opts: dict[str, Any]) -> None:
 
 _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
               "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
+
+
+def _token_id_warning(record: logging.LogRecord) -> bool:
+    return "within the vocabulary" not in record.getMessage()
 
 
 def _fit_token_ids(config: Any, opts: dict[str, Any]) -> None:

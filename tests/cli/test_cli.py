@@ -172,3 +172,10 @@ def test_train_starts_only_the_workers_the_plan_uses(tmp_path):
     assert len(report["busy_s"]) == plan["devices"]
     assert f"the plan uses {plan['devices']} of 4 devices" in r.stdout
     assert any("starting" in n for n in plan["notes"])
+
+
+def test_model_names_are_printed_as_written(tmp_path):
+    """rich reads ``:llama:`` as an emoji code; a model name is text."""
+    p = run("graph", "hf:llama:num_hidden_layers=1", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "hf:llama:num_hidden_layers=1" in p.stdout, p.stdout
