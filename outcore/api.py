@@ -53,11 +53,16 @@ def capture(model: Any, example_inputs: Any, *, depth: int | None = None,
 
 @speaks_api
 def profile(g: Graph, model: Any, example_inputs: Any, *, device: str | None = None,
-            warmup: int = 2, repeat: int = 5, progress: Any = None) -> Graph:
-    """Measure every node's forward and backward time on the device at hand."""
+            warmup: int = 2, repeat: int = 5, progress: Any = None,
+            by_layer: bool = False) -> Graph:
+    """Measure every node's forward and backward time on the device at hand; ``by_layer``:
+    one layer at a time on the device, identical layers timed once (a model that does not
+    fit the device, or one built without its weights)."""
     from outcore.cost.profile import profile as _profile
-    return _profile(g, model, example_inputs, device=device, warmup=warmup, repeat=repeat,
-                    progress=progress)
+    from outcore.cost.profile_layers import profile_by_layer
+    how = profile_by_layer if by_layer else _profile
+    return how(g, model, example_inputs, device=device, warmup=warmup, repeat=repeat,
+               progress=progress)
 
 
 @speaks_api
@@ -78,8 +83,11 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
 
     Args:
         model: ``torchvision:resnet18``, ``outcore:transformer``, ``path/file.py:fn``, ...
-        costs: ``profile`` (time each layer here; ``profile:cuda:1`` on that device),
-            ``estimate[:DEVICE]`` (analytical, default ``cpu``) or ``none`` (capture only).
+        costs: ``profile`` (time each layer here; ``profile:cuda:1`` on that device; layer
+            by layer when the whole model's training state does not fit the device),
+            ``profile-by-layer[:DEVICE]`` (always one layer at a time, identical layers timed
+            once, the model built without its weights), ``estimate[:DEVICE]`` (analytical,
+            default ``cpu``) or ``none`` (capture only).
         task: build an ``hf:``/``timm:`` model for this task (``causal_lm``, ...).
         split: capture at ``1 / split`` of the batch (one micro-batch of a global batch).
         threads: torch threads while profiling (None: leave as is).
@@ -94,16 +102,26 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
         from outcore.zoo.ecosystem import with_task
         model = with_task(model, task.replace("-", "_"))
     kind, _, where = costs.partition(":")
-    if kind == "profile" and where:
+    if kind in ("profile", "profile-by-layer") and where:
         device = where
-        costs = "profile"
-    # only profiling runs the layers: capture and estimates need shapes, not weights
+        costs = kind
+    by_layer = costs == "profile-by-layer" or (
+        costs == "profile" and not _fits_for_profile(model, input_shape, batch_size, seed,
+                                                     device))
+    # only the whole-model profile runs the model: capture, estimates and the profile by
+    # layer need shapes, not weights (a layer gets values on the device when it is timed)
     spec, net = build_model(model, input_shape=input_shape, batch_size=batch_size, seed=seed,
-                            weights=costs == "profile")
-    micro = fake_inputs(net, split_batch(spec.example_inputs, max(split, 1))[0])
+                            weights=costs == "profile" and not by_layer)
+    real = split_batch(spec.example_inputs, max(split, 1))[0]
+    micro = fake_inputs(net, real)
     if progress:
         progress("capturing the graph", 0, 1)
     g = capture(net, micro, name=model, leaf_modules=leaves)
+    if by_layer:
+        tick = (lambda d, n: progress("profiling layer by layer", d, n)) if progress else None
+        return _with_threads(threads, lambda: profile(
+            g, net, real, device=device, warmup=warmup, repeat=repeat, progress=tick,
+            by_layer=True))
     if costs == "profile":
         tick = (lambda d, n: progress("profiling layers", d, n)) if progress else None
         return _with_threads(threads, lambda: profile(g, net, micro, device=device, warmup=warmup,
@@ -112,7 +130,31 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
         return estimate(g, costs.partition(":")[2] or "cpu")
     if costs == "none":
         return g
-    raise UsageError(f"unknown cost source {costs!r}: use profile, estimate[:DEVICE] or none")
+    raise UsageError(f"unknown cost source {costs!r}: use profile, profile-by-layer, "
+                     "estimate[:DEVICE] or none")
+
+
+def _fits_for_profile(model: str, input_shape: Any, batch_size: Any, seed: int,
+                      device: str | None) -> bool:
+    """Whether the whole model can be profiled on ``device``: its parameters, their gradients
+    and the profiled Adam step's two moments (four copies) fit what the device has free.
+    Otherwise it is profiled layer by layer."""
+    import torch
+
+    from outcore.hardware.probe import free_memory_bytes
+    from outcore.zoo import build_model
+
+    _, hollow = build_model(model, input_shape=input_shape, batch_size=batch_size, seed=seed,
+                            weights=False)
+    need = 4 * sum(p.numel() * p.element_size() for p in hollow.parameters())
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    room = free_memory_bytes(dev)
+    if room and need > room:
+        log.warning("%s: its parameters, gradients and optimizer state (%.1f GiB) do not fit "
+                    "%s (%.1f GiB free): profiling it layer by layer", model, need / 2**30, dev,
+                    room / 2**30)
+        return False
+    return True
 
 
 def _with_threads(threads: int | None, fn: Callable[[], Any]) -> Any:

@@ -83,9 +83,10 @@ def _text(text: Any) -> str:
 def _costs(text: Any) -> str:
     value = str(text)
     kind = value.partition(":")[0]
-    if kind not in ("profile", "estimate", "none"):
+    if kind not in ("profile", "profile-by-layer", "estimate", "none"):
         raise UsageError(f"unknown costs {text!r}: use profile (time each layer on this "
-                         "machine), estimate:DEVICE (analytical, e.g. estimate:a100) or none")
+                         "machine), profile-by-layer (one layer at a time), estimate:DEVICE "
+                         "(analytical, e.g. estimate:a100) or none")
     return value
 
 
@@ -163,10 +164,13 @@ class GraphOptions:
         "tensors matched to the model's parameters by name; each rank reads only its own "
         "(default: the model's own random initialisation with --seed)", metavar="FILE")
     costs: str = option(
-        "profile", "how layers are costed: profile (time each layer on this machine), "
-        "estimate:DEVICE (analytical for a preset: cpu, v100, a100, h100, mi250x) or none "
-        "(default: profile for train, estimate:cpu for plan, none for graph)",
-        commands=COMMANDS, parse=_costs, metavar="profile|estimate:DEVICE|none",
+        "profile", "how layers are costed: profile (time each layer on this machine; one "
+        "layer at a time when the whole model's training state does not fit), "
+        "profile-by-layer (always one layer at a time on the device, identical layers timed "
+        "once, no weights built), estimate:DEVICE (analytical for a preset: cpu, v100, a100, "
+        "h100, mi250x) or none (default: profile for train, estimate:cpu for plan, none for "
+        "graph)",
+        commands=COMMANDS, parse=_costs, metavar="profile|profile-by-layer|estimate:DEVICE|none",
         defaults={"plan": "estimate:cpu", "graph": "none"})
 
 

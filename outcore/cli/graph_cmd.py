@@ -20,8 +20,10 @@ from outcore.units import format_bytes, format_seconds
 DESCRIPTION = """Capture a model's layer graph with torch.fx (torch.export where fx cannot) and
 write it as outcore-graph/1 JSON (-o g.json) and/or draw it (-o g.svg / g.png). --depth N
 collapses modules deeper than N into blocks (0 = whole model, 1 = top-level children). --costs
-profile measures every layer's forward and backward time here (profile:cuda on a GPU);
---costs estimate:DEVICE predicts them from FLOPs and bytes (a100, v100, h100, mi250x, cpu).
+profile measures every layer's forward and backward time here (profile:cuda on a GPU), one
+layer at a time when the whole model's training state does not fit the device; --costs
+profile-by-layer always does so (identical layers timed once, no weights built); --costs
+estimate:DEVICE predicts them from FLOPs and bytes (a100, v100, h100, mi250x, cpu).
 MODEL may also be a graph JSON file (to cost, collapse or draw it). With --plan the picture
 colours nodes by device. `outcore profile` is `outcore graph --costs profile`."""
 
@@ -90,9 +92,27 @@ def _captured(model: str, cfg, repeat: int):
                                     task, description=phase, completed=d, total=max(n, 1)))
     if profiling:
         prof = g.meta.get("profile", {})
-        note(f"profiled on {prof.get('device')}: sum of layers {format_seconds(prof['sum_s'])},"
-             f" timed whole step {format_seconds(prof['step_s'])} (ratio {prof['ratio']:.2f})")
+        if prof.get("nodes_timed") == "by_layer":
+            note(f"profiled layer by layer on {prof.get('device')}: {prof['timed']} layers "
+                 f"timed, {prof['reused']} the same as one timed; sum of layers "
+                 f"{format_seconds(prof['sum_s'])}")
+        else:
+            note(f"profiled on {prof.get('device')}: sum of layers "
+                 f"{format_seconds(prof['sum_s'])}, timed whole step "
+                 f"{format_seconds(prof['step_s'])} (ratio {prof['ratio']:.2f})")
     return g
+
+
+def _costed(g) -> str:
+    """How the graph's nodes were costed, in words."""
+    costs = g.meta.get("costs", "given")
+    prof = g.meta.get("profile") or {}
+    if costs == "profiled" and prof.get("nodes_timed") == "by_layer":
+        return (f"profiled layer by layer on {prof.get('device')} ({prof['timed']} timed, "
+                f"{prof['reused']} the same as one timed)")
+    if costs == "profiled":
+        return f"profiled on {prof.get('device')}"
+    return str(costs)
 
 
 def _summary(g) -> None:
@@ -100,7 +120,7 @@ def _summary(g) -> None:
             ["parameters", format_bytes(g.total_param_bytes)],
             ["saved activations", format_bytes(int(g.saved_bytes.sum()))],
             ["batch size", g.batch_size if g.batch_size else "-"],
-            ["costs", g.meta.get("costs", "given")]]
+            ["costs", _costed(g)]]
     if g.total_compute_s > 0:
         rows.append(["forward + backward", format_seconds(g.total_compute_s)])
     if g.meta.get("forced_leaves"):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -143,7 +143,7 @@ def _fresh_inputs(saved: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, l
 
 def _time_or_forward_only(n: Any, fn: Callable[..., Any],
                           saved: tuple[tuple[Any, ...], dict[str, Any]],
-                          params: list[nn.Parameter], device: torch.device, warmup: int,
+                          params: Sequence[torch.Tensor], device: torch.device, warmup: int,
                           repeat: int) -> tuple[float, float]:
     """:func:`time_node`; an op autograd refuses on inputs that require grad (a mixture of
     experts' routing counts: ``histc`` and friends on float scores give ``Autograd not support
@@ -160,7 +160,7 @@ def _time_or_forward_only(n: Any, fn: Callable[..., Any],
 
 
 def time_node(fn: Callable[..., Any], saved: tuple[tuple[Any, ...], dict[str, Any]],
-              params: list[nn.Parameter], device: torch.device, warmup: int,
+              params: Sequence[torch.Tensor], device: torch.device, warmup: int,
               repeat: int, *, backward: bool = True) -> tuple[float, float]:
     """(forward seconds, backward seconds) of one node on its recorded inputs
     (``backward=False``: the forward outside autograd, and no backward)."""
@@ -401,3 +401,4 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
              "forward times scaled by %.2f, backward by %.2f)", g.num_nodes, dev, sum_s,
              step_s, ratio, scale_fwd, scale_bwd)
     return g.replace(fwd_s=fwd, bwd_s=bwd, meta=meta)
+

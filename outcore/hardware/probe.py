@@ -141,6 +141,21 @@ def _memory_bytes(device: torch.device) -> float:
         return 0.0
 
 
+def free_memory_bytes(device: torch.device) -> float:
+    """Bytes a process could still allocate on ``device``: the GPU's free memory, the host's
+    available memory (``MemAvailable``); 0 when unknown."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return _memory_bytes(device)
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
