@@ -68,7 +68,7 @@ def _timeit(fn: Callable[[], Any], warmup: int, repeat: int, device: torch.devic
                          setup or (lambda: None))[0]
 
 
-class _Fixed:
+class FixedInput:
     """A recorded input that is model state (a parameter or buffer read by ``get_attr``): the
     timed op gets the tensor itself, not a fresh copy requiring grad, so that batch norm's
     running statistics stay non-differentiable buffers and parameters get their gradients."""
@@ -77,7 +77,7 @@ class _Fixed:
         self.value = value
 
 
-class _NoGrad:
+class NoGradInput:
     """A recorded input that does not require grad in training (it depends on no parameter:
     the model's input, or what is computed from it alone): timed without its gradient, as a
     training step's backward does not compute it (a first convolution's backward on an image
@@ -102,13 +102,13 @@ class _EnvRecorder(fx.Interpreter):
             def value(a: fx.Node) -> Any:
                 v = self.env[a]
                 if a.op == "get_attr" and isinstance(v, torch.Tensor):
-                    return _Fixed(v)
+                    return FixedInput(v)
                 # a copy: a later in-place op of the forward must not change what this node
                 # is timed on (T5's bucket indices grow past the embedding otherwise)
                 if not isinstance(v, torch.Tensor):
                     return v
                 copy = v.detach().clone()
-                return copy if self.grad.get(a.name, True) else _NoGrad(copy)
+                return copy if self.grad.get(a.name, True) else NoGradInput(copy)
             self.inputs[n.name] = (fx.map_arg(n.args, value), fx.map_arg(n.kwargs, value))
         return super().run_node(n)
 
@@ -126,9 +126,9 @@ def _fresh_inputs(saved: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, l
     leaves: list[torch.Tensor] = []
 
     def make(v: Any) -> Any:
-        if isinstance(v, _Fixed):
+        if isinstance(v, FixedInput):
             return v.value
-        if isinstance(v, _NoGrad):
+        if isinstance(v, NoGradInput):
             return v.value.clone()
         if isinstance(v, torch.Tensor) and v.is_floating_point():
             leaf = v.detach().clone().requires_grad_(True)
@@ -141,7 +141,7 @@ def _fresh_inputs(saved: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[Any, l
     return tree_map(make, saved), leaves
 
 
-def _time_or_forward_only(n: Any, fn: Callable[..., Any],
+def time_or_forward_only(n: Any, fn: Callable[..., Any],
                           saved: tuple[tuple[Any, ...], dict[str, Any]],
                           params: Sequence[torch.Tensor], device: torch.device, warmup: int,
                           repeat: int) -> tuple[float, float]:
@@ -291,7 +291,7 @@ def _time_nodes(g: Graph, gm: fx.GraphModule, fx_nodes: dict[str, fx.Node],
         if n.name in rec.inputs:
             fn = _node_callable(gm, n)
             params = list(fn.parameters()) if isinstance(fn, nn.Module) else []
-            fwd[i], bwd[i] = _time_or_forward_only(n, fn, rec.inputs[n.name], params, dev,
+            fwd[i], bwd[i] = time_or_forward_only(n, fn, rec.inputs[n.name], params, dev,
                                                    warmup, repeat)
         if progress:
             progress(i + 1, g.num_nodes)

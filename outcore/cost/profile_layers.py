@@ -36,10 +36,10 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from outcore.cost.analytical import needs_grad
 from outcore.cost.profile import (
-    _Fixed,
-    _NoGrad,
-    _time_or_forward_only,
+    FixedInput,
+    NoGradInput,
     backward_call_s,
+    time_or_forward_only,
 )
 from outcore.errors import GraphError, ModelError
 from outcore.graph.capture import retrace
@@ -180,13 +180,13 @@ class _LayerRunner(fx.Interpreter):
                 def saved(a: fx.Node) -> Any:
                     v = self.env[a]
                     if a.op == "get_attr" and isinstance(v, torch.Tensor):
-                        return _Fixed(v)
+                        return FixedInput(v)
                     if not isinstance(v, torch.Tensor):
                         return v
                     copy = v.detach().clone()
-                    return copy if self.grad.get(a.name, True) else _NoGrad(copy)
+                    return copy if self.grad.get(a.name, True) else NoGradInput(copy)
                 inputs = (fx.map_arg(n.args, saved), fx.map_arg(n.kwargs, saved))
-                f, b = _time_or_forward_only(n, fn, inputs, params, self.device, self.warmup,
+                f, b = time_or_forward_only(n, fn, inputs, params, self.device, self.warmup,
                                              self.repeat)
                 del inputs
                 self.first[key] = (n.name, f, b)
