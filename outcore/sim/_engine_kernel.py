@@ -252,9 +252,8 @@ def _receive(A, P, T, D, cnt, E, M, H, rf, reached, k, t):
     if arrive > since:  # the rank waits for this message
         peer = T[2][tr] if r == T[1][tr] else T[1][tr]
         _event(E, cnt, r, K_RECV, k, since, arrive, mb, -1, nbytes, peer)
-    # the buffer exists from the receive's post (RECV_POST_AHEAD actions before it)
-    first = A[0][r]
-    _mem(M, cnt, r, reached[first + max(k - first - A[8], 0)], nbytes)
+    # the buffer exists from the receive's post (model.post_positions)
+    _mem(M, cnt, r, reached[A[0][r] + A[8][k]], nbytes)
     done = max(t, arrive) + D[2] + D[3] * nbytes
     if op == OP_RF:
         H[1][tr * nmb + mb] += nbytes

@@ -14,7 +14,7 @@ from outcore.errors import ScheduleError
 from outcore.hardware.collectives import dp_allreduce as dp_phases, ring_allreduce_s
 from outcore.hardware.spec import COLD_START_FRACTION, COLD_START_IDLE_S, Cluster
 from outcore.schedule.costs import PieceCosts
-from outcore.schedule.ir import RECV_POST_AHEAD, Schedule, action_columns
+from outcore.schedule.ir import Schedule, action_columns
 from outcore.sim import _engine_kernel as K
 from outcore.sim.model import (
     ar_buffer_bytes,
@@ -23,6 +23,7 @@ from outcore.sim.model import (
     link_ports,
     pair_recv_bytes,
     paired_buckets,
+    post_positions,
 )
 from outcore.trace import Event, EventColumns, Timeline
 
@@ -49,7 +50,8 @@ def simulate_compiled(s: Schedule, costs: PieceCosts, cluster: Cluster, opt) -> 
     ptr = np.zeros(R + 1, np.int64)
     ptr[1:] = np.cumsum([len(c[0]) for c in columns])
     rank_of = np.repeat(np.arange(R, dtype=np.int64), np.diff(ptr))
-    A = (ptr, op, mbs, pcs, trs, bks, rank_of, nmb, RECV_POST_AHEAD)
+    A = (ptr, op, mbs, pcs, trs, bks, rank_of, nmb,
+         np.concatenate(post_positions(s)).astype(np.int64))
     Pa, left = _pieces(s, costs, cluster, opt, op, mbs, pcs, R)
     Ta, nports = _transfers(s, costs, cluster)
     paired = paired_buckets(s, cluster, opt)

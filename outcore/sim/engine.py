@@ -13,7 +13,8 @@ port (pipeline sends are not slowed by them); otherwise it is a flat ring over o
 
 Memory per rank: parameters and optimizer state throughout; a piece's saved activations from its
 forward until its backward of the same micro-batch; received activations and gradients from
-their receive's post (``RECV_POST_AHEAD`` actions before it, as the runtime posts it) until
+their receive's post (``RECV_POST_AHEAD`` actions before it, or with an earlier message of
+the same peer: :func:`~outcore.sim.model.post_positions`, as the runtime posts them) until
 the gradients of those activations are sent / the consuming backward ends; one working buffer
 during each compute; the gradients of a piece's received inputs from its backward until they
 are sent (same-host sockets copy them out in the send call), or until the step ends (the
@@ -31,7 +32,7 @@ from outcore.graph.jit import HAVE_NUMBA
 from outcore.hardware.collectives import dp_allreduce as dp_phases, ring_allreduce_s
 from outcore.hardware.spec import COLD_START_FRACTION, COLD_START_IDLE_S, Cluster, LinkSpec
 from outcore.schedule.costs import PieceCosts
-from outcore.schedule.ir import RECV_POST_AHEAD, Action, Schedule
+from outcore.schedule.ir import Action, Schedule
 from outcore.sim.compiled import simulate_compiled
 from outcore.sim.model import (
     SimOptions,
@@ -41,6 +42,7 @@ from outcore.sim.model import (
     link_ports,
     pair_recv_bytes,
     paired_buckets,
+    post_positions,
 )
 from outcore.trace import Event, Timeline
 
@@ -66,6 +68,7 @@ class _Engine:
         # gradients: made by each piece's first backward of the step, freed once the
         # optimizer has stepped (the rest of the static state stays)
         self.grads = grad_bytes(s, costs)
+        self.post = post_positions(s)
         self.grads_live = [0.0] * R
         self.grads_made: set[int] = set()
         self.mem: list[list[tuple[float, float]]] = [
@@ -318,8 +321,8 @@ class _Engine:
             if arrive > since:  # the rank waits for this message
                 self.events.append(Event(r, "recv", str(a), since, arrive, "comm", a.mb, -1,
                                          int(nbytes), s.peer(r, a)))
-            # the buffer exists from the receive's post (RECV_POST_AHEAD actions before it)
-            self.add_mem(r, self.reached[r][max(self.pc[r] - RECV_POST_AHEAD, 0)], nbytes)
+            # the buffer exists from the receive's post (model.post_positions)
+            self.add_mem(r, self.reached[r][int(self.post[r][self.pc[r]])], nbytes)
             # activations are dropped when their gradients are sent; gradients after the
             # backward that consumes them
             done = max(t, arrive) + dev.recv_overhead_s + dev.recv_byte_s * nbytes

@@ -10,9 +10,10 @@ import numpy as np
 
 from outcore.hardware.spec import Cluster, LinkSpec
 from outcore.schedule.costs import PieceCosts
-from outcore.schedule.ir import Schedule
+from outcore.schedule.ir import OP_INDEX, RECV_POST_AHEAD, Schedule, action_columns
 
 __all__ = ["SimOptions", "ar_buffer_bytes", "grad_bytes", "held_at_start", "link_ports",
+           "post_positions",
            "pair_recv_bytes", "paired_buckets"]
 
 
@@ -127,3 +128,48 @@ def pair_recv_bytes(s: Schedule, paired: frozenset[int], opt: SimOptions) -> lis
             out[r] = max(out[r], float(opt.bucket_bytes[b]))
     return out
 
+
+
+def post_positions(s: Schedule) -> list[np.ndarray]:
+    """Per rank, per action: the place among the rank's actions where a receive is posted
+    and its buffer allocated (other actions: their own place). The runtime posts a receive
+    ``RECV_POST_AHEAD`` places before it, and a peer's messages in the order the peer sends
+    them (a link is read in its order; NCCL matches in order): posting one posts every
+    message the peer sent before it, so a message is posted at the earliest post of itself
+    and of the ones sent after it (a tied weight's gradient that its stage sends first and
+    takes last is held from the first gradient's post: 13 % of a GPT-2 stage).
+    Consecutive sends whose receives are consecutive travel as one message
+    (``outcore.core.comm``): each is posted with the first of them."""
+    R = s.num_ranks
+    cols = [action_columns(s.actions[r]) for r in range(R)]
+    out = [np.arange(len(c[0]), dtype=np.int64) for c in cols]
+    nmb = max((int(c[1].max()) + 1 for c in cols if len(c[1])), default=1)
+    rf, rb = OP_INDEX["RF"], OP_INDEX["RB"]
+    sf, sb = OP_INDEX["SF"], OP_INDEX["SB"]
+    recv_at: dict[int, tuple[int, int]] = {}  # message key -> (receiver, place)
+    for r, (op, mb, _, tr, _) in enumerate(cols):
+        for k in np.flatnonzero((op == rf) | (op == rb)).tolist():
+            recv_at[(int(tr[k]) * 2 + int(op[k] == rb)) * nmb + int(mb[k])] = (r, k)
+    if not recv_at:
+        return out
+    for (op, mb, _, tr, _) in cols:
+        sends = np.flatnonzero((op == sf) | (op == sb))
+        by_peer: dict[int, list[tuple[int, int]]] = {}  # receiver -> (send place, its place)
+        for k in sends.tolist():
+            got = recv_at.get((int(tr[k]) * 2 + int(op[k] == sb)) * nmb + int(mb[k]))
+            if got is not None:
+                by_peer.setdefault(got[0], []).append((k, got[1]))
+        for peer, msgs in by_peer.items():
+            post = out[peer]
+            earliest = len(post)
+            for j in range(len(msgs) - 1, -1, -1):
+                send, place = msgs[j]
+                earliest = min(earliest, max(place - RECV_POST_AHEAD, 0))
+                if j and msgs[j - 1][0] == send - 1 and msgs[j - 1][1] == place - 1:
+                    continue  # packed with the one before: posted with it
+                post[place] = earliest
+                for i in range(j + 1, len(msgs)):  # the rest of its message
+                    if msgs[i][0] != msgs[i - 1][0] + 1 or msgs[i][1] != msgs[i - 1][1] + 1:
+                        break
+                    post[msgs[i][1]] = earliest
+    return out
