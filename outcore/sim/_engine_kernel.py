@@ -32,7 +32,7 @@ OP_F, OP_B, OP_SF, OP_SB, OP_RF, OP_RB, OP_AR, OP_OPT = (
     OP_INDEX[op] for op in ("F", "B", "SF", "SB", "RF", "RB", "AR", "OPT"))
 K_F, K_B, K_SEND, K_RECV, K_AR, K_DP, K_OPT = range(7)
 
-# rows of the per-rank float state
+# rows of the per-rank float state (R_ARHELD: no longer used; the rows keep their numbers)
 R_FINISH, R_WARM, R_GRADS, R_SENT, R_DPFREE, R_ARFREE, R_ARHELD, R_BLOCKED, R_JSTART, \
     R_JREM, R_SYNCAT = range(11)
 # rows of the per-rank integer state
@@ -281,9 +281,9 @@ def _collective(A, B, cnt, E, M, Q, rf, ri, k, t):
         arrived_t[b] = t
     arrived_n[b] += 1
     held = held_b[b]
-    if held:
+    if held:  # the gradients copied into the flat bucket, then dropped (engine.collective)
         _mem(M, cnt, r, t, held)
-        rf[R_ARHELD, r] += held
+        _mem(M, cnt, r, t, -held)
     if arrived_n[b] == ptr[b + 1] - ptr[b]:
         start = arrived_t[b]
         for j in range(ptr[b], ptr[b + 1]):
@@ -357,9 +357,6 @@ def _optimizer(A, B, O, D, cnt, E, M, Q, rf, ri, k, t):
     if pair_recv[r]:  # waiting for the sums: a peer's half read, added, freed
         _mem(M, cnt, r, start, pair_recv[r])
         _mem(M, cnt, r, start, -pair_recv[r])
-    if rf[R_ARHELD, r]:
-        _mem(M, cnt, r, start, -rf[R_ARHELD, r])
-        rf[R_ARHELD, r] = 0.0
     work = work_r[r]
     if work:
         _mem(M, cnt, r, start, work)

@@ -79,9 +79,6 @@ class _Engine:
         self.port_out: dict[object, float] = {}
         self.port_in: dict[object, float] = {}
         self.ar_arrived: dict[int, dict[int, float]] = {}
-        # the flat buffer each launched all-reduce sums in, held until the step takes the
-        # summed gradients from it (they then are views of it, replacing the old ones)
-        self.ar_held = [0.0] * costs.static_bytes.shape[0]
         self.paired = paired_buckets(s, cluster, opt)
         self.pair_recv = pair_recv_bytes(s, self.paired, opt)
         self.ar_end: dict[int, float] = {}
@@ -362,9 +359,6 @@ class _Engine:
         if self.pair_recv[r]:  # waiting for the sums: a peer's half read, added, freed
             self.add_mem(r, start, self.pair_recv[r])
             self.add_mem(r, start, -self.pair_recv[r])
-        if self.ar_held[r]:
-            self.add_mem(r, start, -self.ar_held[r])
-            self.ar_held[r] = 0.0
         work = float(c.param_bytes[r]) * self.opt.optimizer_transient
         if work:
             self.add_mem(r, start, work)
@@ -410,9 +404,9 @@ class _Engine:
         arrived = self.ar_arrived.setdefault(a.bucket, {})
         arrived[r] = t
         held = ar_buffer_bytes(self.opt, a.bucket)
-        if held:
-            self.add_mem(r, t, held)
-            self.ar_held[r] += held
+        if held:  # the gradients copied into the flat bucket, then dropped: the sums come
+            self.add_mem(r, t, held)  # back as views of it
+            self.add_mem(r, t, -held)
         if len(arrived) == len(group):
             # one collective stream per rank: shared-parameter and data-parallel all-reduces
             # take turns (the data-parallel sum must include the replicas' anyway)
