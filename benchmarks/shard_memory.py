@@ -60,12 +60,14 @@ def main() -> None:
           f"{state / 2**20:.0f} MiB with gradients and Adam's state; limit {args.memory} on "
           f"each of {args.devices} data-parallel copies")
     try:
-        outcore.plan(g, args.devices, args.memory, dp=args.devices)
+        outcore.plan(g, args.devices, args.memory, dp=args.devices, device="cpu")
         refused = None
     except InfeasibleError as e:
         refused = str(e).split("; ")[0]
     print(f"plain data parallelism: {'refused: ' + refused if refused else 'fits'}")
-    p = outcore.plan(g, args.devices, args.memory, dp=args.devices, depth=None)
+    # planned for the CPU workers it trains on (the default device is an accelerator, whose
+    # parameters the planner may offload to the host; on a CPU that saves nothing)
+    p = outcore.plan(g, args.devices, args.memory, dp=args.devices, depth=None, device="cpu")
     for n in p.notes:
         if n.startswith("depth ") or n.startswith("--shard"):
             print("  " + n)
