@@ -99,18 +99,26 @@ class _EnvRecorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op in ("call_module", "call_function", "call_method"):
-            def value(a: fx.Node) -> Any:
-                v = self.env[a]
-                if a.op == "get_attr" and isinstance(v, torch.Tensor):
-                    return FixedInput(v)
-                # a copy: a later in-place op of the forward must not change what this node
-                # is timed on (T5's bucket indices grow past the embedding otherwise)
-                if not isinstance(v, torch.Tensor):
-                    return v
-                copy = v.detach().clone()
-                return copy if self.grad.get(a.name, True) else NoGradInput(copy)
-            self.inputs[n.name] = (fx.map_arg(n.args, value), fx.map_arg(n.kwargs, value))
+            self.inputs[n.name] = recorded_inputs(n, self.env, self.grad)
         return super().run_node(n)
+
+
+def recorded_inputs(n: fx.Node, env: dict[fx.Node, Any], grad: dict[str, bool]
+                    ) -> tuple[Any, Any]:
+    """``n``'s ``(args, kwargs)`` from the interpreter's values ``env``, as a lone timing of
+    it takes them: model state read by ``get_attr`` as :class:`FixedInput`, tensors copied
+    (a later in-place op of the forward must not change what this node is timed on: T5's
+    bucket indices grow past the embedding otherwise), those needing no gradient in training
+    (``grad[name]`` false) as :class:`NoGradInput`."""
+    def value(a: fx.Node) -> Any:
+        v = env[a]
+        if a.op == "get_attr" and isinstance(v, torch.Tensor):
+            return FixedInput(v)
+        if not isinstance(v, torch.Tensor):
+            return v
+        copy = v.detach().clone()
+        return copy if grad.get(a.name, True) else NoGradInput(copy)
+    return fx.map_arg(n.args, value), fx.map_arg(n.kwargs, value)
 
 
 def _node_callable(gm: fx.GraphModule, n: fx.Node) -> Callable[..., Any]:

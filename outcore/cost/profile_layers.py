@@ -35,12 +35,7 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_leaves, tree_map
 
 from outcore.cost.analytical import needs_grad
-from outcore.cost.profile import (
-    FixedInput,
-    NoGradInput,
-    backward_call_s,
-    time_or_forward_only,
-)
+from outcore.cost.profile import backward_call_s, recorded_inputs, time_or_forward_only
 from outcore.errors import GraphError, ModelError
 from outcore.graph.capture import retrace
 from outcore.graph.ir import Graph
@@ -177,15 +172,7 @@ class _LayerRunner(fx.Interpreter):
                             lambda a: self.grad.get(a.name, True))
             twin = self.first.get(key)
             if twin is None:
-                def saved(a: fx.Node) -> Any:
-                    v = self.env[a]
-                    if a.op == "get_attr" and isinstance(v, torch.Tensor):
-                        return FixedInput(v)
-                    if not isinstance(v, torch.Tensor):
-                        return v
-                    copy = v.detach().clone()
-                    return copy if self.grad.get(a.name, True) else NoGradInput(copy)
-                inputs = (fx.map_arg(n.args, saved), fx.map_arg(n.kwargs, saved))
+                inputs = recorded_inputs(n, self.env, self.grad)
                 f, b = time_or_forward_only(n, fn, inputs, params, self.device, self.warmup,
                                              self.repeat)
                 del inputs
