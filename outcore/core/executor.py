@@ -208,9 +208,8 @@ class RankExecutor:
                  targets: list[Any] | None, since: float | None = None) -> StepResult:
         """Run this rank's actions once. ``inputs``/``targets`` are per chunk of the global batch
         (``copies * microbatches`` chunks; micro-batch ``m`` of copy ``c`` is chunk
-        ``c * M + m``); only the ranks holding the model's inputs / output need them.
-        ``since``: the step began then, with work of the caller's (an extra tile rank's
-        tiles) whose collectives the log already holds."""
+        ``c * M + m``); only the ranks holding the model's inputs / output need them. ``since``:
+        the step began then with the caller's work (a tile rank's tiles), logged already."""
         self.inputs, self.targets = inputs, targets
         self.fwd_inputs: dict[tuple[int, int], dict[str, list[Any]]] = {}
         self.anchor = torch.zeros((), requires_grad=True)  # see Entry
@@ -523,11 +522,8 @@ class RankExecutor:
         grads = [local(p.grad) if p.grad is not None else torch.zeros_like(local(p))
                  for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        # the bucket holds the gradients now: the parameters' own copies go here, not when
-        # the sums are written back as views of it (they stayed through the optimizer step,
-        # one copy of the bucket more: 6x a dp rank's parameters under Adam, 5x without)
-        del grads
-        for p in params:
+        del grads  # the bucket holds the gradients now: their own copies go (else they stay
+        for p in params:  # through the step, until the sums come back as views of the bucket)
             p.grad = None
         if bucket not in self.pair_peers:
             self.pair_peers[bucket] = self.msg.pair_peer(bucket)
