@@ -127,7 +127,7 @@ def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs,
     np.add.at(in_grad, dst[remote], tb[remote])  # in transfer order, as the reference sums
     cap = np.asarray(costs.out_grad_cap, np.float64) if costs.out_grad_cap is not None \
         else np.full(P, np.inf)
-    first = np.asarray(costs.first_bwd_extra, np.float64) \
+    first_extra = np.asarray(costs.first_bwd_extra, np.float64) \
         if costs.first_bwd_extra is not None else np.zeros(P)
     lo = np.flatnonzero(local)
     lo = lo[np.argsort(dst[lo], kind="stable")]
@@ -141,7 +141,7 @@ def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs,
             np.asarray(costs.bwd_transient, np.float64),
             np.asarray(costs.saved_bytes, np.float64), in_grad, grads, last_b, pparam, ph, rph,
             np.zeros(ports), port_of, total, local_ptr, src[lo].astype(np.int64),
-            tb[lo].copy(), cap, first), left
+            tb[lo].copy(), cap, first_extra), left
 
 
 def _dp_phases(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, last_b, pparam, R: int):
