@@ -121,7 +121,7 @@ def recorded_inputs(n: fx.Node, env: dict[fx.Node, Any], grad: dict[str, bool]
     return fx.map_arg(n.args, value), fx.map_arg(n.kwargs, value)
 
 
-def _node_callable(gm: fx.GraphModule, n: fx.Node) -> Callable[..., Any]:
+def node_callable(gm: fx.GraphModule, n: fx.Node) -> Callable[..., Any]:
     if n.op == "call_module":
         return gm.get_submodule(str(n.target))
     if n.op == "call_method":
@@ -297,7 +297,7 @@ def _time_nodes(g: Graph, gm: fx.GraphModule, fx_nodes: dict[str, fx.Node],
     for i in range(g.num_nodes):
         n = fx_nodes[g.name_of(i)]
         if n.name in rec.inputs:
-            fn = _node_callable(gm, n)
+            fn = node_callable(gm, n)
             params = list(fn.parameters()) if isinstance(fn, nn.Module) else []
             fwd[i], bwd[i] = time_or_forward_only(n, fn, rec.inputs[n.name], params, dev,
                                                    warmup, repeat)

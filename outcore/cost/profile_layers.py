@@ -24,7 +24,7 @@ of a backward call.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -35,7 +35,12 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_leaves, tree_map
 
 from outcore.cost.analytical import needs_grad
-from outcore.cost.profile import backward_call_s, recorded_inputs, time_or_forward_only
+from outcore.cost.profile import (
+    backward_call_s,
+    node_callable,
+    recorded_inputs,
+    time_or_forward_only,
+)
 from outcore.errors import GraphError, ModelError
 from outcore.graph.capture import retrace
 from outcore.graph.ir import Graph
@@ -129,7 +134,7 @@ class _LayerRunner(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, g: Graph, device: torch.device, warmup: int,
                  repeat: int, progress: Callable[[int, int], None] | None):
         super().__init__(gm, garbage_collect_values=True)
-        self.g, self.device, self.warmup, self.repeat = g, device, warmup, repeat
+        self.gm, self.device, self.warmup, self.repeat = gm, device, warmup, repeat
         self.progress = progress
         self.index = {g.name_of(i): i for i in range(g.num_nodes)}
         out_grad, _ = needs_grad(g)
@@ -158,14 +163,9 @@ class _LayerRunner(fx.Interpreter):
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         module = self.module.get_submodule(str(n.target)) if n.op == "call_module" else None
-        if module is not None:
-            fn, params = _module_call(module, self.device)
-        elif n.op == "call_method":
-            def fn(self_: Any, *a: Any, **k: Any) -> Any:
-                return getattr(self_, str(n.target))(*a, **k)
-            params = []
-        else:
-            fn, params = cast(Callable[..., Any], n.target), []
+        # a module runs on copies of its tensors on the device; the rest as the profile runs it
+        fn, params = _module_call(module, self.device) if module is not None \
+            else (node_callable(self.gm, n), [])
         i = self.index.get(n.name)
         if i is not None:
             key = signature(n, module, lambda a: self.env[a],
