@@ -105,13 +105,15 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
     if kind in ("profile", "profile-by-layer") and where:
         device = where
         costs = kind
-    by_layer = costs == "profile-by-layer" or (
-        costs == "profile" and not _fits_for_profile(model, input_shape, batch_size, seed,
-                                                     device))
     # only the whole-model profile runs the model: capture, estimates and the profile by
     # layer need shapes, not weights (a layer gets values on the device when it is timed)
     spec, net = build_model(model, input_shape=input_shape, batch_size=batch_size, seed=seed,
-                            weights=costs == "profile" and not by_layer)
+                            weights=False)
+    by_layer = costs == "profile-by-layer" or (
+        costs == "profile" and not _fits_for_profile(model, net, device))
+    if costs == "profile" and not by_layer:
+        spec, net = build_model(model, input_shape=input_shape, batch_size=batch_size,
+                                seed=seed)
     real = split_batch(spec.example_inputs, max(split, 1))[0]
     micro = fake_inputs(net, real)
     if progress:
@@ -134,18 +136,14 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
                      "estimate[:DEVICE] or none")
 
 
-def _fits_for_profile(model: str, input_shape: Any, batch_size: Any, seed: int,
-                      device: str | None) -> bool:
-    """Whether the whole model can be profiled on ``device``: its parameters, their gradients
-    and the profiled Adam step's two moments (four copies) fit what the device has free.
-    Otherwise it is profiled layer by layer."""
+def _fits_for_profile(model: str, hollow: Any, device: str | None) -> bool:
+    """Whether the whole ``model`` (``hollow``: built without its weights) can be profiled on
+    ``device``: its parameters, their gradients and the profiled Adam step's two moments
+    (four copies) fit what the device has free. Otherwise it is profiled layer by layer."""
     import torch
 
     from outcore.hardware.probe import free_memory_bytes
-    from outcore.zoo import build_model
 
-    _, hollow = build_model(model, input_shape=input_shape, batch_size=batch_size, seed=seed,
-                            weights=False)
     need = 4 * sum(p.numel() * p.element_size() for p in hollow.parameters())
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     room = free_memory_bytes(dev)
