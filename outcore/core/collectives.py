@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from outcore.trace import Event
 
-__all__ = ["CollectiveLog"]
+__all__ = ["CollectiveLog", "record", "recording"]
 
 
 class CollectiveLog:
@@ -50,3 +50,23 @@ class CollectiveLog:
         """The recorded collectives as events of ``rank``, relative to ``t0``."""
         return [Event(rank, kind, kind, start - t0, end - t0, "comm", bytes=nbytes)
                 for kind, nbytes, start, end in self.records]
+
+
+_CURRENT: list[CollectiveLog] = []  # the traced step's log, while one runs
+
+
+@contextlib.contextmanager
+def recording(log: CollectiveLog) -> Iterator[None]:
+    """Within the block (a traced step), :func:`record` writes to ``log``."""
+    _CURRENT.append(log)
+    try:
+        yield
+    finally:
+        _CURRENT.pop()
+
+
+def record(kind: str, nbytes: int) -> contextlib.AbstractContextManager[None]:
+    """Time the block as one ``kind`` collective of ``nbytes`` on the traced step (else
+    nothing): for collectives code deep inside a piece runs (autograd functions, tensor
+    splits), which has no log of its own at hand."""
+    return _CURRENT[-1].timed(kind, nbytes) if _CURRENT else contextlib.nullcontext()

@@ -11,39 +11,18 @@ exchanging in both directions cannot deadlock.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from outcore.core.collectives import CollectiveLog
+from outcore.core.collectives import record
 from outcore.core.comm import settled
 from outcore.cost.spatial_geometry import TileGrid, intervals
 
 __all__ = ["SpatialGroup", "exchange_axis", "fetch_region", "lean_region", "group_sum",
-           "gather_tiles", "record", "scatter_image", "timed_step"]
-
-_LOG: list[CollectiveLog] = []  # the traced step's log, while one runs
-
-
-@contextlib.contextmanager
-def timed_step(log: CollectiveLog) -> Iterator[None]:
-    """Within the block (a traced step) the tile group's communication is recorded in
-    ``log``: the communication profile's ``sp halo``, ``sp allreduce`` (batch norm's
-    statistics), ``sp gather`` and ``sp scatter`` (the join and its gradient) rows."""
-    _LOG.append(log)
-    try:
-        yield
-    finally:
-        _LOG.pop()
-
-
-def record(kind: str, nbytes: int) -> contextlib.AbstractContextManager[None]:
-    """Time the block as one ``kind`` communication of ``nbytes`` on the traced step."""
-    return _LOG[-1].timed(kind, nbytes) if _LOG else contextlib.nullcontext()
-
+           "gather_tiles", "scatter_image"]
 
 def _nbytes(tensors: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)

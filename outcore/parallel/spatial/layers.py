@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from outcore.core.collectives import record
 from outcore.cost.spatial_geometry import (
     bilinear_need,
     conv_need,
@@ -31,7 +32,7 @@ from outcore.cost.spatial_geometry import (
     upsample_need,
 )
 from outcore.errors import UsageError
-from outcore.parallel.spatial.comm import SpatialGroup, fetch_region, lean_region, record
+from outcore.parallel.spatial.comm import SpatialGroup, fetch_region, lean_region
 
 __all__ = ["make_spatial", "geometry_of", "SPATIAL_TYPES", "POINTWISE_TYPES", "global_pool_sum"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from outcore.core.collectives import recording
 from outcore.parallel.base import Parallelism, RankBuild
-from outcore.parallel.spatial.comm import timed_step
 from outcore.parallel.spatial.stage import attach
 
 __all__ = ["SpatialParallelism"]
@@ -33,7 +33,7 @@ class SpatialParallelism(Parallelism):
             build.extra_modules.append(stage.tiles_module)
 
     def on_trainer(self, trainer: Any) -> None:
-        trainer.traced_steps.append(timed_step)  # its communication, on the traced step
+        trainer.traced_steps.append(recording)  # its communication, on the traced step
         stage = trainer.spatial
         if stage is not None and trainer.optimizer is not None:
             trainer.optimizer.register_step_pre_hook(lambda *_: stage.reduce_gradients())

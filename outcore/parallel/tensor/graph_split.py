@@ -39,11 +39,11 @@ import torch.fx as fx
 from torch import nn
 from torch.nn import functional as F
 
+from outcore.core.collectives import record
 from outcore.core.comm import settled
 from outcore.core.values import local as _local
 from outcore.errors import UsageError
 from outcore.graph.tensor_pairs import TensorLayout, is_conv1d, out_features
-from outcore.parallel.tensor.timing import record
 
 log = logging.getLogger(__name__)
 

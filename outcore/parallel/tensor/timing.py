@@ -5,7 +5,7 @@ DTensor's collectives (modules split with ``parallelize_module``) are functional
 (``_c10d_functional``), seen here by a dispatch mode that, on the traced step only, waits for
 each one it launches on the tensor-parallel group so its span is launch to completion. The
 collectives of an exported graph's split (:mod:`outcore.parallel.tensor.graph_split`) call
-:func:`record` themselves.
+:func:`outcore.core.collectives.record` themselves.
 """
 
 from __future__ import annotations
@@ -18,21 +18,15 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from outcore.core.collectives import CollectiveLog
+from outcore.core.collectives import CollectiveLog, recording
 
-__all__ = ["record", "timed_step"]
+__all__ = ["timed_step"]
 
-_LOG: list[CollectiveLog] = []  # the traced step's log, while one runs
 
 # functional collective -> (profile kind, whole bytes from the input's bytes and group size)
 _KINDS = {"all_reduce": ("tp allreduce", lambda b, n: b),
           "all_gather_into_tensor": ("tp allgather", lambda b, n: b * n),
           "reduce_scatter_tensor": ("tp reduce_scatter", lambda b, n: b)}
-
-
-def record(kind: str, nbytes: int) -> contextlib.AbstractContextManager[None]:
-    """Time the block as one ``kind`` collective on the traced step (else nothing)."""
-    return _LOG[-1].timed(kind, nbytes) if _LOG else contextlib.nullcontext()
 
 
 class _FunctionalTimer(TorchDispatchMode):
@@ -61,9 +55,5 @@ def timed_step(log: CollectiveLog, group: Any) -> Iterator[None]:
     recorded in ``log``."""
     import torch.distributed as dist
 
-    _LOG.append(log)
-    try:
-        with _FunctionalTimer(log, group.group_name, dist.get_world_size(group)):
-            yield
-    finally:
-        _LOG.pop()
+    with recording(log), _FunctionalTimer(log, group.group_name, dist.get_world_size(group)):
+        yield
