@@ -44,11 +44,14 @@ __all__ = ["PlanRequest", "add_options", "capture", "check_fits", "estimate", "e
 
 @speaks_api
 def capture(model: Any, example_inputs: Any, *, depth: int | None = None,
-            name: str | None = None, leaf_modules: tuple[str, ...] = ()) -> Graph:
+            name: str | None = None, leaf_modules: tuple[str, ...] = (),
+            precision: str = "32") -> Graph:
     """The layer graph of a PyTorch model (see :func:`outcore.graph.capture.capture`);
-    ``leaf_modules``: module paths or class names kept as single layers."""
+    ``leaf_modules``: module paths or class names kept as single layers; ``precision``:
+    ``32``, ``bf16-mixed`` or ``16-mixed`` (activations recorded as autocast makes them)."""
     from outcore.graph.capture import capture as _capture
-    return _capture(model, example_inputs, depth=depth, name=name, leaf_modules=leaf_modules)
+    return _capture(model, example_inputs, depth=depth, name=name, leaf_modules=leaf_modules,
+                    precision=precision)
 
 
 @speaks_api
@@ -78,7 +81,8 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
                 split: int = 1, threads: int | None = None, device: str | None = None,
                 repeat: int = 3, warmup: int = 1,
                 progress: Callable[[str, int, int], None] | None = None,
-                leaves: tuple[str, ...] = (), task: str | None = None) -> Graph:
+                leaves: tuple[str, ...] = (), task: str | None = None,
+                precision: str = "32") -> Graph:
     """A model name's costed layer graph: resolve, build with ``seed``, capture, cost.
 
     Args:
@@ -93,6 +97,7 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
         threads: torch threads while profiling (None: leave as is).
         progress: ``progress(phase, done, total)``.
         leaves: module paths or class names captured as single layers (``--leaf``).
+        precision: ``32``, ``bf16-mixed`` or ``16-mixed``: captured and profiled under it.
     """
     from outcore.runtime.data import split as split_batch
     from outcore.zoo import build_model
@@ -118,7 +123,7 @@ def model_graph(model: str, *, input_shape: tuple[int, ...] | None = None,
     micro = fake_inputs(net, real)
     if progress:
         progress("capturing the graph", 0, 1)
-    g = capture(net, micro, name=model, leaf_modules=leaves)
+    g = capture(net, micro, name=model, leaf_modules=leaves, precision=precision)
     if by_layer:
         tick = (lambda d, n: progress("profiling layer by layer", d, n)) if progress else None
         return _with_threads(threads, lambda: profile(

@@ -32,7 +32,8 @@ from outcore.units import parse_bytes, parse_shape
 
 __all__ = ["DataOptions", "GraphOptions", "OptimizerOptions", "PlanOptions", "RunOptions",
            "SECTIONS", "TASKS", "TrainConfig", "WorkerOptions", "add_options", "degree",
-           "differences", "from_args", "from_options", "option_names", "options_doc"]
+           "differences", "from_args", "from_options", "option_names", "options_doc",
+           "parse_precision"]
 
 COMMANDS = ("train", "plan", "graph")
 TASKS = ("classification", "regression", "causal_lm", "masked_lm", "seq2seq_lm")
@@ -78,6 +79,21 @@ def _memory(text: Any) -> str | float:
 
 def _text(text: Any) -> str:
     return str(text)
+
+
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+_PRECISION_ALIASES = {"32-true": "32", "fp32": "32", "bf16": "bf16-mixed", "16": "16-mixed",
+                      "fp16": "16-mixed"}
+
+
+def parse_precision(text: Any) -> str:
+    value = str(text).lower()
+    value = _PRECISION_ALIASES.get(value, value)
+    if value not in PRECISIONS:
+        hint = " (outcore keeps float32 master weights: use bf16-mixed or 16-mixed)" \
+            if value.endswith("-true") else ""
+        raise UsageError(f"unknown precision {text!r}: use 32, bf16-mixed or 16-mixed{hint}")
+    return value
 
 
 def _costs(text: Any) -> str:
@@ -172,6 +188,13 @@ class GraphOptions:
         "graph)",
         commands=COMMANDS, parse=_costs, metavar="profile|profile-by-layer|estimate:DEVICE|none",
         defaults={"plan": "estimate:cpu", "graph": "none"})
+    precision: str = option(
+        "32", "the numbers computed in: 32 (float32), bf16-mixed or 16-mixed (autocast to "
+        "bfloat16 / float16 with float32 master weights, gradients and optimizer state; "
+        "16-mixed scales the loss). The graph is captured and costed in it, so activation "
+        "bytes, messages and the memory model follow it",
+        commands=COMMANDS, parse=parse_precision, choices=PRECISIONS,
+        metavar="32|bf16-mixed|16-mixed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,6 +367,8 @@ class WorkerOptions:
             ``OUTCORE_P2P_SPIN_US`` wins over both).
         return_state: return every rank's final parameters (tests).
         fail_at_step, fail_rank, fail_mode: make a rank raise or hang at a step (fault tests).
+        loss_scale: 16-mixed's first loss scale (``torch.amp.GradScaler``'s 2**16; tests start
+            higher to make the scale back off).
     """
 
     trace_dir: str | None = None
@@ -354,6 +379,7 @@ class WorkerOptions:
     fail_at_step: int = -1
     fail_rank: int = -1
     fail_mode: str = "raise"
+    loss_scale: float = 2.0 ** 16
 
 
 SECTIONS: dict[str, type] = {"graph": GraphOptions, "dataset": DataOptions,

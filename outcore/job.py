@@ -278,7 +278,7 @@ def prepare(job: Job, *, local: bool = True,
         return model_graph(g_opts.model, input_shape=g_opts.input_shape,
                            batch_size=g_opts.batch_size, seed=cfg.run.seed, costs=g_opts.costs,
                            split=split, threads=cfg.worker.threads, progress=progress,
-                           leaves=tuple(g_opts.leaf))
+                           leaves=tuple(g_opts.leaf), precision=g_opts.precision)
 
     mbs = planning.microbatches
     g = captured(1 if whole else int(mbs) * job.copies)

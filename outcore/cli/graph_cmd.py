@@ -88,6 +88,7 @@ def _captured(model: str, cfg, repeat: int):
         g = outcore.model_graph(model, input_shape=opts.input_shape, batch_size=opts.batch_size,
                                 costs=opts.costs, repeat=max(repeat, 1), warmup=2,
                                 leaves=tuple(opts.leaf), task=opts.task,
+                                precision=opts.precision,
                                 progress=lambda phase, d, n: bar.update(
                                     task, description=phase, completed=d, total=max(n, 1)))
     if profiling:

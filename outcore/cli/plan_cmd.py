@@ -62,11 +62,17 @@ def load_or_capture(source: str, cfg):
     """A graph from a JSON file, or captured and costed from a model name."""
     import outcore
 
-    if is_graph_file(source):
-        return outcore.load_graph(source), False
     g = cfg.graph
+    if is_graph_file(source):
+        graph = outcore.load_graph(source)
+        made = graph.meta.get("precision", "32")
+        if g.precision != "32" and g.precision != made:
+            raise UsageError(f"{source} was captured in precision {made}, not {g.precision}: "
+                             f"capture the model again with --precision {g.precision}")
+        return graph, False
     return outcore.model_graph(source, input_shape=g.input_shape, batch_size=g.batch_size,
-                               costs=g.costs, leaves=tuple(g.leaf), task=g.task), True
+                               costs=g.costs, leaves=tuple(g.leaf), task=g.task,
+                               precision=g.precision), True
 
 
 def _outputs(args: argparse.Namespace, captured: bool) -> tuple[Path, Path]:

@@ -110,3 +110,30 @@ def entry_tree(value: Any, meta: ValueMeta, anchor: torch.Tensor) -> tuple[Any, 
             out.append(x)
             holders.append(x)
     return meta.rebuild(out), holders
+
+
+def owned(t: torch.Tensor) -> bool:
+    """Whether a gradient is a tensor of its own: contiguous, the whole of its storage (not an
+    expanded view autograd may hand back, nor a slice of a received message), and not part
+    of a graph, so it can be summed into in place or kept as a ``.grad``."""
+    return type(t) is torch.Tensor and not t.requires_grad and t.is_contiguous() and \
+        t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def into_grad(p: torch.Tensor, g: torch.Tensor) -> None:
+    """Add ``g`` to the leaf ``p``'s ``.grad`` as autograd's accumulation would, but keeping
+    ``g`` itself where it is a tensor of its own (autograd copies a gradient the caller still
+    holds: the copy of a tied weight's gradient put its stage over the plan)."""
+    with torch.no_grad():
+        if p.grad is None:
+            p.grad = g if owned(g) else g.clone()
+        else:
+            p.grad.add_(g)
+
+
+def like(p: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+    """``shard`` as a gradient of ``p``: a DTensor on ``p``'s mesh when ``p`` is one."""
+    if not hasattr(p, "to_local"):
+        return shard
+    from torch.distributed.tensor import DTensor
+    return DTensor.from_local(shard, p.device_mesh, p.placements, run_check=False)

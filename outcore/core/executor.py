@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
-from outcore.core.boundary import Edge, Roots, entry_tree, run_backward
+from outcore.core.boundary import Edge, Roots, entry_tree, into_grad, like, owned, run_backward
 from outcore.core.collectives import CollectiveLog
 from outcore.core.comm import Messenger, PairSum
 from outcore.core.modules import PieceModule
@@ -31,6 +31,7 @@ from outcore.core.randomness import set_context as set_random_context
 from outcore.core.values import ValueMeta, local, tensors_of
 from outcore.errors import RuntimeFailure
 from outcore.hardware.nonfinite import any_nonfinite
+from outcore.hardware.precision import LossScaler, autocast
 from outcore.plan.replicas import copy_of, fx_name
 from outcore.schedule.ir import RECV_POST_AHEAD, Action, Schedule
 from outcore.trace import Event
@@ -60,6 +61,8 @@ class RankExecutor:
         bucket_groups: process group and parameters of each all-reduce bucket this rank is in.
         placeholders: names of the model's input nodes, in argument order.
         trace: record an :class:`Event` per action.
+        precision: every forward and loss runs under its autocast (``outcore.hardware.precision``).
+        scaler: 16-mixed: the loss scale, unscaled before the optimizer steps.
     """
 
     def __init__(self, rank: int, schedule: Schedule, modules: dict[int, PieceModule],
@@ -70,7 +73,8 @@ class RankExecutor:
                  on_step: Callable[[], None] | None = None, copies: int = 1,
                  policies: dict[int, str] | None = None,
                  piece_params: dict[int, list[torch.nn.Parameter]] | None = None,
-                 sharder: Any = None):
+                 sharder: Any = None, precision: str = "32",
+                 scaler: LossScaler | None = None):
         self.rank, self.s, self.modules = rank, schedule, modules
         self.random_seed = torch.initial_seed()  # the run's seed: random nodes derive theirs
         self.names, self.metas, self.msg = names, metas, messenger
@@ -84,6 +88,8 @@ class RankExecutor:
         self.policies = policies or {}
         self.piece_params = piece_params or {}
         self.sharder = sharder  # FSDP-style sharded parameters (outcore.parallel.sharding)
+        self.precision = precision  # pieces and losses run under its autocast
+        self.scaler = scaler  # 16-mixed: losses scaled before the backward
         self.sharded_buckets = {b for b, sh in enumerate(schedule.meta.get("bucket_sharded", ()))
                                 if sh} if sharder is not None else set()
         # collectives run inside pieces (a parallelism's), timed on traced steps
@@ -196,6 +202,8 @@ class RankExecutor:
             self.guard_s += time.perf_counter() - t0
         self.nonfinite = (flags[0] > 0, flags[1] > 0)
         self.step_loss = flags[2]
+        if self.scaler is not None:  # every rank backs off or grows on the same verdict
+            self.scaler.update(any(self.nonfinite))
         return any(self.nonfinite)
 
     def _grad_params(self) -> list[torch.nn.Parameter]:
@@ -299,12 +307,21 @@ class RankExecutor:
         self.guard_s += time.perf_counter() - t0  # waiting for the all-reduces is not work
         self.param_off.before_step()
         bad = self.check_finite() if self.guard_nonfinite else False
-        if self.optimizer is not None:
-            if not bad:  # a non-finite step never reaches the parameters
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        self.apply_update(bad)
         if self.on_step is not None:
             self.on_step()
+
+    def apply_update(self, bad: bool) -> None:
+        """Step the optimizer unless the step was non-finite (gradients unscaled first under
+        16-mixed), then clear the gradients."""
+        if self.optimizer is None:
+            return
+        if not bad:  # a non-finite step never reaches the parameters
+            if self.scaler is not None:
+                self.scaler.unscale([local(p.grad) for p in self._grad_params()
+                                     if p.grad is not None])
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------------ compute
     def _random_context(self, p: int, mb: int) -> None:
@@ -314,6 +331,10 @@ class RankExecutor:
         set_random_context(self.random_seed, self.msg.step_of(), chunk)
 
     def forward(self, p: int, mb: int) -> None:
+        with autocast(self.precision, self.device):
+            self._forward(p, mb)
+
+    def _forward(self, p: int, mb: int) -> None:
         pm = self.modules[p]
         if pm.random:
             self._random_context(p, mb)
@@ -368,7 +389,7 @@ class RankExecutor:
                 target = self.targets[chunk] if self.targets is not None else None
                 loss = self.loss_fn(value, target) / (self.s.microbatches * self.copies)
                 self.losses[chunk] = loss.detach()
-                produced[name] = loss
+                produced[name] = loss if self.scaler is None else loss * self.scaler.scale
                 continue
             self.local[(name, mb)] = value
             reads = self.reads_of.get(name)
@@ -401,7 +422,7 @@ class RankExecutor:
                     grads.append(g)
                 elif t.requires_grad and t.grad_fn is None and type(t) is torch.nn.Parameter \
                         and type(g) is torch.Tensor and g.shape == t.shape:
-                    _into_grad(t, g)  # a parameter this piece hands on (a tied weight)
+                    into_grad(t, g)  # a parameter this piece hands on (a tied weight)
                 elif t.requires_grad:
                     roots.append(t)
                     grads.append(like(t, g) if not hasattr(g, "to_local") else g)
@@ -445,7 +466,7 @@ class RankExecutor:
                     a = like(g, a)
             if a is None:
                 acc[i] = g
-            elif _owned(a):  # summed into the one held (no third copy while they are added)
+            elif owned(a):  # summed into the one held (no third copy while they are added)
                 acc[i] = a.add_(g)
             else:
                 acc[i] = a + g
@@ -565,33 +586,6 @@ class RankExecutor:
                 p.grad = like(p, flat[offset:offset + n].view_as(shard))
                 offset += n
         self.pending_ar.clear()
-
-
-def _owned(t: torch.Tensor) -> bool:
-    """Whether a gradient is a tensor of its own: contiguous, the whole of its storage (not an
-    expanded view autograd may hand back, nor a slice of a received message), and not part
-    of a graph, so it can be summed into in place or kept as a ``.grad``."""
-    return type(t) is torch.Tensor and not t.requires_grad and t.is_contiguous() and \
-        t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-
-
-def _into_grad(p: torch.Tensor, g: torch.Tensor) -> None:
-    """Add ``g`` to the leaf ``p``'s ``.grad`` as autograd's accumulation would, but keeping
-    ``g`` itself where it is a tensor of its own (autograd copies a gradient the caller still
-    holds: the copy of a tied weight's gradient put its stage over the plan)."""
-    with torch.no_grad():
-        if p.grad is None:
-            p.grad = g if _owned(g) else g.clone()
-        else:
-            p.grad.add_(g)
-
-
-def like(p: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
-    """``shard`` as a gradient of ``p``: a DTensor on ``p``'s mesh when ``p`` is one."""
-    if not hasattr(p, "to_local"):
-        return shard
-    from torch.distributed.tensor import DTensor
-    return DTensor.from_local(shard, p.device_mesh, p.placements, run_check=False)
 
 
 def _copy_tree(value: Any) -> Any:

@@ -107,21 +107,46 @@ def _storage(t: torch.Tensor) -> Any:
         return None
 
 
-def value_metas(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> dict[str, ValueMeta]:
-    """Meta of every node's value for ``inputs`` (run under FakeTensorMode: no memory).
+def value_metas(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, precision: str = "32",
+                device: torch.device | None = None) -> dict[str, ValueMeta]:
+    """Meta of every node's value for ``inputs`` (run under FakeTensorMode: no memory), in
+    ``precision`` as autocast on ``device`` makes it (its rules differ by device: CUDA keeps
+    softmax and norms in float32, the CPU does not, so on a GPU the pass runs on fake tensors
+    of that device).
 
     The model's real buffers are left as they were: a batch norm counts its batches in
     Python (``num_batches_tracked.add_(1)``), on the real tensor, even in a fake run."""
     from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
+    from outcore.hardware.precision import autocast, autocast_dtype
+
+    dev = torch.device(device or "cpu")
+    on_device = dev.type != "cpu" and autocast_dtype(precision) is not None
     counters = [(b, b.clone()) for b in gm.buffers()
                 if not b.is_floating_point() and b.device.type != "meta" and not is_fake(b)]
     rec = _MetaRecorder(gm)
     try:
         with torch.enable_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            rec.run(*(mode.from_tensor(x) for x in inputs))
+            args = [mode.from_tensor(x) for x in inputs]
+            if not on_device:
+                with autocast(precision, "cpu"):
+                    rec.run(*args)
+            else:
+                from torch.nn.utils.stateless import _reparametrize_module
+                state = {k: _fake_on(t, dev) for k, t in
+                         [*gm.named_parameters(remove_duplicate=False),
+                          *gm.named_buffers(remove_duplicate=False)]}
+                with _reparametrize_module(gm, state, tie_weights=True), \
+                        autocast(precision, dev):
+                    rec.run(*(x.to(dev) for x in args))
     finally:
         with torch.no_grad():
             for b, before in counters:
                 b.copy_(before)
     return rec.meta
+
+
+def _fake_on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A fake tensor like ``t`` on ``device`` (made inside the active FakeTensorMode)."""
+    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
+    return out.requires_grad_(t.requires_grad)

@@ -27,6 +27,7 @@ from outcore.errors import GraphError, ModelError
 from outcore.graph.capture import retrace
 from outcore.graph.ir import Graph
 from outcore.hardware.allocator import keep_heap
+from outcore.hardware.precision import autocast
 
 log = logging.getLogger(__name__)
 
@@ -369,14 +370,15 @@ def profile(g: Graph, model: nn.Module, example_inputs: Any, *, device: str | No
     inputs = tuple(x.to(dev) for x in inputs)
     keep_heap()  # time the layers as the workers will run them (outcore.hardware.allocator)
     try:
-        fwd, bwd, timed = _node_times(g, gm, fx_nodes, inputs, dev, warmup, repeat, progress)
-        # the traced module, as the workers run it (hf:mixtral's traced step is 1.2x its eager
-        # one: calibrating to the eager step under-predicted every run of it by 1.2-1.4x)
-        step_fwd_s, step_bwd_s = time_step(gm, inputs, dev, warmup, repeat)
-        optimizer_s = time_optimizer_step(model, inputs, dev, warmup, repeat)
-        stepped = [p for p in model.parameters() if p.requires_grad]
-        call_s = backward_call_s(dev, warmup, repeat) if timed == "alone" else 0.0
-        bwd = np.where(bwd > 0, np.maximum(bwd - call_s, 0.25 * bwd), 0.0)
+        with autocast(g.meta.get("precision"), dev):  # in the precision the workers run
+            fwd, bwd, timed = _node_times(g, gm, fx_nodes, inputs, dev, warmup, repeat, progress)
+            # the traced module, as the workers run it (hf:mixtral's traced step is 1.2x its eager
+            # one: calibrating to the eager step under-predicted every run of it by 1.2-1.4x)
+            step_fwd_s, step_bwd_s = time_step(gm, inputs, dev, warmup, repeat)
+            optimizer_s = time_optimizer_step(model, inputs, dev, warmup, repeat)
+            stepped = [p for p in model.parameters() if p.requires_grad]
+            call_s = backward_call_s(dev, warmup, repeat) if timed == "alone" else 0.0
+            bwd = np.where(bwd > 0, np.maximum(bwd - call_s, 0.25 * bwd), 0.0)
     except ModelError:
         raise
     except RuntimeError as e:

@@ -45,6 +45,7 @@ from outcore.errors import GraphError, ModelError
 from outcore.graph.capture import retrace
 from outcore.graph.ir import Graph
 from outcore.hardware.allocator import keep_heap
+from outcore.hardware.precision import autocast
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,8 @@ def profile_by_layer(g: Graph, model: nn.Module, example_inputs: Any, *,
                          " capture and profile the same model")
     keep_heap()
     try:
-        times = time_layers(g, gm, inputs, dev, warmup, repeat, progress)
+        with autocast(g.meta.get("precision"), dev):  # in the precision the workers run
+            times = time_layers(g, gm, inputs, dev, warmup, repeat, progress)
         call_s = backward_call_s(dev, warmup, repeat)
     except ModelError:
         raise

@@ -52,6 +52,8 @@ def _flatten(trainer: Any, step: int) -> dict[str, Any]:
                                  for g in state["optim"]["param_groups"]]
     if "lr_scheduler" in state:
         flat["lr_scheduler"] = state["lr_scheduler"]
+    if "scaler" in state:  # 16-mixed's loss scale
+        flat["loss_scale"] = state["scaler"]
     flat["step"] = torch.tensor(step)
     return flat
 
@@ -173,6 +175,9 @@ def load(trainer: Any, path: str | os.PathLike) -> int:
     if trainer.optimizer is not None and not trainer.optimizer.state:
         _init_optimizer_state(trainer)
     flat = _flatten(trainer, 0)
+    if "loss_scale" in flat and "loss_scale" not in _saved_keys(path):
+        log.info("%s has no loss scale (written in another precision): starting from %g",
+                 path, flat.pop("loss_scale")["scale"])
     try:
         dcp.load(flat, checkpoint_id=str(path))
     except (CheckpointException, Exception) as e:  # CheckpointException is a BaseException
@@ -188,7 +193,16 @@ def load(trainer: Any, path: str | os.PathLike) -> int:
         _load_optimizer(trainer, flat)
     if trainer.lr_scheduler is not None:
         trainer.lr_scheduler.load_state_dict(flat["lr_scheduler"])
+    if "loss_scale" in flat:
+        trainer.scaler.load_state_dict(flat["loss_scale"])
     return int(flat["step"])
+
+
+def _saved_keys(path: str | os.PathLike) -> set[str]:
+    """The top-level names a checkpoint holds."""
+    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    return {k.split(".")[0] if k.startswith("loss_scale") else k
+            for k in meta.state_dict_metadata}
 
 
 def _load_optimizer(trainer: Any, flat: dict[str, Any]) -> None:

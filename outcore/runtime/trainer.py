@@ -37,6 +37,7 @@ from outcore.errors import PlanError
 from outcore.graph.capture import retrace
 from outcore.graph.coarsen import collapse, groups
 from outcore.graph.ir import Graph
+from outcore.hardware.precision import LossScaler, autocast, canonical
 from outcore.parallel import Parallelism, RankBuild, active as active_parallelisms
 from outcore.parallel.replicas import StatGroup, sync_running_stats
 from outcore.plan.plan import Plan, fingerprint, graph_ref
@@ -132,6 +133,8 @@ class Trainer:
             (:func:`outcore.zoo.weightless.weightless`): ``materialise(names)`` returns the model
             with (at least) the parameters ``names`` real, as the whole model built with the
             run's seed has them; this rank's parameters and buffers take its values.
+        precision: ``32``, ``bf16-mixed`` or ``16-mixed`` (``outcore.hardware.precision``):
+            every piece's forward and loss run under autocast; 16-mixed scales the loss.
     """
 
     def __init__(self, model: nn.Module, graph: Graph, plan: Plan, *, microbatches: int,
@@ -141,7 +144,8 @@ class Trainer:
                  lr_scheduler: Callable[[Any], Any] | None = None,
                  device: torch.device | None = None, timeout_s: float = 60.0,
                  track_memory: bool = True, schedule_doc: dict[str, Any] | None = None,
-                 materialise: Callable[[list[str]], nn.Module] | None = None):
+                 materialise: Callable[[list[str]], nn.Module] | None = None,
+                 precision: str = "32"):
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         if plan.devices != self.world:
@@ -151,6 +155,8 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.microbatches = microbatches
         self.track_memory = track_memory
+        self.precision = canonical(precision)
+        self.scaler = LossScaler() if self.precision == "16-mixed" else None
         self.start_weights: str | None = None  # a weights file the run starts from (worker)
         # tensor parallelism: process ``slot * tp + t`` runs slot ``slot``'s actions on shard t
         self.tp = plan.layout.tp
@@ -176,7 +182,7 @@ class Trainer:
         self.lowered = low
         self.assignment, self.copies = low.assignment, low.copies
         self.schedule, self.costs, self.pieces = low.schedule, low.costs, low.pieces
-        metas = value_metas(gm, micro_inputs)
+        metas = value_metas(gm, micro_inputs, precision=self.precision, device=self.device)
         big_names = [low.graph.name_of(i) for i in range(low.graph.num_nodes)]
         modules = build.modules = build_piece_modules(gm, big_names, low.pieces, self.slot,
                                                       metas)
@@ -209,7 +215,10 @@ class Trainer:
             self.slot, self.schedule, {pm.id: pm for pm in modules}, big_names, metas,
             self.messenger, loss_fn or default_loss, self.optimizer, self._buckets(),
             self.placeholders, self.device, on_step=self._after_optimizer, copies=self.copies,
-            policies=self.policies, piece_params=piece_params, sharder=self.sharder)
+            policies=self.policies, piece_params=piece_params, sharder=self.sharder,
+            precision=self.precision, scaler=self.scaler)
+        # a scaled loss needs every rank's verdict on the step's gradients
+        self.executor.guard_nonfinite = self.scaler is not None
         if self.sharder is not None:  # its gathers and reduce-scatters in the traced step
             self.sharder.log = self.executor.collectives
         # every shard of a tensor-parallel slot computes the same loss: count it once
@@ -339,14 +348,12 @@ class Trainer:
         t0 = time.perf_counter()
         if extra:  # an extra tile rank: its tiles, then the step its schedule has no OPT for
             self.executor.collectives.start(self.executor.trace)  # the tiles' communication
-            self.spatial.run_tiles(micro_in)
+            self.spatial.run_tiles(micro_in, lambda: autocast(self.precision, self.device))
         tiles_s = time.perf_counter() - t0
         result = self.executor.run_step(micro_in, micro_tg, since=t0 if extra else None)
         result.busy_s += tiles_s
         if extra and self.optimizer is not None:
-            if not any(self.executor.nonfinite or ()):
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.executor.apply_update(any(self.executor.nonfinite or ()))
             self._after_optimizer()
         return result
 
@@ -365,6 +372,8 @@ class Trainer:
             state["optim"] = {"state": by_name, "param_groups": opt["param_groups"]}
         if self.lr_scheduler is not None:
             state["lr_scheduler"] = self.lr_scheduler.state_dict()
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
         return state
 
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from outcore.config import TrainConfig, data_source
 from outcore.core.samehost import SPIN_ENV
-from outcore.errors import NonFiniteError, OutcoreError, RuntimeFailure, UsageError
+from outcore.errors import NonFiniteError, OutcoreError, PlanError, RuntimeFailure, UsageError
 from outcore.graph.io import from_dict as graph_from_dict
 from outcore.hardware.allocator import frozen_objects
 from outcore.plan.plan import align, from_dict as plan_from_dict
@@ -106,6 +106,11 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
     graph = graph_from_dict(graph_doc, source="graph")
     plan = align(plan_from_dict(plan_doc, source="plan"), graph) \
         if plan_doc.get("graph", {}).get("depth") is None else plan_from_dict(plan_doc)
+    made = graph.meta.get("precision", "32")
+    if made != cfg.graph.precision:
+        raise PlanError(f"the graph was captured in precision {made}, the run asks for "
+                        f"{cfg.graph.precision}: capture and plan with --precision "
+                        f"{cfg.graph.precision}")
     in_part = in_part_build(plan)
     spec, model = build_model(cfg.graph.model, input_shape=cfg.graph.input_shape,
                               batch_size=cfg.graph.batch_size, seed=cfg.run.seed,
@@ -121,8 +126,11 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
                       track_memory=cfg.worker.track_memory,
                       schedule_doc=schedule_doc,
                       materialise=None if order is None else
-                      lambda names: _rank_part(spec.build, cfg.run.seed, names, order))
+                      lambda names: _rank_part(spec.build, cfg.run.seed, names, order),
+                      precision=cfg.graph.precision)
     trainer.start_weights = cfg.graph.weights or spec.weights  # given, or the model's own
+    if trainer.scaler is not None:
+        trainer.scaler.scale = cfg.worker.loss_scale
     output_name = next(n.name for n in trainer.gm.graph.nodes if n.op == "output")
     output_meta = trainer.executor.metas[output_name]
     kind, path = data_source(cfg.dataset.data)
@@ -207,18 +215,27 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
             step_times.append(step_s)
             last_events = report.events
             bad = trainer.executor.nonfinite or (False, False)
+            scaler = trainer.scaler
+            overflow = scaler is not None and bad == (False, True)  # 16-mixed: scale backs off
             if metrics_file is not None:
                 record = {"step": step, "steps": cfg.run.steps, "time": time.time(),
                           "loss": report.loss, "step_s": step_s,
                           "samples_per_s": cfg.graph.batch_size / step_s, "peak_bytes": peaks,
                           "peak_measured_at": measured_at, "busy_s": busy,
                           "host_peak_bytes": host}
-                if any(bad):
+                if scaler is not None:
+                    record["loss_scale"] = scaler.scale
+                if overflow:
+                    record["skipped"] = True  # the loss scale overflowed the gradients
+                elif any(bad):
                     record["nonfinite"] = [w for w, b in zip(("loss", "gradient"), bad) if b]
                     record["skipped"] = cfg.run.on_nonfinite == "skip"
                 metrics_file.write(resume.json_line(record))
                 metrics_file.flush()
-            if any(bad):
+            if overflow:
+                log.info("step %d: the scaled gradients overflowed float16: skipped; loss "
+                         "scale now %g", step, scaler.scale)
+            elif any(bad):
                 _on_nonfinite(cfg, step, report.loss, bad, last_good)
             if cfg.run.checkpoint_dir and cfg.run.checkpoint_every and \
                     (step + 1) % cfg.run.checkpoint_every == 0:

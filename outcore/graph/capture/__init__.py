@@ -26,6 +26,7 @@ from outcore.errors import CaptureError, ModelError, UsageError
 from outcore.graph.capture.mutation import thread_in_place
 from outcore.graph.coarsen import collapse
 from outcore.graph.ir import Graph, build
+from outcore.hardware.precision import autocast, canonical
 
 log = logging.getLogger(__name__)
 
@@ -420,7 +421,7 @@ def _module_path(n: fx.Node) -> str:
 def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
             depth: int | None = None, leaves: Iterable[str] = (), fake: bool = True,
             path: str = "auto", output: str | None = None,
-            leaf_modules: Iterable[str] = ()) -> Graph:
+            leaf_modules: Iterable[str] = (), precision: str = "32") -> Graph:
     """Capture ``model`` as a :class:`Graph` at layer level (or collapsed to ``depth``).
 
     Args:
@@ -435,6 +436,9 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
         fake: record shapes under FakeTensorMode (no memory, no compute); False runs for real.
         path: ``auto``, ``fx`` or ``export`` (see :func:`trace_model`).
         output: key of a dict / ``ModelOutput`` result to train on (default loss, else logits).
+        precision: ``32``, ``bf16-mixed`` or ``16-mixed``: the layers' outputs and saved
+            tensors are recorded as autocast makes them (``meta['precision']``); the trace
+            itself does not depend on it.
 
     Costs are not measured here: ``fwd_s``/``bwd_s`` are 0 until :func:`outcore.profile` or
     :func:`outcore.estimate` fills them. Bytes (params, outputs, saved activations) are exact.
@@ -444,10 +448,12 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
     traced, how = trace_model(model, inputs,
                               leaves=tuple(leaves) + leaf_paths(model, leaf_modules),
                               path=path, output=output)
-    rec = record(traced.gm, inputs, fake=fake)
+    precision = canonical(precision)
+    with autocast(precision, inputs[0].device if inputs else "cpu"):
+        rec = record(traced.gm, inputs, fake=fake)
     g = graph_from_fx(traced.gm, rec, name or type(model).__name__,
                       batch_size=int(inputs[0].shape[0]) if inputs and inputs[0].dim() else None)
-    meta = {**g.meta, "capture": how}
+    meta = {**g.meta, "capture": how, "precision": precision}
     if traced.forced_leaves:
         meta["forced_leaves"] = list(traced.forced_leaves)
     return collapse(g.replace(meta=meta), depth)

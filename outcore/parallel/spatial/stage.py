@@ -35,8 +35,9 @@ of the same tile of every copy, before the sum over the tiles.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -152,14 +153,17 @@ class SpatialStage:
             allreduce_into(grads, self.dp_group)
         allreduce_into(grads, self.sg.group)
 
-    def run_tiles(self, inputs: list[tuple[torch.Tensor, ...]]) -> None:
+    def run_tiles(self, inputs: list[tuple[torch.Tensor, ...]],
+                  precision: Callable[[], Any] = contextlib.nullcontext) -> None:
         """Extra tile rank: forward and backward of every micro-batch of its copy (``inputs``:
-        the micro-batches of every copy, copy-major), in tile 0's order."""
+        the micro-batches of every copy, copy-major), in tile 0's order; the forwards run in
+        the context ``precision()`` makes (the run's autocast)."""
         outs: dict[int, tuple[torch.Tensor, ...]] = {}
         first = self.copy * (len(inputs) // self.copies)
         for op, mb in self.order:
             if op == "F":
-                outs[mb] = tuple(self.tiles_module.module(*inputs[first + mb]))
+                with precision():
+                    outs[mb] = tuple(self.tiles_module.module(*inputs[first + mb]))
             else:
                 out = outs.pop(mb)
                 torch.autograd.backward(out, [torch.empty(0, device=t.device) for t in out])
