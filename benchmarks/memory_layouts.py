@@ -12,8 +12,10 @@ not a cell: on a CPU the host is the device (``--memory-policy offload`` saves n
 
     PYTHONPATH=. .venv/bin/python benchmarks/memory_layouts.py
     PYTHONPATH=. .venv/bin/python benchmarks/memory_layouts.py --models mlp --layouts dp tp
+    PYTHONPATH=. .venv/bin/python benchmarks/memory_layouts.py --precision bf16-mixed
 
-Writes ``benchmarks/results/memory_layouts.{json,md}``.
+Writes ``benchmarks/results/memory_layouts.{json,md}`` (``memory_layouts_bf16-mixed.*`` for
+another precision).
 """
 
 from __future__ import annotations
@@ -52,12 +54,12 @@ CHECKPOINT_SHARES = (0.9, 0.95, 0.99)
 OVER, OVER_BYTES = 0.01, 16 * 1024
 
 
-def _train(model: str, shape, devices: int, options: dict) -> dict:
+def _train(model: str, shape, devices: int, options: dict, precision: str = "32") -> dict:
     run_dir = tempfile.mkdtemp(prefix="memlayout_")
     try:
         r = outcore.train(model, devices, layout="given", batch_size=8, input_shape=shape,
                           steps=2, optimizer="sgd", momentum=0.0, costs="estimate:cpu",
-                          timeline=False, run_dir=run_dir, **options)
+                          timeline=False, run_dir=run_dir, precision=precision, **options)
     except Exception as e:  # a cell that cannot run is reported, not fatal
         return {"error": str(e).splitlines()[0][:160]}
     finally:
@@ -96,7 +98,10 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    ap.add_argument("--precision", default="32", choices=("32", "bf16-mixed", "16-mixed"),
+                    help="train every cell in this precision (outcore train --precision)")
     args = ap.parse_args()
+    prec = args.precision
     rows = []
     for name in args.models:
         model, shape = MODELS[name]
@@ -107,15 +112,15 @@ def main() -> int:
             if kind == "checkpoint":
                 if plain_peak is None:
                     plain_peak = max(_train(model, shape, devices,
-                                            dict(LAYOUTS["pipeline"][1])).get("predicted")
+                                            dict(LAYOUTS["pipeline"][1]), prec).get("predicted")
                                      or [0])
                 for share in CHECKPOINT_SHARES:  # the tightest limit checkpointing meets
                     options["memory"] = share * plain_peak if plain_peak else None
-                    res = _train(model, shape, devices, options)
+                    res = _train(model, shape, devices, options, prec)
                     if "error" not in res:
                         break
             else:
-                res = _train(model, shape, devices, options)
+                res = _train(model, shape, devices, options, prec)
             if kind == "pipeline" and res.get("predicted"):
                 plain_peak = max(res["predicted"])
             res.update(model=name, kind=kind, devices=devices)
@@ -129,9 +134,10 @@ def main() -> int:
                   + f"; worst {res['worst_ratio']:.3f}" + (" OVER" if res["over"] else ""),
                   flush=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "memory_layouts.json").write_text(json.dumps(rows, indent=1))
+    stem = "memory_layouts" + ("" if prec == "32" else f"_{prec}")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(rows, indent=1))
     lines = table(rows, args.models, [k for k in LAYOUTS if k in args.layouts])
-    (RESULTS / "memory_layouts.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

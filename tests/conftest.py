@@ -15,6 +15,19 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OUTCORE_HOST_LOAD", "0")
 
 
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests run only where CUDA is (torch is imported only then)."""
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    if not marked:
+        return
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in marked:
+        item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _restore_environment():
     """Tests may set environment variables (rank, world size); put them back afterwards."""

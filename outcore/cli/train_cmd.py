@@ -123,7 +123,8 @@ def print_report(report) -> None:
     cfg = report.config
     console.print(table(f"{cfg.graph.model}: {plural(K, 'device')}, {report.plan.strategy} "
                         f"plan, {cfg.planning.schedule}, "
-                        f"{plural(cfg.planning.microbatches, 'micro-batch')}",
+                        f"{plural(cfg.planning.microbatches, 'micro-batch')}"
+                        + ("" if cfg.graph.precision == "32" else f", {cfg.graph.precision}"),
                         ["rank", "busy (measured)", "busy (predicted)", "peak memory (measured)",
                          "peak (predicted)", "limit", "process peak (host)"], rows))
     from outcore.cli.plan_cmd import policy_lines

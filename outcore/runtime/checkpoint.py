@@ -175,9 +175,14 @@ def load(trainer: Any, path: str | os.PathLike) -> int:
     if trainer.optimizer is not None and not trainer.optimizer.state:
         _init_optimizer_state(trainer)
     flat = _flatten(trainer, 0)
-    if "loss_scale" in flat and "loss_scale" not in _saved_keys(path):
+    saved = _saved_keys(path)
+    if "loss_scale" in flat and "loss_scale" not in saved:
         log.info("%s has no loss scale (written in another precision): starting from %g",
                  path, flat.pop("loss_scale")["scale"])
+    stepped = any(k.startswith("optim.") and not k.startswith("optim.hparams") for k in saved)
+    if not stepped:  # written before the optimizer's first step (every step so far skipped)
+        for k in [k for k in flat if k.startswith("optim.") and k != "optim.hparams"]:
+            del flat[k]
     try:
         dcp.load(flat, checkpoint_id=str(path))
     except (CheckpointException, Exception) as e:  # CheckpointException is a BaseException
@@ -189,7 +194,10 @@ def load(trainer: Any, path: str | os.PathLike) -> int:
         for k, b in trainer.gm.named_buffers():
             if f"buffer.{k}" in flat and b.device.type != "meta":
                 b.copy_(flat[f"buffer.{k}"])
-    if trainer.optimizer is not None:
+    if trainer.optimizer is not None and not stepped:
+        trainer.optimizer.state.clear()  # as it was: no state until a step makes it
+        _load_hparams(trainer, flat)
+    elif trainer.optimizer is not None:
         _load_optimizer(trainer, flat)
     if trainer.lr_scheduler is not None:
         trainer.lr_scheduler.load_state_dict(flat["lr_scheduler"])
@@ -222,6 +230,10 @@ def _load_optimizer(trainer: Any, flat: dict[str, Any]) -> None:
                     st[key].copy_(_placed_like(st[key], value))
                 else:
                     st[key] = value
+    _load_hparams(trainer, flat)
+
+
+def _load_hparams(trainer: Any, flat: dict[str, Any]) -> None:
     for group, saved in zip(trainer.optimizer.param_groups, flat["optim.hparams"]):
         group.update({k: v for k, v in saved.items() if k != "params"})
 

@@ -164,6 +164,7 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
     if cfg.worker.spin_us is not None:  # the launcher's decision; the environment's wins
         os.environ.setdefault(SPIN_ENV, f"{cfg.worker.spin_us:g}")
     trainer, data = build_trainer(cfg, graph_doc, plan_doc, device)
+    cap_allocator(device, plan_doc.get("memory_bytes"))
     trainer.executor.guard_nonfinite = True
     begun = resume.begin(trainer, cfg)
     if trainer.start_weights and begun.checkpoint is None:  # a resumed run has its own
@@ -176,6 +177,18 @@ def train_worker(ctx: Any, cfg: TrainConfig, graph_doc: dict[str, Any],
     finally:
         if begun.lock is not None:
             begun.lock.release()
+
+
+def cap_allocator(device: torch.device, limit: float | None) -> float | None:
+    """On CUDA, cap this process's caching allocator at the plan's memory limit, so that a
+    plan that does not fit fails loudly (an out-of-memory error naming the rank and step)
+    instead of running over the limit it promised. Returns the fraction set (None: no cap)."""
+    if device.type != "cuda" or not limit:
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(float(limit) / total, 1.0)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
 
 
 def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,

@@ -113,6 +113,9 @@ def mb_scale(g: Graph, mb_size: float | None) -> float:
     return float(mb_size) / float(g.batch_size)
 
 
+_HALF = ("bfloat16", "float16")
+
+
 def loss_cost_s(device: DeviceSpec) -> Callable[[float], tuple[float, float]]:
     """``bytes -> (forward, backward)`` seconds of the runtime's loss (cross-entropy or MSE,
     divided by the micro-batch count) on a model output of so many bytes: a few passes over
@@ -124,6 +127,15 @@ def loss_cost_s(device: DeviceSpec) -> Callable[[float], tuple[float, float]]:
         fixed_f, fixed_b = 3 * device.launch_s, 4 * device.launch_s
     bw = device.mem_bandwidth
     return lambda nbytes: (fixed_f + 3 * nbytes / bw, fixed_b + 3 * nbytes / bw)
+
+
+def loss_bytes(g: Graph, output: int) -> float:
+    """Bytes of the model output ``output`` as the loss computes on it: in float32 (autocast
+    runs cross-entropy and MSE in float32, so a bfloat16 output's log-probabilities and their
+    gradients take twice its bytes: without them a bf16-mixed transformer's peak was
+    under-predicted by about its logits' size)."""
+    nbytes = float(g.out_bytes[output])
+    return nbytes * 2.0 if str(g.attr(output, "dtype", "float32")) in _HALF else nbytes
 
 
 def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
@@ -163,7 +175,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         ws_f = ws_b = np.zeros(g.num_nodes)
     if loss_s is not None:
         for v in g.nodes_with_op("output").tolist():
-            f, b = loss_s(float(g.out_bytes[v]))
+            f, b = loss_s(loss_bytes(g, v))
             fwd[piece_of[v]] += f
             bwd[piece_of[v]] += b
     if overhead_overlaps:
@@ -177,7 +189,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         # (cross-entropy) or its difference from the target (MSE) for its backward: hf:llama's
         # 256 KiB of logits were the whole gap between its measured peak and the prediction
         for v in g.nodes_with_op("output").tolist():
-            saved[piece_of[v]] += float(g.out_bytes[v])
+            saved[piece_of[v]] += loss_bytes(g, v)
     transient = np.zeros(n_p)
     np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) + ws_f)
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
@@ -188,7 +200,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         # of the output together (GPT-2's stage of logits: 0.13 MiB over without the first)
         for v in g.nodes_with_op("output").tolist():
             p = piece_of[v]
-            t_bwd[p] = max(t_bwd[p], 2.0 * float(g.out_bytes[v]))
+            t_bwd[p] = max(t_bwd[p], 2.0 * loss_bytes(g, v))
     static_piece = piece_params * factor
     if any(p != "none" for p in pol):
         _apply_policies(g, pieces, pol, host_bandwidth, host_is_device, fwd, bwd,
@@ -207,6 +219,10 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         else np.zeros(0)
     if inner:
         first_extra[list(inner)] = 0.0
+    if n_p:  # a forward holds what its earlier layers saved beside a late layer's output and
+        # scratch (a ResNet's pooling of its joined bfloat16 tiles peaked in the forward)
+        late = _forward_peaks(g, piece_of, n_p, ws_f)
+        transient = np.where(plain, np.maximum(transient, late), transient)
     static = np.bincount(rank_of_piece, weights=static_piece, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
     params = np.bincount(rank_of_piece, weights=piece_params, minlength=num_ranks) \
@@ -221,6 +237,23 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
             tensors = np.array([len(h) for h in held], dtype=np.float64)
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
                       pol, tensors, grads, inner, _taken_outputs(g, pieces), first_extra)
+
+
+def _forward_peaks(g: Graph, piece_of: np.ndarray, n_p: int, ws_f: np.ndarray) -> np.ndarray:
+    """Per piece, the most its forward holds above where it began: over its layers in order,
+    what the layers before saved, plus the layer's input, output and scratch."""
+    inputs = np.zeros(g.num_nodes)
+    np.add.at(inputs, g.dst, np.asarray(g.edge_bytes, np.float64))
+    order = np.argsort(piece_of, kind="stable")  # by piece, each in graph (topological) order
+    saved = np.asarray(g.saved_bytes, np.float64)[order]
+    before = np.cumsum(saved) - saved
+    pieces = piece_of[order]
+    starts = np.flatnonzero(np.r_[True, pieces[1:] != pieces[:-1]])
+    before -= np.repeat(before[starts], np.diff(np.r_[starts, len(order)]))
+    out = np.zeros(n_p)
+    np.maximum.at(out, pieces, before + inputs[order] + np.asarray(g.out_bytes, np.float64)[order]
+                  + ws_f[order])
+    return out
 
 
 def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ...],
@@ -395,7 +428,16 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
         if _workspace_kind(op):
             for i in idx.tolist():
                 fwd[i], bwd[i] = workspace(g, i, float(largest_in[i]), float(out[i]))
+        elif any(k in op.lower() for k in _REDUCTIONS):
+            # the CPU reduces a bfloat16 / float16 tensor through a float32 copy of it
+            for i in idx.tolist():
+                if any(str(g.attr(int(j), "dtype", "")) in _HALF
+                       for j in g.predecessors(i).tolist()):
+                    fwd[i] = 2.0 * float(largest_in[i])
     return fwd, bwd
+
+
+_REDUCTIONS = ("mean", "avg_pool", "avgpool", "sum")
 
 
 def _workspace_kind(op: str) -> str:
@@ -438,8 +480,15 @@ def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[floa
     # constant 77 KiB of a ResNet's peak at every batch size, 2.5 % of it at 2 samples)
     weight = float(g.param_bytes[i]) or sum(float(g.out_bytes[int(p)]) for p in
                                             g.predecessors(i) if g.op_of(int(p)) == "param")
+    # in bfloat16 / float16 a strided 1x1 convolution's backward makes its input's gradient
+    # channels-last, then a contiguous copy of it
+    cfg = g.attr(i, "config") or {}
+    strided_1x1 = list(cfg.get("kernel_size") or ()) == [1, 1] and \
+        any(s > 1 for s in cfg.get("stride") or ())
+    extra = in_bytes if grad_in and strided_1x1 and str(g.attr(i, "dtype", "")) in _HALF \
+        else 0.0
     return max(1.1 * act, pin, pout), \
-        max(2.0 * act, (pin if grad_in else 0.0) + pout) + weight
+        max(2.0 * act, (pin if grad_in else 0.0) + pout) + weight + extra
 
 
 def _blocked(channels: int) -> float:

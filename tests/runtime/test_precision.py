@@ -157,3 +157,43 @@ def test_autocast_is_a_null_context_at_32():
     with autocast("bf16-mixed", "cpu"):
         assert torch.is_autocast_enabled("cpu")
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_fp16_resumes_with_its_loss_scale(tmp_path):
+    """The loss scale is checkpointed: a 16-mixed run resumed after a skipped step carries on
+    with the backed-off scale, and ends where an uninterrupted run does."""
+    ckpt = str(tmp_path / "ckpt")
+    base = dict(model="outcore:mlp", optimizer="sgd", lr=1e-2, precision="16-mixed",
+                loss_scale=2.0 ** 22, checkpoint_dir=ckpt)
+    first = _cfg(**base, steps=2, checkpoint_every=2)
+    graph, plan, _ = docs_for(first, lambda g: chunks(g, 2), 2)
+    run_local(train_worker, 2, (first, graph, plan), timeout_s=120)
+    metrics = tmp_path / "resumed.jsonl"
+    cfg = _cfg(**base, steps=6, resume=True, metrics_out=str(metrics))
+    resumed = run_local(train_worker, 2, (cfg, graph, plan), timeout_s=120)
+    losses, state = reference(cfg)
+    assert_matches(resumed, losses[2:], state)
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert lines[0]["step"] == 2 and lines[0]["loss_scale"] < 2.0 ** 22
+
+
+def test_precision_names_and_refusals():
+    from outcore.config import parse_precision
+    from outcore.errors import PlanError, UsageError
+    from outcore.runtime.worker import build_trainer
+
+    assert [parse_precision(x) for x in ("32-true", "bf16", "16", "BF16-MIXED")] == \
+        ["32", "bf16-mixed", "16-mixed", "bf16-mixed"]
+    with pytest.raises(UsageError, match="float32 master weights"):
+        parse_precision("bf16-true")
+    # a graph captured in float32 does not train in bf16-mixed: its messages would be sized
+    # for float32 tensors
+    cfg = _cfg("outcore:mlp", precision="32")
+    graph, plan, _ = docs_for(cfg, lambda g: chunks(g, 1), 1)
+    with pytest.raises(PlanError, match="captured in precision 32"):
+        build_trainer(_cfg("outcore:mlp"), graph, plan, torch.device("cpu"))
+
+
+def test_no_allocator_cap_on_the_cpu():
+    from outcore.runtime.worker import cap_allocator
+    assert cap_allocator(torch.device("cpu"), 2**30) is None

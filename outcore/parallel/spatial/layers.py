@@ -250,8 +250,10 @@ class _TileBatchNorm(torch.autograd.Function):
         var = s2 / n
         invstd = torch.rsqrt(var + eps)
         y = xc.mul_(invstd[None, :, None, None])
-        if weight is not None:
-            y = y.mul_(weight[None, :, None, None]).add_(bias[None, :, None, None])
+        if weight is not None:  # float32 affine on a bfloat16 tile (bf16-mixed): in its dtype,
+            # not through a float32 copy of the tile
+            y = y.mul_(weight.to(y.dtype)[None, :, None, None]).add_(
+                bias.to(y.dtype)[None, :, None, None])
         ctx.save_for_backward(x, mean, invstd, weight)
         ctx.n, ctx.group = n, group
         ctx.mark_non_differentiable(mean, var)
@@ -274,7 +276,7 @@ class _TileBatchNorm(torch.autograd.Function):
         gx = gy - sum_dy[None, :, None, None]
         gx.sub_(xmu)
         del xmu
-        gx = gx.mul_(scale[None, :, None, None])
+        gx = gx.mul_(scale.to(gx.dtype)[None, :, None, None])
         gw = local[1] * invstd if weight is not None and ctx.needs_input_grad[1] else None
         gb = local[0] if ctx.needs_input_grad[2] else None
         return gx, gw, gb, None, None, None
