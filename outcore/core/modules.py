@@ -18,6 +18,7 @@ from torch import nn
 
 from outcore.core.randomness import seed_random_nodes
 from outcore.core.values import ValueMeta
+from outcore.graph.capture.device import ANCHOR
 from outcore.graph.capture.mutation import writes_first_arg
 from outcore.plan.pieces import Pieces
 from outcore.plan.replicas import fx_name
@@ -207,13 +208,25 @@ def prune_unowned(gm: fx.GraphModule, pieces_here: list[PieceModule]) -> list[st
             mod._parameters[attr] = nn.Parameter(torch.empty(0, device="meta"),
                                                  requires_grad=False)
     for qualname, _ in list(gm.named_buffers(remove_duplicate=False)):
-        if used(qualname):
+        if used(qualname) or qualname == ANCHOR:  # the anchor: where the module is
             continue
         owner, _, attr = qualname.rpartition(".")
         mod = gm.get_submodule(owner) if owner else gm
         if attr in mod._buffers and mod._buffers[attr] is not None:
             mod._buffers[attr] = torch.empty(0, device="meta")
     return sorted(set(kept))
+
+
+def saved_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``module``'s buffers a state dict holds: not its non-persistent ones (the traced
+    module's device anchor and lifted constants, ``outcore.graph.capture.device``)."""
+    out = []
+    for name, b in module.named_buffers():
+        owner, _, attr = name.rpartition(".")
+        mod = module.get_submodule(owner) if owner else module
+        if attr not in mod._non_persistent_buffers_set:
+            out.append((name, b))
+    return out
 
 
 def adopt_values(roots: list[nn.Module], source: nn.Module, names: list[str]) -> None:

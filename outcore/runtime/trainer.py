@@ -31,6 +31,7 @@ from outcore.core.modules import (
     module_params,
     param_aliases,
     prune_unowned,
+    saved_buffers,
 )
 from outcore.core.values import local, value_metas
 from outcore.errors import PlanError
@@ -360,7 +361,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """This rank's parameters, buffers, optimizer and scheduler state (by parameter name)."""
         state: dict[str, Any] = {"model": self.full_parameters()}
-        state["buffers"] = {k: b for k, b in self.gm.named_buffers() if b.device.type != "meta"}
+        state["buffers"] = {k: b for k, b in saved_buffers(self.gm) if b.device.type != "meta"}
         if self.optimizer is not None:
             index = {id(p): k for k, p in self.named_params.items()}
             opt = self.optimizer.state_dict()

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from outcore.config import TrainConfig, data_source
+from outcore.core.modules import saved_buffers
 from outcore.core.samehost import SPIN_ENV
 from outcore.errors import NonFiniteError, OutcoreError, PlanError, RuntimeFailure, UsageError
 from outcore.graph.io import from_dict as graph_from_dict
@@ -289,7 +290,7 @@ def _summary(cfg: TrainConfig, trainer: Any, out: dict[str, Any]) -> dict[str, A
     if cfg.worker.return_state:  # whole tensors (a tensor-parallel shard gathered from its group)
         out["state"] = {k: _whole(v).detach().cpu().clone()
                         for k, v in trainer.full_parameters().items()}
-        out["buffers"] = {k: b.detach().cpu().clone() for k, b in trainer.gm.named_buffers()
+        out["buffers"] = {k: b.detach().cpu().clone() for k, b in saved_buffers(trainer.gm)
                           if b.device.type != "meta"}
     return out
 

@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils._pytree import tree_unflatten
 
 from outcore.errors import CaptureError
+from outcore.graph.capture.device import follow_module_device
 from outcore.graph.capture.mutation import thread_in_place
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     thread_in_place(graph, model)  # later readers of a tensor written in place
     gm = fx.GraphModule(_attr_root(model, unlifted, graph), graph, type(model).__name__)
     _register_buffers(gm, model, graph)
+    follow_module_device(gm)  # no call pinned to the device of capture
     gm.recompile()
     return gm, key
 
