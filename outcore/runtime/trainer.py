@@ -315,6 +315,24 @@ class Trainer:
             out += self.sharder.shards
         return [local(t) for t in out]  # a tensor-parallel shard's own storage
 
+    def on_device(self, inputs: tuple[torch.Tensor, ...] | None, targets: Any
+                  ) -> tuple[tuple[torch.Tensor, ...] | None, Any]:
+        """The parts of a batch this rank reads, on its device: on a GPU copied from pinned
+        memory without waiting, so the copy overlaps what the device still runs of the step
+        before (a data loader's job, kept out of the step as a plain loop keeps it)."""
+        def move(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor) or x.device == self.device:
+                return x
+            if self.device.type == "cuda" and x.device.type == "cpu":
+                return x.pin_memory().to(self.device, non_blocking=True)
+            return x.to(self.device)
+        if inputs is not None and self.needs_inputs:
+            inputs = tuple(move(x) for x in inputs)
+        if targets is not None and self.needs_targets:
+            from torch.utils._pytree import tree_map
+            targets = tree_map(move, targets)
+        return inputs, targets
+
     def step(self, inputs: tuple[torch.Tensor, ...] | None, targets: Any, *,
              trace: bool = False, track_memory: bool | None = None) -> StepReport:
         """One training step on a global batch; returns the global loss (on every rank).

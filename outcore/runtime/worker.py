@@ -209,7 +209,9 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
             if step == cfg.worker.fail_at_step and rank == cfg.worker.fail_rank:
                 _inject_failure(cfg)
             need = trainer.needs_inputs or trainer.needs_targets
-            inputs, targets = data.batch(step) if need else (None, None)
+            d0 = time.perf_counter()
+            inputs, targets = trainer.on_device(*data.batch(step)) if need else (None, None)
+            data_s = time.perf_counter() - d0
             if world > 1:
                 _barrier(ctx, cfg.run.timeout, trainer.messenger)
             t0 = time.perf_counter()
@@ -233,7 +235,7 @@ def _train_steps(ctx: Any, cfg: TrainConfig, trainer: Any, data: Any,
             overflow = scaler is not None and bad == (False, True)  # 16-mixed: scale backs off
             if metrics_file is not None:
                 record = {"step": step, "steps": cfg.run.steps, "time": time.time(),
-                          "loss": report.loss, "step_s": step_s,
+                          "loss": report.loss, "step_s": step_s, "data_s": data_s,
                           "samples_per_s": cfg.graph.batch_size / step_s, "peak_bytes": peaks,
                           "peak_measured_at": measured_at, "busy_s": busy,
                           "host_peak_bytes": host}
