@@ -244,8 +244,10 @@ def adopt_values(roots: list[nn.Module], source: nn.Module, names: list[str]) ->
         if name not in params or params[name].device.type == "meta":
             raise KeyError(name)
         old = held[name]
-        new.setdefault(id(old), nn.Parameter(params[name].detach(),
-                                             requires_grad=old.requires_grad))
+        value = params[name].detach()
+        if hasattr(old, "device_mesh"):  # a tensor-parallel shard: this rank's part of it
+            value = _shard_as(old, value)
+        new.setdefault(id(old), nn.Parameter(value, requires_grad=old.requires_grad))
     new_buffers: dict[int, torch.Tensor] = {}
     for name, b in root.named_buffers(remove_duplicate=False):
         if b.device.type != "meta" and name in buffers:
@@ -258,6 +260,13 @@ def adopt_values(roots: list[nn.Module], source: nn.Module, names: list[str]) ->
             for k, b in list(m._buffers.items()):
                 if b is not None and id(b) in new_buffers:
                     m._buffers[k] = new_buffers[id(b)]
+
+
+def _shard_as(shard: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """``whole`` cut as the DTensor ``shard`` is (its mesh and placements): every rank cuts its
+    own part of the same values, with no communication."""
+    from torch.distributed.tensor import distribute_tensor
+    return distribute_tensor(whole, shard.device_mesh, shard.placements, src_data_rank=None)
 
 
 def module_params(gm: fx.GraphModule) -> list[nn.Parameter]:

@@ -81,10 +81,11 @@ MEASURE_EVERY = 100
 
 def in_part_build(plan: Any) -> bool:
     """Whether a rank of ``plan`` builds only its own parameters: the model built without its
-    weights, traced, and this rank's parameters allocated once its pieces are known (a
-    sharded rank then keeps its shard of them). Layouts that change the model's modules
-    before tracing (tensor, spatial) build it whole."""
-    return plan.layout.tp == 1 and plan.spatial is None
+    weights (a tensor-parallel rank splits its layers so, shards without values), traced, and
+    this rank's parameters allocated once its pieces are known, a tensor-parallel rank then
+    cutting its shards from them (a sharded rank keeps its shard). Spatial tiles build the
+    model whole."""
+    return plan.spatial is None
 
 
 def _rank_part(build: Any, seed: int, names: list[str], order: list[tuple[str, ...]]) -> Any:

@@ -82,6 +82,11 @@ def test_pipeline_2_x_tensor_2_equals_single_process():
     assert_matches(results, *reference(cfg))
     assert results[0]["pieces"] == results[1]["pieces"] != results[2]["pieces"]
     assert all(r["tensor_split"] == MLP_PAIRS for r in results)
+    # each rank built its device slot's parameters (then kept its shards), not the model's
+    state = {k: v for r in results for k, v in r["state"].items()}
+    whole = sum(v.numel() * v.element_size() for v in state.values())
+    assert all(0 < r["built_bytes"] < 0.75 * whole for r in results), \
+        ([r["built_bytes"] for r in results], whole)
 
 
 def test_tensor_parallel_costs_shrink_parameters():
