@@ -2,8 +2,8 @@
 
 Every rank builds the model from the same seed, traces it, cuts the traced graph by the plan
 into pieces, keeps its own pieces and the parameters they use, and runs the schedule the
-simulator predicts. A model built without its weights (the worker's default unless the plan
-tiles images) gets only this rank's parameters allocated, with the values the whole model
+simulator predicts. A model built without its weights (what every worker builds) gets only
+this rank's parameters allocated, with the values the whole model
 would have (``materialise``; a tensor-parallel rank's shards cut from them), so its weights
 equal single-process training's either way. The
 parallelisms the plan uses (:mod:`outcore.parallel`: tensor, spatial, sharding, replicas) take

@@ -79,15 +79,6 @@ def make_lr_scheduler(cfg: TrainConfig):
 MEASURE_EVERY = 100
 
 
-def in_part_build(plan: Any) -> bool:
-    """Whether a rank of ``plan`` builds only its own parameters: the model built without its
-    weights (a tensor-parallel rank splits its layers so, shards without values), traced, and
-    this rank's parameters allocated once its pieces are known, a tensor-parallel rank then
-    cutting its shards from them (a sharded rank keeps its shard). Spatial tiles build the
-    model whole."""
-    return plan.spatial is None
-
-
 def _rank_part(build: Any, seed: int, names: list[str], order: list[tuple[str, ...]]) -> Any:
     """The model with the parameters ``names`` built as the whole model has them with ``seed``
     (:func:`outcore.zoo.weightless.built_in_part`); a model that cannot be built so is built
@@ -113,11 +104,13 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
         raise PlanError(f"the graph was captured in precision {made}, the run asks for "
                         f"{cfg.graph.precision}: capture and plan with --precision "
                         f"{cfg.graph.precision}")
-    in_part = in_part_build(plan)
+    # every rank builds its part: the model without its weights (a tensor-parallel rank splits
+    # its layers so, shards without values), traced and cut; then only the parameters its
+    # pieces use, with the whole model's values (a tp rank cuts its shards from them, a
+    # sharded rank keeps its shard)
     spec, model = build_model(cfg.graph.model, input_shape=cfg.graph.input_shape,
-                              batch_size=cfg.graph.batch_size, seed=cfg.run.seed,
-                              weights=not in_part)
-    order = registered(model) if in_part else None
+                              batch_size=cfg.graph.batch_size, seed=cfg.run.seed, weights=False)
+    order = registered(model)
     micro_inputs = split(spec.example_inputs, cfg.planning.microbatches * plan.layout.copies)[0]
     schedule_file = cfg.planning.schedule_file
     schedule_doc = schedule_io.load(schedule_file) if schedule_file else None
@@ -127,8 +120,8 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
                       device=device, timeout_s=cfg.run.timeout,
                       track_memory=cfg.worker.track_memory,
                       schedule_doc=schedule_doc,
-                      materialise=None if order is None else
-                      lambda names: _rank_part(spec.build, cfg.run.seed, names, order),
+                      materialise=lambda names: _rank_part(spec.build, cfg.run.seed, names,
+                                                           order),
                       precision=cfg.graph.precision)
     trainer.start_weights = cfg.graph.weights or spec.weights  # given, or the model's own
     if trainer.scaler is not None:

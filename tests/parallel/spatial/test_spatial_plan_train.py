@@ -31,7 +31,13 @@ def test_spatial_plan_equals_single_process(stages, join, boundary, schedule):
                            optimizer="adam", lr=1e-2, return_state=True, track_memory=False)
     gdoc, pdoc = spatial_docs(cfg, join, stages, boundary)
     results = run_local(train_worker, stages + 1, (cfg, gdoc, pdoc), timeout_s=90)
-    assert_matches(results, *reference(cfg))
+    losses, state = reference(cfg)
+    assert_matches(results, losses, state)
+    # every rank allocated exactly the parameters it trains (the extra tile rank its tiled
+    # layers'), not the whole model's
+    for r in results:
+        own = sum(v.numel() * v.element_size() for v in r["state"].values())
+        assert r["built_bytes"] == own, (r["rank"], r["built_bytes"], own)
 
 
 def _tiles_reference(cfg: TrainConfig, root: str):
