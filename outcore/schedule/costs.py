@@ -243,7 +243,10 @@ def _forward_peaks(g: Graph, piece_of: np.ndarray, n_p: int, ws_f: np.ndarray) -
     """Per piece, the most its forward holds above where it began: over its layers in order,
     what the layers before saved, plus the layer's input, output and scratch."""
     inputs = np.zeros(g.num_nodes)
-    np.add.at(inputs, g.dst, np.asarray(g.edge_bytes, np.float64))
+    held = np.asarray(g.edge_bytes, np.float64).copy()
+    for op in ("param", "constant"):  # weights are the rank's static memory already
+        held[np.isin(g.src, g.nodes_with_op(op))] = 0.0
+    np.add.at(inputs, g.dst, held)
     order = np.argsort(piece_of, kind="stable")  # by piece, each in graph (topological) order
     saved = np.asarray(g.saved_bytes, np.float64)[order]
     before = np.cumsum(saved) - saved
