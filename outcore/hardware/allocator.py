@@ -15,6 +15,14 @@ open: 1.12 s against 1.21 s in a fresh process, with half the page faults,
 ``benchmarks/search_speed.py``). ``outcore.plan`` called from a user's own program leaves that
 program's allocator as it is (``outcore.api.keep_freed_memory()`` first to have the same).
 
+Blocks of 32 MiB and more (glibc's own ceiling for its adaptive threshold, :data:`_MMAP_FROM`)
+are still mapped and unmapped: kept in the heap, such blocks fragmented it. Sixteen 64 MiB layers
+on 4 pipeline ranks (``benchmarks/rank_memory.py``) peaked at 1.2-2.9 GiB a rank, varying run to
+run and growing further when the memory tracker ran (its small allocations between the large
+blocks), against 1.08 GiB with them mapped, tracked or not; that model's step took 1.27 s against
+2.0 s (the page faults of its 64 MiB gradients). A promise about memory is worth that: activations
+under 32 MiB, most of a step's churn, stay in the heap.
+
 The setting stays for the rest of the process: glibc cannot be put back to its adaptive
 threshold once one is set (setting 128 KiB back made the same layers 2x *slower* than the
 default, 100 ms), and a process that profiles a model usually goes on to train it. Elsewhere
@@ -36,9 +44,11 @@ from collections.abc import Iterator
 
 __all__ = ["frozen_objects", "keep_heap"]
 
-# mallopt parameters (glibc malloc.h) and the values outcore sets: the largest an int holds
+# mallopt parameters (glibc malloc.h) and the values outcore sets: never trim the heap's top;
+# blocks from 32 MiB up mapped on their own (64-bit glibc's DEFAULT_MMAP_THRESHOLD_MAX)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _KEEP = 2**31 - 1
+_MMAP_FROM = 32 * 2**20
 
 
 def _mallopt():
@@ -52,12 +62,12 @@ def _mallopt():
 
 
 def keep_heap() -> bool:
-    """Keep freed blocks of any size in this process's heap (no unmap and page-fault churn
+    """Keep freed blocks under 32 MiB in this process's heap (no unmap and page-fault churn
     between steps), for the rest of the process. Returns whether the allocator accepted it."""
     fn = _mallopt()
     if fn is None:
         return False
-    return bool(fn(_M_MMAP_THRESHOLD, _KEEP)) and bool(fn(_M_TRIM_THRESHOLD, _KEEP))
+    return bool(fn(_M_MMAP_THRESHOLD, _MMAP_FROM)) and bool(fn(_M_TRIM_THRESHOLD, _KEEP))
 
 
 @contextlib.contextmanager
