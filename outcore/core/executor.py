@@ -177,7 +177,8 @@ class RankExecutor:
 
     def _bind(self, a: Action) -> tuple[Callable[..., None], tuple[int, ...]]:
         table: dict[str, tuple[Callable[..., None], tuple[int, ...]]] = {
-            "F": (self.forward, (a.piece, a.mb)), "B": (self.backward, (a.piece, a.mb)),
+            "F": (self.forward if self.precision != "32" else self._forward, (a.piece, a.mb)),
+            "B": (self.backward, (a.piece, a.mb)),
             "SF": (self.send_activations, (a.transfer, a.mb)),
             "RF": (self.recv_activations, (a.transfer, a.mb)),
             "SB": (self.send_gradients, (a.transfer, a.mb)),

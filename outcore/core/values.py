@@ -147,6 +147,12 @@ def value_metas(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, precisi
 
 
 def _fake_on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A fake tensor like ``t`` on ``device`` (made inside the active FakeTensorMode)."""
+    """A fake tensor like ``t`` on ``device`` (made inside the active FakeTensorMode); a
+    tensor-parallel shard stays a shard (of a fake local tensor on ``device``)."""
+    if hasattr(t, "to_local"):
+        from torch.distributed.tensor import DTensor
+        local = _fake_on(t.to_local(), device).detach()
+        return DTensor.from_local(local, t.device_mesh, t.placements,
+                                  run_check=False).requires_grad_(t.requires_grad)
     out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
     return out.requires_grad_(t.requires_grad)
