@@ -28,12 +28,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from outcore.errors import UsageError
-from outcore.units import parse_bytes, parse_shape
+from outcore.units import PRECISIONS, parse_bytes, parse_precision, parse_shape
 
 __all__ = ["DataOptions", "GraphOptions", "OptimizerOptions", "PlanOptions", "RunOptions",
            "SECTIONS", "TASKS", "TrainConfig", "WorkerOptions", "add_options", "degree",
-           "differences", "from_args", "from_options", "option_names", "options_doc",
-           "parse_precision"]
+           "differences", "from_args", "from_options", "option_names", "options_doc"]
 
 COMMANDS = ("train", "plan", "graph")
 TASKS = ("classification", "regression", "causal_lm", "masked_lm", "seq2seq_lm")
@@ -79,21 +78,6 @@ def _memory(text: Any) -> str | float:
 
 def _text(text: Any) -> str:
     return str(text)
-
-
-PRECISIONS = ("32", "bf16-mixed", "16-mixed")
-_PRECISION_ALIASES = {"32-true": "32", "fp32": "32", "bf16": "bf16-mixed", "16": "16-mixed",
-                      "fp16": "16-mixed"}
-
-
-def parse_precision(text: Any) -> str:
-    value = str(text).lower()
-    value = _PRECISION_ALIASES.get(value, value)
-    if value not in PRECISIONS:
-        hint = " (outcore keeps float32 master weights: use bf16-mixed or 16-mixed)" \
-            if value.endswith("-true") else ""
-        raise UsageError(f"unknown precision {text!r}: use 32, bf16-mixed or 16-mixed{hint}")
-    return value
 
 
 def _costs(text: Any) -> str:

@@ -1,4 +1,4 @@
-"""Parse and format bytes, seconds and bandwidths.
+"""Parse and format bytes, seconds and bandwidths, and name precisions.
 
 A plain number means the base unit (bytes, seconds, bytes per second). Binary (KiB, MiB, GiB, TiB)
 and decimal (KB, MB, GB, TB) byte suffixes are both accepted; ``GB/s`` is decimal bytes per second,
@@ -118,3 +118,20 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if not shape or any(d <= 0 for d in shape):
         raise UsageError(f"input shape {text!r} must have positive sizes, e.g. 8x3x224x224")
     return shape
+
+
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+_PRECISION_ALIASES = {"32-true": "32", "fp32": "32", "bf16": "bf16-mixed", "16": "16-mixed",
+                      "fp16": "16-mixed"}
+
+
+def parse_precision(text: object) -> str:
+    """The canonical name of a precision (``32``, ``bf16-mixed``, ``16-mixed``; Lightning's
+    aliases accepted)."""
+    value = str(text).lower()
+    value = _PRECISION_ALIASES.get(value, value)
+    if value not in PRECISIONS:
+        hint = " (outcore keeps float32 master weights: use bf16-mixed or 16-mixed)" \
+            if value.endswith("-true") else ""
+        raise UsageError(f"unknown precision {text!r}: use 32, bf16-mixed or 16-mixed{hint}")
+    return value

@@ -81,7 +81,7 @@ _POOL_OPS = frozenset({"maxpool1d", "maxpool2d", "maxpool3d", "avgpool1d", "avgp
 _ITEMSIZE = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8,
              "double": 8, "int64": 8, "long": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1,
              "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8}
-_HALF = frozenset({"float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
+HALF_DTYPES = frozenset({"float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
 _NON_DIFF = frozenset({"int64", "long", "int32", "int16", "int8", "uint8", "bool"})
 _DETACHING = frozenset({"detach", "detach_"})  # ops whose output leaves autograd
 
@@ -224,7 +224,7 @@ def roofline_s(flops: float, nbytes: float, kernels: int, device: DeviceSpec, *,
     Half-precision matrix work runs at ``peak_flops_tc`` when the device has one.
     """
     peak = device.peak_flops
-    if matrix and dtype in _HALF and device.peak_flops_tc > 0:
+    if matrix and dtype in HALF_DTYPES and device.peak_flops_tc > 0:
         peak = device.peak_flops_tc
     compute = flops / (peak * device.efficiency) if flops > 0 else 0.0
     memory = nbytes / device.mem_bandwidth if nbytes > 0 else 0.0

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from outcore.config import parse_precision
 from outcore.errors import UsageError
+from outcore.units import parse_precision
 
 __all__ = ["LossScaler", "autocast", "autocast_dtype", "canonical"]
 

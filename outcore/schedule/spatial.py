@@ -29,7 +29,7 @@ from outcore.cost.spatial_geometry import TileGrid
 from outcore.graph.ir import Graph
 from outcore.hardware.spec import Cluster
 from outcore.plan.spatial import SpatialPlan, tile_fraction, tile_ranks
-from outcore.schedule.costs import workspace
+from outcore.schedule.workspace import workspace
 
 __all__ = ["TileCosts", "collectives", "comm_times", "geometry_of_node", "inflight", "tiled_graph",
            "tile_rank_costs", "walk_peak"]

@@ -178,9 +178,9 @@ def test_fp16_resumes_with_its_loss_scale(tmp_path):
 
 
 def test_precision_names_and_refusals():
-    from outcore.config import parse_precision
     from outcore.errors import PlanError, UsageError
     from outcore.runtime.worker import build_trainer
+    from outcore.units import parse_precision
 
     assert [parse_precision(x) for x in ("32-true", "bf16", "16", "BF16-MIXED")] == \
         ["32", "bf16-mixed", "16-mixed", "bf16-mixed"]

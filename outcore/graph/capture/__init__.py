@@ -242,8 +242,6 @@ def _first_line(e: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------- recording
-
-
 def _nbytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(value)
                if isinstance(t, torch.Tensor))
@@ -436,9 +434,8 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
         fake: record shapes under FakeTensorMode (no memory, no compute); False runs for real.
         path: ``auto``, ``fx`` or ``export`` (see :func:`trace_model`).
         output: key of a dict / ``ModelOutput`` result to train on (default loss, else logits).
-        precision: ``32``, ``bf16-mixed`` or ``16-mixed``: the layers' outputs and saved
-            tensors are recorded as autocast makes them (``meta['precision']``); the trace
-            itself does not depend on it.
+        precision: ``32``, ``bf16-mixed`` or ``16-mixed``: outputs and saved tensors are
+            recorded as autocast makes them (``meta['precision']``); the trace is the same.
 
     Costs are not measured here: ``fwd_s``/``bwd_s`` are 0 until :func:`outcore.profile` or
     :func:`outcore.estimate` fills them. Bytes (params, outputs, saved activations) are exact.
@@ -448,8 +445,7 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
     traced, how = trace_model(model, inputs,
                               leaves=tuple(leaves) + leaf_paths(model, leaf_modules),
                               path=path, output=output)
-    precision = canonical(precision)
-    with autocast(precision, inputs[0].device if inputs else "cpu"):
+    with autocast(precision := canonical(precision), inputs[0].device if inputs else "cpu"):
         rec = record(traced.gm, inputs, fake=fake)
     g = graph_from_fx(traced.gm, rec, name or type(model).__name__,
                       batch_size=int(inputs[0].shape[0]) if inputs and inputs[0].dim() else None)
