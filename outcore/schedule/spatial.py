@@ -196,7 +196,7 @@ def walk_peak(g: Graph, idx: np.ndarray, saved: np.ndarray, out: np.ndarray,
     the backward (reverse order), the activations still saved (those of the nodes up to it:
     the later ones were freed by their backwards) plus the node's working set
     (:func:`_work_bytes`). ``saved`` and ``out`` are per-tile bytes indexed like ``g``.
-    ``scratch``: add operators' scratch memory (:func:`~outcore.schedule.costs.workspace`; on
+    ``scratch``: add operators' scratch memory (:func:`~outcore.schedule.workspace.workspace`; on
     CPU devices)."""
     kept = np.cumsum(saved[idx])
     waiting = _waiting_grads(g, idx, out)
