@@ -14,6 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.utils.stateless import _reparametrize_module
 
+from outcore.core.values import _fake_on
 from outcore.graph.capture import trace_model
 from outcore.graph.capture.device import ANCHOR, OnModuleDevice
 from outcore.zoo import build_model
@@ -28,11 +29,6 @@ MODELS = [
     "outcore:transformer",
     "torchvision:resnet18",
 ]
-
-
-def _fake_on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
-    return out.requires_grad_(t.requires_grad)
 
 
 def _outputs_on(gm, inputs, device: torch.device) -> list[torch.device]:
