@@ -220,7 +220,10 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         first_extra[list(inner)] = 0.0
     if n_p:  # a forward holds what its earlier layers saved beside a late layer's output and
         # scratch (a ResNet's pooling of its joined bfloat16 tiles peaked in the forward)
-        late = _forward_peaks(g, piece_of, n_p, ws_f)
+        known = memo(whole, "layer_inputs")  # the same for every placement of the graph
+        if scale not in known:
+            known[scale] = _layer_inputs(g)
+        late = _forward_peaks(g, piece_of, n_p, ws_f, known[scale])
         transient = np.where(plain, np.maximum(transient, late), transient)
     static = np.bincount(rank_of_piece, weights=static_piece, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
@@ -238,14 +241,21 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                       pol, tensors, grads, inner, _taken_outputs(g, pieces), first_extra)
 
 
-def _forward_peaks(g: Graph, piece_of: np.ndarray, n_p: int, ws_f: np.ndarray) -> np.ndarray:
-    """Per piece, the most its forward holds above where it began: over its layers in order,
-    what the layers before saved, plus the layer's input, output and scratch."""
+def _layer_inputs(g: Graph) -> np.ndarray:
+    """Per node, the bytes of the activations it reads (weights, read through parameter and
+    constant nodes, are the rank's static memory already)."""
     inputs = np.zeros(g.num_nodes)
     held = np.asarray(g.edge_bytes, np.float64).copy()
-    for op in ("param", "constant"):  # weights are the rank's static memory already
+    for op in ("param", "constant"):
         held[np.isin(g.src, g.nodes_with_op(op))] = 0.0
     np.add.at(inputs, g.dst, held)
+    return inputs
+
+
+def _forward_peaks(g: Graph, piece_of: np.ndarray, n_p: int, ws_f: np.ndarray,
+                   inputs: np.ndarray) -> np.ndarray:
+    """Per piece, the most its forward holds above where it began: over its layers in order,
+    what the layers before saved, plus the layer's ``inputs``, output and scratch."""
     order = np.argsort(piece_of, kind="stable")  # by piece, each in graph (topological) order
     saved = np.asarray(g.saved_bytes, np.float64)[order]
     before = np.cumsum(saved) - saved

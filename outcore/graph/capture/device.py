@@ -57,17 +57,15 @@ class OnModuleDevice:
         return f"{self.op} (on its module's device)"
 
 
-def follow_module_device(gm: fx.GraphModule) -> int:
+def follow_module_device(gm: fx.GraphModule) -> None:
     """Make ``gm``'s calls with a fixed device follow ``gm``'s device, and its plain tensor
-    constants buffers (see the module docstring); returns how many calls were rewritten.
-    Call it before ``gm.recompile()``."""
+    constants buffers (see the module docstring). Call it before ``gm.recompile()``."""
     first = next((t for t in (*gm.parameters(), *gm.buffers()) if t.device.type != "meta"),
                  None)
     if not hasattr(gm, ANCHOR):
         gm.register_buffer(ANCHOR, torch.empty(0, device=first.device if first is not None
                                                 else "cpu"), persistent=False)
     _constants_as_buffers(gm)
-    rewritten = 0
     for n in gm.graph.nodes:
         if n.op != "call_function" or isinstance(n.target, OnModuleDevice):
             continue
@@ -80,8 +78,6 @@ def follow_module_device(gm: fx.GraphModule) -> int:
             found = position is not None
         if found:
             n.target = OnModuleDevice(n.target, gm, position)
-            rewritten += 1
-    return rewritten
 
 
 def _constants_as_buffers(gm: fx.GraphModule) -> None:
