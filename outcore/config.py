@@ -353,6 +353,8 @@ class WorkerOptions:
         fail_at_step, fail_rank, fail_mode: make a rank raise or hang at a step (fault tests).
         loss_scale: 16-mixed's first loss scale (``torch.amp.GradScaler``'s 2**16; tests start
             higher to make the scale back off).
+        build_batch_bytes: whole bytes of tensor-parallel parameters a rank builds at once
+            before cutting its shards (None: its share, at least 64 MiB).
     """
 
     trace_dir: str | None = None
@@ -364,6 +366,7 @@ class WorkerOptions:
     fail_rank: int = -1
     fail_mode: str = "raise"
     loss_scale: float = 2.0 ** 16
+    build_batch_bytes: int | None = None
 
 
 SECTIONS: dict[str, type] = {"graph": GraphOptions, "dataset": DataOptions,

@@ -9,6 +9,7 @@ uses are dropped after initialisation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -229,14 +230,53 @@ def saved_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def adopt_values(roots: list[nn.Module], source: nn.Module, names: list[str]) -> None:
-    """Give the parameters ``names`` and every real buffer of ``roots`` (the traced model and
-    the piece modules, which share its tensors) ``source``'s tensors of the same names: a
-    model traced without its weights takes the values built for this rank
+# the least whole bytes of tensor-parallel parameters a rank builds at once (below it, one build)
+BUILD_BATCH_FLOOR = 64 << 20
+
+
+def build_batches(gm: fx.GraphModule, kept: list[str],
+                  budget: int | None = None) -> list[list[str]]:
+    """``kept`` (parameter names of ``gm``) in the groups a rank builds one after another, so
+    that a tensor-parallel rank never holds its slot's split parameters whole at once: each
+    group's whole split tensors stay within ``budget`` bytes (default: the rank's share of
+    them, at least :data:`BUILD_BATCH_FLOOR`; never less than the largest tensor), and the first
+    group also holds every parameter that is not split. Tied names stay in one group. One group
+    when nothing is split or everything fits the budget."""
+    params = dict(gm.named_parameters(remove_duplicate=False))
+    names_of: dict[int, list[str]] = {}
+    for n in kept:
+        names_of.setdefault(id(params[n]), []).append(n)
+    split = {k: math.prod(params[ns[0]].shape) * params[ns[0]].element_size()
+             for k, ns in names_of.items() if hasattr(params[ns[0]], "device_mesh")}
+    if not split:
+        return [list(kept)]
+    whole = sum(split.values())
+    if budget is None:
+        ways = max(params[names_of[k][0]].device_mesh.size() for k in split)
+        budget = max(whole // ways, BUILD_BATCH_FLOOR)
+    budget = max(budget, max(split.values()))
+    groups: list[list[str]] = [[n for k, ns in names_of.items() if k not in split for n in ns]]
+    held = 0
+    for k, ns in names_of.items():
+        if k not in split:
+            continue
+        if held and held + split[k] > budget:
+            groups.append([])
+            held = 0
+        groups[-1].extend(ns)
+        held += split[k]
+    return [g for g in groups if g]
+
+
+def adopt_values(roots: list[nn.Module], source: nn.Module, names: list[str],
+                 buffers: bool = True) -> None:
+    """Give the parameters ``names`` and (with ``buffers``) every real buffer of ``roots`` (the
+    traced model and the piece modules, which share its tensors) ``source``'s tensors of the
+    same names: a model traced without its weights takes the values built for this rank
     (:func:`outcore.zoo.weightless.built_in_part`). Every module holding a replaced tensor
     holds the new one."""
     params = dict(source.named_parameters(remove_duplicate=False))
-    buffers = dict(source.named_buffers(remove_duplicate=False))
+    made_buffers = dict(source.named_buffers(remove_duplicate=False))
     root = roots[0]
     held = dict(root.named_parameters(remove_duplicate=False))
     new: dict[int, nn.Parameter] = {}
@@ -249,9 +289,9 @@ def adopt_values(roots: list[nn.Module], source: nn.Module, names: list[str]) ->
             value = _shard_as(old, value)
         new.setdefault(id(old), nn.Parameter(value, requires_grad=old.requires_grad))
     new_buffers: dict[int, torch.Tensor] = {}
-    for name, b in root.named_buffers(remove_duplicate=False):
-        if b.device.type != "meta" and name in buffers:
-            new_buffers.setdefault(id(b), buffers[name])
+    for name, b in root.named_buffers(remove_duplicate=False) if buffers else ():
+        if b.device.type != "meta" and name in made_buffers:
+            new_buffers.setdefault(id(b), made_buffers[name])
     for top in roots:
         for m in top.modules():
             for k, p in list(m._parameters.items()):

@@ -28,6 +28,7 @@ from outcore.core.executor import RankExecutor, StepResult
 from outcore.core.memtrack import MemoryTracker
 from outcore.core.modules import (
     adopt_values,
+    build_batches,
     build_piece_modules,
     module_params,
     param_aliases,
@@ -147,7 +148,7 @@ class Trainer:
                  device: torch.device | None = None, timeout_s: float = 60.0,
                  track_memory: bool = True, schedule_doc: dict[str, Any] | None = None,
                  materialise: Callable[[list[str]], nn.Module] | None = None,
-                 precision: str = "32"):
+                 precision: str = "32", build_batch_bytes: int | None = None):
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         if plan.devices != self.world:
@@ -190,7 +191,8 @@ class Trainer:
                                                       metas)
         for par in parallelisms:
             par.on_pieces(build)
-        self._keep_parameters(build, parallelisms, optimizer, lr_scheduler, materialise)
+        self._keep_parameters(build, parallelisms, optimizer, lr_scheduler, materialise,
+                              build_batch_bytes)
         # what the parallelisms made, which the steps and the worker read
         self.tensor_layout = build.made.get("tensor")
         self.spatial = build.made.get("spatial")  # the tiled layers (outcore.parallel.spatial)
@@ -233,22 +235,32 @@ class Trainer:
 
     def _keep_parameters(self, build: RankBuild, parallelisms: list[Parallelism],
                          optimizer: Any, lr_scheduler: Any,
-                         materialise: Callable[[list[str]], nn.Module] | None) -> None:
+                         materialise: Callable[[list[str]], nn.Module] | None,
+                         batch_bytes: int | None = None) -> None:
         """Drop the parameters no piece of this rank uses, move the rest to the device, let
         the parallelisms change them (sharding), and make the optimizer (and learning-rate
         scheduler) over them."""
         gm = build.gm
         self.aliases = build.aliases = param_aliases(gm)  # tied weights: one name on every rank
         # the parameter bytes this rank allocated to build the model: all of them (counted
-        # before the unused ones are dropped), or (built without weights) its part's
+        # before the unused ones are dropped), or (built without weights) its part's, in its
+        # largest build
         self.built_bytes = _real_bytes(build.model)
         kept = prune_unowned(gm, build.modules + build.extra_modules)
         if materialise is not None:  # built without weights: this rank's, with values
-            source = materialise(kept)
-            self.built_bytes = _real_bytes(source)
-            adopt_values([gm] + [pm.module for pm in build.modules + build.extra_modules],
-                         source, kept)
-            del source
+            # a tensor-parallel rank cuts its shards group by group (one build each), so it
+            # never holds its slot's split layers whole at once
+            groups = build_batches(gm, kept, batch_bytes)
+            if len(groups) > 1:
+                log.info("rank %d builds its tensor-parallel shards in %d passes", self.rank,
+                         len(groups))
+            self.built_bytes = 0
+            for i, names in enumerate(groups):
+                source = materialise(names)
+                self.built_bytes = max(self.built_bytes, _real_bytes(source))
+                adopt_values([gm] + [pm.module for pm in build.modules + build.extra_modules],
+                             source, names, buffers=i == 0)
+                del source
         # move what this rank keeps; dropped tensors stay on the meta device
         gm._apply(lambda t: t if t.device.type == "meta" else t.to(self.device))
         self.gm = gm

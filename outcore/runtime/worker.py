@@ -122,7 +122,8 @@ def build_trainer(cfg: TrainConfig, graph_doc: dict[str, Any], plan_doc: dict[st
                       schedule_doc=schedule_doc,
                       materialise=lambda names: _rank_part(spec.build, cfg.run.seed, names,
                                                            order),
-                      precision=cfg.graph.precision)
+                      precision=cfg.graph.precision,
+                      build_batch_bytes=cfg.worker.build_batch_bytes)
     trainer.start_weights = cfg.graph.weights or spec.weights  # given, or the model's own
     if trainer.scaler is not None:
         trainer.scaler.scale = cfg.worker.loss_scale

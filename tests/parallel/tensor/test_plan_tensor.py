@@ -29,10 +29,11 @@ SWIN = ("timm:swin_tiny_patch4_window7_224:image_size=32,embed_dim=16,depths=(1,
 MLP_PAIRS = ["blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2"]
 
 
-def _run(stages: int, tp: int, microbatches: int, schedule: str = "1f1b", model: str = MODEL):
+def _run(stages: int, tp: int, microbatches: int, schedule: str = "1f1b", model: str = MODEL,
+         **worker):
     cfg = TrainConfig.make(model=model, batch_size=4 * microbatches, microbatches=microbatches,
                            steps=3, optimizer="sgd", lr=0.05, return_state=True,
-                           track_memory=False, schedule=schedule)
+                           track_memory=False, schedule=schedule, **worker)
     g = graph_for(cfg)
     plan = make_plan(g, chunks(g, stages), strategy="manual", devices=stages * tp,
                      memory_bytes=None, microbatches=microbatches, schedule=schedule,
@@ -49,6 +50,22 @@ def test_tensor_parallel_slot_equals_single_process():
     # model's per-head projections do not pair, and alone they are under the 1 MiB threshold)
     assert results[0]["pieces"] == results[1]["pieces"]
     assert results[0]["tensor_split"] == MLP_PAIRS
+
+
+def test_a_tensor_parallel_rank_builds_its_shards_a_layer_at_a_time():
+    """With a build budget of one byte each split layer is built in its own pass and cut at
+    once: the values are still the whole model's (training equals plain PyTorch), and no pass
+    allocated more than the unsplit parameters plus one whole split layer."""
+    cfg, results = _run(stages=1, tp=2, microbatches=2, build_batch_bytes=1)
+    assert_matches(results, *reference(cfg))
+    state = results[0]["state"]
+    split = {k: v.numel() * v.element_size() for k, v in state.items()
+             if k.rpartition(".")[0] in MLP_PAIRS}
+    assert len(split) == 8  # weight and bias of four layers
+    unsplit = sum(v.numel() * v.element_size() for k, v in state.items() if k not in split)
+    for r in results:
+        assert 0 < r["built_bytes"] <= unsplit + max(split.values()), \
+            (r["built_bytes"], unsplit, split)
 
 
 def test_timm_vit_fused_qkv_pairs_in_a_plan_and_equals_single_process():
