@@ -340,14 +340,17 @@ def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes
     reverse topological order, each piece's saved bytes freed so far summed as it goes; also
     the largest with the parameters' gradients made so far added (a step's first backward)."""
     n = order.shape[0]
-    grads_in = np.zeros(n)  # the largest gradient a node's input from its own piece returns
+    grads_in = np.zeros(n)  # the largest gradient a node returns for one of its inputs
     consumers = np.zeros(n, np.int64)  # consumers in its own piece
     outside = np.zeros(n, np.int64)  # 1: a consumer in another piece
     for e in range(src.shape[0]):
         u, v = src[e], dst[e]
+        # the gradient it returns for an input, from its piece or not: one from another piece
+        # (a received activation, a tied weight another piece holds) is made here too, beside
+        # the node's working memory, and leaves only when the piece's backward ends
+        if edge_bytes[e] > grads_in[v]:
+            grads_in[v] = edge_bytes[e]
         if piece_of[u] == piece_of[v]:
-            if edge_bytes[e] > grads_in[v]:
-                grads_in[v] = edge_bytes[e]
             consumers[u] += 1
         else:
             outside[u] = 1
@@ -441,8 +444,14 @@ def _transfer_bytes(g: Graph, pieces: Pieces, scale: float) -> np.ndarray:
 
 def _input_share(g: Graph, savers: np.ndarray, producers: np.ndarray) -> np.ndarray:
     """Of each saver's saved bytes, those that are its input's tensor (the producer's output,
-    at most what the saver saves)."""
-    return np.minimum(g.out_bytes[producers], g.saved_bytes[savers]).astype(np.float64)
+    at most what the saver saves); none for a parameter node's, which saved bytes never count
+    (a GPT-2 stage's lm_head saving its received tied weight had 16 KiB of its own input
+    taken off)."""
+    share = np.minimum(g.out_bytes[producers], g.saved_bytes[savers]).astype(np.float64)
+    is_param = np.zeros(g.num_nodes, dtype=np.bool_)
+    is_param[g.nodes_with_op("param")] = True
+    share[is_param[producers]] = 0.0
+    return share
 
 
 def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, factor: float,

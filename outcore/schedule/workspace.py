@@ -48,6 +48,8 @@ def _workspace_kind(op: str) -> str:
         return "conv"
     if "batch_norm" in name or "batchnorm" in name:
         return "norm"
+    if name in ("pow", "pow_"):
+        return "pow"
     return ""
 
 
@@ -62,13 +64,15 @@ def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[floa
     (a tensor of 4 channels takes 4 times its size), forward about the larger of those copies
     and 1.1 activations, backward both copies or two activations (measured 1.0-4.0 and
     1.9-6.9 activations for 3 to 64 channels) and its weight's size; a batch norm's backward
-    one activation. A
+    one activation; a power's backward two (GPT-2's GELU, Llama's RMS norm). A
     bound: a plan that does not fit fails, one with room to spare does not. Zero for other
     operators (measured none for linear layers and element-wise ops)."""
     kind = _workspace_kind(g.op_of(i))
     act = max(in_bytes, out_bytes)
     if kind == "norm":
         return 0.0, act
+    if kind == "pow":  # grad * (n * x ** (n - 1)): both factors live beside the result
+        return 0.0, 2.0 * act
     if kind != "conv":
         return 0.0, 0.0
     shape = g.attr(i, "shape") if g.attrs is not None else None

@@ -35,8 +35,9 @@ def test_gpipe_by_hand():
     assert spans(r, 1) == [("1F0", 1.5, 2.5), ("1F1", 2.5, 3.5), ("1B0", 3.5, 5.5),
                            ("1B1", 5.5, 7.5)]
     assert r.iteration_s == 10
-    # rank 1 holds both micro-batches' activations (50 B each) and received tensors (1 B each)
-    assert r.peak_bytes[1] == pytest.approx(102)
+    # rank 1 holds both micro-batches' activations (50 B each) and received tensors (1 B each),
+    # and during a backward the gradient it makes for its received input (1 B)
+    assert r.peak_bytes[1] == pytest.approx(103)
     np.testing.assert_allclose(r.busy_s, [6, 6])
     np.testing.assert_allclose(r.comm_bytes, [2, 2])  # activations out, gradients back
     assert r.samples_per_s == pytest.approx(4 / 10)  # 2 micro-batches of 2 samples
@@ -51,7 +52,8 @@ def test_1f1b_by_hand():
     assert spans(r, 1) == [("1F0", 1.5, 2.5), ("1B0", 2.5, 4.5), ("1F1", 4.5, 5.5),
                            ("1B1", 5.5, 7.5)]
     assert r.iteration_s == 10
-    assert r.peak_bytes[1] == pytest.approx(52)  # one micro-batch in flight on the last stage
+    # one micro-batch in flight on the last stage, and its input's gradient in the backward
+    assert r.peak_bytes[1] == pytest.approx(53)
     # bubbles: rank 0 idles from 2 to 5 and from 7 to 8
     assert r.bubble_s[0] == pytest.approx(4)
 
@@ -220,12 +222,12 @@ def test_sent_gradients_are_held_only_where_the_transport_keeps_them():
         return simulate(p, g).peak_bytes
 
     held, copied = peaks(False), peaks(True)
-    # the last stage: one micro-batch in flight (50 saved + 40 received) and the next one's
-    # receive buffer (posted three actions ahead: RF F B SB RF); on gloo also the gradients it
-    # already sent back: 2 x 40 while the third micro-batch runs, 3 x 40 during the last (which
-    # has no next buffer)
-    assert copied[1] == pytest.approx(130)
-    assert held[1] == pytest.approx(max(130 + 2 * 40, 90 + 3 * 40))
+    # the last stage: one micro-batch in flight (50 saved + 40 received), the gradient its
+    # backward makes for the received input (40) and the next one's receive buffer (posted
+    # three actions ahead: RF F B SB RF); on gloo also the gradients it already sent back:
+    # 2 x 40 while the third micro-batch runs, 3 x 40 during the last (which has no next buffer)
+    assert copied[1] == pytest.approx(170)
+    assert held[1] == pytest.approx(max(170 + 2 * 40, 130 + 3 * 40))
     assert copied[0] == held[0]
 
 
@@ -237,8 +239,8 @@ def test_backward_working_memory_counts_what_the_backward_has_not_freed_yet():
     # piece's, received); 1 holds its output's and input's gradients (20 + 10) with node 2's
     # 5 saved bytes freed; 0 has freed 25 and holds 10
     assert _backward_working(g, np.zeros(3, dtype=np.int64), 1).tolist() == [25.0]
-    # one piece per node: only each node's own gradients (no internal consumer, no input)
-    assert _backward_working(g, np.arange(3), 3).tolist() == [0.0, 0.0, 0.0]
+    # one piece per node: only the gradient each makes for its input from the piece before
+    assert _backward_working(g, np.arange(3), 3).tolist() == [0.0, 10.0, 20.0]
 
 
 def test_an_output_with_two_consumers_holds_two_gradients_while_they_are_summed():
@@ -255,7 +257,7 @@ def test_an_output_with_two_consumers_holds_two_gradients_while_they_are_summed(
     # simulator counts it there), so node 0 adds the one arriving from 1 (100), less than
     # node 1 holding its output's gradient while it makes its input's (10 + 100); node 2's
     # piece makes only its input's gradient, held as such
-    assert _backward_working(g, np.array([0, 0, 1, 0]), 2).tolist() == [110.0, 0.0]
+    assert _backward_working(g, np.array([0, 0, 1, 0]), 2).tolist() == [110.0, 100.0]
 
 
 def test_a_checkpointed_piece_keeps_each_input_once_and_not_what_its_producer_holds():
