@@ -19,7 +19,9 @@ search does the same over its process mesh (:class:`~outcore.plan.layout.Layout`
    (parameter state only, when memory policies may drop activations; its weights and
    gradients only, when they may also offload the optimizer state to the host).
 3. **Prune and evaluate** (:func:`search_layouts`): gradient accumulation before checkpointing —
-   a first pass allows no memory policy, a second (only when nothing fits) the request's. Layouts
+   a first pass allows no memory policy, a second the request's (on every layout that may still
+   beat the best plan: a placement that needs a policy can be faster than all that fit without
+   one). Layouts
    whose memory floor exceeds the limit, or whose time bound cannot beat the best simulated plan,
    are skipped; the others are planned by the placement search (emulator first, simulator for the
    best few). Every candidate's outcome is kept in ``plan.extra["candidates"]`` (compact: one

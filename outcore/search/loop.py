@@ -45,6 +45,7 @@ from outcore.search.layouts import (
     no_layout_fits,
     tensor_degrees,
 )
+from outcore.search.memory_policy import NO_POLICY
 from outcore.search.placement import place_next
 from outcore.search.ranking import (
     EXTRA_MICROBATCH_STEPS,
@@ -163,6 +164,8 @@ def _dispatch(g: Graph, req: PlanRequest,
 
 # set while a refusal checks whether anything fits (:func:`fits_request`): the layout search
 # then stops at the first layout with a plan that fits, not the fastest
+# a record's mark: its placement search turned down a placement that needed a memory policy
+_NEEDED_POLICY = "_needed_policy"
 _FIRST_FIT: contextvars.ContextVar[bool] = contextvars.ContextVar("first_fit", default=False)
 
 
@@ -219,7 +222,18 @@ def search_layouts(g: Graph, req: PlanRequest,
     errors: list[InfeasibleError] = []
     groups = mesh_groups(choices)
     with shared_threads():  # the next layout's placements start while one is simulated
-        for policy in ["none"] + ([req.memory_policy] if req.memory_policy != "none" else []):
+        # gradient accumulation before memory policies: a first pass without them; a second
+        # with the request's plans again every layout that did not fit, or that fit but
+        # turned down a placement for memory, where its time bound may beat the best plan so
+        # far: a placement that needs a policy can be faster than every one that fits without
+        # (so a fixed layout's plan, whose placements may take policies, is among this
+        # search's candidates)
+        limited = req.memory_bytes is not None and req.memory_policy != "none"
+        for policy in ["none"] + ([req.memory_policy] if limited else []):
+            if policy != "none":  # the first pass's choices, one record each, in order
+                done = [c for group in groups for c in group]
+                groups = mesh_groups([c for c, rec in zip(done, records[:len(done)])
+                                      if rec["outcome"] != "fits" or rec.get(_NEEDED_POLICY)])
             start = len(records)
             phase = "planning layouts" + (f" (memory policy {policy})" if policy != "none"
                                           else "")
@@ -237,7 +251,7 @@ def search_layouts(g: Graph, req: PlanRequest,
                     break
             if progress:
                 progress(phase, len(records) - start, len(choices))
-            if best:
+            if best and _FIRST_FIT.get():
                 break
     if not best:
         if errors:
@@ -245,6 +259,7 @@ def search_layouts(g: Graph, req: PlanRequest,
         raise no_layout_fits(req, choices)
     _, plan, chosen = best
     for rec in records:
+        rec.pop(_NEEDED_POLICY, None)
         if rec is chosen:
             rec["outcome"] = "chosen"
         elif rec["outcome"] == "fits":
@@ -374,6 +389,7 @@ def _search_group(graphs: _Rescaled, req: PlanRequest, group: list[LayoutChoice]
             rec["outcome"] = f"no plan: {str(e).split(';')[0]}"
             continue
         fill(rec, p)
+        rec[_NEEDED_POLICY] = any(NO_POLICY in n for n in p.notes)
         if not fits(p):
             rec["outcome"] = "does not fit"
             continue

@@ -38,6 +38,9 @@ from outcore.plan.policies import CHOICES, MemoryPolicies
 from outcore.sim.simulate import simulate
 from outcore.units import format_bytes
 
+# what a placement turned down for want of a memory policy says (the layout search looks for it)
+NO_POLICY = "no memory policy was allowed"
+
 log = logging.getLogger(__name__)
 
 
@@ -157,7 +160,7 @@ def choose_simulated(g: Graph, plan: Plan, *, mode: str = "auto", cluster: Clust
     if give_up_above_s is not None and sim.iteration_s >= give_up_above_s:
         return plan, sim
     if mode == "none":
-        raise _too_big(sim.peak_bytes, limit, "no memory policy was allowed (--memory-policy "
+        raise _too_big(sim.peak_bytes, limit, f"{NO_POLICY} (--memory-policy "
                                               "none): allow auto, or add devices")
     group_of = np.full(g.num_nodes, -1, dtype=np.int64)
     policies: list[str] = []
