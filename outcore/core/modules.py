@@ -292,14 +292,42 @@ def adopt_values(roots: list[nn.Module], source: nn.Module, names: list[str],
     for name, b in root.named_buffers(remove_duplicate=False) if buffers else ():
         if b.device.type != "meta" and name in made_buffers:
             new_buffers.setdefault(id(b), made_buffers[name])
+    _replace(roots, new, new_buffers)
+
+
+def params_without_storage(roots: list[nn.Module], names: list[str],
+                           device: torch.device) -> None:
+    """Make the parameters ``names`` of ``roots`` (as :func:`adopt_values` names them)
+    tensors of their shapes on ``device`` with no storage (:func:`has_no_storage`), one at a
+    time: a rank whose values for them come later (a sharded rank's shards, built once it
+    holds them)."""
+    held = dict(roots[0].named_parameters(remove_duplicate=False))
+    new: dict[int, nn.Parameter] = {}
+    for name in names:
+        old = held[name]
+        if id(old) not in new:
+            t = torch.empty(old.shape, dtype=old.dtype, device=device)
+            t.untyped_storage().resize_(0)
+            new[id(old)] = nn.Parameter(t, requires_grad=old.requires_grad)
+    _replace(roots, new, {})
+
+
+def has_no_storage(t: torch.Tensor) -> bool:
+    """``t`` has elements but no storage (:func:`params_without_storage`)."""
+    return t.numel() > 0 and t.untyped_storage().nbytes() == 0
+
+
+def _replace(roots: list[nn.Module], params: dict[int, nn.Parameter],
+             buffers: dict[int, torch.Tensor]) -> None:
+    """Every module of ``roots`` holding a tensor whose id is a key holds its value instead."""
     for top in roots:
         for m in top.modules():
             for k, p in list(m._parameters.items()):
-                if p is not None and id(p) in new:
-                    m._parameters[k] = new[id(p)]
+                if p is not None and id(p) in params:
+                    m._parameters[k] = params[id(p)]
             for k, b in list(m._buffers.items()):
-                if b is not None and id(b) in new_buffers:
-                    m._buffers[k] = new_buffers[id(b)]
+                if b is not None and id(b) in buffers:
+                    m._buffers[k] = buffers[id(b)]
 
 
 def _shard_as(shard: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:

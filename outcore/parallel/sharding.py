@@ -39,14 +39,14 @@ from torch import nn
 from outcore.core.collectives import CollectiveLog
 from outcore.core.comm import settled
 from outcore.core.memtrack import storage_resized
-from outcore.core.modules import module_params
+from outcore.core.modules import has_no_storage, module_params
 from outcore.core.values import local
 from outcore.errors import RuntimeFailure
 from outcore.parallel.base import Parallelism, RankBuild
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ParamSharder", "Sharding", "shard_groups"]
+__all__ = ["ParamSharder", "Sharding", "shard_groups", "sharded_names"]
 
 
 def shard_groups(stages: int, dp: int, depth: int, rank: int, tp: int = 1) -> tuple[Any, Any]:
@@ -100,10 +100,12 @@ class _Unit:
         self.numels = [d.numel() for d in data]
         total = sum(self.numels)
         self.size = -(-total // depth)  # elements per shard (the last one padded)
+        # parameters without storage get their values later (:meth:`ParamSharder.load_values`)
         self.flat = torch.zeros(self.size * depth, dtype=data[0].dtype, device=data[0].device)
         self.nbytes = self.flat.untyped_storage().nbytes()
-        with torch.no_grad():
-            torch.cat([d.detach().reshape(-1) for d in data], out=self.flat[:total])
+        if not any(has_no_storage(d) for d in data):
+            with torch.no_grad():
+                torch.cat([d.detach().reshape(-1) for d in data], out=self.flat[:total])
         self.shard = nn.Parameter(self.flat[index * self.size:(index + 1) * self.size].clone())
         offset = 0
         for d, shape, n in zip(data, self.shapes, self.numels):
@@ -273,6 +275,14 @@ class ParamSharder:
             for u in self.units:
                 u.shard.copy_(self._slice(u, [whole[n] for n in u.names]))
 
+    def load_values(self, whole: dict[str, torch.Tensor]) -> None:
+        """Set the shards of the units all of whose parameters ``whole`` holds (a rank
+        building its sharded parameters a group of units at a time)."""
+        with torch.no_grad():
+            for u in self.units:
+                if all(n in whole for n in u.names):
+                    u.shard.copy_(self._slice(u, [whole[n] for n in u.names]))
+
     def load_optimizer_state(self, state: dict[Any, dict[str, Any]],
                              whole: Callable[[str, str], Any]) -> None:
         """Set the optimizer's shard state from ``whole(name, key)`` values."""
@@ -309,11 +319,7 @@ def _sharder(build: RankBuild) -> ParamSharder:
     layout, low = build.plan.layout, build.lowered
     tp = layout.tp
     groups = shard_groups(build.plan.stages, layout.dp, layout.depth, build.rank, tp)
-    schedule = low.schedule
-    meta = schedule.meta
-    names = {build.aliases.get(n, n) for b, sh in enumerate(meta.get("bucket_sharded", ()))
-             if sh and build.slot in schedule.buckets[b]
-             for n in meta["bucket_params"][b]}
+    names = sharded_names(build)
     name_of = {id(p): k for k, p in build.named_params.items()}
     per_copy = low.graph.num_nodes // low.copies
     order = sorted(build.modules, key=lambda pm: min(i % per_copy
@@ -328,3 +334,11 @@ def _sharder(build: RankBuild) -> ParamSharder:
                                  f"{what}")
 
     return ParamSharder(pieces, groups[0], groups[1], layout.depth, wait)
+
+
+def sharded_names(build: RankBuild) -> set[str]:
+    """The parameters this rank's sharded buckets hold, by the name every rank uses."""
+    schedule = build.lowered.schedule
+    meta = schedule.meta
+    return {build.aliases.get(n, n) for b, sh in enumerate(meta.get("bucket_sharded", ()))
+            if sh and build.slot in schedule.buckets[b] for n in meta["bucket_params"][b]}

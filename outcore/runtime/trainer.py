@@ -27,11 +27,13 @@ from outcore.core.comm import Messenger
 from outcore.core.executor import RankExecutor, StepResult
 from outcore.core.memtrack import MemoryTracker
 from outcore.core.modules import (
+    BUILD_BATCH_FLOOR,
     adopt_values,
     build_batches,
     build_piece_modules,
     module_params,
     param_aliases,
+    params_without_storage,
     prune_unowned,
     saved_buffers,
 )
@@ -43,6 +45,7 @@ from outcore.graph.ir import Graph
 from outcore.hardware.precision import LossScaler, autocast, canonical
 from outcore.parallel import Parallelism, RankBuild, active as active_parallelisms
 from outcore.parallel.replicas import StatGroup, sync_running_stats
+from outcore.parallel.sharding import sharded_names
 from outcore.plan.plan import Plan, fingerprint, graph_ref
 from outcore.plan.policies import MemoryPolicies
 from outcore.plan.replicas import fx_name
@@ -247,10 +250,17 @@ class Trainer:
         # largest build
         self.built_bytes = _real_bytes(build.model)
         kept = prune_unowned(gm, build.modules + build.extra_modules)
+        roots = [gm] + [pm.module for pm in build.modules + build.extra_modules]
+        later: list[str] = []  # a sharded rank's sharded parameters: built once it shards
         if materialise is not None:  # built without weights: this rank's, with values
+            if self.tp == 1 and build.plan.layout.depth > 1:
+                sharded = sharded_names(build)
+                later = [k for k in kept if self.aliases.get(k, k) in sharded]
+                params_without_storage(roots, later, self.device)
             # a tensor-parallel rank cuts its shards group by group (one build each), so it
             # never holds its slot's split layers whole at once
-            groups = build_batches(gm, kept, batch_bytes)
+            now = [k for k in kept if k not in set(later)]
+            groups = build_batches(gm, now, batch_bytes)
             if len(groups) > 1:
                 log.info("rank %d builds its tensor-parallel shards in %d passes", self.rank,
                          len(groups))
@@ -258,8 +268,7 @@ class Trainer:
             for i, names in enumerate(groups):
                 source = materialise(names)
                 self.built_bytes = max(self.built_bytes, _real_bytes(source))
-                adopt_values([gm] + [pm.module for pm in build.modules + build.extra_modules],
-                             source, names, buffers=i == 0)
+                adopt_values(roots, source, names, buffers=i == 0)
                 del source
         # move what this rank keeps; dropped tensors stay on the meta device
         gm._apply(lambda t: t if t.device.type == "meta" else t.to(self.device))
@@ -270,11 +279,41 @@ class Trainer:
         build.params = [p for p in self.named_params.values() if p.requires_grad]
         for par in parallelisms:
             par.on_parameters(build)
+        if later:
+            self._build_shards(build, materialise, later, batch_bytes)
         self.params = build.params
         make_opt = optimizer or (lambda ps: torch.optim.Adam(ps, lr=1e-3))
         self.optimizer = make_opt(self.params) if self.params else None
         self.lr_scheduler = lr_scheduler(self.optimizer) if (lr_scheduler and self.optimizer) \
             else None
+
+    def _build_shards(self, build: RankBuild, materialise: Callable[[list[str]], nn.Module],
+                      names: list[str], batch_bytes: int | None) -> None:
+        """Give a sharded rank's shards their values: its sharder's units built a group at a
+        time (each group's whole parameters about this rank's share of them, at least
+        :data:`~outcore.core.modules.BUILD_BATCH_FLOOR`), each group's shards cut before the
+        next is built."""
+        sharder = build.made["sharding"]
+        units = [u for u in sharder.units if any(n in set(names) for n in u.names)]
+        whole = sum(u.size * sharder.depth * u.shard.element_size() for u in units)
+        budget = batch_bytes if batch_bytes is not None else \
+            max(whole // sharder.depth, BUILD_BATCH_FLOOR)
+        groups: list[list[Any]] = [[]]
+        held = 0
+        for u in units:
+            size = u.size * sharder.depth * u.shard.element_size()
+            if groups[-1] and held + size > budget:
+                groups.append([])
+                held = 0
+            groups[-1].append(u)
+            held += size
+        for group in groups:
+            wanted = [n for u in group for n in u.names]
+            source = materialise(wanted)
+            self.built_bytes = max(self.built_bytes, _real_bytes(source))
+            params = dict(source.named_parameters(remove_duplicate=False))
+            sharder.load_values({n: params[n].detach() for n in wanted})
+            del source, params
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by name, whole (sharded ones gathered: collective)."""
