@@ -35,10 +35,10 @@ def _plan(g, stages: int, dp: int, depth: int, microbatches: int, tp: int = 1):
 
 
 def _run(stages: int, dp: int, depth: int, microbatches: int, optimizer: str = "sgd",
-         model: str = MODEL, tp: int = 1):
+         model: str = MODEL, tp: int = 1, **worker):
     cfg = TrainConfig.make(model=model, batch_size=4 * microbatches * dp, microbatches=microbatches,
                            steps=3, optimizer=optimizer, lr=0.05 if optimizer == "sgd" else 1e-3,
-                           return_state=True, track_memory=False)
+                           return_state=True, track_memory=False, **worker)
     g = graph_for(cfg)
     plan = _plan(g, stages, dp, depth, microbatches, tp)
     results = run_local(train_worker, stages * dp * tp, (cfg, graph_doc(g), plan_doc(plan)),
@@ -60,17 +60,19 @@ def test_sharded_data_parallel_equals_single_process(optimizer, model):
 @pytest.mark.dist
 @pytest.mark.timeout(400)
 def test_pipeline_2_x_sharded_2_equals_single_process():
-    """Each rank builds only its stage's parameters (built without weights, then its part)
-    before keeping its shard of them, and still trains as one process."""
-    cfg, results = _run(stages=2, dp=2, depth=2, microbatches=2)
+    """Each rank builds only its stage's parameters (built without weights, then its part),
+    and the ones it shards a unit at a time once it holds their shards (a build budget of one
+    byte), and still trains as one process."""
+    cfg, results = _run(stages=2, dp=2, depth=2, microbatches=2, build_batch_bytes=1)
     assert_matches(results, *reference(cfg))
     assert results[0]["sharded"] == results[2]["sharded"] != results[1]["sharded"]
     _, whole = build_model(MODEL)
     whole_bytes = sum(p.numel() * p.element_size() for p in whole.parameters())
     built = [r["built_bytes"] for r in results]  # ranks d * 2 + s: copy d of stage s
     assert built[0] == built[2] and built[1] == built[3], built
-    assert 0 < built[0] < whole_bytes and 0 < built[1] < whole_bytes, (built, whole_bytes)
-    assert built[0] + built[1] >= whole_bytes, (built, whole_bytes)  # every one built once
+    # no build held more than a quarter of the model (a stage's unsharded parameters, or one
+    # unit of its sharded ones), though each stage holds about half of it
+    assert all(0 < b < whole_bytes / 4 for b in built), (built, whole_bytes)
 
 
 @pytest.mark.dist
@@ -149,15 +151,16 @@ def test_a_sharded_checkpoint_resumes(tmp_path, resume_on):
 
 def test_the_layout_search_shards_copies_that_do_not_fit_whole():
     """``--layout auto`` enumerates sharding: on 2 devices under 160 MiB, two plain copies of a
-    51 MiB-parameter LM (205 MiB with Adam) are pruned by their memory floor, and two copies
-    sharding it fit; sharding is never tried where plain copies fit."""
+    51 MiB-parameter LM (205 MiB with Adam) are pruned by their memory floor without memory
+    policies, and two copies sharding it fit (the second pass, with policies, may find plain
+    copies that offload faster); sharding is never tried where plain copies fit."""
     import outcore
 
     g = outcore.model_graph("outcore:transformer:d_model=384,layers=4,vocab=8192",
                             batch_size=8, costs="estimate")
     p = outcore.plan(g, 2, "160MiB", search_layout=True, depth=None)
     records = {(r["dp"], r["depth"]): r["outcome"] for r in p.extra["candidates"]
-               if r["parallel"] == "mp"}
+               if r["parallel"] == "mp" and r["memory_policy"] == "none"}
     assert records[(2, 1)].startswith("pruned: memory floor")
     assert records[(2, 2)] in ("chosen", "fits") or records[(2, 2)].startswith("slower")
     roomy = outcore.plan(g, 2, "1GiB", search_layout=True, depth=None)
