@@ -31,8 +31,6 @@ __all__ = ["tensor_parallel", "layout_of", "tensor_mesh", "grid_mesh", "depth_un
            "split_for_plan", "split_traced_for_plan", "is_exported"]
 
 MODES = ("1d", "depth", "2d")
-_WEIGHT_SHARD = {"whole": None, "colwise": 0, "colwise_gather": 0, "vocab": 0,
-                 "rowwise": 1, "rowwise_alone": 1, "embed_dim": 1}
 
 
 def tensor_mesh(tp: int, *, mesh: Any = None, group: Any = None) -> Any:
@@ -100,7 +98,7 @@ def layout_of(model: nn.Module, tp: int, example_inputs: Any = None, *,
                     raise
                 log.warning("torch.export failed too: layers inside %s stay whole",
                             ", ".join(g.meta["forced_leaves"]))
-    return _untie_conflicts(model, find_layout(g, tp, min_split_bytes=min_split_bytes))
+    return find_layout(g, tp, min_split_bytes=min_split_bytes)  # shared weights untied there
 
 
 def tensor_parallel(model: nn.Module, tp: int, *, mesh: Any = None, group: Any = None,
@@ -196,7 +194,7 @@ def split_for_plan(model: nn.Module, graph: Any, tp: int) -> TensorLayout:
     from outcore.cost.tensor import plan_layout
 
     mesh = _slot_mesh(tp)
-    layout = _untie_conflicts(model, plan_layout(graph, tp))
+    layout = plan_layout(graph, tp)  # a shared weight split two ways is left whole there
     _split_1d(model, layout, mesh)
     model.outcore_tensor_layout = layout
     log.info("tensor parallel inside the plan's slots (tp=%d): %d pairs, %d modules split", tp,
@@ -317,29 +315,6 @@ def _retie(model: nn.Module, ties: list[list[tuple[str, str]]]) -> None:
         first = getattr(model.get_submodule(group[0][0]), group[0][1])
         for path, name in group[1:]:
             setattr(model.get_submodule(path), name, first)
-
-
-def _untie_conflicts(model: nn.Module, layout: TensorLayout) -> TensorLayout:
-    """A shared weight (tied embedding and output layer) must be split the same way by every
-    module using it; where the styles disagree, those modules stay whole."""
-    from dataclasses import replace
-
-    by_module = {s.module: s for s in layout.splits}
-    whole: set[str] = set()
-    for group in _ties(model):
-        mods = [p for p, _ in group]
-        dims = {_WEIGHT_SHARD[by_module[m].style] if m in by_module else None for m in mods}
-        if len(dims) > 1:
-            whole.update(mods)
-            log.info("shared weight of %s split differently by its users: left whole",
-                     ", ".join(mods))
-    if not whole:
-        return layout
-    paired = {m for p in layout.pairs for m in p.columns + p.rows if m in whole}
-    pairs = tuple(p for p in layout.pairs if not set(p.columns + p.rows) & paired)
-    splits = tuple(replace(s, style="whole", pair=None, reason="shared weight")
-                   if s.module in whole or s.module in paired else s for s in layout.splits)
-    return replace(layout, pairs=pairs, splits=splits)
 
 
 # ------------------------------------------------------------------------------ depth
