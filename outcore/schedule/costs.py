@@ -44,6 +44,7 @@ from outcore.graph.ir import Graph, memo
 from outcore.graph.jit import njit
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
+from outcore.schedule.shared import shared_copies, tied_bytes
 from outcore.schedule.workspace import workspace_bytes
 
 
@@ -194,13 +195,21 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
     factor = state_factor(optimizer)
     pol = tuple(policies) if policies is not None else ("none",) * n_p
-    t_bwd, grad_tmp, t_first = _backward_bytes(g, piece_of, n_p, pol, ws_b)
+    # the loss's saved bytes are freed by its backward, before any node's
+    loss_freed = np.zeros(n_p)
+    if loss_s is not None:
+        for v in g.nodes_with_op("output").tolist():
+            loss_freed[piece_of[v]] += loss_bytes(g, v)
+    t_bwd, grad_tmp, t_first = _backward_bytes(g, piece_of, n_p, pol, ws_b, loss_freed)
     if loss_s is not None:  # the loss's backward: the gradients of the log-probabilities and
         # of the output together (GPT-2's stage of logits: 0.13 MiB over without the first)
         for v in g.nodes_with_op("output").tolist():
             p = piece_of[v]
             t_bwd[p] = max(t_bwd[p], 2.0 * loss_bytes(g, v))
-    static_piece = piece_params * factor
+    # a rank's own copy of a shared weight another rank owns (not in the piece's bucket: the
+    # shared parameters' all-reduce sums it)
+    copies = shared_copies(g, piece_of, rank_of_piece, n_p)
+    static_piece = (piece_params + copies) * factor
     if any(p != "none" for p in pol):
         _apply_policies(g, pieces, pol, host_bandwidth, host_is_device, fwd, bwd,
                         saved, transient, t_bwd, grad_tmp, static_piece, piece_params)
@@ -211,7 +220,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                        piece_params, grad_tmp, host_is_device)
     # a sharded piece's gradient shard is made by its first reduce-scatter, like a whole one
     plain = np.array([p == "none" for p in pol], dtype=bool)
-    grads = np.where(plain, piece_params, 0.0) if n_p else np.zeros(0)
+    grads = np.where(plain, piece_params + copies, 0.0) if n_p else np.zeros(0)
     # a step's first backward of a piece holds the .grad tensors it has made so far (a
     # sharded piece's whole gradients are in its own term)
     first_extra = np.where(plain, np.maximum(t_first - t_bwd, 0.0), 0.0) if n_p \
@@ -227,7 +236,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         transient = np.where(plain, np.maximum(transient, late), transient)
     static = np.bincount(rank_of_piece, weights=static_piece, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
-    params = np.bincount(rank_of_piece, weights=piece_params, minlength=num_ranks) \
+    params = np.bincount(rank_of_piece, weights=piece_params + copies, minlength=num_ranks) \
         if n_p else np.zeros(num_ranks)
     tensors = np.zeros(num_ranks)
     if n_p:
@@ -269,7 +278,7 @@ def _forward_peaks(g: Graph, piece_of: np.ndarray, n_p: int, ws_f: np.ndarray,
 
 
 def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ...],
-                    workspace: np.ndarray | None = None
+                    workspace: np.ndarray | None = None, freed: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per piece, its backward's working memory (:func:`_backward_working`), the fresh
     gradient of its largest layer alone, and the first backward's working memory (with the
@@ -282,11 +291,13 @@ def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ..
     layer_params = g.param_bytes.astype(np.float64)
     layer_params[g.nodes_with_op("param")] = 0.0
     np.maximum.at(grad_tmp, piece_of, layer_params)
-    t_bwd, t_first = _backward_working(g, piece_of, n_p, workspace=workspace, first=True)
+    t_bwd, t_first = _backward_working(g, piece_of, n_p, workspace=workspace, first=True,
+                                       freed=freed)
     if "checkpoint" in pol:  # a recomputing backward sums a forked output's gradients out of
         # place (a checkpointed ResNet: 17.0 MiB measured, 14.4 predicted with the in-place sum)
         ck = np.array([p == "checkpoint" for p in pol], dtype=bool)
-        t_bwd[ck] = _backward_working(g, piece_of, n_p, summed=3, workspace=workspace)[ck]
+        t_bwd[ck] = _backward_working(g, piece_of, n_p, summed=3, workspace=workspace,
+                                      freed=freed)[ck]
     return t_bwd, grad_tmp, t_first
 
 
@@ -297,7 +308,8 @@ ALIASING_BACKWARD_OPS = ("view", "_unsafe_view", "reshape", "unflatten", "flatte
 
 
 def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
-                      workspace: np.ndarray | None = None, first: bool = False) -> Any:
+                      workspace: np.ndarray | None = None, first: bool = False,
+                      freed: np.ndarray | None = None) -> Any:
     """Per piece, the working memory of its backward above what it holds when the backward
     starts: at each node (in reverse topological order), the gradient of its output (unless
     that is a received one, counted where it is received) and of its inputs from the same
@@ -306,7 +318,8 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
     summed (``summed``: autograd adds the one arriving into the one held, in place; a
     checkpointed piece's recomputing backward sums out of place, three); and the gradient a
     fork's consumer that ran its backward first returned for it, waiting while the others run
-    theirs. The largest over the nodes; with ``first``, also the largest with the gradients
+    theirs; ``freed``: per piece, saved bytes freed before its first node's backward (the
+    loss's). The largest over the nodes; with ``first``, also the largest with the gradients
     of the parameters of the nodes done so far (a step's first backward of the piece makes
     its ``.grad`` tensors as it goes; later ones add into them). Autograd sums two gradients
     in place when it holds the only reference to one (the operator-watching tracker this
@@ -323,22 +336,34 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
     is_param = np.zeros(n, dtype=np.bool_)
     is_param[g.nodes_with_op("param")] = True
     layer_params = np.where(is_param, 0.0, np.asarray(g.param_bytes, np.float64))
+    shared, tied, apart = tied_bytes(g, piece_of)
+    layer_params = layer_params + apart  # a shared weight owned in another piece: its own
+    # a tensor-parallel rank's parameters are DTensors, whose gradients autograd sums out of
+    # place: a tied weight's two gradients and their sum at once (measured on a tp-2 LM whose
+    # 32 MiB embedding is tied to its output layer); a plain tensor's are summed in place
+    tied_sum = 1.0 if g.meta.get("tp", 1) > 1 else 0.0
     out, out_first = _working_kernel(np.asarray(topological_order(g), np.int64),
                                      np.asarray(piece_of, np.int64), n_p, g.src, g.dst,
                                      np.asarray(g.edge_bytes, np.float64),
                                      np.asarray(g.saved_bytes, np.float64),
                                      np.asarray(g.out_bytes, np.float64), aliasing, summed,
                                      np.zeros(n) if workspace is None else workspace,
-                                     g.pred_ptr, g.pred_idx, layer_params, is_param)
+                                     g.pred_ptr, g.pred_idx, layer_params, is_param,
+                                     shared, tied, tied_sum,
+                                     np.zeros(n_p) if freed is None else freed)
     return (out, out_first) if first else out
 
 
 @njit
 def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes, aliasing,
-                    summed, workspace, pred_ptr, pred_idx, layer_params, is_param):
+                    summed, workspace, pred_ptr, pred_idx, layer_params, is_param, shared,
+                    tied, tied_sum, freed0):
     """:func:`_backward_working` in two passes (compiled): the edges, then the nodes in
     reverse topological order, each piece's saved bytes freed so far summed as it goes; also
-    the largest with the parameters' gradients made so far added (a step's first backward)."""
+    the largest with the parameters' gradients made so far added (a step's first backward).
+    A node reading a weight another node owns (``shared``) makes a gradient for it that
+    waits, in every backward, until the owner's (``tied``: the weight's bytes) joins it; an
+    out-of-place sum (``tied_sum`` 1) holds one more copy while it is made."""
     n = order.shape[0]
     grads_in = np.zeros(n)  # the largest gradient a node returns for one of its inputs
     consumers = np.zeros(n, np.int64)  # consumers in its own piece
@@ -354,12 +379,13 @@ def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes
             consumers[u] += 1
         else:
             outside[u] = 1
-    freed = np.zeros(n_p)  # saved bytes of the piece's later nodes, freed already
+    freed = freed0.copy()  # saved bytes of the piece's later nodes (and loss), freed already
     out = np.zeros(n_p)
     made = np.zeros(n_p)  # parameters' gradients its backward has made so far (.grad)
     out_first = np.zeros(n_p)
     credited = np.zeros(n, np.bool_)
     begun = np.zeros(n, np.bool_)  # a fork whose first consumer's backward has run
+    tied_waiting = np.zeros(n_p)  # shared weights' gradients waiting for their owner's
     for i in range(n - 1, -1, -1):
         v = order[i]
         p = piece_of[v]
@@ -382,12 +408,17 @@ def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes
                     begun[u] = True
         # with the fresh gradient of its own weights, until it is added into .grad
         work = held * out_bytes[v] + (0.0 if aliasing[v] else grads_in[v]) + workspace[v] \
-            + waiting - freed[p] + layer_params[v]
+            + waiting - freed[p] + layer_params[v] + shared[v] + tied_waiting[p]
+        if tied[v] > 0.0 and tied_waiting[p] > 0.0:  # a tied weight's gradients summed
+            work += tied_sum * tied[v]
         if work > out[p]:
             out[p] = work
         if work + made[p] > out_first[p]:
             out_first[p] = work + made[p]
         freed[p] += saved[v]
+        tied_waiting[p] += shared[v]
+        if tied[v] > 0.0:
+            tied_waiting[p] = max(tied_waiting[p] - tied[v], 0.0)
         # its weights' gradients stay (a parameter node's, captured by torch.export, once
         # its consumer has returned it)
         made[p] += layer_params[v]

@@ -13,6 +13,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 CNN = ("outcore:resnet_k:depth=11,width=8", (8, 3, 32, 32))
 LM = ("outcore:transformer:layers=2,d_model=64,heads=4,seq=16,vocab=2048", None)
+TIED = ("tests/runtime/tied_model.py:tied_lm_wide", None)  # a 1 MiB tied embedding and output
 MiB = 2**20
 
 CELLS = {  # model, devices, options, limit (MiB): under the plain layout's peak
@@ -21,6 +22,10 @@ CELLS = {  # model, devices, options, limit (MiB): under the plain layout's peak
     "cnn data parallel": (CNN, 2, dict(dp=2), 4.5),
     "lm tensor parallel": (LM, 2, dict(tp=2), 5.5),
     "lm pipeline": (LM, 2, dict(strategy="pipeline", microbatches=2), 3.4),
+    # the tied weight's gradients summed out of place (DTensors); the output layer's rank
+    # keeps a copy of the weight, its gradient and state
+    "tied lm tensor parallel": (TIED, 2, dict(tp=2), 7.5),
+    "tied lm pipeline": (TIED, 2, dict(strategy="pipeline", microbatches=2), 5.5),
 }
 
 

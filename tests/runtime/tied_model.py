@@ -20,3 +20,10 @@ class TiedLM(nn.Module):
 
 def tied_lm():
     return TiedLM(), torch.randint(0, 32, (8, 6), generator=torch.Generator().manual_seed(0))
+
+
+def tied_lm_wide():
+    """The same with a 4096-word vocabulary of width 64 (a 1 MiB tied weight: its gradients'
+    sum shows in a rank's peak)."""
+    return TiedLM(vocab=4096, dim=64), torch.randint(0, 4096, (8, 16),
+                                                     generator=torch.Generator().manual_seed(0))
