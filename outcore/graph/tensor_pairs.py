@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from outcore.graph.ir import Graph
+from outcore.graph.tensor_ties import untie_conflicts
 
 __all__ = ["Pair", "Split", "TensorLayout", "find_layout", "chunks_of", "is_conv1d", "out_features",
            "HEAD_OPS", "ELEMENTWISE_OPS", "DEFAULT_MIN_SPLIT_BYTES"]
@@ -525,49 +526,6 @@ def find_layout(g: Graph, tp: int, *, min_split_bytes: int = DEFAULT_MIN_SPLIT_B
             splits.append(_embedding(g, i, tp, min_split_bytes, reused))
     splits.sort(key=lambda s: s.node)
     return untie_conflicts(g, TensorLayout(tp=tp, pairs=tuple(pairs), splits=tuple(splits)))
-
-
-# the dimension of its weight a split style shards (None: the whole weight on every rank)
-WEIGHT_SHARD = {"whole": None, "colwise": 0, "colwise_gather": 0, "vocab": 0,
-                "rowwise": 1, "rowwise_alone": 1, "embed_dim": 1}
-
-
-def shared_weight_modules(g: Graph) -> list[set[str]]:
-    """Groups of modules that read one parameter (a tied embedding and output layer): from
-    capture's ``params`` / ``shared_params`` of module calls, and from a ``param`` node of a
-    ``torch.export`` graph read by layers of several modules."""
-    users: dict[str, set[str]] = {}
-    for i in range(g.num_nodes):
-        for name in g.attr(i, "shared_params", []) or []:
-            users.setdefault(name, {name.rpartition(".")[0]}).add(g.module_of(i))
-    for p in g.nodes_with_op("param").tolist():
-        mods = {g.module_of(int(c)) for c in g.successors(p)}
-        if len(mods) > 1:
-            users.setdefault(g.names[p] if g.names is not None else str(p), set()).update(mods)
-    return [m for m in users.values() if len(m) > 1]
-
-
-def untie_conflicts(g: Graph, layout: TensorLayout) -> TensorLayout:
-    """A shared weight must be split the same way by every module reading it (the runtime
-    cannot hold two shardings of one tensor): where the styles disagree, those modules, and
-    the pairs they are in, stay whole."""
-    from dataclasses import replace
-
-    by_module = {s.module: s for s in layout.splits}
-    whole: set[str] = set()
-    for mods in shared_weight_modules(g):
-        dims = {WEIGHT_SHARD[by_module[m].style] if m in by_module else None for m in mods}
-        if len(dims) > 1:
-            whole.update(mods)
-    if not whole:
-        return layout
-    kept = [k for k, p in enumerate(layout.pairs) if not set(p.columns + p.rows) & whole]
-    renumber = {k: n for n, k in enumerate(kept)}
-    splits = tuple(replace(s, style="whole", pair=None, reason="shared weight")
-                   if s.module in whole or (s.pair is not None and s.pair not in renumber)
-                   else replace(s, pair=None if s.pair is None else renumber[s.pair])
-                   for s in layout.splits)
-    return replace(layout, pairs=tuple(layout.pairs[k] for k in kept), splits=splits)
 
 
 def _split(g: Graph, i: int, kind: str, style: str, **kw: Any) -> Split:
