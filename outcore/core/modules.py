@@ -254,18 +254,25 @@ def build_batches(gm: fx.GraphModule, kept: list[str],
     if budget is None:
         ways = max(params[names_of[k][0]].device_mesh.size() for k in split)
         budget = max(whole // ways, BUILD_BATCH_FLOOR)
-    budget = max(budget, max(split.values()))
-    groups: list[list[str]] = [[n for k, ns in names_of.items() if k not in split for n in ns]]
+    keys = list(split)
+    groups = [[n for k in group for n in names_of[k]]
+              for group in greedy_groups(keys, [split[k] for k in keys], budget)]
+    groups[0] = [n for k, ns in names_of.items() if k not in split for n in ns] + groups[0]
+    return groups
+
+
+def greedy_groups(items: list, sizes: list[int], budget: int) -> list[list]:
+    """``items`` in order, in consecutive groups of at most ``budget`` bytes each (an item
+    larger than the budget alone); at least one group."""
+    groups: list[list] = [[]]
     held = 0
-    for k, ns in names_of.items():
-        if k not in split:
-            continue
-        if held and held + split[k] > budget:
+    for item, size in zip(items, sizes):
+        if groups[-1] and held + size > budget:
             groups.append([])
             held = 0
-        groups[-1].extend(ns)
-        held += split[k]
-    return [g for g in groups if g]
+        groups[-1].append(item)
+        held += size
+    return groups
 
 
 def adopt_values(roots: list[nn.Module], source: nn.Module, names: list[str],

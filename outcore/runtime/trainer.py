@@ -31,6 +31,7 @@ from outcore.core.modules import (
     adopt_values,
     build_batches,
     build_piece_modules,
+    greedy_groups,
     module_params,
     param_aliases,
     params_without_storage,
@@ -294,20 +295,12 @@ class Trainer:
         :data:`~outcore.core.modules.BUILD_BATCH_FLOOR`), each group's shards cut before the
         next is built."""
         sharder = build.made["sharding"]
-        units = [u for u in sharder.units if any(n in set(names) for n in u.names)]
-        whole = sum(u.size * sharder.depth * u.shard.element_size() for u in units)
+        wanted_names = set(names)
+        units = [u for u in sharder.units if wanted_names.intersection(u.names)]
+        sizes = [u.size * sharder.depth * u.shard.element_size() for u in units]
         budget = batch_bytes if batch_bytes is not None else \
-            max(whole // sharder.depth, BUILD_BATCH_FLOOR)
-        groups: list[list[Any]] = [[]]
-        held = 0
-        for u in units:
-            size = u.size * sharder.depth * u.shard.element_size()
-            if groups[-1] and held + size > budget:
-                groups.append([])
-                held = 0
-            groups[-1].append(u)
-            held += size
-        for group in groups:
+            max(sum(sizes) // sharder.depth, BUILD_BATCH_FLOOR)
+        for group in greedy_groups(units, sizes, budget):
             wanted = [n for u in group for n in u.names]
             source = materialise(wanted)
             self.built_bytes = max(self.built_bytes, _real_bytes(source))
