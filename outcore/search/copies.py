@@ -70,7 +70,7 @@ def single(g: Graph, req: PlanRequest) -> Plan:
     try:
         p, sim = choose_simulated(g, p, mode=req.memory_policy, cluster=req.cluster)
     except InfeasibleError as e:
-        raise InfeasibleError(f"{e}; or train on several devices (--devices)",
+        raise InfeasibleError(f"{e}; or train on more devices (--devices)",
                               min_devices=e.min_devices,
                               min_memory_bytes=e.min_memory_bytes) from None
     return p.replace(predicted=sim.to_dict())

@@ -229,7 +229,9 @@ def search_layouts(g: Graph, req: PlanRequest,
         # (so a fixed layout's plan, whose placements may take policies, is among this
         # search's candidates)
         limited = req.memory_bytes is not None and req.memory_policy != "none"
+        last_pass = 0  # the first error of the last pass: the request's own policy's
         for policy in ["none"] + ([req.memory_policy] if limited else []):
+            last_pass = len(errors)
             if policy != "none":  # the first pass's choices, one record each, in order
                 done = [c for group in groups for c in group]
                 groups = mesh_groups([c for c, rec in zip(done, records[:len(done)])
@@ -254,8 +256,8 @@ def search_layouts(g: Graph, req: PlanRequest,
             if best and _FIRST_FIT.get():
                 break
     if not best:
-        if errors:
-            raise errors[0]
+        if errors:  # what the request's own policy met, not the pass without policies
+            raise errors[last_pass] if last_pass < len(errors) else errors[0]
         raise no_layout_fits(req, choices)
     _, plan, chosen = best
     for rec in records:
