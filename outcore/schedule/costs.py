@@ -44,7 +44,7 @@ from outcore.graph.ir import Graph, memo
 from outcore.graph.jit import njit
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
-from outcore.schedule.shared import shared_copies, tied_bytes
+from outcore.schedule.shared import shared_copies, shared_reads, tied_bytes
 from outcore.schedule.workspace import workspace_bytes
 
 
@@ -200,7 +200,8 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     if loss_s is not None:
         for v in g.nodes_with_op("output").tolist():
             loss_freed[piece_of[v]] += loss_bytes(g, v)
-    t_bwd, grad_tmp, t_first = _backward_bytes(g, piece_of, n_p, pol, ws_b, loss_freed)
+    reads = shared_reads(whole)  # the same for every placement and micro-batch
+    t_bwd, grad_tmp, t_first = _backward_bytes(g, piece_of, n_p, pol, ws_b, loss_freed, reads)
     if loss_s is not None:  # the loss's backward: the gradients of the log-probabilities and
         # of the output together (GPT-2's stage of logits: 0.13 MiB over without the first)
         for v in g.nodes_with_op("output").tolist():
@@ -208,7 +209,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
             t_bwd[p] = max(t_bwd[p], 2.0 * loss_bytes(g, v))
     # a rank's own copy of a shared weight another rank owns (not in the piece's bucket: the
     # shared parameters' all-reduce sums it)
-    copies = shared_copies(g, piece_of, rank_of_piece, n_p)
+    copies = shared_copies(g, piece_of, rank_of_piece, n_p, reads)
     static_piece = (piece_params + copies) * factor
     if any(p != "none" for p in pol):
         _apply_policies(g, pieces, pol, host_bandwidth, host_is_device, fwd, bwd,
@@ -278,7 +279,8 @@ def _forward_peaks(g: Graph, piece_of: np.ndarray, n_p: int, ws_f: np.ndarray,
 
 
 def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ...],
-                    workspace: np.ndarray | None = None, freed: np.ndarray | None = None
+                    workspace: np.ndarray | None = None, freed: np.ndarray | None = None,
+                    reads: tuple[np.ndarray, ...] | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per piece, its backward's working memory (:func:`_backward_working`), the fresh
     gradient of its largest layer alone, and the first backward's working memory (with the
@@ -292,12 +294,12 @@ def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ..
     layer_params[g.nodes_with_op("param")] = 0.0
     np.maximum.at(grad_tmp, piece_of, layer_params)
     t_bwd, t_first = _backward_working(g, piece_of, n_p, workspace=workspace, first=True,
-                                       freed=freed)
+                                       freed=freed, reads=reads)
     if "checkpoint" in pol:  # a recomputing backward sums a forked output's gradients out of
         # place (a checkpointed ResNet: 17.0 MiB measured, 14.4 predicted with the in-place sum)
         ck = np.array([p == "checkpoint" for p in pol], dtype=bool)
         t_bwd[ck] = _backward_working(g, piece_of, n_p, summed=3, workspace=workspace,
-                                      freed=freed)[ck]
+                                      freed=freed, reads=reads)[ck]
     return t_bwd, grad_tmp, t_first
 
 
@@ -309,7 +311,8 @@ ALIASING_BACKWARD_OPS = ("view", "_unsafe_view", "reshape", "unflatten", "flatte
 
 def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
                       workspace: np.ndarray | None = None, first: bool = False,
-                      freed: np.ndarray | None = None) -> Any:
+                      freed: np.ndarray | None = None,
+                      reads: tuple[np.ndarray, ...] | None = None) -> Any:
     """Per piece, the working memory of its backward above what it holds when the backward
     starts: at each node (in reverse topological order), the gradient of its output (unless
     that is a received one, counted where it is received) and of its inputs from the same
@@ -319,7 +322,8 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
     checkpointed piece's recomputing backward sums out of place, three); and the gradient a
     fork's consumer that ran its backward first returned for it, waiting while the others run
     theirs; ``freed``: per piece, saved bytes freed before its first node's backward (the
-    loss's). The largest over the nodes; with ``first``, also the largest with the gradients
+    loss's); ``reads``: :func:`~outcore.schedule.shared.shared_reads` (else read from ``g``).
+    The largest over the nodes; with ``first``, also the largest with the gradients
     of the parameters of the nodes done so far (a step's first backward of the piece makes
     its ``.grad`` tensors as it goes; later ones add into them). Autograd sums two gradients
     in place when it holds the only reference to one (the operator-watching tracker this
@@ -336,7 +340,7 @@ def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
     is_param = np.zeros(n, dtype=np.bool_)
     is_param[g.nodes_with_op("param")] = True
     layer_params = np.where(is_param, 0.0, np.asarray(g.param_bytes, np.float64))
-    shared, tied, apart = tied_bytes(g, piece_of)
+    shared, tied, apart = tied_bytes(g, np.asarray(piece_of), reads)
     layer_params = layer_params + apart  # a shared weight owned in another piece: its own
     # a tensor-parallel rank's parameters are DTensors, whose gradients autograd sums out of
     # place: a tied weight's two gradients and their sum at once (measured on a tp-2 LM whose

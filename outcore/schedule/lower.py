@@ -37,6 +37,7 @@ from outcore.schedule.build import ClusterLinkTime, build
 from outcore.schedule.check import check
 from outcore.schedule.costs import PieceCosts, loss_cost_s, mb_scale, piece_costs
 from outcore.schedule.ir import OP_INDEX, ActionColumns, Schedule, action_columns
+from outcore.schedule.shared import param_owners
 
 __all__ = ["Lowered", "lower", "make_schedule", "place_allreduces", "shared_param_buckets",
            "sharded_buckets"]
@@ -187,11 +188,8 @@ def shared_param_buckets(g: Graph, assignment: np.ndarray, apart: frozenset[str]
     if g.attrs is None:
         return _unnamed_buckets(g, assignment)
     ranks: dict[str, set[int]] = defaultdict(set)
-    size: dict[str, float] = {}
+    size, _ = param_owners(g)
     for i in range(g.num_nodes):
-        owned = g.attr(i, "params", []) or []
-        for name in owned:
-            size.setdefault(name, float(g.param_bytes[i]) / len(owned))
         for name in _node_params(g, i):
             ranks[name].add(int(assignment[i]))
     by_group: dict[tuple[tuple[int, ...], bool], list[str]] = defaultdict(list)

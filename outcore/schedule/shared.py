@@ -6,63 +6,80 @@ from __future__ import annotations
 
 import numpy as np
 
-from outcore.graph.ir import Graph
+from outcore.graph.ir import Graph, memo
 
-__all__ = ["param_owners", "shared_copies", "tied_bytes"]
-
-
-def tied_bytes(g: Graph, piece_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per node, the bytes of the parameters it reads that another node of its piece owns
-    (capture's ``shared_params``: an output layer tied to the embedding), whose gradient
-    autograd holds until the owner's joins it; at such an owner, the bytes of the parameter
-    shared; and the bytes of the parameters it reads that a node of another piece owns, whose
-    gradient goes to ``.grad`` at once (a piece's backward is its own autograd call; another
-    rank's copy is a parameter of its own). A parameter's bytes: its node's over its
-    parameters, as the buckets count them."""
-    n = g.num_nodes
-    shared, tied, apart = np.zeros(n), np.zeros(n), np.zeros(n)
-    if g.attrs is None:
-        return shared, tied, apart
-    size, owner = param_owners(g)
-    for v in range(n):
-        for name in g.attr(v, "shared_params", []) or []:
-            if name not in owner:
-                continue
-            if piece_of[owner[name]] == piece_of[v]:
-                shared[v] += size[name]
-                tied[owner[name]] = size[name]
-            else:
-                apart[v] += size[name]
-    return shared, tied, apart
+__all__ = ["param_owners", "shared_copies", "shared_reads", "tied_bytes"]
 
 
 def param_owners(g: Graph) -> tuple[dict[str, float], dict[str, int]]:
-    """Each named parameter's bytes and the node that owns it (capture's ``params``)."""
+    """Each named parameter's bytes (its node's over its parameters, as the buckets count
+    them) and the first node that owns it (capture's ``params``)."""
     size: dict[str, float] = {}
     owner: dict[str, int] = {}
     for v in range(g.num_nodes):
         owned = g.attr(v, "params", []) or []
         for name in owned:
-            size[name] = float(g.param_bytes[v]) / len(owned)
-            owner[name] = v
+            size.setdefault(name, float(g.param_bytes[v]) / len(owned))
+            owner.setdefault(name, v)
     return size, owner
 
 
-def shared_copies(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray,
-                   n_p: int) -> np.ndarray:
+def shared_reads(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every read of a parameter another node owns (capture's ``shared_params``), in node
+    order: ``(reader, owner, bytes, parameter index)``. It depends on the graph alone (and
+    its parameter bytes, which a micro-batch does not change), so it is remembered with it:
+    every costing of a placement reads it."""
+    known = memo(g, "shared_reads")
+    if not known:
+        rows: list[tuple[int, int, float, int]] = []
+        if g.attrs is not None:
+            size, owner = param_owners(g)
+            index = {name: k for k, name in enumerate(owner)}
+            for v in range(g.num_nodes):
+                for name in g.attr(v, "shared_params", []) or []:
+                    if name in owner:
+                        rows.append((v, owner[name], size[name], index[name]))
+        cols = list(zip(*rows)) if rows else [(), (), (), ()]
+        known["reads"] = (np.array(cols[0], np.int64), np.array(cols[1], np.int64),
+                          np.array(cols[2], np.float64), np.array(cols[3], np.int64))
+    return known["reads"]
+
+
+def tied_bytes(g: Graph, piece_of: np.ndarray,
+               reads: tuple[np.ndarray, ...] | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per node, the bytes of the parameters it reads that another node of its piece owns,
+    whose gradient autograd holds until the owner's joins it; at such an owner, the bytes of
+    the parameter shared; and the bytes of the parameters it reads that a node of another
+    piece owns, whose gradient goes to ``.grad`` at once (a piece's backward is its own
+    autograd call; another rank's copy is a parameter of its own). ``reads``:
+    :func:`shared_reads` of ``g`` or of a graph with the same parameters."""
+    n = g.num_nodes
+    reader, owner, nbytes, _ = reads if reads is not None else shared_reads(g)
+    tied = np.zeros(n)
+    if not reader.size:
+        return np.zeros(n), tied, np.zeros(n)
+    same = piece_of[reader] == piece_of[owner]
+    tied[owner[same]] = nbytes[same]
+    return (np.bincount(reader[same], weights=nbytes[same], minlength=n), tied,
+            np.bincount(reader[~same], weights=nbytes[~same], minlength=n))
+
+
+def shared_copies(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray, n_p: int,
+                  reads: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
     """Per piece, the bytes of the shared parameters it reads that a node on another rank
     owns: the rank keeps a copy of its own (counted once per rank, on its first such
-    piece), with its gradient and optimizer state."""
+    piece in node order), with its gradient and optimizer state."""
+    reader, owner, nbytes, param = reads if reads is not None else shared_reads(g)
     out = np.zeros(n_p)
-    if g.attrs is None or not n_p:
+    if not reader.size or not n_p:
         return out
-    size, owner = param_owners(g)
-    counted: set[tuple[int, str]] = set()
-    for v in range(g.num_nodes):
-        p = int(piece_of[v])
-        for name in g.attr(v, "shared_params", []) or []:
-            if name in owner and rank_of_piece[piece_of[owner[name]]] != rank_of_piece[p] \
-                    and (int(rank_of_piece[p]), name) not in counted:
-                counted.add((int(rank_of_piece[p]), name))
-                out[p] += size[name]
+    rank = rank_of_piece[piece_of[reader]]
+    cross = np.flatnonzero(rank != rank_of_piece[piece_of[owner]])
+    if not cross.size:
+        return out
+    # the first read of each (rank, parameter), in node order
+    _, first = np.unique(np.stack([rank[cross], param[cross]]), axis=1, return_index=True)
+    keep = cross[first]
+    np.add.at(out, piece_of[reader[keep]], nbytes[keep])
     return out
