@@ -260,7 +260,8 @@ class Trainer:
                 params_without_storage(roots, later, self.device)
             # a tensor-parallel rank cuts its shards group by group (one build each), so it
             # never holds its slot's split layers whole at once
-            now = [k for k in kept if k not in set(later)]
+            deferred = set(later)
+            now = [k for k in kept if k not in deferred]
             groups = build_batches(gm, now, batch_bytes)
             if len(groups) > 1:
                 log.info("rank %d builds its tensor-parallel shards in %d passes", self.rank,

@@ -162,10 +162,10 @@ def _dispatch(g: Graph, req: PlanRequest,
     return with_grid_note(plan_layout(tg, req), layout, req)
 
 
-# set while a refusal checks whether anything fits (:func:`fits_request`): the layout search
-# then stops at the first layout with a plan that fits, not the fastest
 # a record's mark: its placement search turned down a placement that needed a memory policy
 _NEEDED_POLICY = "_needed_policy"
+# set while a refusal checks whether anything fits (:func:`fits_request`): the layout search
+# then stops at the first layout with a plan that fits, not the fastest
 _FIRST_FIT: contextvars.ContextVar[bool] = contextvars.ContextVar("first_fit", default=False)
 
 
