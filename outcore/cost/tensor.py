@@ -250,17 +250,13 @@ def tensor_graph(g: Graph, tp: int, link: LinkSpec, *,
     sharded[[s.node for s in layout.splits if s.style == "colwise"]] = True
     shrink = np.where(sharded, 1.0 / tp, 1.0)
     saved = g.saved_bytes * shrink
-    # a gathered output is materialised beside its local shard (DTensor's all-gather), and its
-    # gradient is sliced back to one: charge the shard as held until the backward (an upper
-    # bound; measured on a 64k-vocabulary LM head, the gap it closes was about one shard)
-    for s in layout.splits:
-        if s.style in ("colwise_gather", "embed_dim"):
-            saved[s.node] += g.out_bytes[s.node] / tp
     out = g.replace(fwd_s=fwd, bwd_s=bwd, param_bytes=nc.param_bytes.astype(g.param_bytes.dtype),
                     out_bytes=np.ceil(g.out_bytes * shrink).astype(g.out_bytes.dtype),
                     saved_bytes=np.ceil(saved).astype(g.saved_bytes.dtype),
                     edge_bytes=np.ceil(g.edge_bytes * shrink[g.src]).astype(g.edge_bytes.dtype),
-                    meta={**g.meta, "tp": tp,
+                    meta={**g.meta, "tp": tp, "tp_gathered": sorted(
+                              s.node for s in layout.splits
+                              if s.style in ("colwise_gather", "embed_dim")),
                           "tp_split_modules": len(layout.split_modules),
                           "tp_pairs": len(layout.pairs)})
     return out, layout

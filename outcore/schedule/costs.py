@@ -45,7 +45,7 @@ from outcore.graph.jit import njit
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
 from outcore.schedule.shared import shared_copies, shared_reads, tied_bytes
-from outcore.schedule.workspace import workspace_bytes
+from outcore.schedule.workspace import gather_scratch, workspace_bytes
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,6 +173,9 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         ws_f, ws_b = known[scale]
     else:
         ws_f = ws_b = np.zeros(g.num_nodes)
+    gathers = gather_scratch(g)  # tensor parallelism's gathered outputs, on every device
+    if gathers is not None:
+        ws_f, ws_b = ws_f + gathers[0], ws_b + gathers[1]
     if loss_s is not None:
         for v in g.nodes_with_op("output").tolist():
             f, b = loss_s(loss_bytes(g, v))

@@ -11,7 +11,7 @@ import numpy as np
 from outcore.cost.analytical import HALF_DTYPES
 from outcore.graph.ir import Graph
 
-__all__ = ["workspace", "workspace_bytes"]
+__all__ = ["workspace", "workspace_bytes", "gather_scratch"]
 
 
 def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -40,6 +40,23 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
 
 
 _REDUCTIONS = ("mean", "avg_pool", "avgpool", "sum")
+
+
+def gather_scratch(g: Graph) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per node of a tensor-parallel graph (:func:`outcore.cost.tensor.tensor_graph`), the
+    memory a layer whose output is all-gathered takes beyond that output, on any device: its
+    forward holds its local shard and the gathered parts beside the joined result, and its
+    backward slices this rank's shard out of the whole gradient. None without such layers."""
+    nodes = g.meta.get("tp_gathered") or ()
+    if not nodes:
+        return None
+    tp = float(g.meta["tp"])
+    fwd, bwd = np.zeros(g.num_nodes), np.zeros(g.num_nodes)
+    idx = np.asarray(nodes, np.int64)
+    out = np.asarray(g.out_bytes, np.float64)[idx]
+    fwd[idx] = out + out / tp
+    bwd[idx] = out / tp
+    return fwd, bwd
 
 
 def _workspace_kind(op: str) -> str:

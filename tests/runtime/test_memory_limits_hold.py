@@ -13,6 +13,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 CNN = ("outcore:resnet_k:depth=11,width=8", (8, 3, 32, 32))
 LM = ("outcore:transformer:layers=2,d_model=64,heads=4,seq=16,vocab=2048", None)
+# a 2 MiB embedding and output layer, each split by vocabulary rows under tp
+WIDE = ("outcore:transformer:layers=2,d_model=64,heads=4,seq=16,vocab=8192", None)
 TIED = ("tests/runtime/tied_model.py:tied_lm_wide", None)  # a 1 MiB tied embedding and output
 MiB = 2**20
 
@@ -21,6 +23,9 @@ CELLS = {  # model, devices, options, limit (MiB): under the plain layout's peak
                                                memory_policy="checkpoint"), 5.8),
     "cnn data parallel": (CNN, 2, dict(dp=2), 4.5),
     "lm tensor parallel": (LM, 2, dict(tp=2), 5.5),
+    # this rank's rows of the embedding's gradient (not the whole table's), the output layer's
+    # local logits and gathered parts beside the joined ones
+    "vocab split lm tensor parallel": (WIDE, 2, dict(tp=2), 16.0),
     "lm pipeline": (LM, 2, dict(strategy="pipeline", microbatches=2), 3.4),
     # the tied weight's gradients summed out of place (DTensors); the output layer's rank
     # keeps a copy of the weight, its gradient and state

@@ -257,10 +257,14 @@ def _split_1d(model: nn.Module, layout: TensorLayout, mesh: Any) -> None:
 
     set_tensor_mesh(mesh)  # per-head operands are sliced after tracing (trainer)
     ties = _ties(model)
+    alone = {s.module: s.style for s in layout.splits
+             if layout.chunks(s) == 1 and _own_split(model, s.module, s.style)}
     plan = {s.module: _style(s.style) for s in layout.splits
-            if s.style != "whole" and layout.chunks(s) == 1}
+            if s.style != "whole" and layout.chunks(s) == 1 and s.module not in alone}
     if plan:
         parallelize_module(model, mesh, plan)
+    for path, style in alone.items():
+        _split_alone(model.get_submodule(path), style, mesh)
     for s in layout.splits:
         if layout.chunks(s) > 1:
             _split_chunkwise(model.get_submodule(s.module), mesh, layout.chunks(s))
@@ -297,6 +301,56 @@ def _split_chunkwise(linear: nn.Module, mesh: Any, chunks: int) -> None:
                                    run_check=False)
         linear.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
     linear.forward = types.MethodType(_chunkwise_forward, linear)
+
+
+# styles of a layer split alone, run by the exported graph's own functions (graph_split)
+_ALONE = ("colwise_gather", "rowwise_alone", "vocab", "embed_dim")
+
+
+def _own_split(model: nn.Module, path: str, style: str) -> bool:
+    """Whether the layer at ``path`` is split by :func:`_split_alone` rather than DTensor's
+    module styles: a plain Linear or Embedding split alone (not an Embedding with
+    ``max_norm``, which renormalises the whole table in place, nor a sparse one)."""
+    m = model.get_submodule(path)
+    if style not in _ALONE:
+        return False
+    if type(m) is nn.Embedding:
+        return m.max_norm is None and not m.sparse
+    return type(m) is nn.Linear
+
+
+def _alone_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return self.outcore_tp_call(x, self.weight, self.bias)
+
+
+def _alone_embedding(self: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    pad = -1 if self.padding_idx is None else self.padding_idx
+    return self.outcore_tp_call(self.weight, ids, pad, self.scale_grad_by_freq)
+
+
+def _split_alone(layer: nn.Module, style: str, mesh: Any) -> None:
+    """Split a Linear or Embedding that is not part of a Megatron pair with the functions the
+    exported graphs run (:mod:`~outcore.parallel.tensor.graph_split`: Megatron's collectives,
+    synchronous). DTensor's styles compute the same, but a vocabulary-split Embedding's
+    backward makes the gradient of the whole table on every rank and keeps it whole until the
+    optimizer step (which then copies this rank's rows out of it), and an all-gathered output
+    can stay referenced by its asynchronous collective into the backward."""
+    import types
+
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from outcore.parallel.tensor.graph_split import alone_style
+
+    call, w_dim, b_dim = alone_style(style)
+    for name, dim in (("weight", w_dim), ("bias", b_dim)):
+        p = getattr(layer, name, None)
+        if p is None or dim is None:
+            continue
+        shard = distribute_tensor(p.detach(), mesh, [Shard(dim)])
+        layer.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
+    layer.outcore_tp_call = call
+    forward = _alone_embedding if isinstance(layer, nn.Embedding) else _alone_linear
+    layer.forward = types.MethodType(forward, layer)
 
 
 def _ties(model: nn.Module) -> list[list[tuple[str, str]]]:
