@@ -51,7 +51,7 @@ __all__ = ["split_graph", "tp_colwise_linear", "tp_rowwise_linear", "tp_colwise_
            "tp_rowwise_alone_linear", "tp_vocab_embedding", "tp_embed_dim_embedding",
            "tp_colwise_conv1d", "tp_rowwise_conv1d", "tp_colwise_gather_conv1d",
            "tp_rowwise_alone_conv1d", "chunkwise_shard", "slice_head_operands", "set_tensor_mesh",
-           "tp_add_heads_left", "tp_add_heads_right", "tp_sdpa_heads", "alone_style"]
+           "tp_add_heads_left", "tp_add_heads_right", "tp_sdpa_heads", "split_style"]
 
 _SHAPE_TARGETS = ("view", "reshape", "_unsafe_view", "expand")
 
@@ -277,8 +277,8 @@ _CONV1D_STYLES = {"colwise": (tp_colwise_conv1d, 1, 0), "rowwise": (tp_rowwise_c
                   "rowwise_alone": (tp_rowwise_alone_conv1d, 0, None)}
 
 
-def alone_style(style: str) -> tuple[Any, int, int | None]:
-    """The function a Linear or Embedding split alone in ``style`` runs, and the dimensions
+def split_style(style: str) -> tuple[Any, int, int | None]:
+    """The function a Linear or Embedding split in ``style`` runs, and the dimensions
     its weight and bias are sharded along (None: kept whole)."""
     return _STYLES[style]
 

@@ -257,14 +257,14 @@ def _split_1d(model: nn.Module, layout: TensorLayout, mesh: Any) -> None:
 
     set_tensor_mesh(mesh)  # per-head operands are sliced after tracing (trainer)
     ties = _ties(model)
-    alone = {s.module: s.style for s in layout.splits
-             if layout.chunks(s) == 1 and _own_split(model, s.module, s.style)}
+    own = {s.module: s.style for s in layout.splits
+           if s.style != "whole" and layout.chunks(s) == 1 and _own_split(model, s.module)}
     plan = {s.module: _style(s.style) for s in layout.splits
-            if s.style != "whole" and layout.chunks(s) == 1 and s.module not in alone}
+            if s.style != "whole" and layout.chunks(s) == 1 and s.module not in own}
     if plan:
         parallelize_module(model, mesh, plan)
-    for path, style in alone.items():
-        _split_alone(model.get_submodule(path), style, mesh)
+    for path, style in own.items():
+        _split_own(model.get_submodule(path), style, mesh)
     for s in layout.splits:
         if layout.chunks(s) > 1:
             _split_chunkwise(model.get_submodule(s.module), mesh, layout.chunks(s))
@@ -303,17 +303,12 @@ def _split_chunkwise(linear: nn.Module, mesh: Any, chunks: int) -> None:
     linear.forward = types.MethodType(_chunkwise_forward, linear)
 
 
-# styles of a layer split alone, run by the exported graph's own functions (graph_split)
-_ALONE = ("colwise_gather", "rowwise_alone", "vocab", "embed_dim")
-
-
-def _own_split(model: nn.Module, path: str, style: str) -> bool:
-    """Whether the layer at ``path`` is split by :func:`_split_alone` rather than DTensor's
-    module styles: a plain Linear or Embedding split alone (not an Embedding with
-    ``max_norm``, which renormalises the whole table in place, nor a sparse one)."""
+def _own_split(model: nn.Module, path: str) -> bool:
+    """Whether the layer at ``path`` is split by :func:`_split_own` rather than DTensor's
+    module styles: a plain Linear or Embedding (not an Embedding with ``max_norm``, which
+    renormalises the whole table in place, nor a sparse one; a subclass may compute
+    otherwise, and keeps DTensor's styles)."""
     m = model.get_submodule(path)
-    if style not in _ALONE:
-        return False
     if type(m) is nn.Embedding:
         return m.max_norm is None and not m.sparse
     return type(m) is nn.Linear
@@ -328,20 +323,21 @@ def _alone_embedding(self: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
     return self.outcore_tp_call(self.weight, ids, pad, self.scale_grad_by_freq)
 
 
-def _split_alone(layer: nn.Module, style: str, mesh: Any) -> None:
-    """Split a Linear or Embedding that is not part of a Megatron pair with the functions the
-    exported graphs run (:mod:`~outcore.parallel.tensor.graph_split`: Megatron's collectives,
-    synchronous). DTensor's styles compute the same, but a vocabulary-split Embedding's
-    backward makes the gradient of the whole table on every rank and keeps it whole until the
-    optimizer step (which then copies this rank's rows out of it), and an all-gathered output
-    can stay referenced by its asynchronous collective into the backward."""
+def _split_own(layer: nn.Module, style: str, mesh: Any) -> None:
+    """Split a Linear or Embedding with the functions the exported graphs run
+    (:mod:`~outcore.parallel.tensor.graph_split`: Megatron's collectives, synchronous).
+    DTensor's styles compute the same, but a vocabulary-split Embedding's backward makes the
+    gradient of the whole table on every rank and keeps it whole until the optimizer step
+    (which then copies this rank's rows out of it), and the buffer of an asynchronous
+    collective can stay referenced into the backward, or be freed by gloo's thread, where
+    the CPU tracker does not see it go."""
     import types
 
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from outcore.parallel.tensor.graph_split import alone_style
+    from outcore.parallel.tensor.graph_split import split_style
 
-    call, w_dim, b_dim = alone_style(style)
+    call, w_dim, b_dim = split_style(style)
     for name, dim in (("weight", w_dim), ("bias", b_dim)):
         p = getattr(layer, name, None)
         if p is None or dim is None:
