@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from outcore.graph.ir import Graph
-from outcore.graph.tensor_ties import untie_conflicts
+from outcore.graph.tensor_ties import shared_bytes, untie_conflicts
 
 __all__ = ["Pair", "Split", "TensorLayout", "find_layout", "chunks_of", "is_conv1d", "out_features",
            "HEAD_OPS", "ELEMENTWISE_OPS", "DEFAULT_MIN_SPLIT_BYTES"]
@@ -223,9 +223,11 @@ def _weight_shape(g: Graph, i: int) -> list[int] | None:
 
 
 def _param_bytes(g: Graph, i: int) -> int:
-    """Parameter bytes of the layer node ``i`` calls: its own (a module call) plus those of
-    the ``param`` nodes it reads (an ATen call in a ``torch.export`` graph)."""
-    return int(g.param_bytes[i]) + int(sum(g.param_bytes[p] for p in _param_preds(g, i)))
+    """Parameter bytes of the layer node ``i`` calls: its own (a module call), those it
+    shares with another module (a tied output layer), and those of the ``param`` nodes it
+    reads (an ATen call in a ``torch.export`` graph)."""
+    return int(g.param_bytes[i]) + int(shared_bytes(g, i)) + \
+        int(sum(g.param_bytes[p] for p in _param_preds(g, i)))
 
 
 def _in_bytes(g: Graph, i: int) -> int:

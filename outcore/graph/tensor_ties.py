@@ -8,14 +8,41 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from outcore.graph.ir import Graph
+from outcore.graph.ir import Graph, memo
 
-__all__ = ["WEIGHT_SHARD", "shared_weight_modules", "untie_conflicts"]
+__all__ = ["WEIGHT_SHARD", "param_owners", "shared_bytes", "shared_weight_modules",
+           "untie_conflicts"]
 
 
 # the dimension of its weight a split style shards (None: the whole weight on every rank)
 WEIGHT_SHARD = {"whole": None, "colwise": 0, "colwise_gather": 0, "vocab": 0,
                 "rowwise": 1, "rowwise_alone": 1, "embed_dim": 1}
+
+
+def param_owners(g: Graph) -> tuple[dict[str, float], dict[str, int]]:
+    """Each named parameter's bytes (its node's over its parameters, as the buckets count
+    them) and the first node that owns it (capture's ``params``); remembered with the graph."""
+    known = memo(g, "param_owners")
+    if not known:
+        size: dict[str, float] = {}
+        owner: dict[str, int] = {}
+        for v in range(g.num_nodes):
+            owned = g.attr(v, "params", []) or []
+            for name in owned:
+                size.setdefault(name, float(g.param_bytes[v]) / len(owned))
+                owner.setdefault(name, v)
+        known["owners"] = (size, owner)
+    return known["owners"]
+
+
+def shared_bytes(g: Graph, i: int) -> float:
+    """Bytes of the parameters node ``i`` reads that another node owns (a tied output
+    layer's weight, owned by the embedding)."""
+    names = g.attr(i, "shared_params", []) if g.attrs is not None else []
+    if not names:
+        return 0.0
+    size, _ = param_owners(g)
+    return float(sum(size.get(name, 0.0) for name in names))
 
 
 def shared_weight_modules(g: Graph) -> list[set[str]]:

@@ -7,21 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from outcore.graph.ir import Graph, memo
+from outcore.graph.tensor_ties import param_owners
 
 __all__ = ["param_owners", "shared_copies", "shared_reads", "tied_bytes"]
-
-
-def param_owners(g: Graph) -> tuple[dict[str, float], dict[str, int]]:
-    """Each named parameter's bytes (its node's over its parameters, as the buckets count
-    them) and the first node that owns it (capture's ``params``)."""
-    size: dict[str, float] = {}
-    owner: dict[str, int] = {}
-    for v in range(g.num_nodes):
-        owned = g.attr(v, "params", []) or []
-        for name in owned:
-            size.setdefault(name, float(g.param_bytes[v]) / len(owned))
-            owner.setdefault(name, v)
-    return size, owner
 
 
 def shared_reads(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -93,6 +93,26 @@ def test_swin_window_attention_with_its_per_head_bias_pairs_and_equals_single_pr
         assert f"layers.{layer}.blocks.0.attn.proj" in split
 
 
+def test_a_tied_vocabulary_splits_by_rows_in_both_layers_and_equals_single_process():
+    """An embedding tied to the output layer: both split the shared weight by vocabulary rows
+    (the same shard, Megatron's vocabulary-parallel embedding and a column-split output with
+    its logits gathered), so neither is left whole; training equals plain PyTorch."""
+    cfg, results = _run(stages=1, tp=2, microbatches=2,
+                        model="tests/runtime/tied_model.py:tied_lm_wide")
+    assert_matches(results, *reference(cfg))
+    assert {"embed", "head"} <= set(results[0]["tensor_split"]), results[0]["tensor_split"]
+    shard = results[0]["state"]["embed.weight"]
+    assert tuple(shard.shape) == (4096, 64)  # gathered whole for the comparison
+
+
+def test_a_vocabulary_split_embedding_equals_single_process():
+    """An untied 8192-word embedding and output layer (2 MiB each: split alone by rows)."""
+    cfg, results = _run(stages=1, tp=2, microbatches=2,
+                        model="outcore:transformer:layers=1,vocab=8192,d_model=64,heads=4,seq=8")
+    assert_matches(results, *reference(cfg))
+    assert {"embed", "head"} <= set(results[0]["tensor_split"]), results[0]["tensor_split"]
+
+
 @pytest.mark.slow
 def test_pipeline_2_x_tensor_2_equals_single_process():
     cfg, results = _run(stages=2, tp=2, microbatches=2)
