@@ -50,13 +50,17 @@ class PlanError(OutcoreError):
 
 
 class InfeasibleError(PlanError):
-    """No placement fits the memory limit; the message names the smallest fix."""
+    """No placement fits the memory limit; the message names the smallest fix.
+
+    ``min_devices`` / ``min_memory_bytes``: what would fit (a suggestion, which a refusal
+    checks); ``need_bytes``: what the placement tried needed on its fullest device."""
 
     def __init__(self, message: str, *, min_devices: int | None = None,
-                 min_memory_bytes: float | None = None):
+                 min_memory_bytes: float | None = None, need_bytes: float | None = None):
         super().__init__(message)
         self.min_devices = min_devices
         self.min_memory_bytes = min_memory_bytes
+        self.need_bytes = need_bytes
 
 
 class ScheduleError(OutcoreError):

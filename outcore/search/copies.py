@@ -72,7 +72,8 @@ def single(g: Graph, req: PlanRequest) -> Plan:
     except InfeasibleError as e:
         raise InfeasibleError(f"{e}; or train on more devices (--devices)",
                               min_devices=e.min_devices,
-                              min_memory_bytes=e.min_memory_bytes) from None
+                              min_memory_bytes=e.min_memory_bytes,
+                              need_bytes=e.need_bytes) from None
     return p.replace(predicted=sim.to_dict())
 
 

@@ -257,7 +257,7 @@ def search_layouts(g: Graph, req: PlanRequest,
                 break
     if not best:
         if errors:  # what the request's own policy met, not the pass without policies
-            raise errors[last_pass] if last_pass < len(errors) else errors[0]
+            raise _closest(errors[last_pass:] or errors)
         raise no_layout_fits(req, choices)
     _, plan, chosen = best
     for rec in records:
@@ -276,6 +276,14 @@ def search_layouts(g: Graph, req: PlanRequest,
     return plan.replace(extra={**plan.extra, "candidates": records},
                         predicted=_bound_over_layouts(plan.predicted, records)
                         ).with_notes(*tp_notes, note)
+
+
+def _closest(errors: list[InfeasibleError]) -> InfeasibleError:
+    """The refusal that came nearest to fitting (the least memory it says a device needs;
+    the first where none says): more micro-batches may need less than one."""
+    need = [e.need_bytes for e in errors]
+    known = [k for k, m in enumerate(need) if m is not None]
+    return errors[min(known, key=lambda k: float(need[k] or 0.0))] if known else errors[0]
 
 
 def _runnable_only(g: Graph, req: PlanRequest, choices: list[LayoutChoice],

@@ -326,4 +326,4 @@ def _compact(group_of: np.ndarray, policies: list[str]) -> MemoryPolicies:
 def _too_big(peaks: np.ndarray, limit: float, fix: str) -> InfeasibleError:
     d = int(np.argmax(peaks))
     return InfeasibleError(f"device {d} needs {format_bytes(peaks[d])}, limit "
-                           f"{format_bytes(limit)}; {fix}")
+                           f"{format_bytes(limit)}; {fix}", need_bytes=float(peaks[d]))
