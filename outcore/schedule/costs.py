@@ -563,6 +563,12 @@ def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     return np.bincount(P[keep], weights=g.out_bytes[U[keep]].astype(np.float64), minlength=n_p)
 
 
+# torch.utils.checkpoint keeps the CPU generator's state (``torch.get_rng_state()``, a
+# Mersenne Twister's) from a checkpointed forward to its recompute, in host memory: on a CPU
+# device, a checkpointed piece's saved bytes
+CPU_RNG_STATE_BYTES = 5056
+
+
 def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], host_bandwidth: float,
                     host_is_device: bool,
                     fwd: np.ndarray, bwd: np.ndarray, saved: np.ndarray, transient: np.ndarray,
@@ -578,7 +584,7 @@ def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], host_bandwid
             # runs with one working buffer; the backward then works as it would have
             t_bwd[p] = saved[p] - kept_saved[p] + max(transient[p], t_bwd[p])
             bwd[p] += fwd[p]
-            saved[p] = inputs[p]
+            saved[p] = inputs[p] + (CPU_RNG_STATE_BYTES if host_is_device else 0.0)
         elif name == "offload-activations" and not host_is_device:
             copy_s = saved[p] / host_bandwidth
             fwd[p] = max(fwd[p], copy_s)

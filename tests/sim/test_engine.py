@@ -275,6 +275,15 @@ def test_a_checkpointed_piece_keeps_each_input_once_and_not_what_its_producer_ho
     # {1} keeps 0's output, which 0 holds as its saved output: nothing more; {2, 3} keeps 1's
     # output (30), taken by its two nodes but one tensor
     assert c.saved_bytes[p1] == 0.0 and c.saved_bytes[p2] == 30.0
+    # on a CPU device each also keeps the generator state torch.utils.checkpoint saves for
+    # its recompute, in host memory, which is the device's
+    import torch
+
+    from outcore.schedule.costs import CPU_RNG_STATE_BYTES
+    assert CPU_RNG_STATE_BYTES == torch.get_rng_state().numel()
+    cpu = piece_costs(g, pieces, 1, policies=pol, host_is_device=True)
+    assert cpu.saved_bytes[p1] == CPU_RNG_STATE_BYTES
+    assert cpu.saved_bytes[p2] == 30.0 + CPU_RNG_STATE_BYTES
     # the recompute of {2, 3} brings back its 2 saved bytes (none of them an input it keeps),
     # then its backward works as the plain piece's would (and at least one working buffer:
     # its largest output, node 2's 7 B; the inputs it keeps are counted as saved)
