@@ -25,7 +25,7 @@ all micro-batches' forwards, then all backwards) and ``min(M, S - s)`` for stage
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -135,6 +135,12 @@ class Context:
         k = self.devices if devices is None else devices
         total = float(self.work_s.sum()) * self.microbatches
         return max(self.critical_path_s, total / max(k, 1))
+
+    def without_limit(self) -> "Context":
+        """The same problem with no memory limit (what does not depend on it, shared)."""
+        free = replace(self, memory_bytes=None)
+        free.__dict__.update({k: v for k, v in self.__dict__.items() if k in _SHARED})
+        return free
 
     def with_devices(self, devices: int) -> "Context":
         """The same problem on the first ``devices`` devices of the cluster (what does not

@@ -56,5 +56,20 @@ class Pipeline(Placer):
     def place(self, ctx: Context, seed: int) -> Placement:
         return Placement(*plan(ctx))
 
+    def offers(self, ctx: Context, placed: Placement) -> list[tuple[Candidate, list[str]]]:
+        """The best split, and under a memory limit also the split the limit did not shape
+        (balanced on time alone): the stage bounds judge memory by the placers' summary model
+        (:meth:`~outcore.placers.context.Context.memory`), which can find over the limit a
+        split the simulator finds inside it (GPT-2's stages: the fastest split measured
+        inside a limit set at its own simulated peak, and was not offered); the simulator
+        judges both."""
+        out = super().offers(ctx, placed)
+        if ctx.memory_bytes is None or placed.best is None:
+            return out
+        best, notes, _ = plan(ctx.without_limit())
+        if best is None or np.array_equal(best.assignment, placed.best.assignment):
+            return out
+        return out + [(best, notes + ["(split on time alone: the simulator judges memory)"])]
+
     def refusal(self, ctx: Context, placed: Placement):
         return infeasible(ctx, self.name, inflight=self.inflight)

@@ -65,3 +65,19 @@ def test_a_refusal_of_many_micro_batches_suggests_fewer_that_fit():
     assert 1 <= fewer < 4
     p = outcore.plan(g, devices=2, memory=memory, microbatches=fewer)
     assert max(p.predicted["peak_bytes"]) <= memory
+
+
+@pytest.mark.parametrize("model", ["hf:gpt2:hidden_size=64",
+                                   "outcore:transformer:layers=2,d_model=64,heads=4,seq=16"])
+def test_a_limit_at_a_plans_own_peak_plans_it_again(model):
+    """A pipeline planned without a limit, planned again under a limit equal to its own
+    predicted peak (no memory policies), is found again: the placers' summary memory model put
+    GPT-2's time-balanced split over that limit (its stage 0 holds the tied weight it sends
+    on), and only splits shaped by the limit, which the simulator found over it, were tried."""
+    g = outcore.model_graph(model, costs="estimate:cpu", batch_size=4)
+    free = outcore.plan(g, 2, None, strategy="pipeline", microbatches=2, optimizer="sgd")
+    peak = max(free.predicted["peak_bytes"])
+    held = outcore.plan(g, 2, peak, strategy="pipeline", microbatches=2, optimizer="sgd",
+                        memory_policy="none")
+    assert max(held.predicted["peak_bytes"]) <= peak
+    assert held.predicted["iteration_s"] <= free.predicted["iteration_s"] * (1 + TIE)
