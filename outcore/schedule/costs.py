@@ -32,19 +32,18 @@ of the flat input).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from outcore.cost.analytical import HALF_DTYPES
 from outcore.cost.memory import state_factor
-from outcore.graph.algorithms import topological_order
 from outcore.graph.batch import batch_factor, bytes_at_scale
 from outcore.graph.ir import Graph, memo
-from outcore.graph.jit import njit
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
-from outcore.schedule.shared import shared_copies, shared_reads, tied_bytes
+from outcore.schedule.backward import backward_working
+from outcore.schedule.shared import shared_copies, shared_reads
 from outcore.schedule.workspace import gather_scratch, workspace_bytes
 
 
@@ -59,9 +58,10 @@ class PieceCosts:
         transient_bytes: ``[pieces]`` working memory while the forward runs (largest output).
         transient_bwd_bytes: ``[pieces]`` working memory while the backward runs above what
             the piece holds when it starts: the gradients held at its costliest node less the
-            saved activations already freed (:func:`_backward_working`), and a fresh gradient
-            of the largest layer's parameters (before it is accumulated into ``.grad``), plus
-            recomputed or prefetched activations and fetched parameters under a memory policy.
+            saved activations already freed (:mod:`~outcore.schedule.backward`), and a fresh
+            gradient of the largest layer's parameters (before it is accumulated into
+            ``.grad``), plus recomputed or prefetched activations and fetched parameters
+            under a memory policy.
         transfer_bytes: ``[transfers]`` bytes of one micro-batch's tensors.
         static_bytes: ``[ranks]`` parameters × optimizer state factor kept on the device.
         param_bytes: ``[ranks]`` parameter bytes (what the optimizer updates).
@@ -285,10 +285,10 @@ def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ..
                     workspace: np.ndarray | None = None, freed: np.ndarray | None = None,
                     reads: tuple[np.ndarray, ...] | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per piece, its backward's working memory (:func:`_backward_working`), the fresh
-    gradient of its largest layer alone, and the first backward's working memory (with the
-    ``.grad`` tensors it has made so far). The backward holds a layer's fresh gradient while
-    that layer's backward runs, until it is added into ``.grad`` (an embedding's, counted
+    """Per piece, its backward's working memory (:mod:`~outcore.schedule.backward`), the
+    fresh gradient of its largest layer alone, and the first backward's working memory (with
+    the ``.grad`` tensors it has made so far). The backward holds a layer's fresh gradient
+    while that layer's backward runs, until it is added into ``.grad`` (an embedding's, counted
     while the layers after it ran theirs, put an LM's first stage 14 % over what it
     measured); a parameter that is a node of its own, as torch.export captures them, passes
     its gradient along an edge, which the working memory counts already."""
@@ -296,145 +296,14 @@ def _backward_bytes(g: Graph, piece_of: np.ndarray, n_p: int, pol: tuple[str, ..
     layer_params = g.param_bytes.astype(np.float64)
     layer_params[g.nodes_with_op("param")] = 0.0
     np.maximum.at(grad_tmp, piece_of, layer_params)
-    t_bwd, t_first = _backward_working(g, piece_of, n_p, workspace=workspace, first=True,
-                                       freed=freed, reads=reads)
+    t_bwd, t_first = backward_working(g, piece_of, n_p, workspace=workspace, first=True,
+                                      freed=freed, reads=reads)
     if "checkpoint" in pol:  # a recomputing backward sums a forked output's gradients out of
         # place (a checkpointed ResNet: 17.0 MiB measured, 14.4 predicted with the in-place sum)
         ck = np.array([p == "checkpoint" for p in pol], dtype=bool)
-        t_bwd[ck] = _backward_working(g, piece_of, n_p, summed=3, workspace=workspace,
-                                      freed=freed, reads=reads)[ck]
+        t_bwd[ck] = backward_working(g, piece_of, n_p, summed=3, workspace=workspace,
+                                     freed=freed, reads=reads)[ck]
     return t_bwd, grad_tmp, t_first
-
-
-# ops whose backward returns a view of the output's gradient (no new memory): reshapes,
-# transposes, permutes, (un)squeezes; not ``expand`` (its backward sums)
-ALIASING_BACKWARD_OPS = ("view", "_unsafe_view", "reshape", "unflatten", "flatten",
-                         "transpose", "permute", "unsqueeze", "squeeze", "t")
-
-
-def _backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
-                      workspace: np.ndarray | None = None, first: bool = False,
-                      freed: np.ndarray | None = None,
-                      reads: tuple[np.ndarray, ...] | None = None) -> Any:
-    """Per piece, the working memory of its backward above what it holds when the backward
-    starts: at each node (in reverse topological order), the gradient of its output (unless
-    that is a received one, counted where it is received) and of its inputs from the same
-    piece, less the saved activations the backward has freed already (those of the piece's
-    later nodes); an output with several consumers holds two gradients while they are
-    summed (``summed``: autograd adds the one arriving into the one held, in place; a
-    checkpointed piece's recomputing backward sums out of place, three); and the gradient a
-    fork's consumer that ran its backward first returned for it, waiting while the others run
-    theirs; ``freed``: per piece, saved bytes freed before its first node's backward (the
-    loss's); ``reads``: :func:`~outcore.schedule.shared.shared_reads` (else read from ``g``).
-    The largest over the nodes; with ``first``, also the largest with the gradients
-    of the parameters of the nodes done so far (a step's first backward of the piece makes
-    its ``.grad`` tensors as it goes; later ones add into them). Autograd sums two gradients
-    in place when it holds the only reference to one (the operator-watching tracker this
-    project once used prevented that, and measured three); the checkpointed pieces' three was
-    measured with that tracker and is kept as a bound."""
-    n = g.num_nodes
-    if not n or not n_p:
-        return np.zeros(n_p)
-    # a view's input gradient is a view of its output's (a transposed expert weight's 512 KiB
-    # gradient counted twice put hf:mixtral's piece 1.19 MiB over its start, 0.44 measured)
-    aliasing = np.zeros(n, dtype=np.bool_)
-    for op in ALIASING_BACKWARD_OPS:
-        aliasing[g.nodes_with_op(op)] = True
-    is_param = np.zeros(n, dtype=np.bool_)
-    is_param[g.nodes_with_op("param")] = True
-    layer_params = np.where(is_param, 0.0, np.asarray(g.param_bytes, np.float64))
-    shared, tied, apart = tied_bytes(g, np.asarray(piece_of), reads)
-    layer_params = layer_params + apart  # a shared weight owned in another piece: its own
-    # a tensor-parallel rank's parameters are DTensors, whose gradients autograd sums out of
-    # place: a tied weight's two gradients and their sum at once (measured on a tp-2 LM whose
-    # 32 MiB embedding is tied to its output layer); a plain tensor's are summed in place
-    tied_sum = 1.0 if g.meta.get("tp", 1) > 1 else 0.0
-    out, out_first = _working_kernel(np.asarray(topological_order(g), np.int64),
-                                     np.asarray(piece_of, np.int64), n_p, g.src, g.dst,
-                                     np.asarray(g.edge_bytes, np.float64),
-                                     np.asarray(g.saved_bytes, np.float64),
-                                     np.asarray(g.out_bytes, np.float64), aliasing, summed,
-                                     np.zeros(n) if workspace is None else workspace,
-                                     g.pred_ptr, g.pred_idx, layer_params, is_param,
-                                     shared, tied, tied_sum,
-                                     np.zeros(n_p) if freed is None else freed)
-    return (out, out_first) if first else out
-
-
-@njit
-def _working_kernel(order, piece_of, n_p, src, dst, edge_bytes, saved, out_bytes, aliasing,
-                    summed, workspace, pred_ptr, pred_idx, layer_params, is_param, shared,
-                    tied, tied_sum, freed0):
-    """:func:`_backward_working` in two passes (compiled): the edges, then the nodes in
-    reverse topological order, each piece's saved bytes freed so far summed as it goes; also
-    the largest with the parameters' gradients made so far added (a step's first backward).
-    A node reading a weight another node owns (``shared``) makes a gradient for it that
-    waits, in every backward, until the owner's (``tied``: the weight's bytes) joins it; an
-    out-of-place sum (``tied_sum`` 1) holds one more copy while it is made."""
-    n = order.shape[0]
-    grads_in = np.zeros(n)  # the largest gradient a node returns for one of its inputs
-    consumers = np.zeros(n, np.int64)  # consumers in its own piece
-    outside = np.zeros(n, np.int64)  # 1: a consumer in another piece
-    for e in range(src.shape[0]):
-        u, v = src[e], dst[e]
-        # the gradient it returns for an input, from its piece or not: one from another piece
-        # (a received activation, a tied weight another piece holds) is made here too, beside
-        # the node's working memory, and leaves only when the piece's backward ends
-        if edge_bytes[e] > grads_in[v]:
-            grads_in[v] = edge_bytes[e]
-        if piece_of[u] == piece_of[v]:
-            consumers[u] += 1
-        else:
-            outside[u] = 1
-    freed = freed0.copy()  # saved bytes of the piece's later nodes (and loss), freed already
-    out = np.zeros(n_p)
-    made = np.zeros(n_p)  # parameters' gradients its backward has made so far (.grad)
-    out_first = np.zeros(n_p)
-    credited = np.zeros(n, np.bool_)
-    begun = np.zeros(n, np.bool_)  # a fork whose first consumer's backward has run
-    tied_waiting = np.zeros(n_p)  # shared weights' gradients waiting for their owner's
-    for i in range(n - 1, -1, -1):
-        v = order[i]
-        p = piece_of[v]
-        # an output two consumers return gradients for: the gradient held and the one
-        # arriving (added into it in place), less one when it came from another piece
-        if consumers[v] + outside[v] >= 2:
-            held = summed - outside[v]
-        else:
-            held = min(consumers[v], 1)
-        # an input another of its consumers has returned a gradient for already: that
-        # gradient waits while this node makes its own (the second branch of a ResNet's
-        # downsampling block: 0.3 MiB over the prediction without it)
-        waiting = 0.0
-        for k in range(pred_ptr[v], pred_ptr[v + 1]):
-            u = pred_idx[k]
-            if piece_of[u] == p and consumers[u] >= 2:
-                if begun[u]:
-                    waiting += out_bytes[u]
-                else:
-                    begun[u] = True
-        # with the fresh gradient of its own weights, until it is added into .grad
-        work = held * out_bytes[v] + (0.0 if aliasing[v] else grads_in[v]) + workspace[v] \
-            + waiting - freed[p] + layer_params[v] + shared[v] + tied_waiting[p]
-        if tied[v] > 0.0 and tied_waiting[p] > 0.0:  # a tied weight's gradients summed
-            work += tied_sum * tied[v]
-        if work > out[p]:
-            out[p] = work
-        if work + made[p] > out_first[p]:
-            out_first[p] = work + made[p]
-        freed[p] += saved[v]
-        tied_waiting[p] += shared[v]
-        if tied[v] > 0.0:
-            tied_waiting[p] = max(tied_waiting[p] - tied[v], 0.0)
-        # its weights' gradients stay (a parameter node's, captured by torch.export, once
-        # its consumer has returned it)
-        made[p] += layer_params[v]
-        for k in range(pred_ptr[v], pred_ptr[v + 1]):
-            u = pred_idx[k]
-            if is_param[u] and piece_of[u] == p and not credited[u]:
-                credited[u] = True
-                made[p] += out_bytes[u]
-    return out, out_first
 
 
 def _saved_received(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray,

@@ -168,14 +168,14 @@ def test_sharding_copies_of_a_graph_without_parameter_names_saves_memory():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_backward_working_memory_matches_a_node_by_node_reading(seed):
-    """The compiled pass of :func:`_backward_working` against its definition read node by
-    node: per piece, the largest of (gradients held for a node's output, plus the largest
-    gradient its inputs from its own piece return unless its op aliases it, plus the
+def testbackward_working_memory_matches_a_node_by_node_reading(seed):
+    """The compiled pass of :func:`backward_working` against its definition read node by
+    node: per piece, the largest of (gradients held for a node's output, plus the gradients
+    it returns for its inputs, one per producer, unless its op aliases them, plus the
     gradients other consumers returned already for its inputs, less the saved bytes of the
     piece's nodes after it), and never below 0."""
     from outcore.graph.algorithms import topological_order
-    from outcore.schedule.costs import ALIASING_BACKWARD_OPS, _backward_working
+    from outcore.schedule.backward import ALIASING_BACKWARD_OPS, backward_working
 
     rng = np.random.default_rng(seed)
     n, k = 60, 5
@@ -196,9 +196,10 @@ def test_backward_working_memory_matches_a_node_by_node_reading(seed):
         want = np.zeros(k)
         for v in range(n):
             p = piece_of[v]
-            # the gradient it returns for an input, from its own piece or another
-            ins = [g.edge_bytes[e] for e in range(g.num_edges) if g.dst[e] == v]
-            grad_in = 0.0 if ops[v] in ALIASING_BACKWARD_OPS else max(ins, default=0.0)
+            # the gradients it returns for its inputs (one per producer), from its own
+            # piece or another, all made at once
+            ins = {int(g.src[e]): g.edge_bytes[e] for e in range(g.num_edges) if g.dst[e] == v}
+            grad_in = 0.0 if ops[v] in ALIASING_BACKWARD_OPS else sum(ins.values())
             inside = sum(1 for e in range(g.num_edges) if g.src[e] == v
                          and piece_of[g.dst[e]] == p)
             outside = int(any(g.src[e] == v and piece_of[g.dst[e]] != p
@@ -215,4 +216,4 @@ def test_backward_working_memory_matches_a_node_by_node_reading(seed):
                 if piece_of[u] == p and len(users) >= 2 and v != max(users, key=pos.__getitem__):
                     waiting += g.out_bytes[u]
             want[p] = max(want[p], held * g.out_bytes[v] + grad_in + waiting - freed)
-        assert np.allclose(_backward_working(g, piece_of, k, summed), want)
+        assert np.allclose(backward_working(g, piece_of, k, summed), want)

@@ -231,20 +231,20 @@ def test_sent_gradients_are_held_only_where_the_transport_keeps_them():
     assert copied[0] == held[0]
 
 
-def test_backward_working_memory_counts_what_the_backward_has_not_freed_yet():
-    from outcore.schedule.costs import _backward_working
+def testbackward_working_memory_counts_what_the_backward_has_not_freed_yet():
+    from outcore.schedule.backward import backward_working
     g = gbuild("chain", fwd_s=[1.0] * 3, bwd_s=[1.0] * 3, src=[0, 1], dst=[1, 2],
                edge_bytes=[10, 20], out_bytes=[10, 20, 5], saved_bytes=[10, 20, 5])
     # from the last node: 2 makes its input's gradient (20; its own output's gradient is the
     # piece's, received); 1 holds its output's and input's gradients (20 + 10) with node 2's
     # 5 saved bytes freed; 0 has freed 25 and holds 10
-    assert _backward_working(g, np.zeros(3, dtype=np.int64), 1).tolist() == [25.0]
+    assert backward_working(g, np.zeros(3, dtype=np.int64), 1).tolist() == [25.0]
     # one piece per node: only the gradient each makes for its input from the piece before
-    assert _backward_working(g, np.arange(3), 3).tolist() == [0.0, 10.0, 20.0]
+    assert backward_working(g, np.arange(3), 3).tolist() == [0.0, 10.0, 20.0]
 
 
 def test_an_output_with_two_consumers_holds_two_gradients_while_they_are_summed():
-    from outcore.schedule.costs import _backward_working
+    from outcore.schedule.backward import backward_working
     # 0 -> 1, 0 -> 2, 1 -> 3, 2 -> 3 (a block whose input feeds two branches), nothing saved
     g = gbuild("fork", fwd_s=[1.0] * 4, bwd_s=[1.0] * 4, src=[0, 0, 1, 2], dst=[1, 2, 3, 3],
                edge_bytes=[100, 100, 10, 10], out_bytes=[100, 10, 10, 5],
@@ -252,12 +252,12 @@ def test_an_output_with_two_consumers_holds_two_gradients_while_they_are_summed(
     # node 0: the gradient from 1 and the one from 2, added into it in place (2 x 100); no
     # input. Node 1, whose backward runs after 2's: 2's gradient for 0 waits while 1 holds
     # its output's gradient and makes its own for 0 (100 + 10 + 100)
-    assert _backward_working(g, np.zeros(4, dtype=np.int64), 1).tolist() == [210.0]
+    assert backward_working(g, np.zeros(4, dtype=np.int64), 1).tolist() == [210.0]
     # 2 in another piece: the gradient it returns is held as that piece's input gradient (the
     # simulator counts it there), so node 0 adds the one arriving from 1 (100), less than
     # node 1 holding its output's gradient while it makes its input's (10 + 100); node 2's
     # piece makes only its input's gradient, held as such
-    assert _backward_working(g, np.array([0, 0, 1, 0]), 2).tolist() == [110.0, 100.0]
+    assert backward_working(g, np.array([0, 0, 1, 0]), 2).tolist() == [110.0, 100.0]
 
 
 def test_a_checkpointed_piece_keeps_each_input_once_and_not_what_its_producer_holds():
@@ -355,7 +355,8 @@ def test_a_weights_gradient_is_counted_once_through_its_views():
     (the transposed weight) makes no second gradient (hf:mixtral's expert weights: 512 KiB
     counted three times put a backward 0.85 MiB over the measured peak)."""
     from outcore.plan.pieces import cut
-    from outcore.schedule.costs import _backward_working, piece_costs
+    from outcore.schedule.backward import backward_working
+    from outcore.schedule.costs import piece_costs
     # w (param, 400 B) -> transpose -> matmul <- x (40 B); the matmul's output 40 B
     g = gbuild("w", fwd_s=[0.0, 0.0, 1.0, 1.0], src=[0, 1, 3], dst=[1, 2, 2],
                edge_bytes=[400, 400, 40], out_bytes=[400, 400, 40, 40],
@@ -364,7 +365,7 @@ def test_a_weights_gradient_is_counted_once_through_its_views():
     one = np.zeros(4, dtype=np.int64)
     # the matmul makes its inputs' gradients (the largest, 400; its output's is the loss's);
     # the transpose holds its output's gradient (400) and makes none: a view of it (800 before)
-    assert _backward_working(g, one, 1).tolist() == [400.0]
+    assert backward_working(g, one, 1).tolist() == [400.0]
     costs = piece_costs(g, cut(g, one), 1)
     assert costs.bwd_transient.tolist() == [400.0]  # no second 400 for the fresh gradient
 

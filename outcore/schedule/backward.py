@@ -1,0 +1,173 @@
+"""The working memory of a piece's backward (:func:`backward_working`): what autograd holds
+above what the piece held when its backward began, node by node in reverse order. Part of the
+memory model of :mod:`outcore.schedule.costs`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from outcore.graph.algorithms import topological_order
+from outcore.graph.ir import Graph, memo
+from outcore.graph.jit import njit
+from outcore.schedule.shared import tied_bytes
+
+__all__ = ["ALIASING_BACKWARD_OPS", "backward_working"]
+
+
+# ops whose backward returns a view of the output's gradient (no new memory): reshapes,
+# transposes, permutes, (un)squeezes; not ``expand`` (its backward sums)
+ALIASING_BACKWARD_OPS = ("view", "_unsafe_view", "reshape", "unflatten", "flatten",
+                         "transpose", "permute", "unsqueeze", "squeeze", "t")
+
+
+def backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
+                     workspace: np.ndarray | None = None, first: bool = False,
+                     freed: np.ndarray | None = None,
+                     reads: tuple[np.ndarray, ...] | None = None) -> Any:
+    """Per piece, the working memory of its backward above what it holds when the backward
+    starts: at each node (in reverse topological order), the gradient of its output (unless
+    that is a received one, counted where it is received) and of its inputs from the same
+    piece, less the saved activations the backward has freed already (those of the piece's
+    later nodes); an output with several consumers holds two gradients while they are
+    summed (``summed``: autograd adds the one arriving into the one held, in place; a
+    checkpointed piece's recomputing backward sums out of place, three); and the gradient a
+    fork's consumer that ran its backward first returned for it, waiting while the others run
+    theirs; ``freed``: per piece, saved bytes freed before its first node's backward (the
+    loss's); ``reads``: :func:`~outcore.schedule.shared.shared_reads` (else read from ``g``).
+    The largest over the nodes; with ``first``, also the largest with the gradients
+    of the parameters of the nodes done so far (a step's first backward of the piece makes
+    its ``.grad`` tensors as it goes; later ones add into them). Autograd sums two gradients
+    in place when it holds the only reference to one (the operator-watching tracker this
+    project once used prevented that, and measured three); the checkpointed pieces' three was
+    measured with that tracker and is kept as a bound."""
+    n = g.num_nodes
+    if not n or not n_p:
+        return np.zeros(n_p)
+    # a view's input gradient is a view of its output's (a transposed expert weight's 512 KiB
+    # gradient counted twice put hf:mixtral's piece 1.19 MiB over its start, 0.44 measured)
+    aliasing = np.zeros(n, dtype=np.bool_)
+    for op in ALIASING_BACKWARD_OPS:
+        aliasing[g.nodes_with_op(op)] = True
+    is_param = np.zeros(n, dtype=np.bool_)
+    is_param[g.nodes_with_op("param")] = True
+    layer_params = np.where(is_param, 0.0, np.asarray(g.param_bytes, np.float64))
+    shared, tied, apart = tied_bytes(g, np.asarray(piece_of), reads)
+    layer_params = layer_params + apart  # a shared weight owned in another piece: its own
+    # a tensor-parallel rank's parameters are DTensors, whose gradients autograd sums out of
+    # place: a tied weight's two gradients and their sum at once (measured on a tp-2 LM whose
+    # 32 MiB embedding is tied to its output layer); a plain tensor's are summed in place
+    tied_sum = 1.0 if g.meta.get("tp", 1) > 1 else 0.0
+    out, out_first = _working_kernel(np.asarray(topological_order(g), np.int64),
+                                     np.asarray(piece_of, np.int64), n_p, g.src, g.dst,
+                                     _grad_edges(g),
+                                     np.asarray(g.saved_bytes, np.float64),
+                                     np.asarray(g.out_bytes, np.float64), aliasing, summed,
+                                     np.zeros(n) if workspace is None else workspace,
+                                     g.pred_ptr, g.pred_idx, layer_params, is_param,
+                                     shared, tied, tied_sum,
+                                     np.zeros(n_p) if freed is None else freed)
+    return (out, out_first) if first else out
+
+
+def _grad_edges(g: Graph) -> np.ndarray:
+    """Per edge, the bytes of the gradient its consumer's backward returns along it: each
+    input it reads once (``x * x`` returns one gradient), none for an integer or boolean
+    tensor or the model's inputs, which have none. A backward makes all of them at once (a
+    product's two factors: GPT-2's GELU held three activations, measured, where the largest
+    input alone counted two)."""
+    known = memo(g.structure, "gradient edges")  # the same for the rescaled copies
+    if "mask" not in known:
+        carries = np.ones(g.num_nodes, dtype=bool)
+        for op in ("input", "sym_size", "arange"):
+            carries[g.nodes_with_op(op)] = False
+        if g.attrs is not None:
+            carries &= np.array([str(g.attr(u, "dtype", "")) not in _NO_GRAD_DTYPES
+                                 for u in range(g.num_nodes)], dtype=bool)
+        first = np.ones(g.num_edges, dtype=bool)  # the first edge of each (producer, consumer)
+        if g.num_edges:
+            order = np.lexsort((np.arange(g.num_edges), g.dst, g.src))
+            same = (g.src[order][1:] == g.src[order][:-1]) & \
+                (g.dst[order][1:] == g.dst[order][:-1])
+            first[order[1:][same]] = False
+        known["mask"] = first & carries[g.src]
+    return np.where(known["mask"], np.asarray(g.edge_bytes, np.float64), 0.0)
+
+
+_NO_GRAD_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8", "bool"})
+
+
+@njit
+def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes, aliasing,
+                    summed, workspace, pred_ptr, pred_idx, layer_params, is_param, shared,
+                    tied, tied_sum, freed0):
+    """:func:`_backward_working` in two passes (compiled): the edges, then the nodes in
+    reverse topological order, each piece's saved bytes freed so far summed as it goes; also
+    the largest with the parameters' gradients made so far added (a step's first backward).
+    A node reading a weight another node owns (``shared``) makes a gradient for it that
+    waits, in every backward, until the owner's (``tied``: the weight's bytes) joins it; an
+    out-of-place sum (``tied_sum`` 1) holds one more copy while it is made."""
+    n = order.shape[0]
+    grads_in = np.zeros(n)  # the gradients a node returns for its inputs, made at once
+    consumers = np.zeros(n, np.int64)  # consumers in its own piece
+    outside = np.zeros(n, np.int64)  # 1: a consumer in another piece
+    for e in range(src.shape[0]):
+        u, v = src[e], dst[e]
+        # the gradient it returns for an input, from its piece or not: one from another piece
+        # (a received activation, a tied weight another piece holds) is made here too, beside
+        # the node's working memory, and leaves only when the piece's backward ends
+        grads_in[v] += grad_edges[e]
+        if piece_of[u] == piece_of[v]:
+            consumers[u] += 1
+        else:
+            outside[u] = 1
+    freed = freed0.copy()  # saved bytes of the piece's later nodes (and loss), freed already
+    out = np.zeros(n_p)
+    made = np.zeros(n_p)  # parameters' gradients its backward has made so far (.grad)
+    out_first = np.zeros(n_p)
+    credited = np.zeros(n, np.bool_)
+    begun = np.zeros(n, np.bool_)  # a fork whose first consumer's backward has run
+    tied_waiting = np.zeros(n_p)  # shared weights' gradients waiting for their owner's
+    for i in range(n - 1, -1, -1):
+        v = order[i]
+        p = piece_of[v]
+        # an output two consumers return gradients for: the gradient held and the one
+        # arriving (added into it in place), less one when it came from another piece
+        if consumers[v] + outside[v] >= 2:
+            held = summed - outside[v]
+        else:
+            held = min(consumers[v], 1)
+        # an input another of its consumers has returned a gradient for already: that
+        # gradient waits while this node makes its own (the second branch of a ResNet's
+        # downsampling block: 0.3 MiB over the prediction without it)
+        waiting = 0.0
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = pred_idx[k]
+            if piece_of[u] == p and consumers[u] >= 2:
+                if begun[u]:
+                    waiting += out_bytes[u]
+                else:
+                    begun[u] = True
+        # with the fresh gradient of its own weights, until it is added into .grad
+        work = held * out_bytes[v] + (0.0 if aliasing[v] else grads_in[v]) + workspace[v] \
+            + waiting - freed[p] + layer_params[v] + shared[v] + tied_waiting[p]
+        if tied[v] > 0.0 and tied_waiting[p] > 0.0:  # a tied weight's gradients summed
+            work += tied_sum * tied[v]
+        if work > out[p]:
+            out[p] = work
+        if work + made[p] > out_first[p]:
+            out_first[p] = work + made[p]
+        freed[p] += saved[v]
+        tied_waiting[p] += shared[v]
+        if tied[v] > 0.0:
+            tied_waiting[p] = max(tied_waiting[p] - tied[v], 0.0)
+        # its weights' gradients stay (a parameter node's, captured by torch.export, once
+        # its consumer has returned it)
+        made[p] += layer_params[v]
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = pred_idx[k]
+            if is_param[u] and piece_of[u] == p and not credited[u]:
+                credited[u] = True
+                made[p] += out_bytes[u]
+    return out, out_first
