@@ -42,7 +42,9 @@ def test_measured_peaks_stay_under_the_limit(cell, tmp_path):
                       memory=limit * MiB, run_dir=str(tmp_path / "run"), **options)
     predicted = [float(x) for x in r.per_rank("peak_bytes")]
     measured = [float(x) for x in r.peak_bytes]
-    assert len(measured) == len(predicted) == devices
+    # the plan may use fewer devices than it was given (the local link's probed latency
+    # depends on the machine's load): every rank it starts is held to its limit
+    assert 1 <= len(measured) == len(predicted) <= devices
     for m, p in zip(measured, predicted):
         assert m <= limit * MiB, (cell, measured, predicted)
         # never over the prediction (by more than the tracker's 1 % and 16 KiB), and not far
