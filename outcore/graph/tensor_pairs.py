@@ -355,7 +355,22 @@ def _walk(g: Graph, start: int, used: set[int], tp: int, linears: frozenset) -> 
         w.ok, w.why = False, "no row-split partner"
     elif needs_heads and heads is None:
         w.ok, w.why = False, "head-batched ops without a head split divisible by tp"
+    else:
+        uneven = [v for v in w.region if g.op_of(v) in _CHUNK_OPS and not _parts_divide(g, v, tp)]
+        if uneven:  # Falcon's multi-query q/k/v: its heads split [heads, 1, 1]
+            w.ok, w.why = False, f"{g.name_of(uneven[0])} splits into parts not divisible by tp"
     return w
+
+
+def _parts_divide(g: Graph, v: int, tp: int) -> bool:
+    """Whether every part a split node ``v`` makes divides by ``tp`` along the dimension it
+    splits (True where its shapes are not known)."""
+    parts, ins = g.attr(v, "shape"), (g.attr(v, "in_shapes") or [None])[0]
+    if not ins or not isinstance(parts, list) or \
+            not all(isinstance(x, list) and len(x) == len(ins) for x in parts):
+        return True
+    dims = [d for d in range(len(ins)) if any(x[d] != ins[d] for x in parts)]
+    return all(x[d] % tp == 0 for x in parts for d in dims)
 
 
 def _fused_head_view(g: Graph, i: int, width: int, chunks: int, tp: int) -> int | None:

@@ -169,3 +169,31 @@ def test_a_per_head_bias_is_sliced_and_its_gradient_all_reduced(alibi):
                for c in layout_collectives(lay)[v])
     # 4 heads over 8 ranks: no head split, no pair
     assert find_layout(g, 8, min_split_bytes=0).pairs == ()
+
+
+class MultiQueryAttention(FusedAttention):
+    """Falcon's multi-query q/k/v: one projection viewed as ``heads + 2`` heads, then split
+    into the query's heads and one key and one value head."""
+
+    def __init__(self):
+        super().__init__(by_split=True, d=32, heads=2)
+        self.qkv = nn.Linear(32, 4 * 16)  # (2 query heads + key + value) x head width 16
+        self.o = nn.Linear(32, 32)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 4, 16).split([2, 1, 1], dim=-2)
+        y = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2).expand(b, 2, t, 16),
+            v.transpose(1, 2).expand(b, 2, t, 16))
+        x = x + self.o(y.transpose(1, 2).reshape(b, t, -1))
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_a_split_of_the_heads_into_parts_tp_cannot_divide_keeps_the_attention_whole():
+    """Splitting 4 heads 2 ways leaves 2 per rank, but the query's 2 heads and the key's and
+    value's 1 cannot each be halved: the projection does not pair (the MLP still does)."""
+    g = capture(MultiQueryAttention(), torch.randn(2, 8, 32))
+    lay = find_layout(g, 2, min_split_bytes=0, fused=True)
+    assert [p.columns for p in lay.pairs] == [("fc1",)]
+    assert styles(lay)["qkv"] != "colwise"
