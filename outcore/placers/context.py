@@ -138,18 +138,20 @@ class Context:
 
     def without_limit(self) -> "Context":
         """The same problem with no memory limit (what does not depend on it, shared)."""
-        free = replace(self, memory_bytes=None)
-        free.__dict__.update({k: v for k, v in self.__dict__.items() if k in _SHARED})
-        return free
+        return self._sharing(replace(self, memory_bytes=None))
+
+    def _sharing(self, sub: "Context") -> "Context":
+        """``sub`` with this context's :data:`_SHARED` caches (made once)."""
+        sub.__dict__.update({k: v for k, v in self.__dict__.items() if k in _SHARED})
+        return sub
 
     def with_devices(self, devices: int) -> "Context":
         """The same problem on the first ``devices`` devices of the cluster (what does not
         depend on the devices, made once: :data:`_SHARED`)."""
-        sub = Context(self.g, devices, self.cluster, self.factor, self.microbatches,
-                      self.memory_bytes, self.lat_s[:devices, :devices],
-                      self.inv_bw[:devices, :devices])
-        sub.__dict__.update({k: v for k, v in self.__dict__.items() if k in _SHARED})
-        return sub
+        return self._sharing(Context(self.g, devices, self.cluster, self.factor,
+                                     self.microbatches, self.memory_bytes,
+                                     self.lat_s[:devices, :devices],
+                                     self.inv_bw[:devices, :devices]))
 
     # ------------------------------------------------------------------ memory model
     def memory_parts(self, assignment: np.ndarray, devices: int | None = None

@@ -59,10 +59,9 @@ class Pipeline(Placer):
     def offers(self, ctx: Context, placed: Placement) -> list[tuple[Candidate, list[str]]]:
         """The best split, and under a memory limit also the split the limit did not shape
         (balanced on time alone): the stage bounds judge memory by the placers' summary model
-        (:meth:`~outcore.placers.context.Context.memory`), which can find over the limit a
-        split the simulator finds inside it (GPT-2's stages: the fastest split measured
-        inside a limit set at its own simulated peak, and was not offered); the simulator
-        judges both."""
+        (:meth:`~outcore.placers.context.Context.memory`), which can put over the limit a
+        split the simulator finds inside it (GPT-2's fastest split, under a limit set at its
+        own simulated peak, was never offered); the simulator judges both."""
         out = super().offers(ctx, placed)
         if ctx.memory_bytes is None or placed.best is None:
             return out

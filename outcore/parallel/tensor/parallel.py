@@ -274,11 +274,6 @@ def _split_1d(model: nn.Module, layout: TensorLayout, mesh: Any) -> None:
             divide_heads(model, pair, layout.tp)
 
 
-def _chunkwise_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    from outcore.parallel.tensor.graph_split import tp_colwise_linear
-    return tp_colwise_linear(x, self.weight, self.bias)
-
-
 def _split_chunkwise(linear: nn.Module, mesh: Any, chunks: int) -> None:
     """Column-split a fused projection (``chunks`` equal parts of its output: q, k, v): each
     rank holds its ``1/tp`` of every part (``_StridedShard``; DTensor's Linear rules know only
@@ -288,7 +283,7 @@ def _split_chunkwise(linear: nn.Module, mesh: Any, chunks: int) -> None:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    from outcore.parallel.tensor.graph_split import chunkwise_shard
+    from outcore.parallel.tensor.graph_split import chunkwise_shard, tp_colwise_linear
     if not isinstance(linear, nn.Linear):
         raise UsageError(f"cannot split the fused projection {type(linear).__name__} chunk by "
                          "chunk: only nn.Linear; use --tp 1")
@@ -300,7 +295,8 @@ def _split_chunkwise(linear: nn.Module, mesh: Any, chunks: int) -> None:
         shard = DTensor.from_local(local.clone(), mesh, [_StridedShard(0, split_factor=chunks)],
                                    run_check=False)
         linear.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
-    linear.forward = types.MethodType(_chunkwise_forward, linear)
+    linear.outcore_tp_call = tp_colwise_linear
+    linear.forward = types.MethodType(_split_linear_forward, linear)
 
 
 def _own_split(model: nn.Module, path: str) -> bool:
@@ -314,11 +310,12 @@ def _own_split(model: nn.Module, path: str) -> bool:
     return type(m) is nn.Linear
 
 
-def _alone_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def _split_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A split Linear's forward: its split function (``outcore_tp_call``) on its shards."""
     return self.outcore_tp_call(x, self.weight, self.bias)
 
 
-def _alone_embedding(self: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+def _split_embedding_forward(self: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
     pad = -1 if self.padding_idx is None else self.padding_idx
     return self.outcore_tp_call(self.weight, ids, pad, self.scale_grad_by_freq)
 
@@ -345,7 +342,8 @@ def _split_own(layer: nn.Module, style: str, mesh: Any) -> None:
         shard = distribute_tensor(p.detach(), mesh, [Shard(dim)])
         layer.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
     layer.outcore_tp_call = call
-    forward = _alone_embedding if isinstance(layer, nn.Embedding) else _alone_linear
+    forward = _split_embedding_forward if isinstance(layer, nn.Embedding) \
+        else _split_linear_forward
     layer.forward = types.MethodType(forward, layer)
 
 
