@@ -80,7 +80,7 @@ def _grad_edges(g: Graph) -> np.ndarray:
     known = memo(g.structure, "gradient edges")  # the same for the rescaled copies
     if "mask" not in known:
         carries = np.ones(g.num_nodes, dtype=bool)
-        for op in ("input", "sym_size", "arange"):
+        for op in _NO_GRAD_OPS:
             carries[g.nodes_with_op(op)] = False
         if g.attrs is not None:
             carries &= np.array([str(g.attr(u, "dtype", "")) not in _NO_GRAD_DTYPES
@@ -96,6 +96,9 @@ def _grad_edges(g: Graph) -> np.ndarray:
 
 
 _NO_GRAD_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8", "bool"})
+# the model's inputs, constants and tensors made from sizes: nothing returns a gradient to them
+_NO_GRAD_OPS = ("input", "constant", "scalar_tensor", "full", "ones", "zeros", "new_ones",
+                "new_zeros", "arange", "sym_size", "size")
 
 
 @njit
