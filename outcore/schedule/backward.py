@@ -77,8 +77,10 @@ def _grad_edges(g: Graph) -> np.ndarray:
     tensor or the model's inputs, which have none. A backward makes all of them at once (a
     product's two factors: GPT-2's GELU held three activations, measured, where the largest
     input alone counted two)."""
-    known = memo(g.structure, "gradient edges")  # the same for the rescaled copies
-    if "mask" not in known:
+    # the same for the rescaled copies, which share the structure, ops and attributes
+    known = memo(g.structure, "gradient edges")
+    key = (id(g.ops), id(g.attrs))
+    if key not in known:
         carries = np.ones(g.num_nodes, dtype=bool)
         for op in _NO_GRAD_OPS:
             carries[g.nodes_with_op(op)] = False
@@ -91,8 +93,8 @@ def _grad_edges(g: Graph) -> np.ndarray:
             same = (g.src[order][1:] == g.src[order][:-1]) & \
                 (g.dst[order][1:] == g.dst[order][:-1])
             first[order[1:][same]] = False
-        known["mask"] = first & carries[g.src]
-    return np.where(known["mask"], np.asarray(g.edge_bytes, np.float64), 0.0)
+        known[key] = first & carries[g.src]
+    return np.where(known[key], np.asarray(g.edge_bytes, np.float64), 0.0)
 
 
 _NO_GRAD_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8", "bool"})
@@ -105,7 +107,7 @@ _NO_GRAD_OPS = ("input", "constant", "scalar_tensor", "full", "ones", "zeros", "
 def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes, aliasing,
                     summed, workspace, pred_ptr, pred_idx, layer_params, is_param, shared,
                     tied, tied_sum, freed0):
-    """:func:`_backward_working` in two passes (compiled): the edges, then the nodes in
+    """:func:`backward_working` in two passes (compiled): the edges, then the nodes in
     reverse topological order, each piece's saved bytes freed so far summed as it goes; also
     the largest with the parameters' gradients made so far added (a step's first backward).
     A node reading a weight another node owns (``shared``) makes a gradient for it that

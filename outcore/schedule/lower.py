@@ -27,6 +27,7 @@ import numpy as np
 from outcore.cost.tensor import collective_s, layout_collectives, tensor_graph
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
+from outcore.graph.tensor_ties import param_owners
 from outcore.hardware.spec import Cluster
 from outcore.lazytuple import LazyTuple
 from outcore.plan.pieces import Pieces, cut
@@ -37,7 +38,6 @@ from outcore.schedule.build import ClusterLinkTime, build
 from outcore.schedule.check import check
 from outcore.schedule.costs import PieceCosts, loss_cost_s, mb_scale, piece_costs
 from outcore.schedule.ir import OP_INDEX, ActionColumns, Schedule, action_columns
-from outcore.schedule.shared import param_owners
 
 __all__ = ["Lowered", "lower", "make_schedule", "place_allreduces", "shared_param_buckets",
            "sharded_buckets"]

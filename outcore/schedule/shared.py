@@ -9,7 +9,7 @@ import numpy as np
 from outcore.graph.ir import Graph, memo
 from outcore.graph.tensor_ties import param_owners
 
-__all__ = ["param_owners", "shared_copies", "shared_reads", "tied_bytes"]
+__all__ = ["shared_copies", "shared_reads", "tied_bytes"]
 
 
 def shared_reads(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
