@@ -257,6 +257,12 @@ def tensor_graph(g: Graph, tp: int, link: LinkSpec, *,
                     meta={**g.meta, "tp": tp, "tp_gathered": sorted(
                               s.node for s in layout.splits
                               if s.style in ("colwise_gather", "embed_dim")),
+                          # the matrix products that multiply 1/tp of their columns / of
+                          # their inner dimension (their scratch: schedule.workspace)
+                          "tp_split_cols": sorted(s.node for s in layout.splits
+                                                  if s.style in ("colwise", "colwise_gather")),
+                          "tp_split_inner": sorted(s.node for s in layout.splits
+                                                   if s.style in ("rowwise", "rowwise_alone")),
                           "tp_split_modules": len(layout.split_modules),
                           "tp_pairs": len(layout.pairs)})
     return out, layout

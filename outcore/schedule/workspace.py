@@ -1,8 +1,9 @@
 """Operators' scratch memory: what a layer takes inside its forward and backward beyond the
 tensors the graph shows (oneDNN's channel-blocked copies of a convolution's tensors, a batch
-norm's backward buffer, a half-precision reduction's float32 copy), as measured with the CPU
-allocator. The memory model (:mod:`outcore.schedule.costs`) and the spatial tiles' walk
-(:mod:`outcore.schedule.spatial`) add it on CPU devices."""
+norm's backward buffer, a half-precision reduction's float32 copy, a bfloat16 matrix
+product's packed blocks), as measured with the CPU allocator. The memory model
+(:mod:`outcore.schedule.costs`) and the spatial tiles' walk (:mod:`outcore.schedule.spatial`)
+add it on CPU devices."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 from outcore.cost.analytical import HALF_DTYPES
 from outcore.graph.ir import Graph
 
-__all__ = ["workspace", "workspace_bytes", "gather_scratch"]
+__all__ = ["workspace", "workspace_bytes", "gather_scratch", "matmul_scratch"]
 
 
 def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -27,7 +28,10 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     np.maximum.at(largest_in, g.dst, np.asarray(g.edge_bytes, np.float64))
     out = np.asarray(g.out_bytes, np.float64)
     for op, idx in g._nodes_by_op.items():
-        if _workspace_kind(op):
+        if op.lower() in _MATMULS:
+            for i in idx.tolist():
+                fwd[i], bwd[i] = matmul_scratch(g, i, float(out[i]))
+        elif _workspace_kind(op):
             for i in idx.tolist():
                 fwd[i], bwd[i] = workspace(g, i, float(largest_in[i]), float(out[i]))
         elif any(k in op.lower() for k in _REDUCTIONS):
@@ -40,6 +44,49 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
 
 
 _REDUCTIONS = ("mean", "avg_pool", "avgpool", "sum")
+_MATMULS = ("linear", "addmm", "mm", "matmul", "bmm", "baddbmm")
+
+
+def matmul_scratch(g: Graph, i: int, out_bytes: float) -> tuple[float, float]:
+    """Node ``i``'s scratch (forward, backward) when it is a bfloat16 matrix product of an
+    output of ``out_bytes``: oneDNN packs blocks of its operands and accumulates a block of
+    the result in float32 in a buffer it takes from the CPU allocator for the call (float16
+    and float32 products take none, torch 2.14). The backward's two products (the input's
+    gradient and the weight's) run one after the other, so it holds the larger."""
+    if str(g.attr(i, "dtype", "")) != "bfloat16" or g.attrs is None:
+        return 0.0, 0.0
+    shape = g.attr(i, "shape")
+    ins = [s for s in (g.attr(i, "in_shapes") or ()) if s and len(s) >= 2]
+    if not shape or len(shape) < 2 or not ins:
+        return 0.0, 0.0
+    n, k = int(shape[-1]), int(ins[0][-1])
+    tp = int(g.meta.get("tp") or 1)
+    cols = i in set(g.meta.get("tp_split_cols") or ())  # a tensor-parallel rank's share
+    sharded_out = cols and i not in set(g.meta.get("tp_gathered") or ())
+    batched = g.op_of(i).lower() in ("bmm", "baddbmm")
+    # the rows of one product; a linear layer's every leading dimension, at this micro-batch
+    m = int(shape[-2]) if batched else \
+        int(out_bytes // max(2 * (-(-n // tp) if sharded_out else n), 1))
+    if cols:
+        n = -(-n // tp)
+    if i in set(g.meta.get("tp_split_inner") or ()):
+        k = -(-k // tp)
+    return _onednn_bf16(m, k, n), max(_onednn_bf16(m, n, k), _onednn_bf16(k, m, n),
+                                       _onednn_bf16(n, m, k))
+
+
+def _onednn_bf16(m: int, k: int, n: int) -> float:
+    """A bound on the scratch of one bfloat16 product ``(m x k) @ (k x n)`` on one CPU thread
+    (outcore's workers run one; each further thread takes its own): oneDNN works in blocks of
+    at most 256 rows, 1024 of the inner dimension and 64 columns (256 once the inner
+    dimension passes 512). Against the allocator over m in 8..2048, k and n in 16..4096 and
+    either operand transposed: never below what it took, twice it at the median; 1.8 MiB
+    at most, whatever the product."""
+    if m < 2 or n < 2 or m * k * n <= 16 ** 3:  # torch multiplies these without oneDNN
+        return 0.0
+    rows, inner = min(m, 256), min(max(k, 32), 1024)
+    cols = min(n, 64) if k <= 512 else min(n, 256)
+    return float(2048 + 4 * rows * cols + 2 * inner * max(cols, 64) + 4 * rows * inner)
 
 
 def gather_scratch(g: Graph) -> tuple[np.ndarray, np.ndarray] | None:
@@ -83,7 +130,7 @@ def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[floa
     1.9-6.9 activations for 3 to 64 channels) and its weight's size; a batch norm's backward
     one activation; a power's backward two (GPT-2's GELU, Llama's RMS norm). A
     bound: a plan that does not fit fails, one with room to spare does not. Zero for other
-    operators (measured none for linear layers and element-wise ops)."""
+    operators (measured none for float32 linear layers and element-wise ops)."""
     kind = _workspace_kind(g.op_of(i))
     act = max(in_bytes, out_bytes)
     if kind == "norm":
