@@ -93,6 +93,22 @@ def test_graph_plan_simulate_pipeline(tmp_path):
         assert ("fits memory: NO" in r.stdout) if not extra else not json.loads(r.stdout)["fits"]
 
 
+def test_plan_splits_the_global_batch_into_the_micro_batches_asked_for(tmp_path):
+    """--batch-size is the global batch in plan as in train: with 2 micro-batches on 2
+    copies each micro-batch is a quarter of it, and the plan's step trains the 8 samples."""
+    r = run("plan", "outcore:mlp", "--devices", "2", "--dp", "2", "--microbatches", "2",
+            "--batch-size", "8", "--costs", "estimate:cpu", "-o", "p.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "p.json").read_text())
+    graph = json.loads((tmp_path / "p.graph.json").read_text())
+    assert plan["graph"]["batch_size"] == 2 and graph["batch_size"] == 2
+    samples = plan["predicted"]["samples_per_s"] * plan["predicted"]["iteration_s"]
+    assert abs(samples - 8) < 1e-6, samples
+    r = run("plan", "outcore:mlp", "--devices", "2", "--microbatches", "3", "--batch-size", "8",
+            "--costs", "estimate:cpu", "-o", "q.json", cwd=tmp_path)
+    assert r.returncode == 2 and "cannot be split into 3" in r.stderr
+
+
 def test_a_searched_plan_simulates_on_the_graph_it_was_planned_from(tmp_path):
     """--layout auto splits the graph's batch; simulate takes the same input graph and
     rescales it to the plan's micro-batch (no rescaled copy is written beside the plan); a
