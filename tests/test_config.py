@@ -110,6 +110,22 @@ def test_bad_options_are_named_as_the_caller_spells_them():
     assert main(["train", "outcore:mlp", "--devices", "0"]) == 2
 
 
+def test_a_plan_request_takes_the_command_lines_spellings_and_refuses_others():
+    """``outcore.plan`` takes ``layout=``, ``shard=`` and ``momentum=`` as the command line
+    means them; a misspelt option is one line naming the near one, not a TypeError."""
+    from outcore.plan.request import PlanRequest
+
+    req = PlanRequest.make(4, None, layout="auto", shard=2, dp=2, optimizer="sgd",
+                           momentum=0.9)
+    assert (req.search_layout, req.depth, req.optimizer) == (True, 2, "sgd-momentum")
+    req = PlanRequest.make(4, None, layout="given", optimizer="sgd", momentum=0.0)
+    assert (req.search_layout, req.optimizer) == (False, "sgd")
+    with pytest.raises(UsageError, match="no option 'micro_batches'.*'microbatches'"):
+        PlanRequest.make(2, None, micro_batches=2)
+    with pytest.raises(UsageError, match="layout must be"):
+        PlanRequest.make(2, None, layout="fixed")
+
+
 def test_a_resumed_run_starts_from_its_checkpoints_configuration(tmp_path, caplog):
     """The configuration and plan saved beside the checkpoints come back; an option given now
     replaces its saved value and the run says so, and one that changes the plan drops the

@@ -200,8 +200,41 @@ class PlanRequest:
         mem = None if memory is None else float(parse_bytes(memory))
         if mem is not None and mem <= 0:
             raise UsageError(f"memory must be positive, got {memory!r}")
+        fields = _request_fields(fields)
         if cluster is None:
             cluster = make_cluster(devices, memory, bandwidth, latency, device, host_cores)
         else:
             cluster = cluster.with_memory(mem if mem is not None else math.inf)
         return PlanRequest(devices=devices, memory_bytes=mem, cluster=cluster, **fields)
+
+
+def _request_fields(given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` as request fields: the command line's spellings taken as they mean there
+    (``layout="auto"|"given"``, ``shard=N`` for ``depth``, ``momentum=`` with SGD); any other
+    name is refused, naming the fields a request has."""
+    from dataclasses import fields as dataclass_fields
+    from difflib import get_close_matches
+
+    out = dict(given)
+    if "layout" in out:
+        layout = out.pop("layout")
+        if layout not in ("auto", "given", None):
+            raise UsageError(f"layout must be 'auto' or 'given', got {layout!r}")
+        out.setdefault("search_layout", layout == "auto")
+    if "shard" in out:
+        out.setdefault("depth", out.pop("shard"))
+    if "momentum" in out:
+        momentum = out.pop("momentum")
+        if out.get("optimizer") == "sgd" and momentum:
+            out["optimizer"] = "sgd-momentum"
+    known = {f.name for f in dataclass_fields(PlanRequest)} - {"devices", "memory_bytes",
+                                                               "cluster"}
+    unknown = sorted(set(out) - known)
+    if unknown:
+        names = sorted(known | {"bandwidth", "latency", "device", "host_cores", "cluster",
+                                "layout", "shard", "momentum"})
+        near = get_close_matches(unknown[0], names, 1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise UsageError(f"a plan request has no option {unknown[0]!r}{hint}: it takes "
+                         f"{', '.join(names)}")
+    return out
