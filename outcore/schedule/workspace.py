@@ -155,10 +155,24 @@ def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[floa
     cfg = g.attr(i, "config") or {}
     strided_1x1 = list(cfg.get("kernel_size") or ()) == [1, 1] and \
         any(s > 1 for s in cfg.get("stride") or ())
-    extra = in_bytes if grad_in and strided_1x1 and str(g.attr(i, "dtype", "")) in HALF_DTYPES \
-        else 0.0
+    half = str(g.attr(i, "dtype", "")) in HALF_DTYPES
+    extra = in_bytes if grad_in and strided_1x1 and half else 0.0
     return max(1.1 * act, pin, pout), \
-        max(2.0 * act, (pin if grad_in else 0.0) + pout) + weight + extra
+        max(2.0 * act, (pin if grad_in else 0.0) + pout) + weight + extra + \
+        _depthwise_nhwc(g, i, cfg, half)
+
+
+def _depthwise_nhwc(g: Graph, i: int, cfg: dict, half: bool) -> float:
+    """The backward buffer of a depthwise convolution (one filter per channel) with a kernel
+    of 5 or more whose input is channels-last in memory (ConvNeXt's blocks): 1 KiB per weight
+    element whatever the batch and image (float32; up to 1.29 times that in bfloat16),
+    measured with the CPU allocator on 1 and 2 threads. A 3x3 kernel takes none."""
+    kernel = list(cfg.get("kernel_size") or ())
+    channels = int(cfg.get("in_channels") or 0)
+    if not g.attr(i, "channels_last") or not channels or len(kernel) != 2 or \
+            max(kernel) < 5 or int(cfg.get("groups") or 1) != channels:
+        return 0.0
+    return channels * kernel[0] * kernel[1] * 1024.0 * (1.3 if half else 1.0)
 
 
 def _blocked(channels: int) -> float:

@@ -47,3 +47,37 @@ def test_small_and_vector_products_take_none():
     assert _onednn_bf16(1, 4096, 4096) == 0.0
     assert _onednn_bf16(16, 16, 16) == 0.0
     assert _onednn_bf16(8, 32, 32) > 0.0
+
+
+class _NHWCBlock(torch.nn.Module):
+    """A ConvNeXt block's start: a depthwise 7x7 convolution of an NHWC tensor."""
+
+    def __init__(self, channels: int = 48):
+        super().__init__()
+        self.dw = torch.nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+
+    def forward(self, x):  # x: N, H, W, C
+        return self.dw(x.permute(0, 3, 1, 2)).sum(dim=(2, 3))
+
+
+def test_a_channels_last_depthwise_backward_is_counted_as_the_allocator_takes_it():
+    from outcore.graph.capture import capture
+    from outcore.schedule.workspace import workspace_bytes
+
+    model = _NHWCBlock()
+    x = torch.randn(2, 6, 6, 48, requires_grad=True)
+    g = capture(model, (x,))
+    conv = int(g.nodes_with_op("conv2d")[0])
+    assert g.attr(conv, "channels_last")
+    _, bwd = workspace_bytes(g)
+    y = model.dw(x.permute(0, 3, 1, 2))
+    grad = torch.randn_like(y)
+    torch.autograd.grad(y, (x, model.dw.weight), grad, retain_graph=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        torch.autograd.grad(y, (x, model.dw.weight), grad, retain_graph=True)
+    taken = max(e.nbytes() for e in prof.profiler.kineto_results.events())
+    assert taken <= bwd[conv] <= 4 * taken, (taken, bwd[conv])
+    # the same convolution of a contiguous input takes no such buffer
+    plain = capture(model.dw, (torch.randn(2, 48, 6, 6),))
+    assert not plain.attr(int(plain.nodes_with_op("conv2d")[0]), "channels_last")

@@ -19,11 +19,11 @@ import torch
 import torch.fx as fx
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_leaves, tree_map_only
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._pytree import tree_map_only
 
 from outcore.errors import CaptureError, ModelError, UsageError
 from outcore.graph.capture.mutation import thread_in_place
+from outcore.graph.capture.recorder import Recorder, compact
 from outcore.graph.coarsen import collapse
 from outcore.graph.ir import Graph, build
 from outcore.hardware.precision import autocast, canonical
@@ -241,94 +241,12 @@ def _first_line(e: BaseException) -> str:
     return text[0][:200] if text else type(e).__name__
 
 
-# ---------------------------------------------------------------------------- recording
-def _nbytes(value: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tree_leaves(value)
-               if isinstance(t, torch.Tensor))
-
-
-def _shape_of(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return list(value.shape)
-    if isinstance(value, (tuple, list)):
-        return [_shape_of(v) for v in value]
-    return None
-
-
-class _Recorder(fx.Interpreter):
-    """Runs the graph once, recording output values' bytes and autograd-saved bytes per node."""
-
-    def __init__(self, gm: fx.GraphModule):
-        super().__init__(gm)
-        self.current: str | None = None
-        self.saved: dict[str, int] = {}
-        self.seen: dict[Any, tuple[str, int]] = {}
-        self.out_bytes: dict[str, int] = {}
-        self.shapes: dict[str, Any] = {}
-        self.dtypes: dict[str, str] = {}
-        self.flops: dict[str, int] = {}
-        self.in_shapes: dict[str, Any] = {}
-        # per node, the input nodes whose output it is the first to save (on another device
-        # that tensor is the received copy: the memory model counts it once)
-        self.saved_inputs: dict[str, list[str]] = {}
-        self.input_storages: dict[Any, str] = {}
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        key = StorageWeakRef(t.untyped_storage())
-        if key not in self.seen and self.current:
-            self.seen[key] = (self.current, t.untyped_storage().nbytes())
-            producer = self.input_storages.get(key)
-            if producer is not None:
-                self.saved_inputs.setdefault(self.current, []).append(producer)
-        return t
-
-    def saved_by_node(self, exclude: set[Any]) -> dict[str, int]:
-        """Bytes each node saves first, leaving out the storages in ``exclude``."""
-        out: dict[str, int] = {}
-        for key, (node, nbytes) in self.seen.items():
-            if key not in exclude:
-                out[node] = out.get(node, 0) + nbytes
-        return out
-
-    def run_node(self, n: fx.Node) -> Any:
-        self.current = n.name
-        if n.op in ("call_module", "call_function", "call_method"):
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            self.in_shapes[n.name] = [list(t.shape) for t in tree_leaves((args, kwargs))
-                                      if isinstance(t, torch.Tensor)]
-        self.input_storages = {
-            StorageWeakRef(t.untyped_storage()): inp.name for inp in n.all_input_nodes
-            for t in tree_leaves(self.env.get(inp)) if isinstance(t, torch.Tensor)}
-        counter = FlopCounterMode(display=False)
-        with counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
-            result = super().run_node(n)
-        if counter.get_total_flops():
-            self.flops[n.name] = int(counter.get_total_flops())
-        self.out_bytes[n.name] = _nbytes(result)
-        self.shapes[n.name] = _shape_of(result)
-        first = next((t for t in tree_leaves(result) if isinstance(t, torch.Tensor)), None)
-        if first is not None:
-            self.dtypes[n.name] = str(first.dtype).replace("torch.", "")
-        return result
-
-
-def _compact(x: Any) -> Any:
-    """``x``, or a copy of it if it views part of a larger storage."""
-    try:
-        if isinstance(x, torch.Tensor) and x.untyped_storage().nbytes() > \
-                x.numel() * x.element_size():
-            return x.clone()
-    except (RuntimeError, NotImplementedError):  # no storage (sparse, ...)
-        pass
-    return x
-
-
-def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bool) -> _Recorder:
+def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bool) -> Recorder:
     # an input that views a larger tensor (a micro-batch sliced off an example batch) would be
     # counted at its whole storage where a layer saves it: record on compact copies
-    inputs = tuple(_compact(x) for x in inputs)
+    inputs = tuple(compact(x) for x in inputs)
     state = list(gm.parameters()) + list(gm.buffers())
-    rec = _Recorder(gm)
+    rec = Recorder(gm)
     kept = [(b, b.detach().clone()) for b in gm.buffers()]  # batch norm counts even when fake
     with torch.enable_grad():
         if fake:
@@ -478,7 +396,7 @@ def leaf_paths(model: nn.Module, names: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(paths))
 
 
-def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool = True) -> _Recorder:
+def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool = True) -> Recorder:
     """Run ``gm`` once on ``inputs``, recording bytes and shapes; model failures → ModelError."""
     shapes = ", ".join("x".join(map(str, x.shape)) for x in inputs)
     try:
@@ -515,10 +433,10 @@ def structure(model: nn.Module) -> Graph:
     """``model``'s layer graph traced with torch.fx without running it: nodes, edges and the
     module hierarchy, no shapes, bytes or costs (enough to find which layers pair up)."""
     traced = trace(model)
-    return graph_from_fx(traced.gm, _Recorder(traced.gm), type(model).__name__, None)
+    return graph_from_fx(traced.gm, Recorder(traced.gm), type(model).__name__, None)
 
 
-def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,
+def graph_from_fx(gm: fx.GraphModule, rec: Recorder, name: str,
                   batch_size: int | None) -> Graph:
     """The :class:`Graph` of a traced and recorded fx module (one node per fx node)."""
     nodes = list(gm.graph.nodes)
@@ -537,6 +455,8 @@ def graph_from_fx(gm: fx.GraphModule, rec: _Recorder, name: str,
             extra["dtype"] = rec.dtypes[n.name]
         if n.name in rec.in_shapes:
             extra["in_shapes"] = rec.in_shapes[n.name]
+        if n.name in rec.channels_last:
+            extra["channels_last"] = True
         if n.name in rec.flops:
             extra["flops"] = rec.flops[n.name]
         if n.name in rec.saved_inputs:

@@ -1,0 +1,100 @@
+"""The run that measures a traced graph: per node, its output's bytes, shape and dtype, the
+bytes autograd saves for its backward (first saver of each storage), its inputs' shapes, its
+flops, and whether its first input is laid out channels-last (NHWC) in memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
+
+__all__ = ["Recorder", "compact"]
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(value)
+               if isinstance(t, torch.Tensor))
+
+
+def _shape_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return list(value.shape)
+    if isinstance(value, (tuple, list)):
+        return [_shape_of(v) for v in value]
+    return None
+
+
+class Recorder(fx.Interpreter):
+    """Runs the graph once, recording output values' bytes and autograd-saved bytes per node."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.current: str | None = None
+        self.saved: dict[str, int] = {}
+        self.seen: dict[Any, tuple[str, int]] = {}
+        self.out_bytes: dict[str, int] = {}
+        self.shapes: dict[str, Any] = {}
+        self.dtypes: dict[str, str] = {}
+        self.flops: dict[str, int] = {}
+        self.in_shapes: dict[str, Any] = {}
+        self.channels_last: set[str] = set()  # nodes whose first input is NHWC in memory
+        # per node, the input nodes whose output it is the first to save (on another device
+        # that tensor is the received copy: the memory model counts it once)
+        self.saved_inputs: dict[str, list[str]] = {}
+        self.input_storages: dict[Any, str] = {}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = StorageWeakRef(t.untyped_storage())
+        if key not in self.seen and self.current:
+            self.seen[key] = (self.current, t.untyped_storage().nbytes())
+            producer = self.input_storages.get(key)
+            if producer is not None:
+                self.saved_inputs.setdefault(self.current, []).append(producer)
+        return t
+
+    def saved_by_node(self, exclude: set[Any]) -> dict[str, int]:
+        """Bytes each node saves first, leaving out the storages in ``exclude``."""
+        out: dict[str, int] = {}
+        for key, (node, nbytes) in self.seen.items():
+            if key not in exclude:
+                out[node] = out.get(node, 0) + nbytes
+        return out
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.current = n.name
+        if n.op in ("call_module", "call_function", "call_method"):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            ts = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            self.in_shapes[n.name] = [list(t.shape) for t in ts]
+            if ts and ts[0].dim() == 4 and not ts[0].is_contiguous() and \
+                    ts[0].is_contiguous(memory_format=torch.channels_last):
+                self.channels_last.add(n.name)
+        self.input_storages = {
+            StorageWeakRef(t.untyped_storage()): inp.name for inp in n.all_input_nodes
+            for t in tree_leaves(self.env.get(inp)) if isinstance(t, torch.Tensor)}
+        counter = FlopCounterMode(display=False)
+        with counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            result = super().run_node(n)
+        if counter.get_total_flops():
+            self.flops[n.name] = int(counter.get_total_flops())
+        self.out_bytes[n.name] = _nbytes(result)
+        self.shapes[n.name] = _shape_of(result)
+        first = next((t for t in tree_leaves(result) if isinstance(t, torch.Tensor)), None)
+        if first is not None:
+            self.dtypes[n.name] = str(first.dtype).replace("torch.", "")
+        return result
+
+
+def compact(x: Any) -> Any:
+    """``x``, or a copy of it if it views part of a larger storage."""
+    try:
+        if isinstance(x, torch.Tensor) and x.untyped_storage().nbytes() > \
+                x.numel() * x.element_size():
+            return x.clone()
+    except (RuntimeError, NotImplementedError):  # no storage (sparse, ...)
+        pass
+    return x
