@@ -78,22 +78,121 @@ def _no_dropout(config: Any, p: float) -> None:
             setattr(config, key, p)
 
 
-def hf_config(model_type: str, opts: dict[str, Any]) -> Any:
-    """A small random-init ``transformers`` config (offline)."""
+def hf_config(model_type: str, opts: dict[str, Any],
+              check: Callable[[Any], None] | None = None) -> Any:
+    """A small random-init ``transformers`` config (offline): the tiny sizes, in every part of
+    a composite model (a language model beside a vision or audio encoder) too, unless ``opts``
+    give them. A model type that refuses a tiny size (its config validates the layer count
+    against its own layer pattern, its sequence length cannot be set) keeps its own for that
+    size, with a log line; ``check(config)`` (building the model) counts as a refusal too."""
     try:
         from transformers import AutoConfig
     except ImportError as e:
         raise ModelError("hf: models need transformers: pip install 'outcore[models]'") from e
-    kwargs = {**_HF_TINY, **_HF_TYPE_TINY.get(model_type, {})}
-    kwargs.update({k: v for k, v in opts.items() if k not in _OWN_OPTIONS})
+    user = {k: v for k, v in opts.items() if k not in _OWN_OPTIONS}
+    try:
+        base = AutoConfig.for_model(model_type)
+    except ValueError as e:
+        raise ModelError(f"transformers has no model type {model_type!r}: {e}") from None
+    except Exception:  # noqa: BLE001 - a config that needs options the user gives
+        base = None
+    tiny = _tiny_sizes(base, {**_HF_TINY, **_HF_TYPE_TINY.get(model_type, {})}, user)
+    first: Exception | None = None
+    for dropped in _TINY_FALLBACK:
+        kwargs = {k: v for k, v in tiny.items() if k not in dropped}
+        try:
+            config = _made_config(model_type, {**kwargs, **user}, opts)
+            if check is not None:
+                check(config)
+        except (ModelError, UsageError):
+            raise
+        except Exception as e:  # noqa: BLE001 - transformers raises many types for sizes
+            first = first or e
+            continue
+        if dropped:
+            kept = sorted(k for k in set(tiny) & set(dropped) if not k.startswith("(")) + \
+                sorted(tiny.get(_AGREEING, {}) if _AGREEING in dropped else ()) + \
+                sorted(f"{k} sizes" for k in tiny.get(_SUB_CONFIGS, {}) if _SUB_CONFIGS in dropped)
+            log.info("hf:%s keeps its own %s (the tiny size was refused: %s)", model_type,
+                     ", ".join(kept), str(first).strip().splitlines()[-1][:160])
+        return config
+    assert first is not None
+    if isinstance(first, ValueError) and "Unrecognized model" in str(first):
+        raise ModelError(f"transformers has no model type {model_type!r}: {first}") from None
+    raise ModelError(f"cannot build hf:{model_type}: {type(first).__name__}: "
+                     f"{str(first).strip().splitlines()[-1][:300]}") from first
+
+
+# the tiny sizes given up in turn when a model type refuses them (each step keeps the earlier)
+_SUB_CONFIGS, _AGREEING = "(parts)", "(agreeing)"
+_TINY_FALLBACK: tuple[frozenset[str], ...] = tuple(frozenset(s) for s in (
+    (), (_AGREEING,), ("max_position_embeddings",), ("max_position_embeddings", _AGREEING),
+    ("max_position_embeddings", _SUB_CONFIGS),
+    ("max_position_embeddings", _SUB_CONFIGS, "num_hidden_layers"),
+    ("max_position_embeddings", _SUB_CONFIGS, "num_hidden_layers", "intermediate_size"),
+    ("max_position_embeddings", _SUB_CONFIGS, "num_hidden_layers", "intermediate_size",
+     "num_attention_heads", "num_key_value_heads", "hidden_size", _AGREEING)))
+
+
+def _tiny_sizes(base: Any, tiny: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
+    """The tiny sizes for a model type whose default config is ``base``, with the fields that
+    must agree with them (:func:`_agreeing`, under the key :data:`_AGREEING`), and the same
+    sizes for each part of a composite config (under :data:`_SUB_CONFIGS`; both expanded by
+    :func:`_made_config`)."""
+    out = dict(tiny)
+    if base is None:
+        return out
+    sizes = {**out, **user}
+    out[_AGREEING] = _agreeing(vars(base), sizes)
+    parts = {}
+    for name in getattr(type(base), "sub_configs", {}) or {}:
+        sub = getattr(base, name, None)
+        if name in user or sub is None or not hasattr(sub, "to_dict"):
+            continue
+        fields = vars(sub)
+        part = {k: v for k, v in _HF_TINY.items() if k in fields}
+        part.update(_agreeing(fields, dict(_HF_TINY)))
+        if part:
+            parts[name] = {**({"model_type": sub.model_type}
+                              if getattr(sub, "model_type", "") else {}), **part}
+    if parts:
+        out[_SUB_CONFIGS] = parts
+    return out
+
+
+def _agreeing(fields: dict[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
+    """Fields of a config (``fields``: its attributes) that must agree with the tiny
+    ``sizes``: the width of a head (``head_dim``, XLNet's ``d_head``: a config keeping its own
+    makes some models multiply mismatched widths), key/value heads (a config without a count
+    of its own leaves them None), an embedding as wide as the layers (SqueezeBERT), no layers
+    sharing another's cache and per-layer embeddings of the tiny vocabulary (Gemma 3n)."""
+    hidden, heads = int(sizes["hidden_size"]), int(sizes["num_attention_heads"])
+    out: dict[str, Any] = {}
+    if hidden % heads == 0:
+        out.update({k: hidden // heads for k in ("head_dim", "d_head") if k in fields})
+    if "num_key_value_heads" in fields:
+        out["num_key_value_heads"] = int(sizes.get("num_key_value_heads", heads))
+    if "embedding_size" in fields:
+        out["embedding_size"] = hidden
+    if "num_kv_shared_layers" in fields:
+        out["num_kv_shared_layers"] = 0
+    if "vocab_size_per_layer_input" in fields:
+        out["vocab_size_per_layer_input"] = int(sizes["vocab_size"])
+    return {k: v for k, v in out.items() if k not in sizes or k == "num_key_value_heads"}
+
+
+def _made_config(model_type: str, kwargs: dict[str, Any], opts: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    kwargs = dict(kwargs)
+    kwargs.update(kwargs.pop(_SUB_CONFIGS, {}))
+    kwargs = {**kwargs.pop(_AGREEING, {}), **kwargs}
     # the full vocabulary's special token ids past the tiny one are fitted below
     # (_fit_token_ids): the config's warning about them while it is made is not the user's
     said = logging.getLogger("transformers.configuration_utils")
     said.addFilter(_token_id_warning)
     try:
         config = AutoConfig.for_model(model_type, **kwargs)
-    except ValueError as e:
-        raise ModelError(f"transformers has no model type {model_type!r}: {e}") from None
     finally:
         said.removeFilter(_token_id_warning)
     config.use_cache = False  # a cache in the output is not a pytree and training needs none
@@ -115,8 +214,13 @@ def _fit_heads(config: Any, opts: dict[str, Any]) -> None:
     if "num_key_value_heads" not in opts and isinstance(kv, int) and kv > 0 and heads % kv:
         config.num_key_value_heads = heads
     rotary = getattr(config, "rotary_dim", None)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    if "rotary_dim" not in opts and isinstance(rotary, int) and rotary > head_dim:
+    if not isinstance(rotary, int) or "rotary_dim" in opts:
+        return
+    try:  # a config with per-layer head widths refuses to name one (Gemma 4)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    except Exception:  # noqa: BLE001
+        return
+    if rotary > head_dim:
         config.rotary_dim = head_dim
 
 
@@ -179,10 +283,12 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
     if folder is not None:  # a checkpoint on disk: its config, and its weights to start from
         config = folder_config(folder, opts)
         model_type = config.model_type
+        task = hf_task(model_type, opts.get("task"))
+        make = _hf_builder(task)
     else:
-        config = hf_config(model_type, opts)
-    task = hf_task(model_type, opts.get("task"))
-    make = _hf_builder(task)
+        task = hf_task(model_type, opts.get("task"))
+        make = _hf_builder(task)
+        config = hf_config(model_type, opts, check=lambda c: probe(lambda: make(c)))
     if task == "regression":
         config.problem_type = "regression"
 

@@ -28,3 +28,38 @@ def test_timm_float64_and_regression_head():
     assert net(*spec.example_inputs).shape == (2, 1) and spec.task == "regression"
     with pytest.raises(UsageError, match="dtype=float16 is not supported"):
         build_model("timm:resnet18:dtype=float16", batch_size=2)
+
+
+@pytest.mark.parametrize("name,check", [
+    # a head width of its own (Helium multiplied 2 x 128-wide heads into a 32-wide layer)
+    ("hf:helium:hidden_size=32", lambda c: c.head_dim * c.num_attention_heads == 32),
+    # key/value heads left None by the config (Nemotron divided by them)
+    ("hf:nemotron", lambda c: c.num_key_value_heads == c.num_attention_heads),
+    # an embedding as wide as the layers (SqueezeBERT asserts it)
+    ("hf:squeezebert", lambda c: c.embedding_size == c.hidden_size == 64),
+    # XLNet's head width, and no sequence length to set (it keeps its own, sizes stay tiny)
+    ("hf:xlnet", lambda c: c.d_head * c.n_head == c.d_model == 64),
+    # a composite model: its language part tiny too, not the full default
+    ("hf:gemma3", lambda c: c.text_config.hidden_size == 64
+     and c.text_config.num_hidden_layers == 2),
+    # a layer pattern that does not allow 2 layers (GPT-Neo): its own layer count, tiny widths
+    ("hf:gpt_neo", lambda c: c.hidden_size == 64),
+])
+def test_tiny_hugging_face_sizes_agree_with_each_model_type(name, check):
+    pytest.importorskip("transformers")
+    spec, net = build_model(name, batch_size=2)
+    config = net.config
+    assert check(config), config
+    assert sum(p.numel() for p in net.parameters()) < 20_000_000
+
+
+def test_sizes_the_user_gives_are_kept_or_refused_in_one_line():
+    pytest.importorskip("transformers")
+    from outcore.errors import ModelError
+    spec, net = build_model("hf:llama:hidden_size=48,num_attention_heads=4,"
+                            "num_key_value_heads=2,head_dim=12", batch_size=2)
+    c = net.config
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == \
+        (48, 4, 2, 12)
+    with pytest.raises(ModelError, match="cannot build hf:llama.*nosuch"):
+        build_model("hf:llama:hidden_act=nosuch", batch_size=2)
