@@ -169,3 +169,21 @@ def test_the_plan_counts_the_optimizer_state_the_run_keeps(tmp_path):
     job = resolve({"model": "outcore:mlp", "devices": 2, "optimizer": "sgd",
                    "run_dir": str(tmp_path / "run")})
     assert plan_request(job).optimizer == "sgd-momentum"
+
+
+def test_a_run_says_when_batch_statistics_are_not_over_the_whole_batch():
+    from outcore.graph.generators import make
+    from outcore.job import _say_statistics
+
+    p = outcore.plan(make("chain", 40), 1)
+    said: list[str] = []
+    split = p.with_notes("batch statistics: over each of 2 micro-batches of 2 samples, as one "
+                         "device training the batch in 2 micro-batches takes them")
+    _say_statistics(split, lambda text, done, total: said.append(text))
+    assert len(said) == 1 and "2 micro-batches of 2 samples" in said[0] and \
+        "--microbatches" in said[0]
+    whole = p.with_notes("batch statistics: over each of 1 micro-batch of 4 samples, as one "
+                         "device training the batch in 1 micro-batch takes them")
+    _say_statistics(whole, lambda text, done, total: said.append(text))
+    _say_statistics(p, lambda text, done, total: said.append(text))  # no batch norm
+    assert len(said) == 1
