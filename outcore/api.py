@@ -25,7 +25,7 @@ from outcore.graph.ir import Graph
 from outcore.hardware.cluster import make_cluster
 from outcore.hardware.spec import Cluster, DeviceSpec
 from outcore.plan.plan import Plan
-from outcore.plan.request import PlanRequest
+from outcore.plan.request import PlanRequest, replicas_asked
 
 if TYPE_CHECKING:  # torch-dependent types, imported lazily at call time
     from outcore.runtime.trainer import Trainer
@@ -191,6 +191,20 @@ def plan_request_of(cfg: TrainConfig) -> PlanRequest:
                         schedule=pl.schedule, optimizer=cfg.optim.planned,
                         memory_policy=pl.memory_policy, device=pl.device,
                         search_layout=searched, seed=cfg.run.seed, batch_stats=pl.batch_stats)
+
+
+def capture_split(cfg: TrainConfig) -> int:
+    """Into how many micro-batches ``outcore plan`` splits a given ``--batch-size`` (the
+    global batch) before it captures the model, as ``outcore train`` does when the request
+    fixes them: the micro-batches times the model copies (the plan takes the graph as one
+    micro-batch). 1 when the search chooses the split (it rescales the whole batch's graph) or
+    the model's own example batch is used."""
+    pl = cfg.planning
+    if cfg.graph.batch_size is None or pl.layout == "auto" or pl.microbatches == "auto":
+        return 1
+    dp = pl.dp or 1
+    copies = dp * replicas_asked(pl.parallel or "mp", pl.replicas, pl.devices, dp)
+    return int(pl.microbatches or 1) * copies
 
 
 @speaks_api

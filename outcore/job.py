@@ -42,7 +42,7 @@ from outcore.plan.plan import (
     save as save_plan,
     to_dict as plan_to_dict,
 )
-from outcore.plan.request import PlanRequest
+from outcore.plan.request import PlanRequest, replicas_asked
 from outcore.report import MetricsWatcher, TrainReport, report
 from outcore.runtime import checkpoint, resume
 from outcore.runtime.local_cluster import local_cluster
@@ -209,15 +209,6 @@ def _steps_for_epochs(data: str, epochs: int, batch: int) -> int:
     import torchvision
     n = len(torchvision.datasets.ImageFolder(path))
     return max(1, epochs * (n // batch))
-
-
-def replicas_asked(parallel: str, replicas: int | None, devices: int, dp: int) -> int:
-    """GEMS replicas a train run asks for (the capture's micro-batch depends on them)."""
-    if parallel == "mp":
-        return 1
-    if parallel == "mast":
-        return 2
-    return replicas or (4 if devices // max(dp, 1) >= 4 else 2)
 
 
 SAVED_CONFIG, SAVED_PLAN = checkpoint.SAVED_CONFIG, checkpoint.SAVED_PLAN

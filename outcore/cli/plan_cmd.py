@@ -72,22 +72,9 @@ def load_or_capture(source: str, cfg):
         return graph, False
     return outcore.model_graph(source, input_shape=g.input_shape, batch_size=g.batch_size,
                                costs=g.costs, leaves=tuple(g.leaf), task=g.task,
-                               precision=g.precision, split=_split(cfg)), True
+                               precision=g.precision,
+                               split=outcore.api.capture_split(cfg)), True
 
-
-def _split(cfg) -> int:
-    """Into how many micro-batches a given ``--batch-size`` (the global batch) is split when
-    the request fixes them, as ``outcore train`` splits it: the micro-batches times the model
-    copies (the plan takes the graph as one micro-batch). 1 when the search chooses the split
-    (it rescales the whole batch's graph) or the model's own example batch is used."""
-    from outcore.job import replicas_asked
-
-    pl = cfg.planning
-    if cfg.graph.batch_size is None or pl.layout == "auto" or pl.microbatches == "auto":
-        return 1
-    dp = pl.dp or 1
-    copies = dp * replicas_asked(pl.parallel or "mp", pl.replicas, pl.devices, dp)
-    return int(pl.microbatches or 1) * copies
 
 
 def _outputs(args: argparse.Namespace, captured: bool) -> tuple[Path, Path]:

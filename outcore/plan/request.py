@@ -20,7 +20,7 @@ from outcore.plan.policies import CHOICES
 from outcore.plan.spatial import check_spatial_request
 from outcore.units import parse_bytes
 
-__all__ = ["BATCH_STATS", "PlanRequest"]
+__all__ = ["BATCH_STATS", "PlanRequest", "replicas_asked"]
 
 # how a model's batch statistics group the samples (PlanRequest.batch_stats)
 BATCH_STATS = ("global", "per-copy")
@@ -238,3 +238,12 @@ def _request_fields(given: dict[str, Any]) -> dict[str, Any]:
         raise UsageError(f"a plan request has no option {unknown[0]!r}{hint}: it takes "
                          f"{', '.join(names)}")
     return out
+
+
+def replicas_asked(parallel: str, replicas: int | None, devices: int, dp: int) -> int:
+    """GEMS replicas a run asks for (the capture's micro-batch depends on them)."""
+    if parallel == "mp":
+        return 1
+    if parallel == "mast":
+        return 2
+    return replicas or (4 if devices // max(dp, 1) >= 4 else 2)
