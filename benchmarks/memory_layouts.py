@@ -48,7 +48,7 @@ MiB = 2**20
 # the checkpoint cell's limit: the first of these shares of the plain pipeline's predicted peak
 # that a plan with checkpointing meets (a model whose largest stage is mostly parameters
 # saves little by it)
-CHECKPOINT_SHARES = (0.9, 0.95, 0.99)
+CHECKPOINT_SHARES = (0.9, 0.95, 0.99, 0.995)
 # a rank is over its prediction by more than this share and this many bytes (a rank that holds
 # a few KiB is not judged by its ratio)
 OVER, OVER_BYTES = 0.01, 16 * 1024
