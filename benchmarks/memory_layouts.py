@@ -4,7 +4,7 @@ prediction, for every layout kind x a few models.
 Each cell is one ``outcore.train`` (estimated CPU costs, 2 steps, SGD without momentum, batch
 8, gloo workers on this machine); the peak is the tensor tracker's (``report.peak_bytes``), the
 prediction the plan's (``report.per_rank("peak_bytes")``), both per rank. The checkpoint
-cell gives the pipeline cell's predicted peak x 0.9 (else 0.95, 0.99: the first a plan meets)
+cell gives the pipeline cell's predicted peak x 0.9 (else 0.95, 0.99, 0.995: the first met)
 as ``--memory`` with ``--memory-policy checkpoint``, so the plan must drop activations. A cell
 is over when a rank's measured peak passes its prediction (a plan made for that prediction
 would break its limit). CPU offload is
