@@ -163,14 +163,19 @@ def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[floa
 
 
 def _depthwise_nhwc(g: Graph, i: int, cfg: dict, half: bool) -> float:
-    """The backward buffer of a depthwise convolution (one filter per channel) with a kernel
-    of 5 or more whose input is channels-last in memory (ConvNeXt's blocks): 1 KiB per weight
-    element whatever the batch and image (float32; up to 1.29 times that in bfloat16),
-    measured with the CPU allocator on 1 and 2 threads. A 3x3 kernel takes none."""
+    """The backward buffer of a depthwise convolution (one filter per channel) whose input is
+    channels-last in memory (ConvNeXt's blocks, PVT's MLP): 1 KiB per weight element whatever
+    the batch and image (float32; up to 1.29 times that in bfloat16), measured with the CPU
+    allocator on 1 and 2 threads, for a kernel of 5 or more, and for a 3x3 one only on an
+    input fewer rows high than the kernel (at 2x2, not at 3x3 or 2 wide x 8 high)."""
     kernel = list(cfg.get("kernel_size") or ())
     channels = int(cfg.get("in_channels") or 0)
     if not g.attr(i, "channels_last") or not channels or len(kernel) != 2 or \
-            max(kernel) < 5 or int(cfg.get("groups") or 1) != channels:
+            int(cfg.get("groups") or 1) != channels:
+        return 0.0
+    ins = g.attr(i, "in_shapes") or ()
+    rows = int(ins[0][2]) if ins and len(ins[0]) == 4 else 0
+    if max(kernel) < 5 and rows >= kernel[0]:
         return 0.0
     return channels * kernel[0] * kernel[1] * 1024.0 * (1.3 if half else 1.0)
 
