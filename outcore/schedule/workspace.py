@@ -7,6 +7,8 @@ add it on CPU devices."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from outcore.cost.analytical import HALF_DTYPES
@@ -27,10 +29,11 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     largest_in = np.zeros(n)
     np.maximum.at(largest_in, g.dst, np.asarray(g.edge_bytes, np.float64))
     out = np.asarray(g.out_bytes, np.float64)
+    shares = _TPShares.of(g)
     for op, idx in g._nodes_by_op.items():
         if op.lower() in _MATMULS:
             for i in idx.tolist():
-                fwd[i], bwd[i] = matmul_scratch(g, i, float(out[i]))
+                fwd[i], bwd[i] = matmul_scratch(g, i, float(out[i]), shares)
         elif _workspace_kind(op):
             for i in idx.tolist():
                 fwd[i], bwd[i] = workspace(g, i, float(largest_in[i]), float(out[i]))
@@ -47,29 +50,49 @@ _REDUCTIONS = ("mean", "avg_pool", "avgpool", "sum")
 _MATMULS = ("linear", "addmm", "mm", "matmul", "bmm", "baddbmm")
 
 
-def matmul_scratch(g: Graph, i: int, out_bytes: float) -> tuple[float, float]:
+@dataclass(frozen=True)
+class _TPShares:
+    """Which products of a tensor-parallel rank's graph (:func:`outcore.cost.tensor.
+    tensor_graph`) multiply 1/tp of their columns or of their inner dimension."""
+
+    tp: int
+    cols: frozenset[int]
+    inner: frozenset[int]
+    gathered: frozenset[int]
+
+    @staticmethod
+    def of(g: Graph) -> "_TPShares":
+        def nodes(key: str) -> frozenset[int]:
+            return frozenset(int(v) for v in g.meta.get(key) or ())
+        return _TPShares(int(g.meta.get("tp") or 1), nodes("tp_split_cols"),
+                         nodes("tp_split_inner"), nodes("tp_gathered"))
+
+
+def matmul_scratch(g: Graph, i: int, out_bytes: float,
+                   shares: _TPShares | None = None) -> tuple[float, float]:
     """Node ``i``'s scratch (forward, backward) when it is a bfloat16 matrix product of an
     output of ``out_bytes``: oneDNN packs blocks of its operands and accumulates a block of
     the result in float32 in a buffer it takes from the CPU allocator for the call (float16
     and float32 products take none, torch 2.14). The backward's two products (the input's
-    gradient and the weight's) run one after the other, so it holds the larger."""
+    gradient and the weight's) run one after the other, so it holds the larger. On a
+    tensor-parallel rank, its share of the product (``shares``: read from ``g`` if None)."""
     if str(g.attr(i, "dtype", "")) != "bfloat16" or g.attrs is None:
         return 0.0, 0.0
     shape = g.attr(i, "shape")
     ins = [s for s in (g.attr(i, "in_shapes") or ()) if s and len(s) >= 2]
     if not shape or len(shape) < 2 or not ins:
         return 0.0, 0.0
-    n, k = int(shape[-1]), int(ins[0][-1])
-    tp = int(g.meta.get("tp") or 1)
-    cols = i in set(g.meta.get("tp_split_cols") or ())  # a tensor-parallel rank's share
-    sharded_out = cols and i not in set(g.meta.get("tp_gathered") or ())
+    shares = shares or _TPShares.of(g)
+    n, k, tp = int(shape[-1]), int(ins[0][-1]), shares.tp
+    cols = i in shares.cols
+    sharded_out = cols and i not in shares.gathered
     batched = g.op_of(i).lower() in ("bmm", "baddbmm")
     # the rows of one product; a linear layer's every leading dimension, at this micro-batch
     m = int(shape[-2]) if batched else \
         int(out_bytes // max(2 * (-(-n // tp) if sharded_out else n), 1))
     if cols:
         n = -(-n // tp)
-    if i in set(g.meta.get("tp_split_inner") or ()):
+    if i in shares.inner:
         k = -(-k // tp)
     return _onednn_bf16(m, k, n), max(_onednn_bf16(m, n, k), _onednn_bf16(k, m, n),
                                        _onednn_bf16(n, m, k))
@@ -80,7 +103,7 @@ def _onednn_bf16(m: int, k: int, n: int) -> float:
     (outcore's workers run one; each further thread takes its own): oneDNN works in blocks of
     at most 256 rows, 1024 of the inner dimension and 64 columns (256 once the inner
     dimension passes 512). Against the allocator over m in 8..2048, k and n in 16..4096 and
-    either operand transposed: never below what it took, twice it at the median; 1.8 MiB
+    either operand transposed: never below what it took, twice it at the median; 1.75 MiB
     at most, whatever the product."""
     if m < 2 or n < 2 or m * k * n <= 16 ** 3:  # torch multiplies these without oneDNN
         return 0.0
