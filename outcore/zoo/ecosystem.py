@@ -171,14 +171,14 @@ def _agreeing(fields: dict[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
     if hidden % heads == 0:
         out.update({k: hidden // heads for k in ("head_dim", "d_head") if k in fields})
     if "num_key_value_heads" in fields:
-        out["num_key_value_heads"] = int(sizes.get("num_key_value_heads", heads))
+        out["num_key_value_heads"] = heads
     if "embedding_size" in fields:
         out["embedding_size"] = hidden
     if "num_kv_shared_layers" in fields:
         out["num_kv_shared_layers"] = 0
     if "vocab_size_per_layer_input" in fields:
         out["vocab_size_per_layer_input"] = int(sizes["vocab_size"])
-    return {k: v for k, v in out.items() if k not in sizes or k == "num_key_value_heads"}
+    return {k: v for k, v in out.items() if k not in sizes}
 
 
 def _made_config(model_type: str, kwargs: dict[str, Any], opts: dict[str, Any]) -> Any:
@@ -283,11 +283,9 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
     if folder is not None:  # a checkpoint on disk: its config, and its weights to start from
         config = folder_config(folder, opts)
         model_type = config.model_type
-        task = hf_task(model_type, opts.get("task"))
-        make = _hf_builder(task)
-    else:
-        task = hf_task(model_type, opts.get("task"))
-        make = _hf_builder(task)
+    task = hf_task(model_type, opts.get("task"))
+    make = _hf_builder(task)
+    if folder is None:
         config = hf_config(model_type, opts, check=lambda c: probe(lambda: make(c)))
     if task == "regression":
         config.problem_type = "regression"
