@@ -375,7 +375,7 @@ def run(job: Job, *, progress: Callable[[str, int, int], None] | None = None,
     g, planned = prepare(job, progress=progress)
     job = settle(job, planned)
     p = _only_used_devices(g, planned, progress)  # says so when it starts fewer workers
-    _say_statistics(p, progress)
+    _say_statistics(g, p, job.cfg.graph.batch_size, progress)
     p = _with_schedule_file(job.cfg, g, p)
     _save_artifacts(job, g, p)
     from outcore.runtime.launch import run_local
@@ -405,14 +405,19 @@ def _with_spin(cfg: TrainConfig, workers: int) -> TrainConfig:
     return cfg.replace(spin_us=auto_spin_us(workers))
 
 
-def _say_statistics(p: Plan, progress: Callable[[str, int, int], None] | None) -> None:
+def _say_statistics(g: Graph, p: Plan, batch: int | None,
+                    progress: Callable[[str, int, int], None] | None) -> None:
     """Say over which samples batch norm takes its statistics when they are not the whole
     batch (the plan split it into micro-batches or copies): the loss then differs from one
     device training the whole batch at once, and ``--microbatches`` is what fixes it."""
-    note = next((n for n in p.notes if n.startswith("batch statistics: over each of ")), None)
-    if note is None or note.startswith("batch statistics: over each of 1 micro-batch "):
+    from outcore.search.runnable import has_batch_statistics
+
+    chunks = p.layout.copies * p.microbatches
+    if chunks == 1 or not has_batch_statistics(g):
         return
-    said = note + " (--microbatches sets how many)"
+    samples = f" of {batch // chunks} samples" if batch else ""
+    said = (f"batch statistics: over each of {chunks} micro-batches{samples}, not the whole "
+            "batch as one device with one micro-batch takes them (--microbatches sets how many)")
     log.info(said)
     if progress:
         progress(said, 0, 1)

@@ -172,18 +172,23 @@ def test_the_plan_counts_the_optimizer_state_the_run_keeps(tmp_path):
 
 
 def test_a_run_says_when_batch_statistics_are_not_over_the_whole_batch():
-    from outcore.graph.generators import make
+    from outcore.graph.ir import build
     from outcore.job import _say_statistics
 
-    p = outcore.plan(make("chain", 40), 1)
+    def graph(middle: str):
+        return build("bn", fwd_s=[1e-3] * 3, src=[0, 1], dst=[1, 2], edge_bytes=[4096.0] * 2,
+                     ops=["input", middle, "output"], batch_size=4)
+
     said: list[str] = []
-    split = p.with_notes("batch statistics: over each of 2 micro-batches of 2 samples, as one "
-                         "device training the batch in 2 micro-batches takes them")
-    _say_statistics(split, lambda text, done, total: said.append(text))
-    assert len(said) == 1 and "2 micro-batches of 2 samples" in said[0] and \
+
+    def tell(text, done, total):
+        said.append(text)
+
+    g = graph("batch_norm")
+    _say_statistics(g, outcore.plan(g, 1, microbatches=2), 8, tell)
+    assert len(said) == 1 and "2 micro-batches of 4 samples" in said[0] and \
         "--microbatches" in said[0]
-    whole = p.with_notes("batch statistics: over each of 1 micro-batch of 4 samples, as one "
-                         "device training the batch in 1 micro-batch takes them")
-    _say_statistics(whole, lambda text, done, total: said.append(text))
-    _say_statistics(p, lambda text, done, total: said.append(text))  # no batch norm
+    _say_statistics(g, outcore.plan(g, 1, microbatches=1), 8, tell)  # the whole batch
+    plain = graph("relu")  # no batch statistics
+    _say_statistics(plain, outcore.plan(plain, 1, microbatches=2), 8, tell)
     assert len(said) == 1
