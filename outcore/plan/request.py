@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from outcore.config import OptimizerOptions
 from outcore.errors import UsageError
 from outcore.hardware.cluster import make_cluster
 from outcore.hardware.spec import Cluster, DeviceSpec
@@ -223,10 +224,11 @@ def _request_fields(given: dict[str, Any]) -> dict[str, Any]:
         out.setdefault("search_layout", layout == "auto")
     if "shard" in out:
         out.setdefault("depth", out.pop("shard"))
-    if "momentum" in out:
-        momentum = out.pop("momentum")
-        if out.get("optimizer") == "sgd" and momentum:
-            out["optimizer"] = "sgd-momentum"
+    if "momentum" in out:  # the optimizer as the plan names it (OptimizerOptions.planned)
+        momentum = float(out.pop("momentum") or 0.0)
+        if "optimizer" in out:
+            out["optimizer"] = OptimizerOptions(optimizer=out["optimizer"],
+                                                momentum=momentum).planned
     known = {f.name for f in dataclass_fields(PlanRequest)} - {"devices", "memory_bytes",
                                                                "cluster"}
     unknown = sorted(set(out) - known)
