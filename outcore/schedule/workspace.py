@@ -173,16 +173,74 @@ def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[floa
     # constant 77 KiB of a ResNet's peak at every batch size, 2.5 % of it at 2 samples)
     weight = float(g.param_bytes[i]) or sum(float(g.out_bytes[int(p)]) for p in
                                             g.predecessors(i) if g.op_of(int(p)) == "param")
+    cfg = g.attr(i, "config") or {}
+    kernel = _weight_shape(cfg, ins)
+    padded = grad_in and len(kernel) > 2 and int(ins[0][1]) == kernel[1] and \
+        _blocked(kernel[1]) > 1
+    if padded:  # no groups: the gradient of an input of under 16 channels takes a copy of
+        weight *= _blocked(kernel[1])  # the weight padded to 16 of them
     # in bfloat16 / float16 a strided 1x1 convolution's backward makes its input's gradient
     # channels-last, then a contiguous copy of it
-    cfg = g.attr(i, "config") or {}
     strided_1x1 = list(cfg.get("kernel_size") or ()) == [1, 1] and \
         any(s > 1 for s in cfg.get("stride") or ())
-    half = str(g.attr(i, "dtype", "")) in HALF_DTYPES
+    dtype = str(g.attr(i, "dtype", ""))
+    half = dtype in HALF_DTYPES
     extra = in_bytes if grad_in and strided_1x1 and half else 0.0
-    return max(1.1 * act, pin, pout), \
-        max(2.0 * act, (pin if grad_in else 0.0) + pout) + weight + extra + \
+    itemsize = 2 if half else 8 if dtype == "float64" else 4
+    # the forward reorders the weight into oneDNN's blocks (a bfloat16 one its input too)
+    copy = float(np.prod(kernel)) * itemsize if len(kernel) > 2 else weight
+    fwd = max(1.1 * act, pin, pout) + copy + (in_bytes if half else 0.0)
+    bwd = max(2.0 * act, (pin if grad_in else 0.0) + pout) + weight + extra + \
         _depthwise_nhwc(g, i, cfg, half)
+    if g.attr(i, "channels_last") and len(kernel) > 2 and kernel[1] > 1:
+        # a channels-last input keeps its layout, unblocked, and the weight is copied to and
+        # from it, twice forward and three times backward (measured exactly, plus under 16 KiB
+        # in float32; bfloat16 also about one activation backward)
+        fwd = 2.0 * copy + 16384.0
+        bwd = 3.0 * copy + (act if half else 0.0) + 16384.0 + (weight if padded else 0.0)
+    gemm = _gemm_conv(kernel, cfg, ins, shape, itemsize)
+    return max(fwd, gemm[0]), max(bwd, gemm[1])
+
+
+def _weight_shape(cfg: dict, ins: list) -> list[int]:
+    """A convolution's weight shape (out channels, in channels per group, kernel...), from
+    its layer's configuration or the functional call's second input; [] when neither."""
+    kernel = list(cfg.get("kernel_size") or ())
+    if kernel and cfg.get("in_channels") and cfg.get("out_channels"):
+        groups = int(cfg.get("groups") or 1)
+        return [int(cfg["out_channels"]), int(cfg["in_channels"]) // groups, *map(int, kernel)]
+    if len(ins) > 1 and ins[1] and len(ins[1]) == len(ins[0]):
+        return [int(d) for d in ins[1]]
+    return []
+
+
+# oneDNN's direct kernels take a kernel up to this wide; a wider one (a ViT's 16x16 patches, a
+# 1-d convolution of 15 taps or more, RepLKNet's 31x31) runs as im2col and a matrix product
+_DIRECT_WIDTH = 14
+
+
+def _gemm_conv(weight: list[int], cfg: dict, ins: list, out_shape: list,
+               itemsize: int) -> tuple[float, float]:
+    """The scratch of a convolution oneDNN computes as im2col and a matrix product, per worker
+    thread (workers run one): one sample's columns (in channels per group x kernel x output
+    positions) in both directions, beside a float32 copy of the weight forward and four
+    backward (measured exactly that plus 256 bytes in float32, for 1-d, 2-d and 3-d, grouped
+    and depthwise kernels; bfloat16 takes at most as many bytes). oneDNN does so for a kernel
+    wider than :data:`_DIRECT_WIDTH`, and for a dilated one that spans more than its input
+    (SKNet's dilated 3x3 at the last stage's 1x1 pixels); (0, 0) for a direct kernel."""
+    if len(weight) < 3 or len(out_shape) != len(weight) or not ins or \
+            len(ins[0]) != len(weight):
+        return 0.0, 0.0
+    kernel = weight[2:]
+    dilation = list(cfg.get("dilation") or [1] * len(kernel))
+    spans = [(k - 1) * int(d) + 1 for k, d in zip(kernel, dilation)]
+    dilated_past = any(int(d) > 1 and int(size) < span for size, span, d in
+                       zip(ins[0][2:], spans, dilation))
+    if kernel[-1] <= _DIRECT_WIDTH and not dilated_past:
+        return 0.0, 0.0
+    elements = float(np.prod(weight))
+    columns = float(np.prod(weight[1:])) * float(np.prod(out_shape[2:])) * itemsize
+    return 4.0 * elements + columns, 16.0 * elements + columns + 512.0
 
 
 def _depthwise_nhwc(g: Graph, i: int, cfg: dict, half: bool) -> float:

@@ -89,3 +89,122 @@ def test_a_channels_last_depthwise_backward_is_counted_as_the_allocator_takes_it
     # the same convolution of a contiguous input takes no such buffer
     plain = capture(model.dw, (torch.randn(2, 48, size, size),))
     assert not plain.attr(int(plain.nodes_with_op("conv2d")[0]), "channels_last")
+
+
+def test_a_one_pixel_nhwc_input_is_channels_last_as_torch_takes_it():
+    """CoaT's attention maps a 1x1 image back with NHWC strides: contiguous both ways, and
+    torch's convolution takes it channels-last (a depthwise 7x7 then allocates 1 KiB a weight
+    element); a contiguous 1x1 image is not marked."""
+    from outcore.graph.capture import capture
+
+    model = torch.nn.Conv2d(24, 24, 7, padding=3, groups=24)
+    nhwc = torch.randn(2, 1, 24).transpose(1, 2).reshape(2, 24, 1, 1)
+    assert nhwc.is_contiguous() and nhwc.is_contiguous(memory_format=torch.channels_last)
+    g = capture(model, (nhwc,))
+    assert g.attr(int(g.nodes_with_op("conv2d")[0]), "channels_last")
+    g = capture(model, (torch.randn(2, 24, 1, 1),))
+    assert not g.attr(int(g.nodes_with_op("conv2d")[0]), "channels_last")
+
+
+class _Conv(torch.nn.Module):
+    """One convolution, of the model's input or of an activation (whose gradient it makes)."""
+
+    def __init__(self, conv: torch.nn.Module, of_input: bool):
+        super().__init__()
+        self.conv, self.of_input = conv, of_input
+
+    def forward(self, x):
+        return self.conv(x if self.of_input else x * 1.0)
+
+
+def _conv_scratch(conv: torch.nn.Module, x: torch.Tensor, grad_in: bool) -> tuple[int, int]:
+    """What the allocator hands out inside ``conv``'s forward and backward beyond the
+    forward's output and the backward's gradients, after a first call that builds oneDNN's
+    kernels."""
+    from outcore.core.memtrack import allocated_peak
+
+    x = x.detach().requires_grad_(grad_in)
+    conv(x).backward(torch.randn_like(conv(x)))
+    conv.zero_grad(set_to_none=True)
+    x.grad = None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        y = conv(x)
+    forward = allocated_peak(prof) - y.numel() * y.element_size()
+    grad = torch.randn_like(y)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        y.backward(grad)
+    grads = [p for p in conv.parameters()] + ([x] if grad_in else [])
+    backward = allocated_peak(prof) - sum(t.numel() * t.element_size() for t in grads)
+    return forward, backward
+
+
+# (input shape, conv, of the model's input): convolutions oneDNN runs as im2col and a matrix
+# product: a ViT's patches, a 1-d kernel of 15 taps, a 31x31 depthwise kernel (RepLKNet), a
+# grouped 128-tap 1-d kernel (wav2vec 2's positions), a 3-d patch kernel, and a dilated 3x3 at
+# 1x1 pixels (SKNet's last stage)
+GEMM_CASES = [
+    ((2, 3, 32, 32), lambda: torch.nn.Conv2d(3, 96, 16, stride=16), True),
+    ((2, 16, 64), lambda: torch.nn.Conv1d(16, 64, 15), False),
+    ((2, 32, 16, 16), lambda: torch.nn.Conv2d(32, 32, 31, padding=15, groups=32), False),
+    ((2, 64, 100), lambda: torch.nn.Conv1d(64, 64, 128, padding=64, groups=16), False),
+    ((2, 3, 4, 32, 32), lambda: torch.nn.Conv3d(3, 32, (2, 16, 16), stride=(2, 16, 16)), True),
+    ((2, 128, 1, 1), lambda: torch.nn.Conv2d(128, 128, 3, padding=2, dilation=2), False),
+]
+
+
+@pytest.mark.parametrize("shape,make,of_input", GEMM_CASES,
+                         ids=["patches", "1d-15", "dw-31", "grouped-1d", "3d", "dilated"])
+def test_a_convolution_run_as_a_matrix_product_is_bounded_by_its_scratch(shape, make, of_input):
+    from outcore.graph.capture import capture
+    from outcore.schedule.workspace import workspace_bytes
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as outcore's workers run
+    try:
+        torch.manual_seed(0)
+        model = _Conv(make(), of_input)
+        x = torch.randn(*shape)
+        g = capture(model, (x,))
+        conv = int(next(i for i in range(g.num_nodes) if "conv" in g.op_of(i)))
+        fwd, bwd = workspace_bytes(g)
+        taken_fwd, taken_bwd = _conv_scratch(model.conv, x, grad_in=not of_input)
+    finally:
+        torch.set_num_threads(threads)
+    assert taken_fwd <= fwd[conv] and taken_bwd <= bwd[conv], \
+        (taken_fwd, fwd[conv], taken_bwd, bwd[conv])
+    # the backward's columns and weight copies are what it takes, not a blanket over them
+    assert bwd[conv] <= 1.1 * taken_bwd + 4096, (taken_bwd, bwd[conv])
+
+
+# (channels in, out, kernel, stride, pixels): non-depthwise convolutions of an NHWC input
+# (GCViT's and DaViT's downsampling, a small-channel stem)
+NHWC_CASES = [(64, 128, 3, 2, 8), (32, 32, 3, 1, 16), (128, 128, 2, 2, 8), (3, 32, 7, 2, 16)]
+
+
+@pytest.mark.parametrize("cin,cout,kernel,stride,size", NHWC_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_channels_last_convolution_is_bounded_by_its_weight_copies(cin, cout, kernel, stride,
+                                                                     size, dtype):
+    from outcore.graph.capture import capture
+    from outcore.schedule.workspace import workspace_bytes
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2).to(dtype)
+        model = _Conv(conv, False)
+        x = torch.randn(2, size, size, cin, dtype=dtype).permute(0, 3, 1, 2)
+        g = capture(model, (x,))
+        node = int(g.nodes_with_op("conv2d")[0])
+        assert g.attr(node, "channels_last")
+        fwd, bwd = workspace_bytes(g)
+        taken_fwd, taken_bwd = _conv_scratch(conv, x, grad_in=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert taken_fwd <= fwd[node] and taken_bwd <= bwd[node], \
+        (taken_fwd, fwd[node], taken_bwd, bwd[node])
+    if cin >= 16:  # three weight copies and an activation at most, not the blocked copies
+        assert bwd[node] <= 1.5 * taken_bwd + 16384, (taken_bwd, bwd[node])

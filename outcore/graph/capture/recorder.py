@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._prims_common import suggest_memory_format
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
@@ -26,6 +27,18 @@ def _shape_of(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [_shape_of(v) for v in value]
     return None
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """Whether an operator takes ``t`` as channels-last, as torch decides from its strides:
+    also a tensor of one pixel whose strides are NHWC's (CoaT's attention maps to 1x1 images),
+    which is contiguous both ways."""
+    if t.dim() != 4:
+        return False
+    try:
+        return suggest_memory_format(t) == torch.channels_last
+    except Exception:  # a tensor subclass without strides
+        return not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
 
 class Recorder(fx.Interpreter):
@@ -70,8 +83,7 @@ class Recorder(fx.Interpreter):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             ts = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             self.in_shapes[n.name] = [list(t.shape) for t in ts]
-            if ts and ts[0].dim() == 4 and not ts[0].is_contiguous() and \
-                    ts[0].is_contiguous(memory_format=torch.channels_last):
+            if ts and _channels_last(ts[0]):
                 self.channels_last.add(n.name)
         self.input_storages = {
             StorageWeakRef(t.untyped_storage()): inp.name for inp in n.all_input_nodes
