@@ -77,6 +77,10 @@ class RankExecutor:
                  scaler: LossScaler | None = None):
         self.rank, self.s, self.modules = rank, schedule, modules
         self.random_seed = torch.initial_seed()  # the run's seed: random nodes derive theirs
+        # samples in a micro-batch (its first input's rows): random nodes draw per sample
+        first = [leaf for name in placeholders if name in metas
+                 for leaf in metas[name].tensor_leaves() if leaf.shape][:1]
+        self.samples = int(first[0].shape[0]) if first else 0
         self.names, self.metas, self.msg = names, metas, messenger
         self.loss_fn, self.optimizer = loss_fn, optimizer
         self.bucket_groups = bucket_groups
@@ -329,7 +333,7 @@ class RankExecutor:
         """Random nodes of piece ``p`` draw for this step and micro-batch chunk."""
         pm = self.modules[p]
         chunk = (copy_of(pm.outputs[0]) if pm.outputs else 0) * self.s.microbatches + mb
-        set_random_context(self.random_seed, self.msg.step_of(), chunk)
+        set_random_context(self.random_seed, self.msg.step_of(), chunk, self.samples)
 
     def forward(self, p: int, mb: int) -> None:
         with autocast(self.precision, self.device):

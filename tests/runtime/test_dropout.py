@@ -1,5 +1,6 @@
 """Dropout does not depend on placement: 1 rank and 2 ranks give the same losses and
-parameters with dropout on (random nodes are reseeded per node, step and micro-batch; see
+parameters with dropout on, whatever the layout and however the batch is grouped into
+micro-batches and copies (random nodes draw per sample, step and node; see
 ``outcore.core.randomness``)."""
 
 from __future__ import annotations
@@ -15,11 +16,23 @@ from tests.runtime.helpers import chunks, docs_for
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
 
-def _run(model: str, ranks: int, schedule: str):
-    cfg = TrainConfig.make(model=model, batch_size=8, microbatches=2, steps=3, schedule=schedule,
-                           return_state=True, track_memory=False, timeout=20)
-    graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, ranks), ranks)
-    return run_local(train_worker, ranks, (cfg, graph_doc, plan_doc), timeout_s=90)
+def _run(model: str, ranks: int, schedule: str, microbatches: int = 2, **layout):
+    cfg = TrainConfig.make(model=model, batch_size=8, microbatches=microbatches, steps=3,
+                           schedule=schedule, return_state=True, track_memory=False,
+                           timeout=20)
+    graph_doc, plan_doc, _ = docs_for(cfg, lambda g: chunks(g, ranks), ranks, **layout)
+    copies = layout.get("replicas", 1) * layout.get("dp", 1)
+    world = ranks * layout.get("dp", 1) if layout else ranks
+    assert copies * microbatches <= 8
+    return run_local(train_worker, world, (cfg, graph_doc, plan_doc), timeout_s=90)
+
+
+def _assert_same(runs, one):
+    for r in runs:
+        np.testing.assert_allclose(r["losses"], one[0]["losses"], rtol=1e-6, atol=0)
+        for k, v in r["state"].items():
+            np.testing.assert_allclose(v.numpy(), one[0]["state"][k].numpy(), rtol=1e-5,
+                                       atol=1e-7, err_msg=k)
 
 
 def test_dropout_losses_equal_on_one_and_two_ranks():
@@ -33,3 +46,13 @@ def test_dropout_losses_equal_on_one_and_two_ranks():
     # dropout is really on: the same model without it trains differently
     plain = _run("tests/runtime/dropout_model.py:no_drop_mlp", 1, "1f1b")
     assert not np.allclose(plain[0]["losses"], one[0]["losses"], rtol=1e-3)
+
+
+@pytest.mark.parametrize("layout", [dict(parallel="mp", dp=2), dict(parallel="mast", replicas=2)],
+                         ids=["dp2", "mast"])
+def test_dropout_masks_do_not_depend_on_how_the_batch_is_grouped(layout):
+    """One rank with the whole batch as one micro-batch against data-parallel copies (4 chunks
+    of 2 samples) and GEMS replicas: every sample draws its own mask."""
+    one = _run("tests/runtime/dropout_model.py:drop_mlp", 1, "1f1b", microbatches=1)
+    ranks = 1 if layout.get("dp") else 2
+    _assert_same(_run("tests/runtime/dropout_model.py:drop_mlp", ranks, "1f1b", **layout), one)
