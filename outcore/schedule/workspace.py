@@ -37,6 +37,13 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
         elif _workspace_kind(op):
             for i in idx.tolist():
                 fwd[i], bwd[i] = workspace(g, i, float(largest_in[i]), float(out[i]))
+        elif any(k in op.lower() for k in _RANDOM):
+            # a random node runs sample by sample (outcore.core.randomness): forward, the
+            # samples' parts live beside their join; one with p = 0 runs as it is
+            for i in idx.tolist():
+                cfg = g.attr(i, "config") or {}
+                if cfg.get("p", cfg.get("drop_prob")) != 0:
+                    fwd[i] = float(out[i])
         elif any(k in op.lower() for k in _REDUCTIONS):
             # the CPU reduces a bfloat16 / float16 tensor through a float32 copy of it
             for i in idx.tolist():
@@ -47,6 +54,8 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
 
 
 _REDUCTIONS = ("mean", "avg_pool", "avgpool", "sum")
+_RANDOM = ("dropout", "drop_path", "droppath", "stochastic_depth", "stochasticdepth",
+           "bernoulli")
 _MATMULS = ("linear", "addmm", "mm", "matmul", "bmm", "baddbmm")
 
 

@@ -208,3 +208,19 @@ def test_a_channels_last_convolution_is_bounded_by_its_weight_copies(cin, cout, 
         (taken_fwd, fwd[node], taken_bwd, bwd[node])
     if cin >= 16:  # three weight copies and an activation at most, not the blocked copies
         assert bwd[node] <= 1.5 * taken_bwd + 16384, (taken_bwd, bwd[node])
+
+
+def test_a_dropout_drawn_per_sample_holds_its_parts_beside_their_join():
+    """outcore runs a random node sample by sample: forward, the parts and the joined output
+    are alive together; a dropout of probability 0 runs as it is and takes nothing."""
+    from outcore.graph.capture import capture
+    from outcore.schedule.workspace import workspace_bytes
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(64, 64), torch.nn.Dropout(0.0))
+    g = capture(model, (torch.randn(4, 8),))
+    fwd, bwd = workspace_bytes(g)
+    drops = [int(i) for i in g.nodes_with_op("dropout")]
+    assert [g.attr(i, "config")["p"] for i in drops] == [0.5, 0.0]
+    assert fwd[drops[0]] == g.out_bytes[drops[0]] == 4 * 64 * 4
+    assert fwd[drops[1]] == 0.0 and bwd[drops[0]] == bwd[drops[1]] == 0.0

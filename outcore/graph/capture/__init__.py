@@ -308,7 +308,7 @@ def _get_attr(gm: nn.Module, target: str) -> Any:
 _CONFIG_KEYS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation",
                 "groups", "in_features", "out_features", "num_embeddings", "embedding_dim",
                 "input_size", "hidden_size", "num_layers", "num_heads", "embed_dim",
-                "normalized_shape", "num_features", "output_size")
+                "normalized_shape", "num_features", "output_size", "p", "drop_prob")
 
 
 def _layer_config(mod: nn.Module) -> dict[str, Any]:
