@@ -75,9 +75,13 @@ def per_sample(node: str, target: str, *args: Any, **kwargs: Any) -> Any:
     chunk = getattr(_context, "key", (0, 0, 0))[2]
     step = rows // samples  # rows a sample has: a flattened (samples x tokens) tensor has many
 
-    def rows_of(x: Any) -> Any:  # one split, whose backward is one concatenation
+    in_place = target.endswith(_IN_PLACE)
+
+    def rows_of(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.dim() and int(x.shape[0]) == rows:
-            return torch.split(x, step)
+            if in_place:  # views of the tensor the op writes, sample by sample
+                return [x.narrow(0, i * step, step) for i in range(samples)]
+            return torch.split(x, step)  # one split, whose backward is one concatenation
         return None
 
     split_args = [rows_of(a) for a in args]
@@ -88,6 +92,8 @@ def per_sample(node: str, target: str, *args: Any, **kwargs: Any) -> Any:
         parts.append(fn(*[a if r is None else r[i] for a, r in zip(args, split_args)],
                         **{k: v if split_kwargs[k] is None else split_kwargs[k][i]
                            for k, v in kwargs.items()}))
+    if in_place:  # the tensor written, as the op returns it
+        return first
     if isinstance(parts[0], (tuple, list)):  # native_dropout: (output, mask)
         return type(parts[0])(torch.cat([p[k] for p in parts]) for k in range(len(parts[0])))
     return torch.cat(parts)
@@ -99,17 +105,20 @@ class _PerSample(torch.nn.Module):
     def __init__(self, inner: torch.nn.Module, node: str):
         super().__init__()
         self.inner, self.node = inner, node
-        _TARGETS.setdefault(f"module:{id(inner)}", inner)
+        self.key = f"module:{id(inner)}" + (_IN_PLACE if getattr(inner, "inplace", False)
+                                            else "")
+        _TARGETS.setdefault(self.key, inner)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.inner.training:
             return self.inner(*args, **kwargs)
-        return per_sample(self.node, f"module:{id(self.inner)}", *args, **kwargs)
+        return per_sample(self.node, self.key, *args, **kwargs)
 
 
 # the callables random nodes run, by key (functions by qualified name, layers by id, methods
 # as "method:<name>"): fx's generated code names the key, not the object
 _TARGETS: dict[str, Any] = {}
+_IN_PLACE = "/in-place"  # the end of a key whose op writes its first input (dropout_, inplace=)
 
 
 def _method(name: str) -> Any:
@@ -165,12 +174,16 @@ def seed_random_nodes(gm: fx.GraphModule) -> int:
             gm.add_submodule(attr, _PerSample(mod, n.name))
             n.target = attr
             continue
+        name = getattr(n.target, "__name__", str(n.target)).split(".")[0]
+        writes = name.endswith("_") or n.kwargs.get("inplace") is True or \
+            "dropout" in name and len(n.args) > 3 and n.args[3] is True
         if n.op == "call_method":
-            key = f"method:{n.target}"
+            key = f"method:{n.target}" + (_IN_PLACE if writes else "")
             _TARGETS.setdefault(key, _method(str(n.target)))
         else:
             qualname = getattr(n.target, "__qualname__", str(n.target))
-            key = f"{getattr(n.target, '__module__', '')}.{qualname}"
+            key = f"{getattr(n.target, '__module__', '')}.{qualname}" + \
+                (_IN_PLACE if writes else "")
             _TARGETS.setdefault(key, n.target)
         with gm.graph.inserting_before(n):
             run = gm.graph.call_function(per_sample, (n.name, key, *n.args), dict(n.kwargs))

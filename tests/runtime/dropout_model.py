@@ -6,17 +6,18 @@ from torch import nn
 
 
 class DropMLP(nn.Module):
-    def __init__(self, p: float = 0.3):
+    def __init__(self, p: float = 0.3, inplace: bool = False):
         super().__init__()
         self.a = nn.Linear(16, 32)
-        self.drop = nn.Dropout(p)
+        self.drop = nn.Dropout(p, inplace=inplace)
         self.b = nn.Linear(32, 32)
         self.c = nn.Linear(32, 4)
-        self.p = p
+        self.p, self.inplace = p, inplace
 
     def forward(self, x):
-        x = self.drop(torch.tanh(self.a(x)))
-        x = F.dropout(torch.tanh(self.b(x)), self.p, self.training)
+        # a linear layer's output: no backward reads it, so dropout may also write it
+        x = torch.tanh(self.drop(self.a(x)))
+        x = F.dropout(self.b(x), self.p, self.training, self.inplace)
         return self.c(x)
 
 
@@ -26,3 +27,8 @@ def drop_mlp():
 
 def no_drop_mlp():
     return DropMLP(p=0.0), torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+
+
+def inplace_drop_mlp():
+    """Dropout that writes its input (torchvision's MNASNet and EfficientNet classifiers)."""
+    return DropMLP(inplace=True), torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
