@@ -63,7 +63,8 @@ class PieceCosts:
             ``.grad``), plus recomputed or prefetched activations and fetched parameters
             under a memory policy.
         transfer_bytes: ``[transfers]`` bytes of one micro-batch's tensors.
-        static_bytes: ``[ranks]`` parameters × optimizer state factor kept on the device.
+        static_bytes: ``[ranks]`` parameters × optimizer state factor kept on the device,
+            and the buffers read through constant nodes.
         param_bytes: ``[ranks]`` parameter bytes (what the optimizer updates).
         piece_param_bytes: ``[pieces]`` parameter bytes of each piece (its gradient bucket).
         policies: ``[pieces]`` memory policy of each piece.
@@ -213,7 +214,12 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     # a rank's own copy of a shared weight another rank owns (not in the piece's bucket: the
     # shared parameters' all-reduce sums it)
     copies = shared_copies(g, piece_of, rank_of_piece, n_p, reads)
-    static_piece = (piece_params + copies) * factor
+    # and the buffers it reads through constant nodes (a causal mask of 128x128 positions per
+    # layer in hf:openai-gpt), held all run long as the parameters are, without gradients
+    constants = g.nodes_with_op("constant")
+    static_piece = (piece_params + copies) * factor + np.bincount(
+        piece_of[constants], weights=np.asarray(g.out_bytes, np.float64)[constants],
+        minlength=n_p)
     if any(p != "none" for p in pol):
         _apply_policies(g, pieces, pol, host_bandwidth, host_is_device, fwd, bwd,
                         saved, transient, t_bwd, grad_tmp, static_piece, piece_params)
