@@ -1,0 +1,112 @@
+"""Models no test names, trained as a user would: each on 1 device and on 2 (the layout the
+search picks), 4 samples in 2 micro-batches, SGD, 2 steps, on local CPU workers. Per model:
+whether the 2-device losses equal one device's (1e-4 relative; dropout and batch norm
+included), and per rank the measured peak against the prediction (over: by 1 % and 16 KiB).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py            # ~60 models, ~25 min
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --models torchvision:squeezenet1_0
+
+Prints one line per model and writes ``benchmarks/results/heldout_models.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+import warnings
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# small images keep a model's step to seconds; the options are the models' own
+MODELS = [f"timm:{m}" for m in (
+    "efficientnet_b0:image_size=64", "mobilenetv3_small_050:image_size=64",
+    "densenet121:image_size=64", "dla34:image_size=32",
+    "vit_tiny_patch16_224:image_size=32,depth=2",
+    "levit_128s:image_size=64", "poolformer_s12:image_size=32", "mobilevit_xxs:image_size=64",
+    "rexnet_100:image_size=32", "ese_vovnet19b_dw:image_size=32", "cspresnet50:image_size=32",
+    "dpn68:image_size=32", "skresnet18:image_size=32", "repvgg_a0:image_size=32",
+    "hgnet_tiny:image_size=64", "efficientvit_b0:image_size=64", "edgenext_xx_small:image_size=64",
+    "swin_tiny_patch4_window7_224:image_size=56,depths=(1,1,1,1)", "coat_lite_tiny:image_size=32",
+    "inception_next_tiny:image_size=64", "mambaout_femto:image_size=64",
+    "visformer_tiny:image_size=64", "gcvit_xxtiny:image_size=64",
+    "resnetv2_50x1_bit:image_size=32", "botnet26t_256:image_size=64",
+    "cs3darknet_s:image_size=32", "vgg11_bn:image_size=32", "xception41:image_size=64",
+    "selecsls42b:image_size=32", "tresnet_m:image_size=64", "pit_ti_224:image_size=64",
+    "twins_pcpvt_small:image_size=64", "focalnet_tiny_srf:image_size=64",
+    "davit_tiny:image_size=64", "tnt_s_patch16_224:image_size=64", "resnet50d:image_size=32",
+    "regnety_002:image_size=32", "convnextv2_atto:image_size=32", "fastvit_t8:image_size=64",
+    "pvt_v2_b0:image_size=32", "nf_resnet26:image_size=32", "ghostnet_050:image_size=64",
+    "resnest14d:image_size=64", "convnext_atto:image_size=64,drop_path_rate=0.1")] + [
+    f"torchvision:{m}" for m in (
+        "googlenet", "mnasnet0_5", "shufflenet_v2_x0_5", "squeezenet1_0", "regnet_y_400mf",
+        "swin_t", "efficientnet_v2_s", "maxvit_t")] + [
+    f"hf:{t}" for t in ("phi3", "bloom", "openai-gpt", "olmoe", "glm", "helium", "nemotron",
+                        "squeezebert", "gemma3_text", "xlnet", "gpt2:dropout=0.1")]
+
+
+def one(model: str, run_dir: str) -> dict:
+    import numpy as np
+
+    import outcore
+
+    kw = dict(batch_size=4, steps=2, optimizer="sgd", costs="estimate:cpu", timeline=False,
+              run_dir=run_dir, seed=0, microbatches=2, progress=False)
+    r1 = outcore.train(model, 1, **kw)
+    r2 = outcore.train(model, 2, **kw)
+    ranks = []
+    for r in (r1, r2):
+        for meas, pred in zip(r.peak_bytes or [], r.per_rank("peak_bytes")):
+            ranks.append((float(meas) / 2**20, float(pred) / 2**20))
+    over = [m for m, p in ranks if m > p * 1.01 and (m - p) * 2**20 > 16384]
+    lay = r2.plan.layout
+    return {"equal": bool(np.allclose(r1.losses, r2.losses, rtol=1e-4, atol=1e-6)),
+            "losses_1": list(r1.losses), "losses_2": list(r2.losses),
+            "layout": f"{lay.mode} r{lay.replicas} dp{lay.dp}", "ranks": ranks,
+            "worst": max(m / p for m, p in ranks if p), "over": len(over)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="*", help="model specs (default: the list above)")
+    ap.add_argument("--run-dir", default="/tmp/outcore_heldout")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    rows = []
+    for m in args.models or MODELS:
+        t0 = time.perf_counter()
+        try:
+            row = {"model": m, **one(m, args.run_dir)}
+            text = (f"{'equal' if row['equal'] else 'DIFFERENT'} losses on {row['layout']}; "
+                    f"worst measured/predicted {row['worst']:.3f}"
+                    + (f", {row['over']} ranks OVER" if row["over"] else ""))
+        except Exception as e:  # noqa: BLE001 - every failure is a row of the table
+            row = {"model": m, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            text = row["error"]
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        rows.append(row)
+        print(f"{m}: {text} ({row['seconds']} s)", flush=True)
+    ran = [r for r in rows if "error" not in r]
+    summary = (f"{sum(r['equal'] for r in ran)} of {len(rows)} models equal on 2 devices; "
+               f"{sum(r['over'] == 0 for r in ran)} within their predicted peak on every rank; "
+               f"{len(rows) - len(ran)} did not run")
+    print("\n" + summary)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "heldout_models.json").write_text(json.dumps({"summary": summary, "rows": rows},
+                                                            indent=1))
+    lines = [summary, "", "| model | 2-device layout | losses | worst measured / predicted |",
+             "| --- | --- | --- | ---: |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | - | {r['error']} | - |")
+        else:
+            lines.append(f"| {r['model']} | {r['layout']} | "
+                         f"{'equal' if r['equal'] else '**different**'} | {r['worst']:.3f} |")
+    (RESULTS / "heldout_models.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
