@@ -135,9 +135,13 @@ def is_random(n: fx.Node, gm: torch.nn.Module) -> bool:
         kind = type(gm.get_submodule(str(n.target))).__name__.lower()
         return "dropout" in kind or "droppath" in kind or "stochasticdepth" in kind
     if n.op in ("call_function", "call_method"):
-        name = getattr(n.target, "__name__", str(n.target)).split(".")[0]
-        return name in RANDOM_FUNCTIONS
+        return _op_name(n) in RANDOM_FUNCTIONS
     return False
+
+
+def _op_name(n: fx.Node) -> str:
+    """A function or method node's operator name (``dropout`` of ``aten.dropout.default``)."""
+    return getattr(n.target, "__name__", str(n.target)).split(".")[0]
 
 
 def _never_drops(n: fx.Node, gm: torch.nn.Module) -> bool:
@@ -147,7 +151,7 @@ def _never_drops(n: fx.Node, gm: torch.nn.Module) -> bool:
         mod = gm.get_submodule(str(n.target))
         p = getattr(mod, "p", getattr(mod, "drop_prob", None))
         return isinstance(p, (int, float)) and float(p) == 0.0
-    name = getattr(n.target, "__name__", str(n.target)).split(".")[0]
+    name = _op_name(n)
     if "dropout" not in name and name not in ("drop_path", "stochastic_depth"):
         return False
     p = n.kwargs.get("p", n.kwargs.get("drop_prob", n.args[1] if len(n.args) > 1 else None))
@@ -174,7 +178,7 @@ def seed_random_nodes(gm: fx.GraphModule) -> int:
             gm.add_submodule(attr, _PerSample(mod, n.name))
             n.target = attr
             continue
-        name = getattr(n.target, "__name__", str(n.target)).split(".")[0]
+        name = _op_name(n)
         writes = name.endswith("_") or n.kwargs.get("inplace") is True or \
             "dropout" in name and len(n.args) > 3 and n.args[3] is True
         if n.op == "call_method":
