@@ -76,7 +76,6 @@ def load_or_capture(source: str, cfg):
                                split=outcore.api.capture_split(cfg)), True
 
 
-
 def _outputs(args: argparse.Namespace, captured: bool) -> tuple[Path, Path]:
     """The plan file and the graph file beside it. A file the command was not asked to
     write by name is never replaced: without -o, an existing plan.json (or plan.graph.json)
