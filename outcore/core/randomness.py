@@ -10,7 +10,10 @@ dimension, reseeding the generator before each from ``(run seed, step, sample, n
 ``n`` rows starts at row ``c * n``): the same sample sees the same mask on one rank or K, in
 any layout and schedule, and again when a checkpointed piece is recomputed. A random node
 without a tensor input (``torch.rand(shape)``) is reseeded once per chunk instead, and one with
-a drop probability of 0 runs as it is.
+a drop probability of 0 runs as it is. Under tensor parallelism a random node whose value is
+split over the group (dropout between a Megatron pair's layers, on a rank's columns or heads)
+draws the whole sample's mask and keeps its shard of it (:func:`set_shards`), so the ranks
+together draw one device's mask.
 
 This does *not* reproduce plain PyTorch's masks (its draws depend on the global order), so
 with dropout on, outcore's losses equal across placements but not plain PyTorch's.
@@ -19,7 +22,9 @@ with dropout on, outcore's losses equal across placements but not plain PyTorch'
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -31,7 +36,8 @@ RANDOM_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dro
                     "feature_alpha_dropout", "feature_dropout", "native_dropout", "drop_path",
                     "bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like",
                     "randint", "randint_like", "randperm", "normal", "normal_", "uniform_",
-                    "multinomial", "exponential_", "random_", "stochastic_depth")
+                    "multinomial", "exponential_", "random_", "stochastic_depth",
+                    "scaled_dot_product_attention")  # (random with a dropout_p above 0)
 
 
 def set_context(seed: int, step: int, chunk: int, samples: int = 0) -> None:
@@ -39,6 +45,55 @@ def set_context(seed: int, step: int, chunk: int, samples: int = 0) -> None:
     samples a chunk holds (0: unknown, a random node's first dimension is taken as them)."""
     _context.key = (int(seed), int(step), int(chunk))
     _context.samples = int(samples)
+
+
+def set_shards(index: int, count: int, shapes: Mapping[str, Any], batch: int) -> None:
+    """Tensor parallelism: this rank holds shard ``index`` of ``count`` of every value split
+    over its group, in ``torch.chunk``'s order; ``shapes`` gives each node's whole value's
+    shape at ``batch`` samples (the captured graph's). A random node whose sample is smaller
+    than the whole one along one dimension draws the whole sample and keeps its shard."""
+    whole = {}
+    for name, shape in shapes.items():
+        if shape and isinstance(shape[0], (list, tuple)):  # a tuple's first value
+            shape = shape[0]
+        if shape and all(isinstance(d, int) for d in shape) and batch and shape[0] % batch == 0:
+            whole[name] = (shape[0] // batch, *shape[1:])
+    _SHARDS.update(index=int(index), count=int(count), whole=whole)
+
+
+def _shard_span(node: str, sample: tuple[int, ...]) -> tuple[int, int] | None:
+    """How a sample of random node ``node`` (its local shape ``sample``) is split over the
+    tensor-parallel group: (dimension, ranks), or None where it is whole (or split unevenly)."""
+    whole = _SHARDS.get("whole", {}).get(node)
+    if whole is None or len(whole) != len(sample) or tuple(whole) == sample:
+        return None
+    dims = [d for d in range(len(sample)) if whole[d] != sample[d]]
+    count = _SHARDS["count"]
+    if len(dims) != 1 or whole[dims[0]] != sample[dims[0]] * count:
+        return None
+    return dims[0], count
+
+
+def _in_whole(x: torch.Tensor, dim: int, count: int) -> torch.Tensor:
+    """This rank's shard ``x`` placed in a whole value of zeros (``count`` shards along
+    ``dim``, in rank order); autograd hands back its slice."""
+    size, index = int(x.shape[dim]), _SHARDS["index"]
+    parts = [x.new_zeros((*x.shape[:dim], size * index, *x.shape[dim + 1:]))] if index else []
+    parts.append(x)
+    if index < count - 1:
+        parts.append(x.new_zeros((*x.shape[:dim], size * (count - 1 - index),
+                                  *x.shape[dim + 1:])))
+    return torch.cat(parts, dim)
+
+
+def _shard_of(y: Any, dim: int, count: int) -> Any:
+    """This rank's shard of a whole result (a copy, so the whole one is freed)."""
+    if isinstance(y, (tuple, list)):
+        return type(y)(_shard_of(v, dim, count) for v in y)
+    if not isinstance(y, torch.Tensor) or y.dim() <= dim:
+        return y
+    size = int(y.shape[dim]) // count
+    return y.narrow(dim, size * _SHARDS["index"], size).clone()
 
 
 def reseed(node: str, row: int | None = None) -> None:
@@ -74,6 +129,8 @@ def per_sample(node: str, target: str, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     chunk = getattr(_context, "key", (0, 0, 0))[2]
     step = rows // samples  # rows a sample has: a flattened (samples x tokens) tensor has many
+    if "scaled_dot_product_attention" in target:
+        return _attention(node, chunk, samples, *args, **kwargs)
 
     in_place = target.endswith(_IN_PLACE)
 
@@ -86,17 +143,74 @@ def per_sample(node: str, target: str, *args: Any, **kwargs: Any) -> Any:
 
     split_args = [rows_of(a) for a in args]
     split_kwargs = {k: rows_of(v) for k, v in kwargs.items()}
+    span = _shard_span(node, (step, *(int(d) for d in first.shape[1:])))
     parts = []
     for i in range(samples):
         reseed(node, chunk * samples + i)
-        parts.append(fn(*[a if r is None else r[i] for a, r in zip(args, split_args)],
-                        **{k: v if split_kwargs[k] is None else split_kwargs[k][i]
-                           for k, v in kwargs.items()}))
+        a = [v if r is None else r[i] for v, r in zip(args, split_args)]
+        k = {n: v if split_kwargs[n] is None else split_kwargs[n][i] for n, v in kwargs.items()}
+        if span is None:
+            parts.append(fn(*a, **k))
+            continue
+        # a shard of the sample: draw the whole sample's numbers, keep this rank's shard
+        dim, count = span
+
+        def whole(v: Any) -> Any:
+            if not isinstance(v, torch.Tensor) or v.dim() != first.dim():
+                return v
+            return _in_whole(v, dim, count)
+        y = _shard_of(fn(*[whole(v) for v in a], **{n: whole(v) for n, v in k.items()}),
+                      dim, count)
+        if in_place:
+            a[0].copy_(y)
+        parts.append(y)
     if in_place:  # the tensor written, as the op returns it
         return first
     if isinstance(parts[0], (tuple, list)):  # native_dropout: (output, mask)
         return type(parts[0])(torch.cat([p[k] for p in parts]) for k in range(len(parts[0])))
     return torch.cat(parts)
+
+
+def _attention(node: str, chunk: int, samples: int, query: torch.Tensor, key: torch.Tensor,
+               value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+               dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+               enable_gqa: bool = False) -> torch.Tensor:
+    """``scaled_dot_product_attention`` with dropout: each sample's dropout mask is drawn for
+    its place in the global batch (for every head, and a tensor-parallel rank keeps its heads'
+    part), then the attention runs once for the micro-batch, as PyTorch's math kernel computes
+    it (the one it picks for attention dropout on a CPU)."""
+    rows = int(query.shape[0])
+    step = rows // samples
+    scores = (*query.shape[:-1], int(key.shape[-2]))  # the attention matrix's shape
+    span = _shard_span(node, (step, *(int(d) for d in query.shape[1:-1]),
+                              int(value.shape[-1])))
+    keep = []
+    for i in range(samples):
+        reseed(node, chunk * samples + i)
+        shape = [step, *scores[1:]]
+        if span is not None:
+            shape[span[0]] *= span[1]
+        drawn = torch.rand(shape, device=query.device) >= dropout_p
+        if span is not None:
+            size = int(scores[span[0]])
+            drawn = drawn.narrow(span[0], size * _SHARDS["index"], size)
+        keep.append(drawn)
+    if enable_gqa and key.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+        groups = int(query.shape[-3]) // int(key.shape[-3])
+        key = key.repeat_interleave(groups, -3)
+        value = value.repeat_interleave(groups, -3)
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(int(query.shape[-1])))
+    attn = (query * factor) @ (key * factor).transpose(-2, -1)
+    if is_causal:
+        causal = torch.ones(scores[-2:], dtype=torch.bool, device=query.device).tril()
+        attn = attn.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        attn = attn.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else attn + attn_mask
+    # as the math kernel: a row every key of which is masked attends to nothing (not NaN)
+    softmax = getattr(torch.ops.aten, "_safe_softmax", torch.softmax)
+    attn = softmax(attn, -1).masked_fill(~torch.cat(keep), 0.0)
+    return attn @ (value * (1.0 / (1.0 - dropout_p)))
 
 
 class _PerSample(torch.nn.Module):
@@ -114,6 +228,9 @@ class _PerSample(torch.nn.Module):
             return self.inner(*args, **kwargs)
         return per_sample(self.node, self.key, *args, **kwargs)
 
+
+# tensor parallelism: this rank's shard index and count, and the random nodes' whole samples
+_SHARDS: dict[str, Any] = {}
 
 # the callables random nodes run, by key (functions by qualified name, layers by id, methods
 # as "method:<name>"): fx's generated code names the key, not the object
@@ -152,6 +269,9 @@ def _never_drops(n: fx.Node, gm: torch.nn.Module) -> bool:
         p = getattr(mod, "p", getattr(mod, "drop_prob", None))
         return isinstance(p, (int, float)) and float(p) == 0.0
     name = _op_name(n)
+    if name == "scaled_dot_product_attention":  # random only with attention dropout
+        p = n.kwargs.get("dropout_p", n.args[4] if len(n.args) > 4 else 0.0)
+        return isinstance(p, (int, float)) and float(p) == 0.0
     if "dropout" not in name and name not in ("drop_path", "stochastic_depth"):
         return False
     p = n.kwargs.get("p", n.kwargs.get("drop_prob", n.args[1] if len(n.args) > 1 else None))

@@ -81,6 +81,10 @@ _POOL_OPS = frozenset({"maxpool1d", "maxpool2d", "maxpool3d", "avgpool1d", "avgp
 _ITEMSIZE = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8,
              "double": 8, "int64": 8, "long": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1,
              "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8}
+# operators that draw random numbers, by name fragment (outcore.core.randomness runs them
+# sample by sample, and on a tensor-parallel shard draws each sample whole)
+RANDOM_OPS = ("dropout", "drop_path", "droppath", "stochastic_depth", "stochasticdepth",
+              "bernoulli")
 HALF_DTYPES = frozenset({"float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
 _NON_DIFF = frozenset({"int64", "long", "int32", "int16", "int8", "uint8", "bool"})
 _DETACHING = frozenset({"detach", "detach_"})  # ops whose output leaves autograd
@@ -331,3 +335,8 @@ def estimate(g: Graph, device: DeviceSpec | str, *, model: "CostModel | None" = 
     log.info("estimated %d nodes for %s: %s; forward %.4g s, backward %.4g s", g.num_nodes,
              spec.name, counts, fwd.sum(), bwd.sum())
     return g.replace(fwd_s=fwd, bwd_s=bwd, meta=meta)
+
+
+def draws_random(op: str) -> bool:
+    """Whether operator ``op`` (a graph node's op name) draws random numbers."""
+    return any(k in op.lower() for k in RANDOM_OPS)

@@ -38,6 +38,7 @@ from typing import Iterable, cast
 
 import numpy as np
 
+from outcore.cost.analytical import draws_random
 from outcore.errors import UsageError
 from outcore.graph.ir import Graph
 from outcore.graph.tensor_pairs import DEFAULT_MIN_SPLIT_BYTES, TensorLayout, find_layout
@@ -249,7 +250,11 @@ def tensor_graph(g: Graph, tp: int, link: LinkSpec, *,
     sharded[[i for p in layout.pairs for i in p.region]] = True
     sharded[[s.node for s in layout.splits if s.style == "colwise"]] = True
     shrink = np.where(sharded, 1.0 / tp, 1.0)
-    saved = g.saved_bytes * shrink
+    # a random node on a shard draws each sample whole and keeps the whole mask it drew
+    drawn = np.zeros(g.num_nodes, dtype=bool)
+    for op, idx in g._nodes_by_op.items():
+        drawn[idx] = draws_random(op)
+    saved = g.saved_bytes * np.where(drawn, 1.0, shrink)
     out = g.replace(fwd_s=fwd, bwd_s=bwd, param_bytes=nc.param_bytes.astype(g.param_bytes.dtype),
                     out_bytes=np.ceil(g.out_bytes * shrink).astype(g.out_bytes.dtype),
                     saved_bytes=np.ceil(saved).astype(g.saved_bytes.dtype),
@@ -263,6 +268,7 @@ def tensor_graph(g: Graph, tp: int, link: LinkSpec, *,
                                                   if s.style in ("colwise", "colwise_gather")),
                           "tp_split_inner": sorted(s.node for s in layout.splits
                                                    if s.style in ("rowwise", "rowwise_alone")),
+                          "tp_sharded": np.flatnonzero(sharded).tolist(),
                           "tp_split_modules": len(layout.split_modules),
                           "tp_pairs": len(layout.pairs)})
     return out, layout

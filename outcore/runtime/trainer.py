@@ -38,6 +38,7 @@ from outcore.core.modules import (
     prune_unowned,
     saved_buffers,
 )
+from outcore.core.randomness import set_shards
 from outcore.core.values import local, value_metas
 from outcore.errors import PlanError
 from outcore.graph.capture import retrace
@@ -177,6 +178,7 @@ class Trainer:
         for par in parallelisms:
             par.on_model(build)
         gm = build.gm = retrace(model, tuple(micro_inputs), graph.meta).gm
+        set_shards(0, 1, {}, 0)  # no value is split (tensor parallelism says otherwise)
         if [n.name for n in gm.graph.nodes] != [graph.name_of(i) for i in range(graph.num_nodes)]:
             raise PlanError("the graph does not match the model's trace: capture the graph "
                             "from this model (same options) and plan again")

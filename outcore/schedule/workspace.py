@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from outcore.cost.analytical import HALF_DTYPES
+from outcore.cost.analytical import HALF_DTYPES, draws_random
 from outcore.graph.ir import Graph
 
 __all__ = ["workspace", "workspace_bytes", "gather_scratch", "matmul_scratch"]
@@ -37,13 +37,18 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
         elif _workspace_kind(op):
             for i in idx.tolist():
                 fwd[i], bwd[i] = workspace(g, i, float(largest_in[i]), float(out[i]))
-        elif any(k in op.lower() for k in _RANDOM):
+        elif draws_random(op):
             # a random node runs sample by sample (outcore.core.randomness): forward, the
-            # samples' parts live beside their join; one with p = 0 runs as it is
+            # samples' parts live beside their join; one with p = 0 runs as it is. On a
+            # tensor-parallel shard a sample is drawn whole (its shard placed in zeros, the
+            # whole result, the shard's copy)
+            sharded = set(g.meta.get("tp_sharded") or ())
+            samples = max(1, int(g.batch_size or 1))
             for i in idx.tolist():
                 cfg = g.attr(i, "config") or {}
                 if cfg.get("p", cfg.get("drop_prob")) != 0:
-                    fwd[i] = float(out[i])
+                    whole = (2 * shares.tp + 1) * float(out[i]) / samples if i in sharded else 0
+                    fwd[i] = float(out[i]) + whole
         elif any(k in op.lower() for k in _REDUCTIONS):
             # the CPU reduces a bfloat16 / float16 tensor through a float32 copy of it
             for i in idx.tolist():
@@ -54,8 +59,6 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
 
 
 _REDUCTIONS = ("mean", "avg_pool", "avgpool", "sum")
-_RANDOM = ("dropout", "drop_path", "droppath", "stochastic_depth", "stochasticdepth",
-           "bernoulli")
 _MATMULS = ("linear", "addmm", "mm", "matmul", "bmm", "baddbmm")
 
 

@@ -224,3 +224,53 @@ def test_a_dropout_drawn_per_sample_holds_its_parts_beside_their_join():
     assert [g.attr(i, "config")["p"] for i in drops] == [0.5, 0.0]
     assert fwd[drops[0]] == g.out_bytes[drops[0]] == 4 * 64 * 4
     assert fwd[drops[1]] == 0.0 and bwd[drops[0]] == bwd[drops[1]] == 0.0
+
+
+def _live_peak(fn) -> tuple[int, torch.Tensor]:
+    """The most bytes ``fn()`` held at once beyond what it was given, and its result."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        out = fn()
+    live = top = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes())
+                            for e in prof.profiler.kineto_results.events() if e.nbytes()):
+        live += nbytes
+        top = max(top, live)
+    return top, out
+
+
+@pytest.mark.parametrize("samples,tp", [(1, 2), (4, 2), (2, 4), (4, 4)])
+def test_a_dropout_on_a_tensor_parallel_shard_stays_inside_its_bound(samples, tp):
+    """A dropout between a Megatron pair's layers draws each sample whole on a rank: what it
+    holds (the parts, each sample's whole draw, the masks it keeps for backward) stays inside
+    the rank graph's workspace plus saved bytes of the node (saved: not divided by tp)."""
+    from outcore.core import randomness
+    from outcore.cost.tensor import tensor_graph
+    from outcore.graph.capture import capture
+    from outcore.hardware.spec import LinkSpec
+    from outcore.schedule.workspace import workspace_bytes
+    from tests.runtime.dropout_model import TensorDropMLP
+
+    torch.manual_seed(0)
+    g = capture(TensorDropMLP(width=16, hidden=512), (torch.randn(samples, 16),))
+    tg, _ = tensor_graph(g, tp, LinkSpec(bandwidth=1e9, latency_s=0.0))
+    drop = int(g.nodes_with_op("dropout")[0])
+    assert drop in tg.meta["tp_sharded"]
+    assert tg.saved_bytes[drop] == g.saved_bytes[drop]
+    fwd, _ = workspace_bytes(tg)
+    bound = fwd[drop] + tg.saved_bytes[drop]
+
+    randomness.set_shards(tp - 1, tp, {"drop": g.attr(drop, "shape")}, samples)
+    randomness.set_context(0, 0, 0, samples)
+    randomness._TARGETS.setdefault("test.dropout", torch.nn.functional.dropout)
+    x = torch.randn(samples, 512 // tp, requires_grad=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        taken, out = _live_peak(lambda: randomness.per_sample("drop", "test.dropout", x, 0.5))
+    finally:
+        torch.set_num_threads(threads)
+        randomness.set_shards(0, 1, {}, 0)
+    assert tuple(out.shape) == tuple(x.shape)
+    taken -= out.numel() * out.element_size()  # the output is the graph's, not scratch
+    assert 0 < taken <= bound, (taken, bound)

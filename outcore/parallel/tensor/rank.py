@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from outcore.core.randomness import set_shards
 from outcore.parallel.base import Parallelism, RankBuild
 from outcore.parallel.tensor.graph_split import current_tensor_mesh, slice_head_operands
 from outcore.parallel.tensor.parallel import is_exported, split_for_plan, split_traced_for_plan
@@ -40,6 +41,11 @@ class TensorParallelism(Parallelism):
                                                           build.plan.layout.tp)
         else:  # per-head operands: sliced in the traced graph
             slice_head_operands(build.gm, build.graph, build.made[self.name])
+        # dropout on a shard draws its part of the whole sample's mask, as one device does
+        g = build.graph
+        set_shards(build.shard, build.plan.layout.tp,
+                   {g.name_of(i): g.attr(i, "shape") for i in range(g.num_nodes)},
+                   int(g.batch_size or 0))
 
     def on_trainer(self, trainer: Any) -> None:
         """The traced step times this slot's tensor-parallel collectives."""
