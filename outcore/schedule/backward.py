@@ -146,7 +146,11 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes
         # an input another of its consumers has returned a gradient for already: that
         # gradient waits while this node makes its own (the second branch of a ResNet's
         # downsampling block: 0.3 MiB over the prediction without it)
+        # (a weight several layers read, a parameter node of torch.export's: its first
+        # gradient waits from its first consumer's backward to its own; the last one sums
+        # the two out of place)
         waiting = 0.0
+        first_reads = 0.0
         for k in range(pred_ptr[v], pred_ptr[v + 1]):
             u = pred_idx[k]
             if piece_of[u] == p and consumers[u] >= 2:
@@ -154,6 +158,8 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes
                     waiting += out_bytes[u]
                 else:
                     begun[u] = True
+                    if is_param[u]:
+                        first_reads += out_bytes[u]
         # with the fresh gradient of its own weights, until it is added into .grad
         work = held * out_bytes[v] + (0.0 if aliasing[v] else grads_in[v]) + workspace[v] \
             + waiting - freed[p] + layer_params[v] + shared[v] + tied_waiting[p]
@@ -164,15 +170,18 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes
         if work + made[p] > out_first[p]:
             out_first[p] = work + made[p]
         freed[p] += saved[v]
-        tied_waiting[p] += shared[v]
+        tied_waiting[p] += shared[v] + first_reads
         if tied[v] > 0.0:
             tied_waiting[p] = max(tied_waiting[p] - tied[v], 0.0)
+        if is_param[v] and begun[v]:  # the summed gradient goes into .grad
+            tied_waiting[p] = max(tied_waiting[p] - out_bytes[v], 0.0)
+            made[p] += out_bytes[v]
         # its weights' gradients stay (a parameter node's, captured by torch.export, once
         # its consumer has returned it)
         made[p] += layer_params[v]
         for k in range(pred_ptr[v], pred_ptr[v + 1]):
             u = pred_idx[k]
-            if is_param[u] and piece_of[u] == p and not credited[u]:
+            if is_param[u] and piece_of[u] == p and not credited[u] and consumers[u] < 2:
                 credited[u] = True
                 made[p] += out_bytes[u]
     return out, out_first

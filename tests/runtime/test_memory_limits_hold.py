@@ -51,3 +51,16 @@ def test_measured_peaks_stay_under_the_limit(cell, tmp_path):
         # under it where the rank holds much
         assert m <= p * 1.01 + 16 * 1024, (cell, measured, predicted)
     assert max(measured) >= 0.9 * max(predicted), (cell, measured, predicted)
+
+
+def test_a_weight_two_layers_read_through_one_parameter_node_is_predicted(tmp_path):
+    """torch.export captures hf:opt's tied embedding and output weight as one parameter node
+    that both layers read: the output layer's gradient for it waits through the whole
+    backward until the embedding's joins it (out of place). Its 1 MiB (a 4096-word
+    vocabulary) put the measured peak 4 % over the prediction before the model held it."""
+    pytest.importorskip("transformers")
+    r = outcore.train("hf:opt:vocab_size=4096", 1, batch_size=4, microbatches=2, steps=2,
+                      optimizer="sgd", costs="estimate:cpu", timeline=False,
+                      run_dir=str(tmp_path / "run"))
+    (m,), (p,) = [float(x) for x in r.peak_bytes], [float(x) for x in r.per_rank("peak_bytes")]
+    assert 0.9 * p <= m <= p * 1.01 + 16 * 1024, (m, p)
