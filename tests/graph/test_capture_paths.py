@@ -125,6 +125,27 @@ def test_fx_failure_falls_back_to_export():
     assert "linear" in [g.op_of(i) for i in range(g.num_nodes)]
 
 
+@pytest.mark.parametrize("dropout,path", [(0.1, "export"), (0.0, "fx")])
+def test_a_torch_nn_leaf_with_dropout_inside_is_exported(dropout, path):
+    """torch.fx keeps every ``torch.nn`` module as one leaf, so an ``nn.TransformerEncoderLayer``'s
+    dropouts (and its attention's) would draw from one generator, differently on every
+    layout: capture exports such a model, whose dropouts become nodes of their own."""
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=dropout, batch_first=True)
+
+        def forward(self, x):
+            return self.layer(x).sum(1)
+
+    g = capture(Encoder(), torch.randn(2, 5, 16))
+    assert g.meta["capture"]["path"] == path
+    ops = [g.op_of(i) for i in range(g.num_nodes)]
+    if path == "export":  # both feed-forward dropouts, the residual ones and the attention's
+        assert sum("dropout" in op for op in ops) >= 3, ops
+        assert any("scaled_dot_product_attention" in op for op in ops), ops
+
+
 class OwnLinear(nn.Linear):
     """A Linear subclass that multiplies by the transposed weight itself (Falcon's
     ``FalconLinear``)."""

@@ -76,3 +76,20 @@ class AttentionDrop(nn.Module):
 
 def attention_drop():
     return AttentionDrop(), torch.randn(8, 6, 32, generator=torch.Generator().manual_seed(0))
+
+
+class EncoderDrop(nn.Module):
+    """``nn.TransformerEncoderLayer`` with its default dropout (0.1, also inside its attention):
+    a ``torch.nn`` module, which torch.fx keeps as one leaf."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(width, 4, 2 * width, batch_first=True)
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.head(self.layer(x).mean(1))
+
+
+def encoder_drop():
+    return EncoderDrop(), torch.randn(8, 6, 32, generator=torch.Generator().manual_seed(0))

@@ -55,12 +55,13 @@ def test_dropout_losses_equal_on_one_and_two_ranks():
 @pytest.mark.parametrize("model,layout", [
     ("drop_mlp", dict(parallel="mp", dp=2)), ("drop_mlp", dict(parallel="mast", replicas=2)),
     ("inplace_drop_mlp", dict(parallel="mp", dp=2)),
-    ("attention_drop", dict(parallel="mp", dp=2))],
-    ids=["dp2", "mast", "in-place-dp2", "attention-dp2"])
+    ("attention_drop", dict(parallel="mp", dp=2)), ("encoder_drop", dict(parallel="mp", dp=2))],
+    ids=["dp2", "mast", "in-place-dp2", "attention-dp2", "torch-encoder-layer-dp2"])
 def test_dropout_masks_do_not_depend_on_how_the_batch_is_grouped(model, layout):
     """One rank with the whole batch as one micro-batch against data-parallel copies (4 chunks
     of 2 samples) and GEMS replicas: every sample draws its own mask (also a dropout that
-    writes its input, and the attention dropout inside ``scaled_dot_product_attention``)."""
+    writes its input, the attention dropout inside ``scaled_dot_product_attention``, and the
+    dropouts inside ``nn.TransformerEncoderLayer``, which capture exports to reach them)."""
     one = _run(f"tests/runtime/dropout_model.py:{model}", 1, "1f1b", microbatches=1)
     ranks = 1 if layout.get("dp") else 2
     _assert_same(_run(f"tests/runtime/dropout_model.py:{model}", ranks, "1f1b", **layout), one)

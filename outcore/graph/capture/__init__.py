@@ -93,8 +93,9 @@ def trace_model(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, leaves: I
     how it was made (``graph.meta['capture']``, which :func:`retrace` follows).
 
     ``path="auto"``: Hugging Face models are exported; other models are traced by fx, and
-    exported instead when fx fails at the root or had to make leaves of modules holding more
-    than half of the parameters (e.g. a whole transformer). ``output`` picks the key of a
+    exported instead when fx fails at the root, had to make leaves of modules holding more
+    than half of the parameters (e.g. a whole transformer), or keeps a leaf with dropout inside
+    (:func:`_random_leaves`). ``output`` picks the key of a
     dict / ``ModelOutput`` result (default ``loss``, else ``logits``).
     """
     from outcore.graph.capture.export import export_trace, is_hf_model
@@ -117,6 +118,12 @@ def trace_model(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, leaves: I
         if traced is not None and path == "auto" and _mostly_forced(model, traced.forced_leaves):
             log.info("torch.fx made leaves of %s; trying torch.export", traced.forced_leaves)
             chosen = "export"
+        random_inside = _random_leaves(traced.gm) if traced is not None else []
+        if random_inside and path == "auto" and not leaves:
+            # a leaf's own dropout draws from one generator: exported, it is a graph node
+            # that draws per sample (outcore.core.randomness), the same on every layout
+            log.info("dropout inside the leaves %s; trying torch.export", random_inside)
+            chosen = "export"
     key = None
     if chosen == "export":
         try:
@@ -129,6 +136,10 @@ def trace_model(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, leaves: I
                                        f"{export_error}") from export_error
                 raise
             chosen = "fx"  # keep the fx trace with its forced leaves
+            if random_inside:
+                log.warning("dropout inside %s draws from one generator: on other layouts "
+                            "and micro-batches it draws other masks than on one device",
+                            ", ".join(random_inside))
     assert traced is not None
     meta = {"path": chosen, "leaves": list(leaves), "n_inputs": len(inputs)}
     if chosen == "export" and inputs and inputs[0].dim():
@@ -162,6 +173,32 @@ def _to_batch(x: torch.Tensor, batch: int) -> torch.Tensor:
         return x
     reps = -(-batch // x.shape[0])
     return x.repeat(reps, *([1] * (x.dim() - 1)))[:batch]
+
+
+def _random_leaves(gm: fx.GraphModule) -> list[str]:
+    """The leaf modules of ``gm`` that draw random numbers inside (``nn.TransformerEncoderLayer``
+    and ``nn.MultiheadAttention`` with dropout, torch.fx's leaves as every ``torch.nn`` module
+    is): not a dropout layer itself, which runs as a node of its own."""
+    found = []
+    for n in gm.graph.nodes:
+        if n.op != "call_module":
+            continue
+        mod = gm.get_submodule(str(n.target))
+        if _drops(mod) or not mod.training:
+            continue
+        if any(_drops(sub) or isinstance(sub, nn.MultiheadAttention) and sub.dropout > 0
+               for sub in mod.modules() if sub.training):
+            found.append(str(n.target))
+    return found
+
+
+def _drops(mod: nn.Module) -> bool:
+    """Whether ``mod`` is a dropout layer (dropout, drop-path, stochastic depth) that drops."""
+    kind = type(mod).__name__.lower()
+    if not any(k in kind for k in ("dropout", "droppath", "stochasticdepth")):
+        return False
+    p = getattr(mod, "p", getattr(mod, "drop_prob", None))
+    return not isinstance(p, (int, float)) or p > 0
 
 
 def _mostly_forced(model: nn.Module, forced: tuple[str, ...]) -> bool:
