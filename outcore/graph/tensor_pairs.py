@@ -15,7 +15,8 @@ dataflow alone, never from module names:
 * **columns**: every split-candidate ``Linear`` feeding the region (q, k and v; a GLU's gate and
   up projections); **rows**: every ``Linear`` the region feeds. Nothing else may consume the region.
 
-A **fused** projection (one Linear computing q, k and v, or GPT-2's ``Conv1D`` ``c_attn``) feeds
+A **fused** projection (one Linear computing q, k and v, or GPT-2's ``Conv1D`` ``c_attn``, or
+Phi-3's gate and up projection, whose chunks need no heads) feeds
 the region through a split of its output into ``k`` equal chunks (``split`` / ``chunk`` along the
 features, or a reshape to ``[..., k, heads, head_dim]``): each rank must hold its share of every
 chunk, not one contiguous ``1/tp`` of the rows. Such a pair records ``chunks`` and is found only
@@ -340,7 +341,8 @@ def _walk(g: Graph, start: int, used: set[int], tp: int, linears: frozenset) -> 
     if not w.ok:
         return w
     heads = _heads(g, w, tp)
-    needs_heads = any(g.op_of(v) in HEAD_OPS for v in w.region)
+    needs_heads = any(g.op_of(v) in HEAD_OPS and not _feature_chunk(g, v, w.columns)
+                      for v in w.region)
     for u, v in pending_externals:
         if u in w.region or u in w.columns:
             continue
@@ -360,6 +362,17 @@ def _walk(g: Graph, start: int, used: set[int], tp: int, linears: frozenset) -> 
         if uneven:  # Falcon's multi-query q/k/v: its heads split [heads, 1, 1]
             w.ok, w.why = False, f"{g.name_of(uneven[0])} splits into parts not divisible by tp"
     return w
+
+
+def _feature_chunk(g: Graph, v: int, columns: set[int]) -> bool:
+    """Is ``v`` the cut of a fused column's output into its equal feature chunks (Phi-3's
+    ``gate_up_proj(x).chunk(2, -1)``), or one chunk of it? It needs no heads: each rank cuts
+    its rows of every chunk the same way."""
+    op = g.op_of(v)
+    if op == "getitem":
+        return any(_feature_chunk(g, int(u), columns) for u in g.predecessors(v))
+    return op in _CHUNK_OPS and any(int(c) in columns and chunks_of(g, int(c)) > 1
+                                    for c in g.predecessors(v))
 
 
 def _parts_divide(g: Graph, v: int, tp: int) -> bool:

@@ -118,6 +118,29 @@ def test_a_fused_qkv_projection_pairs_only_where_its_rows_are_split_chunk_by_chu
         assert find_layout(g, 2, min_split_bytes=0).pairs == plain.pairs  # the default
 
 
+class GatedMLP(nn.Module):
+    """Phi-3's MLP: one Linear computes the gate and the up projection, cut in two."""
+
+    def __init__(self, width: int = 16, hidden: int = 64):
+        super().__init__()
+        self.gate_up = nn.Linear(width, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return x + self.down(nn.functional.silu(gate) * up)
+
+
+def test_a_fused_gate_and_up_projection_pairs_without_heads():
+    """Cut into gate and up, the fused output has no heads to split: its rows are split
+    chunk by chunk (each rank its part of the gate and of the up projection)."""
+    g = capture(GatedMLP(), torch.randn(2, 5, 16))
+    fused = find_layout(g, 2, min_split_bytes=0, fused=True)
+    assert [(p.columns, p.rows, p.chunks, p.heads) for p in fused.pairs] == [
+        (("gate_up",), ("down",), (2,), None)]
+    assert find_layout(g, 2, min_split_bytes=0).pairs == ()  # a contiguous split mixes them
+
+
 class ComputedHeadWidth(FusedAttention):
     """CaiT's reshape: the head width computed from the input (``c // heads``), which a split
     that divides the module's head count would double."""

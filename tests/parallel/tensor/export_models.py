@@ -57,3 +57,24 @@ class FusedQKVAttention(nn.Module):
 
 def fused_qkv_attention():
     return FusedQKVAttention(), torch.randn(4, 6, 32)
+
+
+class GatedMLP(nn.Module):
+    """Phi-3's MLP: one Linear computes the gate and the up projection, ``chunk``-ed in two
+    (no heads), then ``down``; twice, then an output layer."""
+
+    def __init__(self, width: int = 32, hidden: int = 64):
+        super().__init__()
+        self.gate_up = nn.ModuleList(nn.Linear(width, 2 * hidden, bias=False) for _ in range(2))
+        self.down = nn.ModuleList(nn.Linear(hidden, width, bias=False) for _ in range(2))
+        self.out = nn.Linear(width, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for gate_up, down in zip(self.gate_up, self.down):
+            gate, up = gate_up(x).chunk(2, dim=-1)
+            x = x + down(nn.functional.silu(gate) * up)
+        return self.out(x)
+
+
+def gated_mlp():
+    return GatedMLP(), torch.randn(4, 6, 32)

@@ -184,3 +184,13 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_device(tmp_path):
     resumed = run_local(train_worker, 1, (cfg, graph_doc(g), plan_doc(one)), timeout_s=120)
     ref_losses, ref_state = reference(cfg)
     assert_matches(resumed, ref_losses[2:], ref_state)
+
+
+def test_a_fused_gate_and_up_projection_traced_by_fx_pairs_chunk_by_chunk():
+    """The fx path's module split: the gate/up Linear's rows are sharded chunk by chunk (each
+    rank its part of the gate and of the up projection), training equal to plain PyTorch."""
+    from pathlib import Path
+    model = str(Path(__file__).with_name("export_models.py")) + ":gated_mlp"
+    cfg, results = _run(stages=1, tp=2, microbatches=2, model=model)
+    assert_matches(results, *reference(cfg))
+    assert results[0]["tensor_split"][:4] == ["gate_up.0", "down.0", "gate_up.1", "down.1"]

@@ -39,6 +39,8 @@ GPT2 = "hf:gpt2:hidden_size=32,num_attention_heads=4,vocab_size=8192"
 LLAMA_GQA = "hf:llama:hidden_size=32,num_attention_heads=4,num_key_value_heads=2,vocab_size=64"
 T5 = "hf:t5:hidden_size=32,intermediate_size=64,num_heads=4,dropout_rate=0.0"
 FUSED_QKV = str(Path(__file__).with_name("export_models.py")) + ":fused_qkv_attention"
+PHI3 = "hf:phi3:hidden_size=32,num_attention_heads=4,num_key_value_heads=4,vocab_size=64," \
+    "intermediate_size=64"
 
 
 def _graph(cfg: TrainConfig):
@@ -184,3 +186,14 @@ def test_gpt2_fused_shards_checkpoint_and_resume_on_one_device_and_on_tp2(tmp_pa
         resumed = outcore.train(GPT2, devices=devices, tp=tp, steps=3, checkpoint_dir=ckpt,
                                 resume=True, run_dir=str(tmp_path / f"r{tp}"), **kw).losses
         np.testing.assert_allclose(resumed[-1], straight[-1], rtol=RTOL)
+
+
+def test_phi3_fused_gate_and_up_projection_pairs_chunk_by_chunk():
+    """Phi-3's MLP computes gate and up with one Linear cut in two by ``chunk``: each rank
+    holds its part of both (a contiguous half of the rows, all gate on one rank, fails this);
+    training equal to plain PyTorch."""
+    results, ref = _run(PHI3, "sgd", 0.05)
+    _assert_matches(results, *ref)
+    for layer in (0, 1):
+        for proj in ("mlp.gate_up_proj", "mlp.down_proj"):
+            assert f"model.layers.{layer}.{proj}" in results[0]["tensor_split"]
