@@ -232,7 +232,8 @@ def tensor_graph(g: Graph, tp: int, link: LinkSpec, *,
     from :func:`layout_node_costs` plus the node's collectives over ``link`` (they are
     synchronous, on the node's critical path); parameters ``1/tp`` for split modules; the
     outputs of column-split Linears and of the nodes inside Megatron pairs (they hold shards)
-    ``1/tp``, and so the bytes of their out-edges. ``meta["tp"]`` records ``tp`` (the lowering
+    ``1/tp``, and so the bytes of their out-edges; saved bytes ``1/tp`` inside pairs only (a
+    column-split Linear saves its whole input). ``meta["tp"]`` records ``tp`` (the lowering
     does not divide twice). ``tp = 1`` returns ``g`` itself.
     """
     _check_degree(tp, "tp")
@@ -246,15 +247,18 @@ def tensor_graph(g: Graph, tp: int, link: LinkSpec, *,
     for i, cs in nc.collectives.items():
         fwd[i] += phase_s(cs, "fwd", link)
         bwd[i] += phase_s(cs, "bwd", link)
-    sharded = np.zeros(g.num_nodes, dtype=bool)
-    sharded[[i for p in layout.pairs for i in p.region]] = True
+    inside = np.zeros(g.num_nodes, dtype=bool)
+    inside[[i for p in layout.pairs for i in p.region]] = True
+    sharded = inside.copy()
     sharded[[s.node for s in layout.splits if s.style == "colwise"]] = True
     shrink = np.where(sharded, 1.0 / tp, 1.0)
+    # what a pair's inner nodes save is a shard; a column-split layer saves its whole input
+    # (capture counts an input several layers save at the first of them: q of q, k, v), and
     # a random node on a shard draws each sample whole and keeps the whole mask it drew
     drawn = np.zeros(g.num_nodes, dtype=bool)
     for op, idx in g._nodes_by_op.items():
         drawn[idx] = draws_random(op)
-    saved = g.saved_bytes * np.where(drawn, 1.0, shrink)
+    saved = g.saved_bytes * np.where(inside & ~drawn, 1.0 / tp, 1.0)
     out = g.replace(fwd_s=fwd, bwd_s=bwd, param_bytes=nc.param_bytes.astype(g.param_bytes.dtype),
                     out_bytes=np.ceil(g.out_bytes * shrink).astype(g.out_bytes.dtype),
                     saved_bytes=np.ceil(saved).astype(g.saved_bytes.dtype),

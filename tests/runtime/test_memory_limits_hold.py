@@ -64,3 +64,19 @@ def test_a_weight_two_layers_read_through_one_parameter_node_is_predicted(tmp_pa
                       run_dir=str(tmp_path / "run"))
     (m,), (p,) = [float(x) for x in r.peak_bytes], [float(x) for x in r.per_rank("peak_bytes")]
     assert 0.9 * p <= m <= p * 1.01 + 16 * 1024, (m, p)
+
+
+def test_a_column_split_layer_keeps_its_whole_input_for_its_backward(tmp_path):
+    """Under tp a column-split Linear (q, k and v of T5's attention, its MLP's ``wi``) saves
+    its whole, replicated input for its weight's gradient: the rank graph keeps that saved
+    input whole (it halved it, and hf:t5 at tp 2 measured 1.6 % over its prediction)."""
+    pytest.importorskip("transformers")
+    r = outcore.train("hf:t5", 2, tp=2, batch_size=4, microbatches=2, steps=2,
+                      optimizer="sgd", costs="estimate:cpu", timeline=False,
+                      run_dir=str(tmp_path / "run"))
+    assert r.plan.layout.tp == 2
+    for m, p in zip((float(x) for x in r.peak_bytes), (float(x) for x in r.per_rank(
+            "peak_bytes"))):
+        # over: by more than the tracker's 1 % and 16 KiB together
+        assert not (m > p * 1.01 and m - p > 16 * 1024), (m, p)
+        assert m >= 0.9 * p, (m, p)
