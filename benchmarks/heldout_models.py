@@ -75,7 +75,8 @@ def one(model: str, run_dir: str, tp: int | None = None) -> dict:
     lay = r2.plan.layout
     return {"equal": bool(np.allclose(r1.losses, r2.losses, rtol=1e-4, atol=1e-6)),
             "losses_1": list(r1.losses), "losses_2": list(r2.losses),
-            "layout": f"{lay.mode} r{lay.replicas} dp{lay.dp}", "ranks": ranks,
+            "layout": f"{lay.mode} r{lay.replicas} dp{lay.dp}"
+            + (f" tp{lay.tp}" if lay.tp > 1 else ""), "ranks": ranks,
             "worst": max(m / p for m, p in ranks if p), "over": len(over)}
 
 
