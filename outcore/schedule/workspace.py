@@ -211,7 +211,9 @@ def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[floa
         fwd = 2.0 * copy + 16384.0
         bwd = 3.0 * copy + (act if half else 0.0) + 16384.0 + (weight if padded else 0.0)
     gemm = _gemm_conv(kernel, cfg, ins, shape, itemsize)
-    return max(fwd, gemm[0]), max(bwd, gemm[1])
+    if gemm[0] or gemm[1]:  # im2col and a product: no channel blocks (a ViT's 3-channel image
+        return gemm          # would count 5.3 copies of itself)
+    return fwd, bwd
 
 
 def _weight_shape(cfg: dict, ins: list) -> list[int]:

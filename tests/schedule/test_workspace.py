@@ -61,18 +61,20 @@ class _NHWCBlock(torch.nn.Module):
         return self.dw(x.permute(0, 3, 1, 2)).sum(dim=(2, 3))
 
 
+@pytest.mark.parametrize("path", ["fx", "export"])
 @pytest.mark.parametrize("kernel,size,big", [(7, 6, True), (5, 8, True), (3, 2, True),
                                              (3, 8, False)])
 def test_a_channels_last_depthwise_backward_is_counted_as_the_allocator_takes_it(kernel, size,
-                                                                                 big):
+                                                                                 big, path):
     """1 KiB per weight element for a kernel of 5 or more, and for a 3x3 kernel on fewer
-    rows than it has; otherwise none beyond the model's tensors."""
+    rows than it has; otherwise none beyond the model's tensors. An exported graph's
+    ``aten.conv2d`` (Hugging Face's ConvNeXt) has its groups and kernel from its arguments."""
     from outcore.graph.capture import capture
     from outcore.schedule.workspace import _depthwise_nhwc
 
     model = _NHWCBlock(48, kernel)
     x = torch.randn(2, size, size, 48, requires_grad=True)
-    g = capture(model, (x,))
+    g = capture(model, (x,), path=path)
     conv = int(g.nodes_with_op("conv2d")[0])
     assert g.attr(conv, "channels_last")
     bound = _depthwise_nhwc(g, conv, g.attr(conv, "config"), False)
@@ -146,6 +148,8 @@ def _conv_scratch(conv: torch.nn.Module, x: torch.Tensor, grad_in: bool) -> tupl
 # 1x1 pixels (SKNet's last stage)
 GEMM_CASES = [
     ((2, 3, 32, 32), lambda: torch.nn.Conv2d(3, 96, 16, stride=16), True),
+    # a 224-pixel image of 3 channels: no channel blocks (16 of them would be 5.3 images)
+    ((2, 3, 224, 224), lambda: torch.nn.Conv2d(3, 64, 16, stride=16), True),
     ((2, 16, 64), lambda: torch.nn.Conv1d(16, 64, 15), False),
     ((2, 32, 16, 16), lambda: torch.nn.Conv2d(32, 32, 31, padding=15, groups=32), False),
     ((2, 64, 100), lambda: torch.nn.Conv1d(64, 64, 128, padding=64, groups=16), False),
@@ -155,7 +159,8 @@ GEMM_CASES = [
 
 
 @pytest.mark.parametrize("shape,make,of_input", GEMM_CASES,
-                         ids=["patches", "1d-15", "dw-31", "grouped-1d", "3d", "dilated"])
+                         ids=["patches", "patches-224", "1d-15", "dw-31", "grouped-1d", "3d",
+                              "dilated"])
 def test_a_convolution_run_as_a_matrix_product_is_bounded_by_its_scratch(shape, make, of_input):
     from outcore.graph.capture import capture
     from outcore.schedule.workspace import workspace_bytes

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_map_only
 
 from outcore.errors import CaptureError, ModelError, UsageError
 from outcore.graph.capture.mutation import thread_in_place
-from outcore.graph.capture.recorder import Recorder, compact
+from outcore.graph.capture.recorder import Recorder, call_config, compact
 from outcore.graph.coarsen import collapse
 from outcore.graph.ir import Graph, build
 from outcore.hardware.precision import autocast, canonical
@@ -511,6 +511,10 @@ def graph_from_fx(gm: fx.GraphModule, rec: Recorder, name: str,
                 extra["config"] = config
             tensors = [(f"{n.target}.{k}" if k else str(n.target), p)
                        for k, p in mod.named_parameters()]
+        elif n.op == "call_function":
+            config = call_config(n, rec.in_shapes.get(n.name))
+            if config:
+                extra["config"] = config
         elif n.op == "get_attr":
             obj = _get_attr(gm, str(n.target))
             if isinstance(obj, nn.Parameter):

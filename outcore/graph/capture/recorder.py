@@ -110,3 +110,46 @@ def compact(x: Any) -> Any:
     except (RuntimeError, NotImplementedError):  # no storage (sparse, ...)
         pass
     return x
+
+
+_CONV_CALLS = ("conv1d", "conv2d", "conv3d", "convolution")
+
+
+def call_config(n: fx.Node, in_shapes: list | None) -> dict[str, Any]:
+    """A functional layer call's configuration, as a layer module's would read (its cost and
+    scratch depend on it): a convolution's channels, kernel, stride, padding, dilation and
+    groups from its arguments and input shapes (``F.conv2d``, an exported ``aten.conv2d`` or
+    ``aten.convolution``); a dropout's probability. Empty for other calls."""
+    name = getattr(n.target, "__name__", str(n.target)).split(".")[0]
+    args = list(n.args)
+    if "dropout" in name:
+        p = n.kwargs.get("p", args[1] if len(args) > 1 else None)
+        return {"p": float(p)} if isinstance(p, (int, float)) else {}
+    if name not in _CONV_CALLS or not in_shapes or len(in_shapes) < 2 or not in_shapes[1]:
+        return {}
+    weight = [int(d) for d in in_shapes[1]]
+    dims = len(weight) - 2
+    keys = ("stride", "padding", "dilation", "transposed", "output_padding", "groups") \
+        if name == "convolution" else ("stride", "padding", "dilation", "groups")
+    given = dict(zip(keys, args[3:]))
+    given.update({k: v for k, v in n.kwargs.items() if k in keys})
+    if given.get("transposed"):
+        return {}
+
+    def per_dim(value: Any, default: int) -> list[int] | None:
+        value = default if value is None else value
+        if isinstance(value, int):
+            return [value] * dims
+        if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+            return [int(v) for v in value] * (dims if len(value) == 1 else 1)
+        return None  # (padding="same")
+
+    groups = given.get("groups", 1)
+    config: dict[str, Any] = {"in_channels": int(in_shapes[0][1]), "out_channels": weight[0],
+                              "kernel_size": weight[2:],
+                              "groups": int(groups) if isinstance(groups, int) else 1}
+    for key, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
+        value = per_dim(given.get(key), default)
+        if value is not None:
+            config[key] = value
+    return config
