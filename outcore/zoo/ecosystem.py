@@ -35,6 +35,8 @@ _HF_TYPE_TINY: dict[str, dict[str, Any]] = {
     "t5": {"d_ff": 128, "d_kv": 32, "num_decoder_layers": 2},
     "llama": {"num_key_value_heads": 2}, "mistral": {"num_key_value_heads": 2},
     "qwen2": {"num_key_value_heads": 2}, "gpt2": {"n_inner": 128},
+    # (its default config is EfficientNet-B7's: 600 pixels, 64 M parameters; B0's scaling)
+    "efficientnet": {"width_coefficient": 1.0, "depth_coefficient": 1.0, "hidden_dim": 1280},
 }
 _OWN_OPTIONS = ("task", "seq", "dropout", "image_size", "output", "dtype")
 _INPUT_SEED = 0
@@ -79,7 +81,7 @@ def _no_dropout(config: Any, p: float) -> None:
 
 
 def hf_config(model_type: str, opts: dict[str, Any],
-              check: Callable[[Any], None] | None = None) -> Any:
+              check: Callable[[Any], None] | None = None, vision: bool = False) -> Any:
     """A small random-init ``transformers`` config (offline): the tiny sizes, in every part of
     a composite model (a language model beside a vision or audio encoder) too, unless ``opts``
     give them. A model type that refuses a tiny size (its config validates the layer count
@@ -96,7 +98,10 @@ def hf_config(model_type: str, opts: dict[str, Any],
         raise ModelError(f"transformers has no model type {model_type!r}: {e}") from None
     except Exception:  # noqa: BLE001 - a config that needs options the user gives
         base = None
-    tiny = _tiny_sizes(base, {**_HF_TINY, **_HF_TYPE_TINY.get(model_type, {})}, user)
+    tiny = {**_HF_TINY, **_HF_TYPE_TINY.get(model_type, {})}
+    if vision and base is not None:
+        tiny = _vision_tiny(vars(base), tiny)
+    tiny = _tiny_sizes(base, tiny, user)
     first: Exception | None = None
     for dropped in _TINY_FALLBACK:
         kwargs = {k: v for k, v in tiny.items() if k not in dropped}
@@ -123,6 +128,22 @@ def hf_config(model_type: str, opts: dict[str, Any],
                      f"{str(first).strip().splitlines()[-1][:300]}") from first
 
 
+def _vision_tiny(fields: dict[str, Any], tiny: dict[str, Any]) -> dict[str, Any]:
+    """The tiny sizes for an image model's config (its attributes ``fields``): a stage list
+    (ConvNeXt's, Swin's ``depths``) of one block each and narrow ``hidden_sizes``, no layer
+    count beside it (it would cut the stages), sizes the config keeps per stage (LeViT's head
+    counts) left as they are, and windows of 4 patches (a 32-pixel image has 8 x 8)."""
+    out = {k: v for k, v in tiny.items() if not isinstance(fields.get(k), (list, tuple))}
+    if isinstance(fields.get("depths"), (list, tuple)):
+        out.pop("num_hidden_layers", None)
+        out["depths"] = [1] * len(fields["depths"])
+    if isinstance(fields.get("hidden_sizes"), (list, tuple)):
+        out["hidden_sizes"] = [16 * 2 ** i for i in range(len(fields["hidden_sizes"]))]
+    if isinstance(fields.get("window_size"), int) and fields["window_size"] > 4:
+        out["window_size"] = 4
+    return out
+
+
 # the tiny sizes given up in turn when a model type refuses them (each step keeps the earlier)
 _SUB_CONFIGS, _AGREEING = "(parts)", "(agreeing)"
 _TINY_FALLBACK: tuple[frozenset[str], ...] = tuple(frozenset(s) for s in (
@@ -131,7 +152,10 @@ _TINY_FALLBACK: tuple[frozenset[str], ...] = tuple(frozenset(s) for s in (
     ("max_position_embeddings", _SUB_CONFIGS, "num_hidden_layers"),
     ("max_position_embeddings", _SUB_CONFIGS, "num_hidden_layers", "intermediate_size"),
     ("max_position_embeddings", _SUB_CONFIGS, "num_hidden_layers", "intermediate_size",
-     "num_attention_heads", "num_key_value_heads", "hidden_size", _AGREEING)))
+     "num_attention_heads", "num_key_value_heads", "hidden_size", _AGREEING),
+    ("max_position_embeddings", _SUB_CONFIGS, "num_hidden_layers", "intermediate_size",
+     "num_attention_heads", "num_key_value_heads", "hidden_size", _AGREEING, "depths",
+     "hidden_sizes", "window_size")))
 
 
 def _tiny_sizes(base: Any, tiny: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
@@ -166,8 +190,10 @@ def _agreeing(fields: dict[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
     makes some models multiply mismatched widths), key/value heads (a config without a count
     of its own leaves them None), an embedding as wide as the layers (SqueezeBERT), no layers
     sharing another's cache and per-layer embeddings of the tiny vocabulary (Gemma 3n)."""
-    hidden, heads = int(sizes["hidden_size"]), int(sizes["num_attention_heads"])
+    hidden, heads = sizes.get("hidden_size"), sizes.get("num_attention_heads")
     out: dict[str, Any] = {}
+    if not isinstance(hidden, int) or not isinstance(heads, int):  # (an image model's per-stage)
+        return out
     if hidden % heads == 0:
         out.update({k: hidden // heads for k in ("head_dim", "d_head") if k in fields})
     if "num_key_value_heads" in fields:
@@ -259,12 +285,36 @@ def hf_task(model_type: str, task: str | None) -> str:
         return "masked_lm"
     if model_type in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return "causal_lm"
+    if model_type not in ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES and \
+            model_type not in ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+        raise ModelError(f"hf:{model_type} is not a language model, text classifier or image "
+                         "classifier that transformers builds from its type alone; build it "
+                         "in a file and name it path/to/file.py:function")
     return "classification"
 
 
-def _hf_builder(task: str) -> Callable[[Any], nn.Module]:
+def hf_images(model_type: str, task: str) -> bool:
+    """Whether ``hf:<model_type>`` classifies images (ViT, ConvNeXt, Swin, ResNet, ...): an
+    image classifier and no text one of that type, for a classification or regression task."""
+    from transformers.models.auto import modeling_auto as ma
+
+    return task in ("classification", "regression") and \
+        model_type in ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES and \
+        model_type not in ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+
+def _hf_builder(task: str, image_type: str | None = None) -> Callable[[Any], nn.Module]:
+    """How to build a model of ``task`` from a config (``image_type``: the model type of an
+    image classifier; where it has several classes, DeiT's with and without a teacher, the
+    first)."""
     import transformers as tf
 
+    if image_type is not None:
+        from transformers.models.auto import modeling_auto as ma
+
+        names = ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES[image_type]
+        name = names[0] if isinstance(names, (tuple, list)) else names
+        return getattr(tf, name)._from_config
     auto = {"causal_lm": tf.AutoModelForCausalLM, "masked_lm": tf.AutoModelForMaskedLM,
             "seq2seq_lm": tf.AutoModelForSeq2SeqLM,
             "classification": tf.AutoModelForSequenceClassification,
@@ -273,8 +323,10 @@ def _hf_builder(task: str) -> Callable[[Any], nn.Module]:
 
 
 def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
-             batch_size: int | None, seq_from_shape: int | None) -> dict[str, Any]:
-    """Resolve ``hf:<model type>[:opts]`` into the fields of a ``ModelSpec``."""
+             batch_size: int | None, input_shape: tuple[int, ...] | None) -> dict[str, Any]:
+    """Resolve ``hf:<model type>[:opts]`` into the fields of a ``ModelSpec``: token ids for a
+    language model (``input_shape``: batch x sequence), images for an image classifier
+    (batch x channels x height x width, 32 x 32 by default or ``image_size=``)."""
     model_type, opt_text = _split(rest)
     opts = parse(opt_text, spec)
     if opts.get("task") == "regression":
@@ -284,11 +336,16 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
         config = folder_config(folder, opts)
         model_type = config.model_type
     task = hf_task(model_type, opts.get("task"))
-    make = _hf_builder(task)
+    images = hf_images(model_type, task)
+    make = _hf_builder(task, model_type if images else None)
+    if images and folder is None:
+        return _hf_image_model(spec, model_type, opts, make, task, batch_size, input_shape)
     if folder is None:
         config = hf_config(model_type, opts, check=lambda c: probe(lambda: make(c)))
     if task == "regression":
         config.problem_type = "regression"
+    seq_from_shape = input_shape[1] if input_shape is not None and len(input_shape) > 1 \
+        else None
 
     dtype = _dtype(opts["dtype"]) if "dtype" in opts else None
 
@@ -316,6 +373,48 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
     return {"build": build, "example_inputs": inputs, "int_high": high, "task": task,
             "task_options": {"mask_token_id": int(mask_id)},
             "weights": str(folder) if folder is not None else None}
+
+
+def _hf_image_model(spec: str, model_type: str, opts: dict[str, Any],
+                    make: Callable[[Any], nn.Module], task: str, batch_size: int | None,
+                    input_shape: tuple[int, ...] | None) -> dict[str, Any]:
+    """The ``ModelSpec`` fields of a Hugging Face image classifier: the tiny sizes, its
+    ``image_size`` set to the images it is given, random images as the example batch."""
+    if input_shape is not None and len(input_shape) != 4:
+        raise UsageError(f"{spec} classifies images: give --input-shape as "
+                         f"BATCHxCHANNELSxHEIGHTxWIDTH, not {'x'.join(map(str, input_shape))}")
+    config = hf_config(model_type, opts, check=lambda c: probe(lambda: make(c)), vision=True)
+    side = int(opts.get("image_size", _smallest_side(config)))
+    height, width = (int(input_shape[2]), int(input_shape[3])) if input_shape else (side, side)
+    own = getattr(config, "image_size", None)
+    if own is not None:  # position tables and the like are sized from it (as it is given)
+        config.image_size = type(own)((height, width)) if isinstance(own, (list, tuple)) \
+            else height if height == width else (height, width)
+    if task == "regression":
+        config.problem_type = "regression"
+
+    def build() -> nn.Module:
+        try:
+            return make(config)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ModelError(f"cannot build {spec} for {task}: {e}") from e
+
+    probe(build)
+    channels = int(input_shape[1]) if input_shape else int(getattr(config, "num_channels", 3))
+    batch = batch_size or (input_shape[0] if input_shape else 2)
+    x = torch.randn((batch, channels, height, width), generator=_generator())
+    return {"build": build, "example_inputs": (x,), "int_high": (None,), "task": task,
+            "task_options": {}, "weights": None}
+
+
+def _smallest_side(config: Any) -> int:
+    """The default image side of an ``hf:`` image classifier: 32 pixels, or as many as its
+    last stage needs to hold one whole attention window (Swin's windows cannot be cut)."""
+    window, patch = getattr(config, "window_size", None), getattr(config, "patch_size", None)
+    depths = getattr(config, "depths", None)
+    if isinstance(window, int) and isinstance(patch, int) and isinstance(depths, (list, tuple)):
+        return max(32, window * patch * 2 ** (len(depths) - 1))
+    return 32
 
 
 def local_folder(name: str) -> Path | None:

@@ -188,10 +188,9 @@ def resolve_model(spec: str, *, input_shape: tuple[int, ...] | None = None,
         return _zoo(spec, rest, input_shape, batch_size)
     if kind == "hf":
         from outcore.zoo.ecosystem import hf_model
-        seq = input_shape[1] if input_shape is not None and len(input_shape) > 1 else None
         return ModelSpec(spec, **hf_model(spec, rest, _parse_options,
                                           batch_size or (input_shape[0] if input_shape else None),
-                                          seq))
+                                          input_shape))
     if kind == "timm":
         from outcore.zoo.ecosystem import timm_model
         return ModelSpec(spec, **timm_model(spec, rest, _parse_options, batch_size, input_shape))

@@ -63,3 +63,45 @@ def test_sizes_the_user_gives_are_kept_or_refused_in_one_line():
         (48, 4, 2, 12)
     with pytest.raises(ModelError, match="cannot build hf:llama.*nosuch"):
         build_model("hf:llama:hidden_act=nosuch", batch_size=2)
+
+
+@pytest.mark.parametrize("name,shape,check", [
+    ("hf:vit", (2, 3, 32, 32), lambda c: c.image_size == 32 and c.hidden_size == 64),
+    # per-stage widths and one block a stage (a layer count would cut the stages)
+    ("hf:convnext", (2, 3, 32, 32), lambda c: list(c.depths) == [1] * 4
+     and list(c.hidden_sizes) == [16, 32, 64, 128]),
+    # windows of 4 patches, and images large enough for the last stage to hold one
+    ("hf:swin", (2, 3, 128, 128), lambda c: c.window_size == 4),
+    # several classifier classes (with and without a teacher): the first
+    ("hf:deit", (2, 3, 32, 32), lambda c: c.image_size == 32),
+    # head counts per stage stay its own
+    ("hf:levit", (2, 3, 32, 32), lambda c: isinstance(c.num_attention_heads, (list, tuple))),
+    ("hf:vit:image_size=48", (2, 3, 48, 48), lambda c: c.image_size == 48),
+])
+def test_hugging_face_image_classifiers_build_tiny_and_classify(name, shape, check):
+    """``hf:`` names an image classifier (AutoModelForImageClassification) as well as a
+    language model: random images of its image size, its logits one row per image."""
+    pytest.importorskip("transformers")
+    spec, net = build_model(name, batch_size=2)
+    (x,) = spec.example_inputs
+    assert tuple(x.shape) == shape and x.dtype == torch.float32
+    assert spec.task == "classification" and spec.int_high == (None,)
+    assert check(net.config), net.config
+    assert sum(p.numel() for p in net.parameters()) < 20_000_000
+    assert net(x).logits.shape[0] == 2
+
+
+def test_an_image_classifier_takes_its_image_size_from_the_input_shape():
+    pytest.importorskip("transformers")
+    spec, net = build_model("hf:vit", input_shape=(3, 3, 64, 48))
+    assert tuple(spec.example_inputs[0].shape) == (3, 3, 64, 48)
+    assert tuple(net.config.image_size) == (64, 48)
+    with pytest.raises(UsageError, match="BATCHxCHANNELSxHEIGHTxWIDTH"):
+        build_model("hf:vit", input_shape=(2, 16))
+
+
+def test_a_type_that_is_neither_a_language_model_nor_a_classifier_says_so():
+    pytest.importorskip("transformers")
+    from outcore.errors import ModelError
+    with pytest.raises(ModelError, match="not a language model, text classifier or image"):
+        build_model("hf:maskformer-swin", batch_size=2)
