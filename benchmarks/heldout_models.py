@@ -6,6 +6,7 @@ included), and per rank the measured peak against the prediction (over: by 1 % a
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py            # ~60 models, ~25 min
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --models torchvision:squeezenet1_0
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf --tp 2   # 40 HF types, tp 2
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf-images   # 20 HF image models
 
 Prints one line per model and writes ``benchmarks/results/heldout_models.{json,md}``
 (``heldout_models_hf_tp2.*`` and the like for ``--hf`` and ``--tp``).
@@ -58,6 +59,13 @@ HF_TYPES = [f"hf:{t}" for t in (
     "mobilebert", "rembert", "xglm", "ctrl", "bloom")]
 
 
+# Hugging Face image classifiers (32-pixel images; Swin-style windows: 128), for --hf-images
+HF_IMAGE_TYPES = [f"hf:{t}" for t in (
+    "vit", "deit", "beit", "dinov2", "convnext", "convnextv2", "swin", "swinv2", "resnet",
+    "regnet", "efficientnet", "mobilenet_v2", "mobilevit", "levit", "poolformer", "segformer",
+    "cvt", "pvt", "bit", "focalnet")]
+
+
 def one(model: str, run_dir: str, tp: int | None = None) -> dict:
     import numpy as np
 
@@ -84,14 +92,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="*", help="model specs (default: the list above)")
     ap.add_argument("--hf", action="store_true", help="the Hugging Face types of HF_TYPES")
+    ap.add_argument("--hf-images", action="store_true",
+                    help="the Hugging Face image classifiers of HF_IMAGE_TYPES")
     ap.add_argument("--tp", type=int, help="train the 2-device run with --tp N")
     ap.add_argument("--run-dir", default="/tmp/outcore_heldout")
     args = ap.parse_args()
-    name = "heldout_models" + ("_hf" if args.hf else "") + (f"_tp{args.tp}" if args.tp else "")
+    name = "heldout_models" + ("_hf" if args.hf else "") + \
+        ("_hf_images" if args.hf_images else "") + (f"_tp{args.tp}" if args.tp else "")
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     rows = []
-    for m in args.models or (HF_TYPES if args.hf else MODELS):
+    chosen = HF_TYPES if args.hf else HF_IMAGE_TYPES if args.hf_images else MODELS
+    for m in args.models or chosen:
         t0 = time.perf_counter()
         try:
             row = {"model": m, **one(m, args.run_dir, args.tp)}
