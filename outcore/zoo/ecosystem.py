@@ -347,15 +347,8 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
     seq_from_shape = input_shape[1] if input_shape is not None and len(input_shape) > 1 \
         else None
 
-    dtype = _dtype(opts["dtype"]) if "dtype" in opts else None
-
-    def build() -> nn.Module:
-        try:
-            model = make(config)
-        except (ValueError, TypeError, KeyError) as e:
-            raise ModelError(f"cannot build {spec} for {task}: {e}") from e
-        return model if dtype is None else model.to(dtype)  # weights (inputs are token ids)
-
+    # the weights in another precision (the inputs are token ids)
+    build = _builder(spec, task, make, config, _dtype(opts["dtype"]) if "dtype" in opts else None)
     probe(build)
     batch = batch_size or 2
     seq = int(opts.get("seq", seq_from_shape or 16))
@@ -373,6 +366,19 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
     return {"build": build, "example_inputs": inputs, "int_high": high, "task": task,
             "task_options": {"mask_token_id": int(mask_id)},
             "weights": str(folder) if folder is not None else None}
+
+
+def _builder(spec: str, task: str, make: Callable[[Any], nn.Module], config: Any,
+             dtype: torch.dtype | None = None) -> Callable[[], nn.Module]:
+    """Builds ``spec``'s model from ``config`` (its weights in ``dtype`` where given); a
+    config transformers refuses for ``task`` is said in one line."""
+    def build() -> nn.Module:
+        try:
+            model = make(config)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ModelError(f"cannot build {spec} for {task}: {e}") from e
+        return model if dtype is None else model.to(dtype)
+    return build
 
 
 def _hf_image_model(spec: str, model_type: str, opts: dict[str, Any],
@@ -393,12 +399,7 @@ def _hf_image_model(spec: str, model_type: str, opts: dict[str, Any],
     if task == "regression":
         config.problem_type = "regression"
 
-    def build() -> nn.Module:
-        try:
-            return make(config)
-        except (ValueError, TypeError, KeyError) as e:
-            raise ModelError(f"cannot build {spec} for {task}: {e}") from e
-
+    build = _builder(spec, task, make, config)
     probe(build)
     channels = int(input_shape[1]) if input_shape else int(getattr(config, "num_channels", 3))
     batch = batch_size or (input_shape[0] if input_shape else 2)
