@@ -19,6 +19,8 @@ rates), which cannot be read on ``meta``.
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -139,7 +141,7 @@ def built_in_part(build: Callable[[], nn.Module], keep: set[str],
 
     indices = {i for i, names in enumerate(order) if keep.intersection(names)}
     draws = _DrawsOnMeta()
-    with parameters_on_meta(indices) as regs, draws:
+    with parameters_on_meta(indices) as regs, draws, _init_on_scratch(draws):
         model = build()
     draws.buffers.clear()
     if _qualified(model, regs) != order:
@@ -187,6 +189,40 @@ class _DrawsOnMeta(TorchDispatchMode):
             self.buffers.pop(x.dtype, None)
             buf = self.buffers[x.dtype] = torch.empty(n, dtype=x.dtype)
         return buf[:n].view(x.shape).zero_()
+
+
+# torch.nn.init functions that return early on a meta tensor although they draw (PyTorch 2.14):
+# a truncated normal drawn by rejection (as many draws as its values need), orthogonal, sparse
+_SKIP_META = ("_no_grad_trunc_normal_", "orthogonal_", "sparse_")
+
+
+@contextlib.contextmanager
+def _init_on_scratch(draws: _DrawsOnMeta) -> Iterator[None]:
+    """Within the block those functions run on a scratch CPU tensor when given a ``meta`` one,
+    so they draw what they draw for the real tensor (a ViT's ``trunc_normal_`` skipped on
+    ``meta`` gave the ranks that build a part other weights than the whole build). Patched
+    where callers look them up: ``torch.nn.init`` and Hugging Face's table of the originals."""
+    def on_scratch(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                fn(draws._scratch(tensor), *args, **kwargs)
+                return tensor
+            return fn(tensor, *args, **kwargs)
+        return run
+
+    tables: list[dict[str, Any]] = [vars(torch.nn.init)]
+    hf = getattr(sys.modules.get("transformers.initialization"), "TORCH_INIT_FUNCTIONS", None)
+    if isinstance(hf, dict):
+        tables.append(hf)
+    saved = [(t, name, t[name]) for t in tables for name in _SKIP_META if callable(t.get(name))]
+    for table, name, fn in saved:
+        table[name] = on_scratch(fn)
+    try:
+        yield
+    finally:
+        for table, name, fn in saved:
+            table[name] = fn
 
 
 def _on_meta(args: tuple, kwargs: dict) -> bool:

@@ -15,7 +15,7 @@ from outcore.zoo.weightless import built_in_part, registered, weightless
 MODELS = [
     "outcore:mlp", "outcore:transformer", "outcore:resnet_k:depth=11,width=4",
     "torchvision:resnet18", "timm:vit_tiny_patch16_224:image_size=64,drop_path_rate=0.1",
-    "timm:resnet18", "hf:gpt2", "hf:llama", "hf:t5",
+    "timm:resnet18", "hf:gpt2", "hf:llama", "hf:t5", "hf:pvt",
 ]
 
 
@@ -44,6 +44,28 @@ def test_kept_parameters_equal_the_whole_models(name):
         torch.manual_seed(3)
         spec.build()
         assert torch.equal(after, torch.get_rng_state())
+
+
+def test_initialisers_that_skip_meta_tensors_still_draw_for_them():
+    # PyTorch's trunc_normal_ (drawn by rejection), orthogonal_ and sparse_ return at once on a
+    # meta tensor: a part that skipped their draws gave the next kept parameter other values
+    def build():
+        net = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16),
+                            nn.Linear(16, 16))
+        nn.init.trunc_normal_(net[0].weight, std=0.5)
+        nn.init.orthogonal_(net[1].weight)
+        nn.init.sparse_(net[2].weight, 0.5)
+        nn.init.normal_(net[3].weight)  # after them: the stream it draws from moved on
+        return net
+
+    torch.manual_seed(1)
+    whole = dict(build().named_parameters())
+    torch.manual_seed(1)
+    order = registered(weightless(build))
+    torch.manual_seed(1)
+    part = dict(built_in_part(build, {"3.weight"}, order).named_parameters())
+    assert part["0.weight"].device.type == "meta"
+    assert torch.equal(part["3.weight"], whole["3.weight"])
 
 
 def test_a_part_allocates_only_what_it_keeps():
