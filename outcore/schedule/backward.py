@@ -13,13 +13,63 @@ from outcore.graph.ir import Graph, memo
 from outcore.graph.jit import njit
 from outcore.schedule.shared import tied_bytes
 
-__all__ = ["ALIASING_BACKWARD_OPS", "backward_working"]
+__all__ = ["ALIASING_BACKWARD_OPS", "backward_working", "pinned_gradients"]
 
 
 # ops whose backward returns a view of the output's gradient (no new memory): reshapes,
 # transposes, permutes, (un)squeezes; not ``expand`` (its backward sums)
 ALIASING_BACKWARD_OPS = ("view", "_unsafe_view", "reshape", "unflatten", "flatten",
                          "transpose", "permute", "unsqueeze", "squeeze", "t")
+
+
+def pinned_gradients(g: Graph) -> np.ndarray:
+    """Per node, the bytes of its output's gradient that a parameter's ``.grad`` keeps alive
+    until the step ends. A concatenation's backward returns each input's gradient as a view
+    of its output's; a parameter concatenated directly (read by nothing else, its part a
+    contiguous slice) has that view stolen as its ``.grad``, which pins the whole buffer:
+    the parts of the other inputs too (MobileBERT's output layer concatenates a transposed
+    tied weight and a parameter; with hidden size equal to embedding size the parameter is
+    empty and its empty ``.grad`` held the whole 128 KiB). The bytes beyond the stolen
+    parameters' own, which the gradients count already."""
+    known = memo(g.structure, "pinned gradients")
+    key = (id(g.ops), id(g.attrs), id(g.out_bytes))
+    if key not in known:
+        pinned = np.zeros(g.num_nodes)
+        if g.attrs is not None:
+            is_param = np.zeros(g.num_nodes, dtype=np.bool_)
+            is_param[g.nodes_with_op("param")] = True
+            reads = np.bincount(g.src, minlength=g.num_nodes)
+            for op in _JOINING_OPS:
+                for v in g.nodes_with_op(op).tolist():
+                    stolen = [u for u in g.pred_idx[g.pred_ptr[v]:g.pred_ptr[v + 1]].tolist()
+                              if is_param[u] and reads[u] == 1]
+                    if stolen and _slices_contiguous(op, g.attr(v, "shape"),
+                                                     g.attr(v, "in_shapes")):
+                        kept = float(np.asarray(g.param_bytes, np.float64)[stolen].sum())
+                        pinned[v] = max(float(g.out_bytes[v]) - kept, 0.0)
+        known[key] = pinned
+    return known[key]
+
+
+_JOINING_OPS = ("cat", "concat", "concatenate", "stack")
+
+
+def _slices_contiguous(op: str, shape: Any, in_shapes: Any) -> bool:
+    """Whether an input's part of a joined output's gradient can be a contiguous slice of it:
+    the output's dimensions before the joined one are all 1 (an unknown shape: assumed so,
+    the bound)."""
+    if not shape or not in_shapes:
+        return True
+    for d in range(len(shape)):
+        if op == "stack":
+            fits = all(list(s) == list(shape[:d]) + list(shape[d + 1:]) for s in in_shapes)
+        else:
+            fits = all(len(s) == len(shape) and all(a == b for k, (a, b) in
+                                                    enumerate(zip(s, shape)) if k != d)
+                       for s in in_shapes) and sum(s[d] for s in in_shapes) == shape[d]
+        if fits and int(np.prod(shape[:d], dtype=np.int64)) == 1:
+            return True
+    return False
 
 
 def backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
@@ -66,7 +116,7 @@ def backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
                                      np.asarray(g.out_bytes, np.float64), aliasing, summed,
                                      np.zeros(n) if workspace is None else workspace,
                                      g.pred_ptr, g.pred_idx, layer_params, is_param,
-                                     shared, tied, tied_sum,
+                                     shared, tied, tied_sum, pinned_gradients(g),
                                      np.zeros(n_p) if freed is None else freed)
     return (out, out_first) if first else out
 
@@ -106,13 +156,14 @@ _NO_GRAD_OPS = ("input", "constant", "scalar_tensor", "full", "ones", "zeros", "
 @njit
 def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes, aliasing,
                     summed, workspace, pred_ptr, pred_idx, layer_params, is_param, shared,
-                    tied, tied_sum, freed0):
+                    tied, tied_sum, pinned, freed0):
     """:func:`backward_working` in two passes (compiled): the edges, then the nodes in
     reverse topological order, each piece's saved bytes freed so far summed as it goes; also
     the largest with the parameters' gradients made so far added (a step's first backward).
     A node reading a weight another node owns (``shared``) makes a gradient for it that
     waits, in every backward, until the owner's (``tied``: the weight's bytes) joins it; an
-    out-of-place sum (``tied_sum`` 1) holds one more copy while it is made."""
+    out-of-place sum (``tied_sum`` 1) holds one more copy while it is made; ``pinned``: the
+    output gradient a parameter's ``.grad`` keeps, made with the node's."""
     n = order.shape[0]
     grads_in = np.zeros(n)  # the gradients a node returns for its inputs, made at once
     consumers = np.zeros(n, np.int64)  # consumers in its own piece
@@ -178,7 +229,7 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes
             made[p] += out_bytes[v]
         # its weights' gradients stay (a parameter node's, captured by torch.export, once
         # its consumer has returned it)
-        made[p] += layer_params[v]
+        made[p] += layer_params[v] + pinned[v]
         for k in range(pred_ptr[v], pred_ptr[v + 1]):
             u = pred_idx[k]
             if is_param[u] and piece_of[u] == p and not credited[u] and consumers[u] < 2:

@@ -42,7 +42,7 @@ from outcore.graph.batch import batch_factor, bytes_at_scale
 from outcore.graph.ir import Graph, memo
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
-from outcore.schedule.backward import backward_working
+from outcore.schedule.backward import backward_working, pinned_gradients
 from outcore.schedule.shared import shared_copies, shared_reads
 from outcore.schedule.workspace import gather_scratch, workspace_bytes
 
@@ -230,7 +230,10 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                        piece_params, grad_tmp, host_is_device)
     # a sharded piece's gradient shard is made by its first reduce-scatter, like a whole one
     plain = np.array([p == "none" for p in pol], dtype=bool)
-    grads = np.where(plain, piece_params + copies, 0.0) if n_p else np.zeros(0)
+    # (with the output gradients parameters' .grad views keep alive)
+    pinned = np.bincount(piece_of, weights=pinned_gradients(g), minlength=n_p)
+    grads = np.where(plain, piece_params + copies + pinned, 0.0) if n_p else np.zeros(0)
+    static_piece = static_piece + np.where(plain, pinned, 0.0)
     # a step's first backward of a piece holds the .grad tensors it has made so far (a
     # sharded piece's whole gradients are in its own term)
     first_extra = np.where(plain, np.maximum(t_first - t_bwd, 0.0), 0.0) if n_p \

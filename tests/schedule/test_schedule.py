@@ -244,3 +244,35 @@ def test_a_buffer_read_through_a_constant_node_is_held_as_a_parameter_is():
         pieces = cut(g, np.zeros(g.num_nodes, np.int64))
         static.append(float(piece_costs(g, pieces, 1, optimizer="sgd").static_bytes[0]))
     assert static[1] - static[0] == 4 * (256 * 256 - 16 * 16)
+
+
+def test_a_parameter_concatenated_first_pins_the_whole_gradient():
+    """``cat([w, x])`` along a leading dimension gives ``w`` a contiguous view of the
+    output's gradient as its ``.grad``, which keeps the whole gradient (checked against
+    autograd: its storage); along a later dimension the view is strided and copied."""
+    import torch
+    from torch import nn
+
+    from outcore.graph.capture import capture
+    from outcore.schedule.backward import pinned_gradients
+
+    class Head(nn.Module):
+        def __init__(self, dim: int):
+            super().__init__()
+            self.dim = dim
+            self.w = nn.Parameter(torch.randn(8, 16))
+            self.proj = nn.Linear(16, 16)
+
+        def forward(self, x):
+            other = self.proj.weight[:8] if self.dim == 0 else self.proj.weight[:, :8].t()
+            return x @ torch.cat([self.w, other], self.dim).reshape(16, -1)
+
+    for dim, pins in ((0, True), (1, False)):
+        net = Head(dim)
+        x = torch.randn(2, 16)
+        net(x).sum().backward()
+        whole = net.w.grad.untyped_storage().nbytes()
+        assert (whole > net.w.grad.nbytes) == pins
+        g = capture(Head(dim), (x,))
+        pinned = pinned_gradients(g)
+        assert pinned.sum() == (whole - net.w.grad.nbytes if pins else 0), dim
