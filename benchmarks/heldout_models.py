@@ -7,9 +7,11 @@ included), and per rank the measured peak against the prediction (over: by 1 % a
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --models torchvision:squeezenet1_0
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf --tp 2   # 40 HF types, tp 2
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf-images   # 20 HF image models
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --devices 4 --options '{"dp": 2}'
 
 Prints one line per model and writes ``benchmarks/results/heldout_models.{json,md}``
-(``heldout_models_hf_tp2.*`` and the like for ``--hf`` and ``--tp``).
+(``heldout_models_hf_tp2.*`` and the like for ``--hf``, ``--tp``, ``--devices`` and
+``--options``).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ HF_IMAGE_TYPES = [f"hf:{t}" for t in (
     "cvt", "pvt", "bit", "focalnet")]
 
 
-def one(model: str, run_dir: str, tp: int | None = None) -> dict:
+def one(model: str, run_dir: str, devices: int = 2, options: dict | None = None) -> dict:
     import numpy as np
 
     import outcore
@@ -74,7 +76,7 @@ def one(model: str, run_dir: str, tp: int | None = None) -> dict:
     kw = dict(batch_size=4, steps=2, optimizer="sgd", costs="estimate:cpu", timeline=False,
               run_dir=run_dir, seed=0, microbatches=2, progress=False)
     r1 = outcore.train(model, 1, **kw)
-    r2 = outcore.train(model, 2, **kw, **({"tp": tp} if tp else {}))
+    r2 = outcore.train(model, devices, **{**kw, **(options or {})})
     ranks = []
     for r in (r1, r2):
         for meas, pred in zip(r.peak_bytes or [], r.per_rank("peak_bytes")):
@@ -84,7 +86,9 @@ def one(model: str, run_dir: str, tp: int | None = None) -> dict:
     return {"equal": bool(np.allclose(r1.losses, r2.losses, rtol=1e-4, atol=1e-6)),
             "losses_1": list(r1.losses), "losses_2": list(r2.losses),
             "layout": f"{lay.mode} r{lay.replicas} dp{lay.dp}"
-            + (f" tp{lay.tp}" if lay.tp > 1 else ""), "ranks": ranks,
+            + (f" tp{lay.tp}" if lay.tp > 1 else "") + (f" sp{lay.sp}" if lay.sp > 1 else "")
+            + (f" {','.join(sorted(set(r2.plan.policies.policies)))}" if r2.plan.policies else ""),
+            "ranks": ranks,
             "worst": max(m / p for m, p in ranks if p), "over": len(over)}
 
 
@@ -94,11 +98,17 @@ def main() -> None:
     ap.add_argument("--hf", action="store_true", help="the Hugging Face types of HF_TYPES")
     ap.add_argument("--hf-images", action="store_true",
                     help="the Hugging Face image classifiers of HF_IMAGE_TYPES")
-    ap.add_argument("--tp", type=int, help="train the 2-device run with --tp N")
+    ap.add_argument("--tp", type=int, help="train the multi-device run with --tp N")
+    ap.add_argument("--devices", type=int, default=2, help="devices of the second run")
+    ap.add_argument("--options", default="{}",
+                    help="JSON: more outcore.train options of the second run ({\"dp\": 2})")
     ap.add_argument("--run-dir", default="/tmp/outcore_heldout")
     args = ap.parse_args()
+    options = {**json.loads(args.options), **({"tp": args.tp} if args.tp else {})}
     name = "heldout_models" + ("_hf" if args.hf else "") + \
-        ("_hf_images" if args.hf_images else "") + (f"_tp{args.tp}" if args.tp else "")
+        ("_hf_images" if args.hf_images else "") + \
+        (f"_d{args.devices}" if args.devices != 2 else "") + \
+        "".join(f"_{k}{v}".replace(" ", "") for k, v in sorted(options.items()))
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     rows = []
@@ -106,7 +116,7 @@ def main() -> None:
     for m in args.models or chosen:
         t0 = time.perf_counter()
         try:
-            row = {"model": m, **one(m, args.run_dir, args.tp)}
+            row = {"model": m, **one(m, args.run_dir, args.devices, options)}
             text = (f"{'equal' if row['equal'] else 'DIFFERENT'} losses on {row['layout']}; "
                     f"worst measured/predicted {row['worst']:.3f}"
                     + (f", {row['over']} ranks OVER" if row["over"] else ""))
@@ -117,14 +127,16 @@ def main() -> None:
         rows.append(row)
         print(f"{m}: {text} ({row['seconds']} s)", flush=True)
     ran = [r for r in rows if "error" not in r]
-    summary = (f"{sum(r['equal'] for r in ran)} of {len(rows)} models equal on 2 devices; "
+    summary = (f"{sum(r['equal'] for r in ran)} of {len(rows)} models equal on "
+               f"{args.devices} devices{' ' + json.dumps(options) if options else ''}; "
                f"{sum(r['over'] == 0 for r in ran)} within their predicted peak on every rank; "
                f"{len(rows) - len(ran)} did not run")
     print("\n" + summary)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"summary": summary, "rows": rows},
                                                             indent=1))
-    lines = [summary, "", "| model | 2-device layout | losses | worst measured / predicted |",
+    lines = [summary, "", f"| model | {args.devices}-device layout | losses | "
+             "worst measured / predicted |",
              "| --- | --- | --- | ---: |"]
     for r in rows:
         if "error" in r:
