@@ -18,7 +18,7 @@ from outcore.core.values import value_metas
 from outcore.graph.capture import trace
 from outcore.runtime.data import SyntheticData, split
 from outcore.zoo import build_model
-from tests.cli.test_cli import run
+from tests.cli.test_cli import run, run_here
 
 MODEL_FILE = '''import torch
 from torch import nn
@@ -51,27 +51,31 @@ def _modules(path) -> list[str]:
     return [n.get("module", "") for n in json.loads(path.read_text())["nodes"]]
 
 
-def test_graph_leaf_by_class_and_by_path(tmp_path, model):
-    r = run("graph", model, "--leaf", "Block", "-o", "byclass.json", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+# graph and plan run in this process (tests.cli.test_cli.run_here); train as the command
+def test_graph_leaf_by_class_and_by_path(tmp_path, model, capsys, monkeypatch):
+    code, err = run_here(capsys, monkeypatch, tmp_path, "graph", model, "--leaf", "Block", "-o",
+                         "byclass.json")
+    assert code == 0, err
     mods = _modules(tmp_path / "byclass.json")
     assert {"blocks.0", "blocks.1", "blocks.2"} <= set(mods)
     assert not any(m.startswith("blocks.0.") for m in mods), mods
-    r = run("graph", model, "--leaf", "blocks.1", "-o", "bypath.json", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    code, err = run_here(capsys, monkeypatch, tmp_path, "graph", model, "--leaf", "blocks.1",
+                         "-o", "bypath.json")
+    assert code == 0, err
     mods = _modules(tmp_path / "bypath.json")
     assert "blocks.1" in mods and "blocks.0.a" in mods and "blocks.2.b" in mods
 
 
-def test_unknown_leaf_is_one_line_naming_close_types(tmp_path, model):
-    r = run("graph", model, "--leaf", "Blok", cwd=tmp_path)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "neither a module path nor a module class" in r.stderr and "Block" in r.stderr
+def test_unknown_leaf_is_one_line_naming_close_types(tmp_path, model, capsys, monkeypatch):
+    code, err = run_here(capsys, monkeypatch, tmp_path, "graph", model, "--leaf", "Blok")
+    assert code == 2 and "Traceback" not in err
+    assert "neither a module path nor a module class" in err and "Block" in err
 
 
-def test_plan_with_leaf_plans_the_coarser_graph(tmp_path, model):
-    r = run("plan", model, "--devices", "2", "--leaf", "Block", "-o", "p.json", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+def test_plan_with_leaf_plans_the_coarser_graph(tmp_path, model, capsys, monkeypatch):
+    code, err = run_here(capsys, monkeypatch, tmp_path, "plan", model, "--devices", "2",
+                         "--leaf", "Block", "-o", "p.json")
+    assert code == 0, err
     assignment = json.loads((tmp_path / "p.json").read_text())["assignment"]
     assert len(assignment) == 6  # input, 3 blocks, head, output
 
