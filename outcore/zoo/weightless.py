@@ -199,8 +199,9 @@ _SKIP_META = ("_no_grad_trunc_normal_", "orthogonal_", "sparse_")
 @contextlib.contextmanager
 def _init_on_scratch(draws: _DrawsOnMeta) -> Iterator[None]:
     """Within the block those functions run on a scratch CPU tensor when given a ``meta`` one,
-    so they draw what they draw for the real tensor (a ViT's ``trunc_normal_`` skipped on
-    ``meta`` gave the ranks that build a part other weights than the whole build). Patched
+    so they draw what they draw for the real tensor (Hugging Face PVT's and CvT's
+    ``trunc_normal_``, skipped on ``meta``, gave the ranks that build a part other weights than
+    the whole build). Patched
     where callers look them up: ``torch.nn.init`` and Hugging Face's table of the originals."""
     def on_scratch(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
