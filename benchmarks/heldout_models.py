@@ -7,11 +7,14 @@ included), and per rank the measured peak against the prediction (over: by 1 % a
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --models torchvision:squeezenet1_0
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf --tp 2   # 40 HF types, tp 2
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf-images   # 20 HF image models
-    PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --devices 4 --options '{"dp": 2}'
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --batch-size 8 --options '{"dp": 2}'
+
+A given ``dp`` counts the micro-batches per copy (docs/models.md): the one-device run then
+trains with ``dp`` times as many, the same groups of samples.
 
 Prints one line per model and writes ``benchmarks/results/heldout_models.{json,md}``
-(``heldout_models_hf_tp2.*`` and the like for ``--hf``, ``--tp``, ``--devices`` and
-``--options``).
+(``heldout_models_hf_tp2.*`` and the like for ``--hf``, ``--tp``, ``--devices``,
+``--batch-size`` and ``--options``).
 """
 
 from __future__ import annotations
@@ -68,15 +71,20 @@ HF_IMAGE_TYPES = [f"hf:{t}" for t in (
     "cvt", "pvt", "bit", "focalnet")]
 
 
-def one(model: str, run_dir: str, devices: int = 2, options: dict | None = None) -> dict:
+def one(model: str, run_dir: str, devices: int = 2, options: dict | None = None,
+        batch_size: int = 4) -> dict:
     import numpy as np
 
     import outcore
 
-    kw = dict(batch_size=4, steps=2, optimizer="sgd", costs="estimate:cpu", timeline=False,
-              run_dir=run_dir, seed=0, microbatches=2, progress=False)
-    r1 = outcore.train(model, 1, **kw)
-    r2 = outcore.train(model, devices, **{**kw, **(options or {})})
+    options = options or {}
+    kw = dict(batch_size=batch_size, steps=2, optimizer="sgd", costs="estimate:cpu",
+              timeline=False, run_dir=run_dir, seed=0, microbatches=2, progress=False)
+    # a given --dp counts the micro-batches per copy (docs/models.md): one device's equal run
+    # has as many in all
+    copies = int(options.get("dp", 1))
+    r1 = outcore.train(model, 1, **{**kw, "microbatches": kw["microbatches"] * copies})
+    r2 = outcore.train(model, devices, **{**kw, **options})
     ranks = []
     for r in (r1, r2):
         for meas, pred in zip(r.peak_bytes or [], r.per_rank("peak_bytes")):
@@ -102,12 +110,14 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=2, help="devices of the second run")
     ap.add_argument("--options", default="{}",
                     help="JSON: more outcore.train options of the second run ({\"dp\": 2})")
+    ap.add_argument("--batch-size", type=int, default=4, help="global batch (default 4)")
     ap.add_argument("--run-dir", default="/tmp/outcore_heldout")
     args = ap.parse_args()
     options = {**json.loads(args.options), **({"tp": args.tp} if args.tp else {})}
     name = "heldout_models" + ("_hf" if args.hf else "") + \
         ("_hf_images" if args.hf_images else "") + \
         (f"_d{args.devices}" if args.devices != 2 else "") + \
+        (f"_b{args.batch_size}" if args.batch_size != 4 else "") + \
         "".join(f"_{k}{v}".replace(" ", "") for k, v in sorted(options.items()))
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -116,7 +126,7 @@ def main() -> None:
     for m in args.models or chosen:
         t0 = time.perf_counter()
         try:
-            row = {"model": m, **one(m, args.run_dir, args.devices, options)}
+            row = {"model": m, **one(m, args.run_dir, args.devices, options, args.batch_size)}
             text = (f"{'equal' if row['equal'] else 'DIFFERENT'} losses on {row['layout']}; "
                     f"worst measured/predicted {row['worst']:.3f}"
                     + (f", {row['over']} ranks OVER" if row["over"] else ""))
