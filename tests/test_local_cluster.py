@@ -34,16 +34,21 @@ def test_background_load_counts_with_same_host_sockets(monkeypatch):
     monkeypatch.setenv("OUTCORE_HOST_LOAD", "0")
     free = local_cluster(2, True).intra
     assert free.latency_s < OVERSUBSCRIBED_LATENCY_S
-    # messages take the probed socket costs; collectives travel over gloo's loopback and keep
-    # its latency, at any worker count (the sums of a pair over its own socket are priced by
-    # the simulator as that link's messages: tests/sim/test_engine.py)
+    # messages take the probed socket costs; collectives travel over gloo's loopback, at the
+    # preset's latency or gloo's probed one, the larger, at any worker count (the sums of a
+    # pair over its own socket are priced by the simulator as that link's messages:
+    # tests/sim/test_engine.py)
     monkeypatch.setattr("outcore.runtime.local_cluster._samehost_costs_s",
                         lambda spin_us: (1e-6, (2e-5, 3e-5), (1e-10, 1e-10)))
     monkeypatch.setattr("outcore.runtime.local_cluster.cores_to_spare", lambda devices: True)
-    for devices in (2, 4):
-        link = local_cluster(devices, True).intra
-        assert link.latency_s == pytest.approx(1e-6) and link.copy_on_send
-        assert link.latency_for_collectives == link_preset("gloo-loopback").latency_s
+    preset = link_preset("gloo-loopback").latency_s
+    for probed in (0.0, 5e-4):  # 0: the probe could not run
+        monkeypatch.setattr("outcore.runtime.local_cluster._gloo_collective_latency_s",
+                            lambda probed=probed: probed)
+        for devices in (2, 4):
+            link = local_cluster(devices, True).intra
+            assert link.latency_s == pytest.approx(1e-6) and link.copy_on_send
+            assert link.latency_for_collectives == max(preset, probed)
     monkeypatch.undo()
     monkeypatch.delenv("OUTCORE_P2P", raising=False)
     monkeypatch.setenv("OUTCORE_HOST_LOAD", str(_local_cores()))
@@ -88,3 +93,14 @@ def test_the_launcher_decides_whether_receives_spin(monkeypatch):
     assert _with_spin(cfg, local_cores() + 1).worker.spin_us == 0.0
     monkeypatch.setenv("OUTCORE_HOST_LOAD", str(local_cores()))
     assert _with_spin(cfg, 1).worker.spin_us == 0.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="local CPU workers only")
+def test_gloo_collectives_are_probed_as_they_run_here():
+    """Two gloo groups of this process all-reduce in threads: the mean over the two messages
+    of each call, the per-message latency the simulator charges (with the tail gloo's threads
+    have on a busy few cores, about 1 ms per message on 2 cores, 10x the preset's quiet 0.1)."""
+    from outcore.runtime.local_cluster import _gloo_collective_latency_s
+
+    alpha = _gloo_collective_latency_s.__wrapped__(calls=16)
+    assert 1e-6 < alpha < 0.5
