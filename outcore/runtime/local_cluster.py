@@ -92,6 +92,7 @@ def _gloo_collective_latency_s(calls: int = 64, floats: int = 512) -> float:
     tail (on 2 cores, 16 KiB all-reduces between two worker processes took 0.41 ms at the
     median and 1.6 ms on average; two threads of one process 0.45 and 1.9), and a step pays
     every call. 0 where gloo cannot run."""
+    import datetime
     import threading
     import time
 
@@ -103,7 +104,10 @@ def _gloo_collective_latency_s(calls: int = 64, floats: int = 512) -> float:
 
     def rank(r: int, store: object) -> None:
         try:
-            group = dist.ProcessGroupGloo(dist.PrefixStore("probe", store), r, 2)
+            options = dist.ProcessGroupGloo._Options()  # on the loopback interface only
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+            options._timeout = datetime.timedelta(seconds=20)
+            group = dist.ProcessGroupGloo(dist.PrefixStore("probe", store), r, 2, options)
             x = torch.ones(floats)
             for k in range(calls + 8):
                 t = time.perf_counter()
