@@ -43,7 +43,7 @@ def local_cluster(devices: int, local: bool) -> Cluster:
         spin_us = auto_spin_us(devices, spare)
         (latency, messages, per_byte), collective = _samehost_costs_s(spin_us), link.latency_s
         samehost = True
-    if local and devices > 1:  # gloo's collectives as they run here (tensor parallelism's)
+    if local and devices > 1 and spare:  # gloo's collectives as they run here (tp's)
         collective = max(latency if collective is None else collective,
                          _gloo_collective_latency_s())
     if not spare:
