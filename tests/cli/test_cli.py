@@ -36,22 +36,24 @@ def run_here(capsys, monkeypatch, cwd, *args):
     return code, capsys.readouterr().err
 
 
-# the first and the plan refusal run as the command itself, the others in this process
-@pytest.mark.parametrize("args,message", [
-    (["graph", "torchvision:resnet5"], "did you mean torchvision:resnet50"),
-    (["graph", "outcore:nosuch"], "the zoo has"),
-    (["graph", "nothing:here"], "name it torchvision:<builder>"),
-    (["graph", "missing.py:make"], "does not exist"),
-    (["graph", "torchvision:resnet18", "--input-shape", "2x3"], "check --input-shape"),
-    (["graph", "torchvision:resnet18", "--input-shape", "2xq"], "8x3x224x224"),
-    (["graph", "outcore:mlp", "-o", "g.txt"], "must end in .json, .svg, .png"),
-    (["plan", "missing.json", "--devices", "2"], "does not exist"),
-    (["plan", "outcore:mlp", "--devices", "2", "--memory", "lots"], "16GiB"),
-    (["plan", "outcore:mlp", "--devices", "2", "--memory", "1KiB"], "no number of devices fits"),
-    (["plan", "outcore:mlp", "--devices", "3", "--dp", "2"], "must divide"),
+# as_command: run as the command itself (the others in this process, through main())
+@pytest.mark.parametrize("args,message,as_command", [
+    (["graph", "torchvision:resnet5"], "did you mean torchvision:resnet50", True),
+    (["graph", "outcore:nosuch"], "the zoo has", False),
+    (["graph", "nothing:here"], "name it torchvision:<builder>", False),
+    (["graph", "missing.py:make"], "does not exist", False),
+    (["graph", "torchvision:resnet18", "--input-shape", "2x3"], "check --input-shape", False),
+    (["graph", "torchvision:resnet18", "--input-shape", "2xq"], "8x3x224x224", False),
+    (["graph", "outcore:mlp", "-o", "g.txt"], "must end in .json, .svg, .png", False),
+    (["plan", "missing.json", "--devices", "2"], "does not exist", False),
+    (["plan", "outcore:mlp", "--devices", "2", "--memory", "lots"], "16GiB", False),
+    (["plan", "outcore:mlp", "--devices", "2", "--memory", "1KiB"], "no number of devices fits",
+     True),
+    (["plan", "outcore:mlp", "--devices", "3", "--dp", "2"], "must divide", False),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, message):
-    if message in ("did you mean torchvision:resnet50", "no number of devices fits"):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, message,
+                                          as_command):
+    if as_command:
         r = run(*args, cwd=tmp_path)
         code, err = r.returncode, r.stderr
     else:
