@@ -58,6 +58,7 @@ class Recorder(fx.Interpreter):
         # per node, the input nodes whose output it is the first to save (on another device
         # that tensor is the received copy: the memory model counts it once)
         self.saved_inputs: dict[str, list[str]] = {}
+        self._saved_input_storages: list[tuple[str, str, Any]] = []  # (saver, producer, key)
         self.input_storages: dict[Any, str] = {}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -66,11 +67,16 @@ class Recorder(fx.Interpreter):
             self.seen[key] = (self.current, t.untyped_storage().nbytes())
             producer = self.input_storages.get(key)
             if producer is not None:
-                self.saved_inputs.setdefault(self.current, []).append(producer)
+                self._saved_input_storages.append((self.current, producer, key))
         return t
 
     def saved_by_node(self, exclude: set[Any]) -> dict[str, int]:
-        """Bytes each node saves first, leaving out the storages in ``exclude``."""
+        """Bytes each node saves first, leaving out the storages in ``exclude`` (parameters,
+        buffers and their views); :attr:`saved_inputs` leaves them out too."""
+        self.saved_inputs = {}
+        for saver, producer, key in self._saved_input_storages:
+            if key not in exclude:
+                self.saved_inputs.setdefault(saver, []).append(producer)
         out: dict[str, int] = {}
         for key, (node, nbytes) in self.seen.items():
             if key not in exclude:
