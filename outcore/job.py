@@ -48,6 +48,7 @@ from outcore.runtime import checkpoint, resume
 from outcore.runtime.local_cluster import local_cluster
 from outcore.runtime.rundir import unique_run_dir
 from outcore.search.layouts import LayoutChoice
+from outcore.search.verdict import fits
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +291,13 @@ def prepare(job: Job, *, local: bool = True,
     if whole:  # the plan chose the split: capture again at its micro-batch
         micro = captured(p.microbatches * p.layout.copies)
         if not np.array_equal(np.sort(micro.ids), np.sort(g.ids)):
-            p = _replanned(micro, req, p)
+            p = _replanned(micro, req, p, "has other nodes at the chosen micro-batch than at "
+                           "the whole batch")
         else:  # predicted on the whole batch's costs scaled down linearly: predict on these
             p = _predicted_on(p, micro)
+            if not fits(p):  # the model at that size needs more than its rescaled costs said
+                p = _replanned(micro, req, p, "needs more memory at the chosen micro-batch "
+                               "than its costs rescaled from the whole batch said")
         g = micro
     return g, p
 
@@ -329,11 +334,11 @@ def _predicted_on(p: Plan, g: Graph, schedule_file: str | None = None) -> Plan:
 
 
 
-def _replanned(g: Graph, req: PlanRequest, chosen: Plan) -> Plan:
-    """The plan of ``chosen``'s layout on ``g``: the model captured at the chosen micro-batch
-    has other nodes than at the whole batch (``torch.export`` specialises a batch of 1, and
-    some models take other branches for it), so the placement is searched again with the
-    layout the layout search chose held fixed."""
+def _replanned(g: Graph, req: PlanRequest, chosen: Plan, why: str) -> Plan:
+    """The plan of ``chosen``'s layout on ``g``, the model captured at the chosen micro-batch,
+    placed again with the layout the layout search chose held fixed: where the capture has
+    other nodes than at the whole batch (``torch.export`` specialises a batch of 1, and some
+    models take other branches for it), or where ``chosen`` does not fit on its costs."""
     from outcore.api import plan as search
 
     lay = chosen.layout
@@ -341,8 +346,7 @@ def _replanned(g: Graph, req: PlanRequest, chosen: Plan) -> Plan:
                          microbatches=chosen.microbatches, samples=g.batch_size, tp=lay.tp,
                          sp=lay.sp, depth=lay.depth).request(req, req.memory_policy)
     p = search(g, fixed)
-    return p.with_notes(*chosen.notes, "the model at the chosen micro-batch has other nodes "
-                        "than at the whole batch: placed again with the chosen layout")
+    return p.with_notes(*chosen.notes, f"the model {why}: placed again with the chosen layout")
 
 
 def settle(job: Job, p: Plan) -> Job:
