@@ -150,3 +150,28 @@ def test_train_runs_the_schedule_of_its_plan(tmp_path):
         orders.append([str(a) for a in outcore.lower(run.plan, trained).schedule.actions[0]])
     assert orders[0] != orders[1]
     assert asked.losses == pytest.approx(auto.losses, rel=1e-6)
+
+
+def test_a_plan_over_its_limit_at_the_captured_micro_batch_is_placed_again(tmp_path,
+                                                                          monkeypatch):
+    """The run predicts the chosen plan on the model captured at its micro-batch; where the
+    rescaled costs the search used were short and the plan does not fit there, the chosen
+    layout is placed again on that capture (with memory policies) instead of training over
+    its limit. Here the search sees an eighth of each micro-batch's activations."""
+    from outcore.search import loop
+
+    real = loop.at_microbatch
+
+    def short(g, samples, fixed_s=0.0):
+        h = real(g, samples, fixed_s)
+        return h if samples == g.batch_size else h.replace(saved_bytes=h.saved_bytes // 8)
+
+    monkeypatch.setattr(loop, "at_microbatch", short)
+    limit = 3_150_000  # one device at 2 micro-batches of 4 needs 3.30 MB without policies
+    report = outcore.train("outcore:transformer", 1, costs="estimate:cpu", steps=1,
+                           batch_size=8, memory=limit, run_dir=str(tmp_path / "run"),
+                           timeline=False, optimizer="sgd")
+    assert report.plan.microbatches == 2
+    assert any("needs more memory at the chosen micro-batch" in n for n in report.plan.notes)
+    assert max(report.plan.predicted["peak_bytes"]) <= limit
+    assert max(report.peak_bytes) <= limit
