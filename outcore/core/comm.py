@@ -68,8 +68,10 @@ def allreduce_into(tensors: list[torch.Tensor], group: Any, divide_by: int = 1) 
 # its own references to the collective's tensors: on a busy core the rank runs on while that
 # thread waits for the core, so a buffer the program has finished with stays allocated for a
 # while (measured: a spatial stage's peak once 7.7 % over the model's, two scatter parts and the
-# received tile; a tile rank's 4.3 %, the received tile). Settling waits at most this long.
-_SETTLE_S = 0.02
+# received tile; a tile rank's 4.3 %, the received tile). Settling waits at most this long: with
+# two other busy processes on the 2 cores, 20 ms left a sharded rank's reduce-scatter buffer
+# alive into its next piece, 0.6 % over its limit.
+_SETTLE_S = 0.2
 
 
 @contextlib.contextmanager
