@@ -30,7 +30,8 @@ def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError,
     tight when the budget ran out) for which ``fits_request(g, request)`` is true (the search
     finds a plan that fits: :func:`outcore.search.loop.fits_request`).
     ``progress(phase, seconds spent, budget)`` follows the checks."""
-    if error.min_devices is None and error.min_memory_bytes is None:
+    if error.min_devices is None and error.min_memory_bytes is None and \
+            error.need_bytes is None:
         return error  # it suggests no number: its own advice stands
     start = time.monotonic()
     slowest = [0.0]  # the longest check so far: none starts that would end past the budget
@@ -55,7 +56,9 @@ def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError,
                                     if req.memory_policy != "none" else None)
     m = _most_microbatches(fits, g, req, over)
     k = _fewest_devices(fits, req, devices, over)
-    mem = _least_memory(fits, req, error.min_memory_bytes, over)
+    # a placement's memory policies ran out: what its fullest device needed is where the
+    # least memory starts
+    mem = _least_memory(fits, req, error.min_memory_bytes or error.need_bytes, over)
     if progress:
         progress("nothing fits: checking what would", int(budget_s), int(budget_s))
     fixes = []

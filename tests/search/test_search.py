@@ -36,6 +36,17 @@ def test_refusal_suggests_only_device_counts_and_memory_that_fit(mlp):
         outcore.plan(mlp, e.min_devices - 1, "15KiB")
 
 
+def test_a_refusal_when_memory_policies_run_out_names_what_fits(mlp):
+    """One device at 12 KiB: its memory policies run out at 17.5 KiB. The refusal names a
+    checked memory that fits (it said only "add devices or raise memory")."""
+    with pytest.raises(InfeasibleError, match="device 0 needs") as info:
+        outcore.plan(mlp, 1, "12KiB")
+    e = info.value
+    assert "per device fits on 1 (checked)" in str(e) and e.min_memory_bytes
+    roomier = outcore.plan(mlp, 1, e.min_memory_bytes)
+    assert max(roomier.predicted["peak_bytes"]) <= e.min_memory_bytes
+
+
 def test_a_plan_on_one_of_the_devices_when_no_split_fits(mlp):
     """20 KiB per device on 2 devices: either device of any split still needs 21.6 KiB after
     offloading all its parameters (it holds the activations it passes on and receives); every
