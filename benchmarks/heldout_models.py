@@ -8,6 +8,11 @@ included), and per rank the measured peak against the prediction (over: by 1 % a
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf --tp 2   # 40 HF types, tp 2
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf-images   # 20 HF image models
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --batch-size 8 --options '{"dp": 2}'
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --memory-fraction 0.6
+
+``--memory-fraction F`` gives the multi-device run a limit of F times one device's predicted
+peak, so the search must split the model (or checkpoint, or offload) as a user short of memory
+would have it; a rank whose measured peak passes that limit counts as over.
 
 A given ``dp`` counts the micro-batches per copy (docs/models.md): the one-device run then
 trains with ``dp`` times as many, the same groups of samples.
@@ -72,7 +77,7 @@ HF_IMAGE_TYPES = [f"hf:{t}" for t in (
 
 
 def one(model: str, run_dir: str, devices: int = 2, options: dict | None = None,
-        batch_size: int = 4) -> dict:
+        batch_size: int = 4, memory_fraction: float | None = None) -> dict:
     import numpy as np
 
     import outcore
@@ -84,18 +89,25 @@ def one(model: str, run_dir: str, devices: int = 2, options: dict | None = None,
     # has as many in all
     copies = int(options.get("dp", 1))
     r1 = outcore.train(model, 1, **{**kw, "microbatches": kw["microbatches"] * copies})
+    limit = None
+    if memory_fraction:
+        limit = int(memory_fraction * max(r1.per_rank("peak_bytes")))
+        options = {**options, "memory": limit}
     r2 = outcore.train(model, devices, **{**kw, **options})
     ranks = []
     for r in (r1, r2):
         for meas, pred in zip(r.peak_bytes or [], r.per_rank("peak_bytes")):
             ranks.append((float(meas) / 2**20, float(pred) / 2**20))
     over = [m for m, p in ranks if m > p * 1.01 and (m - p) * 2**20 > 16384]
+    if limit:
+        over += [m for m in (r2.peak_bytes or []) if m > limit]
     lay = r2.plan.layout
     return {"equal": bool(np.allclose(r1.losses, r2.losses, rtol=1e-4, atol=1e-6)),
             "losses_1": list(r1.losses), "losses_2": list(r2.losses),
             "layout": f"{lay.mode} r{lay.replicas} dp{lay.dp}"
             + (f" tp{lay.tp}" if lay.tp > 1 else "") + (f" sp{lay.sp}" if lay.sp > 1 else "")
-            + (f" {','.join(sorted(set(r2.plan.policies.policies)))}" if r2.plan.policies else ""),
+            + (f" {','.join(sorted(set(r2.plan.policies.policies)))}" if r2.plan.policies else "")
+            + (f" M{r2.plan.microbatches}" if limit else ""),
             "ranks": ranks,
             "worst": max(m / p for m, p in ranks if p), "over": len(over)}
 
@@ -111,6 +123,8 @@ def main() -> None:
     ap.add_argument("--options", default="{}",
                     help="JSON: more outcore.train options of the second run ({\"dp\": 2})")
     ap.add_argument("--batch-size", type=int, default=4, help="global batch (default 4)")
+    ap.add_argument("--memory-fraction", type=float,
+                    help="limit the multi-device run to F x one device's predicted peak")
     ap.add_argument("--run-dir", default="/tmp/outcore_heldout")
     args = ap.parse_args()
     options = {**json.loads(args.options), **({"tp": args.tp} if args.tp else {})}
@@ -118,7 +132,8 @@ def main() -> None:
         ("_hf_images" if args.hf_images else "") + \
         (f"_d{args.devices}" if args.devices != 2 else "") + \
         (f"_b{args.batch_size}" if args.batch_size != 4 else "") + \
-        "".join(f"_{k}{v}".replace(" ", "") for k, v in sorted(options.items()))
+        "".join(f"_{k}{v}".replace(" ", "") for k, v in sorted(options.items())) + \
+        (f"_mem{args.memory_fraction:g}" if args.memory_fraction else "")
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     rows = []
@@ -126,7 +141,8 @@ def main() -> None:
     for m in args.models or chosen:
         t0 = time.perf_counter()
         try:
-            row = {"model": m, **one(m, args.run_dir, args.devices, options, args.batch_size)}
+            row = {"model": m, **one(m, args.run_dir, args.devices, options, args.batch_size,
+                                       args.memory_fraction)}
             text = (f"{'equal' if row['equal'] else 'DIFFERENT'} losses on {row['layout']}; "
                     f"worst measured/predicted {row['worst']:.3f}"
                     + (f", {row['over']} ranks OVER" if row["over"] else ""))
