@@ -227,7 +227,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     if sharded_bytes is not None and depth > 1:
         inner = _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth,
                        factor, gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece,
-                       piece_params, grad_tmp, host_is_device)
+                       piece_params, grad_tmp)
     # a sharded piece's gradient shard is made by its first reduce-scatter, like a whole one
     plain = np.array([p == "none" for p in pol], dtype=bool)
     # (with the output gradients parameters' .grad views keep alive)
@@ -374,8 +374,7 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
            gather_s: Callable[[np.ndarray], np.ndarray] | None,
            scatter_s: Callable[[np.ndarray], np.ndarray] | None,
            fwd: np.ndarray, bwd: np.ndarray, transient: np.ndarray, t_bwd: np.ndarray,
-           static_piece: np.ndarray, piece_params: np.ndarray, grad_tmp: np.ndarray,
-           host_is_device: bool = False
+           static_piece: np.ndarray, piece_params: np.ndarray, grad_tmp: np.ndarray
            ) -> dict[int, tuple[tuple[str, str, float, float], ...]]:
     """Apply FSDP / ZeRO-3 sharding to the piece costs in place (see the module docstring);
     ``gather_s`` / ``scatter_s`` take the pieces' sharded bytes as an array. Returns the
@@ -387,10 +386,10 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
     piece_params[p] -= b * (1 - 1 / depth)  # what this rank's optimizer updates
     transient[p] += b  # the gathered parameters, while the forward runs
     # gathered parameters and the whole gradients (which hold the fresh gradient of the
-    # largest layer already counted); then the reduce-scatter: the gradients' flat copy, the
-    # shard it returns and, on a CPU, gloo's own copy of the flat input (a sharded rank of an
-    # LM measured up to 10.5 % over its prediction without it)
-    scatter_bytes = b * (1 + 1 / depth + (1 if host_is_device else 0))
+    # largest layer already counted); then the reduce-scatter: the gradients' flat copy and
+    # the shard it returns (on a CPU a sum in place, without gloo's copy of the flat input:
+    # ``parallel/sharding._ON_GLOO``)
+    scatter_bytes = b * (1 + 1 / depth)
     t_bwd[p] = np.maximum(t_bwd[p] + 2 * b - np.minimum(grad_tmp[p], b), scatter_bytes)
     gather = gather_s(b) if gather_s is not None else np.zeros_like(b)
     scatter = scatter_s(b) if scatter_s is not None else np.zeros_like(b)
