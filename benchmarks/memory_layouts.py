@@ -4,8 +4,9 @@ prediction, for every layout kind x a few models.
 Each cell is one ``outcore.train`` (estimated CPU costs, 2 steps, SGD without momentum, batch
 8, gloo workers on this machine); the peak is the tensor tracker's (``report.peak_bytes``), the
 prediction the plan's (``report.per_rank("peak_bytes")``), both per rank. The checkpoint
-cell gives the pipeline cell's predicted peak x 0.9 (else 0.95, 0.99, 0.995: the first met)
-as ``--memory`` with ``--memory-policy checkpoint``, so the plan must drop activations. A cell
+cells (a pipeline, data parallelism, sharded data parallelism) give the plain layout's
+predicted peak x 0.9 (else 0.95, 0.99, 0.995: the first met) as ``--memory`` with
+``--memory-policy checkpoint``, so the plan must drop activations. A cell
 is over when a rank's measured peak passes its prediction (a plan made for that prediction
 would break its limit). CPU offload is
 not a cell: on a CPU the host is the device (``--memory-policy offload`` saves nothing here).
@@ -43,7 +44,11 @@ LAYOUTS = {"pipeline": (2, dict(strategy="pipeline", microbatches=2)),
            "tp x pp": (4, dict(tp=2, strategy="pipeline", microbatches=2)),
            "sharded": (2, dict(dp=2, shard=2)),
            "checkpoint": (2, dict(strategy="pipeline", microbatches=2,
-                                  memory_policy="checkpoint"))}
+                                  memory_policy="checkpoint")),
+           "dp ckpt": (2, dict(dp=2, memory_policy="checkpoint")),
+           "sharded ckpt": (2, dict(dp=2, shard=2, memory_policy="checkpoint"))}
+# the checkpointed cells and the plain layout whose predicted peak their limit is a share of
+CHECKPOINTED = {"checkpoint": "pipeline", "dp ckpt": "dp", "sharded ckpt": "sharded"}
 MiB = 2**20
 # the checkpoint cell's limit: the first of these shares of the plain pipeline's predicted peak
 # that a plan with checkpointing meets (a model whose largest stage is mostly parameters
@@ -105,15 +110,17 @@ def main() -> int:
     rows = []
     for name in args.models:
         model, shape = MODELS[name]
-        plain_peak = None
+        plain_peaks: dict[str, float] = {}
         for kind in args.layouts:
             devices, options = LAYOUTS[kind]
             options = dict(options)
-            if kind == "checkpoint":
-                if plain_peak is None:
-                    plain_peak = max(_train(model, shape, devices,
-                                            dict(LAYOUTS["pipeline"][1]), prec).get("predicted")
-                                     or [0])
+            if kind in CHECKPOINTED:
+                base = CHECKPOINTED[kind]
+                if base not in plain_peaks:
+                    plain_peaks[base] = max(_train(model, shape, devices,
+                                                   dict(LAYOUTS[base][1]), prec)
+                                            .get("predicted") or [0])
+                plain_peak = plain_peaks[base]
                 for share in CHECKPOINT_SHARES:  # the tightest limit checkpointing meets
                     options["memory"] = share * plain_peak if plain_peak else None
                     res = _train(model, shape, devices, options, prec)
@@ -121,8 +128,8 @@ def main() -> int:
                         break
             else:
                 res = _train(model, shape, devices, options, prec)
-            if kind == "pipeline" and res.get("predicted"):
-                plain_peak = max(res["predicted"])
+            if kind in CHECKPOINTED.values() and res.get("predicted"):
+                plain_peaks[kind] = max(res["predicted"])
             res.update(model=name, kind=kind, devices=devices)
             rows.append(res)
             if "error" in res:
