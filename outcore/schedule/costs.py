@@ -25,8 +25,8 @@ no copy is paid.
 Sharded parameters (a layout's ``depth``, FSDP / ZeRO-3) keep ``1 / depth`` of their parameters,
 gradients and optimizer state on the device; every forward and backward first all-gathers the
 piece's parameters (held while it runs), and the backward then reduce-scatters their gradients
-(their flat copy and the shard it returns are held while it does, and on a CPU gloo's own copy
-of the flat input).
+(their flat copy and the shard it returns are held while it does; on CPU workers both
+collectives are sums in place, so gloo holds no copies of its own).
 """
 
 from __future__ import annotations
