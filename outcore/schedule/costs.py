@@ -437,7 +437,25 @@ def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     o = o[~covered[o]]  # uncovered, by consumer piece
     _, first = np.unique(key[o], return_index=True)  # each tensor once per rank, first piece
     keep = o[first]
-    return np.bincount(P[keep], weights=g.out_bytes[U[keep]].astype(np.float64), minlength=n_p)
+    kept = g.out_bytes[U[keep]].astype(np.float64) * _storage_share(g)[U[keep]]
+    return np.bincount(P[keep], weights=kept, minlength=n_p)
+
+
+def _storage_share(g: Graph) -> np.ndarray:
+    """Per node, how many times its output's bytes the storage it views holds (``attrs
+    ['storage_share']``, recorded by the capture; 1 for most): a chunk of a tensor keeps the
+    whole tensor alive (ShuffleNet's checkpointed branches keep their inputs, half of a
+    block's output each, and measured 1 % over without the other half)."""
+    known = memo(g.structure, "storage share")
+    key = id(g.attrs)
+    if key not in known:
+        share = np.ones(g.num_nodes)
+        if g.attrs is not None:
+            for v, a in enumerate(g.attrs):
+                if a.get("storage_share"):
+                    share[v] = max(1.0, float(a["storage_share"]))
+        known[key] = share
+    return known[key]
 
 
 # torch.utils.checkpoint keeps the CPU generator's state (``torch.get_rng_state()``, a

@@ -188,3 +188,25 @@ def test_capture_leaves_the_models_buffers_as_they_were(fake):
     capture(net, torch.randn(2, 3, 8, 8), fake=fake)
     for k, v in net.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_a_view_of_a_larger_tensor_records_the_storage_it_keeps():
+    """A chunk of a layer's output views the whole output: what keeps the chunk (a
+    checkpointed piece keeping its input) keeps all of it. The capture records the share."""
+
+    class Split(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 16)
+
+        def forward(self, x):
+            a, b = self.fc(x).chunk(2, dim=1)
+            return torch.cat([a, torch.relu(b)], dim=1)
+
+    g = capture(Split(), torch.randn(4, 8))
+    share = {g.name_of(v): g.attr(v, "storage_share") for v in range(g.num_nodes)}
+    halves = [name for name, s in share.items() if s == 2.0]
+    assert len(halves) == 2 and all(name.startswith("getitem") for name in halves)
+    assert share["fc"] is None and share["relu"] is None
+    from outcore.schedule.costs import _storage_share
+    assert sorted(_storage_share(g).tolist()).count(2.0) == 2

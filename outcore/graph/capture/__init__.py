@@ -498,6 +498,9 @@ def graph_from_fx(gm: fx.GraphModule, rec: Recorder, name: str,
             extra["flops"] = rec.flops[n.name]
         if n.name in rec.saved_inputs:
             extra["saved_inputs"] = rec.saved_inputs[n.name]
+        if n.name in rec.storage_bytes and rec.out_bytes.get(n.name):
+            # a view of a larger storage: how many times its own bytes that storage holds
+            extra["storage_share"] = round(rec.storage_bytes[n.name] / rec.out_bytes[n.name], 6)
         computed = _computed_sizes(n)
         if computed:
             extra["computed_sizes"] = computed

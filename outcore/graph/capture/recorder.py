@@ -55,6 +55,8 @@ class Recorder(fx.Interpreter):
         self.flops: dict[str, int] = {}
         self.in_shapes: dict[str, Any] = {}
         self.channels_last: set[str] = set()  # nodes whose first input is NHWC in memory
+        # nodes whose output views a larger storage (a chunk of a tensor): that storage's bytes
+        self.storage_bytes: dict[str, int] = {}
         # per node, the input nodes whose output it is the first to save (on another device
         # that tensor is the received copy: the memory model counts it once)
         self.saved_inputs: dict[str, list[str]] = {}
@@ -104,7 +106,18 @@ class Recorder(fx.Interpreter):
         first = next((t for t in tree_leaves(result) if isinstance(t, torch.Tensor)), None)
         if first is not None:
             self.dtypes[n.name] = str(first.dtype).replace("torch.", "")
+            whole = _storage_nbytes(first)
+            if isinstance(result, torch.Tensor) and whole > self.out_bytes[n.name]:
+                self.storage_bytes[n.name] = whole
         return result
+
+
+def _storage_nbytes(t: torch.Tensor) -> int:
+    """Bytes of the storage ``t`` views (0 where it has none to read)."""
+    try:
+        return int(t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):  # no storage (sparse, ...)
+        return 0
 
 
 def compact(x: Any) -> Any:
