@@ -35,6 +35,7 @@ def plan_layout(g: Graph, req: PlanRequest, beat_s: float | None = None) -> Plan
     best: Plan | None = None
     notes: list[str] = []
     first_error: InfeasibleError | None = None
+    least: float | None = None  # the smallest peak of a plan that did not fit
     for R in req.replica_options():
         try:
             p = _replicated_plan(g, req, R, beat_s)
@@ -49,11 +50,15 @@ def plan_layout(g: Graph, req: PlanRequest, beat_s: float | None = None) -> Plan
                      + ("" if ok else " (does not fit)"))
         if ok and (best is None or sps > best.predicted["samples_per_s"]):
             best = p
+        if not ok:
+            peak = float(max(p.predicted["peak_bytes"]))
+            least = peak if least is None else min(least, peak)
     if best is None:
         if first_error is not None:
             raise first_error
         raise InfeasibleError(f"no {req.parallel} plan fits {req.memory_bytes} bytes per device "
-                              f"({'; '.join(notes)}): add devices or raise --memory")
+                              f"({'; '.join(notes)}): add devices or raise --memory",
+                              need_bytes=least)
     if len(req.replica_options()) > 1 or req.dp > 1:
         best = best.with_notes(*notes)
     return best
