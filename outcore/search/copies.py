@@ -16,6 +16,7 @@ from outcore.search.memory_policy import choose_simulated
 from outcore.search.placement import best_placement, placement_input
 from outcore.search.replicas import better_replicated, replicate, replicated_floor
 from outcore.search.verdict import Beaten, fits
+from outcore.units import format_bytes
 
 __all__ = ["plan_layout", "single"]
 
@@ -56,7 +57,8 @@ def plan_layout(g: Graph, req: PlanRequest, beat_s: float | None = None) -> Plan
     if best is None:
         if first_error is not None:
             raise first_error
-        raise InfeasibleError(f"no {req.parallel} plan fits {req.memory_bytes} bytes per device "
+        raise InfeasibleError(f"no {req.parallel} plan fits {format_bytes(req.memory_bytes or 0)} "
+                              "per device "
                               f"({'; '.join(notes)}): add devices or raise --memory",
                               need_bytes=least)
     if len(req.replica_options()) > 1 or req.dp > 1:

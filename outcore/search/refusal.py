@@ -49,7 +49,10 @@ def checked_refusal(g: Graph, req: PlanRequest, error: InfeasibleError,
     def over() -> bool:
         return time.monotonic() + slowest[0] > start + budget_s
 
-    first = str(error).split("; ")[0]
+    # an error that suggested numbers gives way to checked ones; one that gave only advice
+    # (allow memory policies, add devices) keeps it, and the checked fixes follow
+    first = str(error).split("; ")[0] \
+        if error.min_devices is not None or error.min_memory_bytes is not None else str(error)
     # a node too big for any count without memory policies (min_devices None) may fit with
     # them: the zoo MLP at 15 KiB per device, one layer needing 16.75 KiB, fits on 3 devices
     devices = error.min_devices or (req.model_parallel_devices + 1
