@@ -78,9 +78,8 @@ def batch_dependent(g: Graph) -> np.ndarray:
         for v in inputs.tolist():
             flag[v] = True
         ptr, pred, fixed = g.pred_ptr.tolist(), g.pred_idx.tolist(), constant.tolist()
-        state = set(g.nodes_with_op("param").tolist()) | set(g.nodes_with_op("get_attr").tolist())
         for v in topological_order(g, strict=False).tolist():
-            if flag[v] or v in state or not any(flag[u] for u in pred[ptr[v]:ptr[v + 1]]):
+            if flag[v] or not any(flag[u] for u in pred[ptr[v]:ptr[v + 1]]):
                 continue
             if not fixed[v]:
                 flag[v] = True

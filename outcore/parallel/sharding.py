@@ -107,7 +107,7 @@ class _Unit:
             with torch.no_grad():
                 torch.cat([d.detach().reshape(-1) for d in data], out=self.flat[:total])
         self.index = index
-        self.shard = nn.Parameter(self.flat[index * self.size:(index + 1) * self.size].clone())
+        self.shard = nn.Parameter(self.own(self.flat).clone())
         offset = 0
         for d, shape, n in zip(data, self.shapes, self.numels):
             d.data = self.flat[offset:offset + n].view(shape)
@@ -121,6 +121,10 @@ class _Unit:
         self._resize(self.nbytes)
         return self.flat
 
+    def own(self, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of a flat buffer of the unit's whole size."""
+        return whole[self.index * self.size:(self.index + 1) * self.size]
+
     def _resize(self, nbytes: int) -> None:
         storage = self.flat.untyped_storage()
         old = storage.data_ptr()
@@ -128,12 +132,14 @@ class _Unit:
         storage_resized(storage, old)  # the CPU memory tracker sees no operator do this
 
 
-# On CPU tensors (gloo) the gathers and reduce-scatters are sums in place: gloo's all-gather and
-# reduce-scatter make flat copies of their tensors (the latter a clone of the whole input) that
-# its own thread drops when it gets to it, and under load one outlived its call by 27 ms, into
-# the next piece: a sharded rank measured 11 % over its prediction. An in-place all-reduce
-# holds nothing but the tensors given (twice the bytes on the wire; a sum with zeros is exact).
-_ON_GLOO = "in-place sums"
+def _sums_in_place(t: torch.Tensor) -> bool:
+    """Whether gathers and reduce-scatters of ``t`` run as all-reduces in place: on CPU tensors
+    (gloo). gloo's all-gather and reduce-scatter make flat copies of their tensors (the latter
+    a clone of the whole input) that its own thread drops when it gets to it, and under load
+    one outlived its call by 27 ms, into the next piece: a sharded rank measured 11 % over its
+    prediction. An in-place all-reduce holds nothing but the tensors given (twice the bytes on
+    the wire; a sum with zeros is exact)."""
+    return t.device.type == "cpu"
 
 
 class ParamSharder:
@@ -187,11 +193,10 @@ class ParamSharder:
             whole = unit.allocate()
             with settled(whole), \
                     self.log.timed("shard allgather", whole.numel() * whole.element_size()):
-                if whole.device.type == "cpu":  # see _ON_GLOO
+                if _sums_in_place(whole):
                     with torch.no_grad():
                         whole.zero_()
-                        whole[unit.index * unit.size:(unit.index + 1) * unit.size].copy_(
-                            unit.shard.detach())
+                        unit.own(whole).copy_(unit.shard.detach())
                     work = dist.all_reduce(whole, group=self.group, async_op=True)
                 else:
                     work = dist.all_gather_single(whole, unit.shard.detach(),
@@ -218,10 +223,10 @@ class ParamSharder:
             with settled(flat), \
                     self.log.timed("shard reduce_scatter", flat.numel() * flat.element_size()):
                 # (settled: gloo's thread lets go of flat before it is dropped)
-                if flat.device.type == "cpu":  # see _ON_GLOO
+                if _sums_in_place(flat):
                     work = dist.all_reduce(flat, group=self.group, async_op=True)
                     self.wait(work, f"reduce-scattering {len(unit.names)} sharded gradients")
-                    out = flat[unit.index * unit.size:(unit.index + 1) * unit.size].clone()
+                    out = unit.own(flat).clone()
                 else:
                     out = torch.empty(unit.size, dtype=flat.dtype, device=flat.device)
                     work = dist.reduce_scatter_single(out, flat, group=self.group,

@@ -388,7 +388,7 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
     # gathered parameters and the whole gradients (which hold the fresh gradient of the
     # largest layer already counted); then the reduce-scatter: the gradients' flat copy and
     # the shard it returns (on a CPU a sum in place, without gloo's copy of the flat input:
-    # ``parallel/sharding._ON_GLOO``)
+    # ``parallel/sharding._sums_in_place``)
     scatter_bytes = b * (1 + 1 / depth)
     t_bwd[p] = np.maximum(t_bwd[p] + 2 * b - np.minimum(grad_tmp[p], b), scatter_bytes)
     gather = gather_s(b) if gather_s is not None else np.zeros_like(b)
