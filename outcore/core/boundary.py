@@ -15,6 +15,7 @@ import torch
 from torch.autograd.graph import get_gradient_edge
 
 from outcore.core.values import ValueMeta, tensors_of
+from outcore.schedule.ir import ENTRY_MIN_BYTES
 
 _engine_backward = getattr(torch.autograd.graph, "_engine_run_backward", None)
 
@@ -58,9 +59,9 @@ def run_backward(roots: list[Any], grads: list[torch.Tensor | None]) -> None:
         torch.autograd.backward([r.edge if type(r) is Edge else r for r in roots], grads)
 
 
-# a local input at least this large enters its piece through :class:`Entry` (which does not
-# hold it); smaller ones become autograd leaves (~3 us cheaper per forward and backward)
-ENTRY_MIN_BYTES = 64 * 1024
+# a local input at least ENTRY_MIN_BYTES large enters its piece through :class:`Entry` (which
+# does not hold it); smaller ones become autograd leaves (~3 us cheaper per forward and
+# backward), held until the piece's backward
 
 
 class Box:

@@ -107,11 +107,22 @@ class Graph:
         """``(savers, producers)``: node ``savers[j]`` is the first to save the output of its
         input ``producers[j]`` for its backward (``attrs['saved_inputs']``, recorded by the
         capture; empty for graphs without it)."""
+        return self._input_pairs("saved_inputs")
+
+    @cached_property
+    def resaved_input_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(savers, producers)``: node ``savers[j]`` saves the output of its input
+        ``producers[j]`` after another node saved it first, whose saved bytes count it
+        (``attrs['resaved_inputs']``): the producer itself, or the first saver of
+        :attr:`saved_input_pairs`."""
+        return self._input_pairs("resaved_inputs")
+
+    def _input_pairs(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         savers: list[int] = []
         producers: list[int] = []
         if self.attrs is not None and self.names is not None:
             for v, a in enumerate(self.attrs):
-                for name in a.get("saved_inputs", ()):
+                for name in a.get(key, ()):
                     if name in self.index_of_name:
                         savers.append(v)
                         producers.append(self.index_of_name[name])
@@ -261,6 +272,7 @@ _STRUCTURE_CACHES = {
     "_nodes_by_op": ("ops",), "param_nodes": ("ops",),
     "index_of_name": ("names", "ids"), "index_of_id": ("ids",),
     "saved_input_pairs": ("attrs", "names", "ids"),
+    "resaved_input_pairs": ("attrs", "names", "ids"),
     "fingerprint": ("names", "ids", "src", "dst"),
 }
 

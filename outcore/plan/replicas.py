@@ -152,8 +152,9 @@ def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:
     # savers save its own producers' outputs (without them a checkpointed piece of a data-
     # parallel copy kept none of its inputs, 4 % under the measured peak of torchvision's
     # GoogLeNet)
-    savers, producers = g.saved_input_pairs
-    big.__dict__["saved_input_pairs"] = (tiled(savers, C, n), tiled(producers, C, n))
+    for pairs in ("saved_input_pairs", "resaved_input_pairs"):
+        savers, producers = getattr(g, pairs)
+        big.__dict__[pairs] = (tiled(savers, C, n), tiled(producers, C, n))
     m = g.num_edges
     for cache in ("_succ", "_pred"):
         ptr, idx, edge = getattr(g, cache)

@@ -13,7 +13,7 @@ from outcore.graph.ir import Graph, memo
 from outcore.graph.jit import njit
 from outcore.schedule.shared import tied_bytes
 
-__all__ = ["ALIASING_BACKWARD_OPS", "backward_working", "pinned_gradients"]
+__all__ = ["ALIASING_BACKWARD_OPS", "backward_working", "carries_gradient", "pinned_gradients"]
 
 
 # ops whose backward returns a view of the output's gradient (no new memory): reshapes,
@@ -131,12 +131,7 @@ def _grad_edges(g: Graph) -> np.ndarray:
     known = memo(g.structure, "gradient edges")
     key = (id(g.ops), id(g.attrs))
     if key not in known:
-        carries = np.ones(g.num_nodes, dtype=bool)
-        for op in _NO_GRAD_OPS:
-            carries[g.nodes_with_op(op)] = False
-        if g.attrs is not None:
-            carries &= np.array([str(g.attr(u, "dtype", "")) not in _NO_GRAD_DTYPES
-                                 for u in range(g.num_nodes)], dtype=bool)
+        carries = carries_gradient(g)
         first = np.ones(g.num_edges, dtype=bool)  # the first edge of each (producer, consumer)
         if g.num_edges:
             order = np.lexsort((np.arange(g.num_edges), g.dst, g.src))
@@ -145,6 +140,23 @@ def _grad_edges(g: Graph) -> np.ndarray:
             first[order[1:][same]] = False
         known[key] = first & carries[g.src]
     return np.where(known[key], np.asarray(g.edge_bytes, np.float64), 0.0)
+
+
+def carries_gradient(g: Graph) -> np.ndarray:
+    """Per node, whether its output can have a gradient: not an integer or boolean tensor, nor
+    a model input, a constant or a tensor made from sizes (the same for the rescaled copies,
+    which share the structure, ops and attributes)."""
+    known = memo(g.structure, "carries gradient")
+    key = (id(g.ops), id(g.attrs))
+    if key not in known:
+        carries = np.ones(g.num_nodes, dtype=bool)
+        for op in _NO_GRAD_OPS:
+            carries[g.nodes_with_op(op)] = False
+        if g.attrs is not None:
+            carries &= np.array([str(g.attr(u, "dtype", "")) not in _NO_GRAD_DTYPES
+                                 for u in range(g.num_nodes)], dtype=bool)
+        known[key] = carries
+    return known[key]
 
 
 _NO_GRAD_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8", "bool"})

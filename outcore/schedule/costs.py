@@ -42,7 +42,8 @@ from outcore.graph.batch import batch_factor, bytes_at_scale
 from outcore.graph.ir import Graph, memo
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
-from outcore.schedule.backward import backward_working, pinned_gradients
+from outcore.schedule.backward import backward_working, carries_gradient, pinned_gradients
+from outcore.schedule.ir import ENTRY_MIN_BYTES
 from outcore.schedule.shared import shared_copies, shared_reads
 from outcore.schedule.workspace import gather_scratch, workspace_bytes
 
@@ -189,6 +190,15 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     saved = np.bincount(piece_of, weights=g.saved_bytes, minlength=n_p).astype(np.float64)
     rank_of_piece = pieces.device_of
     saved -= _saved_received(g, piece_of, rank_of_piece, n_p)
+    pol = tuple(policies) if policies is not None else ("none",) * n_p
+    saved += _resaved_held(g, pieces, np.array(
+        [p == "checkpoint" or (p == "offload-activations" and not host_is_device)
+         for p in pol], dtype=bool))
+    # the inputs pieces hold: a checkpointed piece's (its saved bytes, below), other pieces'
+    # small local inputs
+    inputs = _held_inputs(g, pieces, pol)
+    ckpt = np.array([p == "checkpoint" for p in pol], dtype=bool)
+    saved[~ckpt] += inputs[~ckpt]
     if loss_s is not None:  # the runtime's loss keeps the output's log-probabilities
         # (cross-entropy) or its difference from the target (MSE) for its backward: hf:llama's
         # 256 KiB of logits were the whole gap between its measured peak and the prediction
@@ -198,7 +208,6 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     np.maximum.at(transient, piece_of, g.out_bytes.astype(np.float64) + ws_f)
     piece_params = np.bincount(piece_of, weights=g.param_bytes, minlength=n_p)
     factor = state_factor(optimizer)
-    pol = tuple(policies) if policies is not None else ("none",) * n_p
     # the loss's saved bytes are freed by its backward, before any node's
     loss_freed = np.zeros(n_p)
     if loss_s is not None:
@@ -222,7 +231,7 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         minlength=n_p)
     if any(p != "none" for p in pol):
         _apply_policies(g, pieces, pol, host_bandwidth, host_is_device, fwd, bwd,
-                        saved, transient, t_bwd, grad_tmp, static_piece, piece_params)
+                        saved, transient, t_bwd, grad_tmp, static_piece, piece_params, inputs)
     inner = None
     if sharded_bytes is not None and depth > 1:
         inner = _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth,
@@ -335,6 +344,38 @@ def _saved_received(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray,
     return np.bincount(piece_of[s], weights=_input_share(g, s, u), minlength=n_p)
 
 
+def _resaved_held(g: Graph, pieces: Pieces, dropped: np.ndarray) -> np.ndarray:
+    """Per piece, the bytes of tensors its layers save for their backward whose bytes another
+    layer's saved bytes count but do not hold on this rank: that layer's piece recomputes or
+    offloads what it saved (``dropped``), or runs on another rank (which saves its received
+    copy). A checkpointed block's last ReLU saves its output, which the next block's plain
+    convolutions save too: dropped with the ReLU's saved bytes, it was a bfloat16 CNN's whole
+    gap over its prediction. Each tensor once per rank, at its first such piece (which holds it
+    longest); tensors received from another rank are held as received (counted there)."""
+    n_p = pieces.num_pieces
+    savers, producers = g.resaved_input_pairs
+    if not savers.size or not n_p:
+        return np.zeros(n_p)
+    piece_of, device = pieces.piece_of, pieces.device_of
+    # the layer whose saved bytes count each output: its first saver, else the producer itself
+    counted = np.arange(g.num_nodes)
+    first_s, first_u = g.saved_input_pairs
+    if first_s.size:
+        counted[first_u[::-1]] = first_s[::-1]  # the earliest saver where several are listed
+    rank = device[piece_of[producers]]
+    c = counted[producers]
+    held = (device[piece_of[savers]] == rank) & ~dropped[piece_of[savers]]
+    held &= (device[piece_of[c]] != rank) | dropped[piece_of[c]]
+    if not held.any():
+        return np.zeros(n_p)
+    s, u = savers[held], producers[held]
+    o = np.lexsort((piece_of[s], u))
+    _, first = np.unique(u[o], return_index=True)
+    keep = o[first]
+    kept = g.out_bytes[u[keep]].astype(np.float64) * _storage_share(g)[u[keep]]
+    return np.bincount(piece_of[s[keep]], weights=kept, minlength=n_p)
+
+
 def _taken_outputs(g: Graph, pieces: Pieces) -> np.ndarray:
     """Per piece, the bytes of its distinct outputs that other pieces take."""
     n_p = pieces.num_pieces
@@ -402,13 +443,16 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
             for q, x, tg, ts in zip(p, b, gather, scatter)}
 
 
-def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
-    """Per piece, the bytes a checkpointed piece keeps that nothing else holds: the tensors it
-    takes from pieces of its own rank and the model inputs it holds, each tensor once per rank
-    (counted at its first checkpointed consumer, which holds it longest: its backward runs
-    last) and not when a layer without a policy saves it already (its consumer, or its producer
-    when that saves its output). Tensors received from another rank are held as received (the
-    simulator counts them there)."""
+def _held_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
+    """Per piece, the bytes of the inputs it holds until its backward that nothing else
+    holds: a checkpointed piece keeps the tensors it takes from pieces of its own rank and the
+    model inputs it reads; any other piece the differentiable tensors under
+    :data:`~outcore.schedule.ir.ENTRY_MIN_BYTES` it takes from pieces of its own rank (the
+    executor's autograd leaves: 36 KiB of a checkpointed LM's heads over its prediction).
+    Each tensor once per rank (at its first consumer piece, which holds it longest: its
+    backward runs last) and not when a layer without a policy saves it already (its consumer,
+    or its producer when that saves its output). Tensors received from another rank are held
+    as received (the simulator counts them there)."""
     n_p, piece_of, n, device = pieces.num_pieces, pieces.piece_of, g.num_nodes, pieces.device_of
     ckpt = np.array([name == "checkpoint" for name in pol], dtype=bool)
     held = g.nodes_with_op("input").astype(np.int64)
@@ -417,22 +461,28 @@ def _kept_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     local = pieces.transfer_local[tid]
     P = np.concatenate([piece_of[held], pieces.transfer_dst[tid[local]]])
     U = np.concatenate([held, pieces.tensor_idx[local]])
-    take = ckpt[P]
+    is_param = np.zeros(n, dtype=bool)
+    is_param[g.nodes_with_op("param")] = True
+    leaf = np.r_[np.zeros(held.size, bool),
+                 (g.out_bytes[U[held.size:]] < ENTRY_MIN_BYTES) & ~is_param[U[held.size:]]
+                 & carries_gradient(g)[U[held.size:]]]
+    take = ckpt[P] | leaf
     P, U = P[take], U[take]
     if not P.size:
         return np.zeros(n_p)
     key = device[P] * n + U
-    # held already: by a layer without a policy that saves it, or by its producer when that
-    # saves its output (a ReLU: what it saves beyond the inputs it first saves covers its
-    # output) and is not checkpointed itself
+    # held already: by a layer without a policy that saves it (first or again), or by its
+    # producer when that saves its output (a ReLU: what it saves beyond the inputs it first
+    # saves covers its output) and is not checkpointed itself
     savers, producers = g.saved_input_pairs
-    plain = ~ckpt[piece_of[savers]] if savers.size else np.zeros(0, bool)
     own = g.saved_bytes.astype(np.float64)
     if savers.size:
         np.subtract.at(own, savers, _input_share(g, savers, producers))
     holds = (own >= g.out_bytes) & (g.out_bytes > 0) & ~ckpt[piece_of]
     covered = holds[U] & (device[piece_of[U]] == device[P])
-    covered |= np.isin(key, device[piece_of[savers[plain]]] * n + producers[plain])
+    for s, u in (g.saved_input_pairs, g.resaved_input_pairs):
+        plain = ~ckpt[piece_of[s]]
+        covered |= np.isin(key, device[piece_of[s[plain]]] * n + u[plain])
     o = np.lexsort((U, P))
     o = o[~covered[o]]  # uncovered, by consumer piece
     _, first = np.unique(key[o], return_index=True)  # each tensor once per rank, first piece
@@ -468,10 +518,10 @@ def _apply_policies(g: Graph, pieces: Pieces, pol: tuple[str, ...], host_bandwid
                     host_is_device: bool,
                     fwd: np.ndarray, bwd: np.ndarray, saved: np.ndarray, transient: np.ndarray,
                     t_bwd: np.ndarray, grad_tmp: np.ndarray, static_piece: np.ndarray,
-                    piece_params: np.ndarray) -> None:
-    """Apply the pieces' memory policies to their costs in place (see the module docstring)."""
+                    piece_params: np.ndarray, inputs: np.ndarray) -> None:
+    """Apply the pieces' memory policies to their costs in place (see the module docstring);
+    ``inputs``: per checkpointed piece, what it keeps (:func:`_held_inputs`)."""
     n_p, piece_of = pieces.num_pieces, pieces.piece_of
-    inputs = _kept_inputs(g, pieces, pol)
     kept_saved = _saved_received(g, piece_of, pieces.device_of, n_p, same_rank=True)
     for p, name in enumerate(pol):
         if name == "checkpoint":

@@ -37,6 +37,10 @@ OP_INDEX = {op: k for k, op in enumerate(OPS)}
 # a rank posts each receive (and allocates its buffer) when it reaches the action this many
 # places before it (the first ones at the start of the step), so the data flows meanwhile
 RECV_POST_AHEAD = 3
+# a piece's input from another piece of its rank at least this large enters it without being
+# held (``outcore.core.boundary.Entry``); a smaller one becomes an autograd leaf, which the
+# executor holds until the piece's backward (the memory model counts it there)
+ENTRY_MIN_BYTES = 64 * 1024
 
 _PATTERN = re.compile(r"^(?:(\d+)(F|B)(\d+)|t(\d+)(SF|RF|SB|RB)(\d+)|AR(\d+)|OPT)$")
 

@@ -210,3 +210,27 @@ def test_a_view_of_a_larger_tensor_records_the_storage_it_keeps():
     assert share["fc"] is None and share["relu"] is None
     from outcore.schedule.costs import _storage_share
     assert sorted(_storage_share(g).tolist()).count(2.0) == 2
+
+
+def test_a_tensor_saved_again_names_its_producer_at_each_later_saver():
+    """A ReLU saves its output, which the two convolutions after it save too: their saved bytes
+    do not count it again, and each records the producer (``resaved_inputs``), so the memory
+    model keeps it where the ReLU's piece recomputes what it saved."""
+
+    class Fork(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.stem(x))
+            return self.a(h) + self.b(h)
+
+    g = capture(Fork(), torch.randn(2, 3, 8, 8))
+    idx = {g.name_of(v): v for v in range(g.num_nodes)}
+    assert g.saved_bytes[idx["relu"]] == 2 * 4 * 8 * 8 * 4  # its output, counted once
+    assert g.saved_bytes[idx["a"]] == g.saved_bytes[idx["b"]] == 0
+    assert g.attr(idx["a"], "resaved_inputs") == ["relu"] == g.attr(idx["b"], "resaved_inputs")
+    savers, producers = g.resaved_input_pairs
+    assert sorted(savers.tolist()) == sorted([idx["a"], idx["b"]])
+    assert producers.tolist() == [idx["relu"]] * 2

@@ -90,3 +90,60 @@ def test_pieces_of_one_rank_hold_what_the_simulator_predicts():
         assert abs(measured / predicted - 1) <= 0.10, (policy, measured, predicted)
         if policy == "none":
             assert measured <= 1.05 * whole, (measured, whole)
+
+
+def _named(policy_of: dict[str, str]):
+    """One group per named node (its policy), every other node without one."""
+    def policies(g, a):
+        group = np.full(g.num_nodes, -1)
+        names = []
+        for v in range(g.num_nodes):
+            if g.name_of(v) in policy_of:
+                group[v] = len(names)
+                names.append(policy_of[g.name_of(v)])
+        return MemoryPolicies(group, tuple(names))
+    return policies
+
+
+def _alternating(g, a):
+    """Twelve segments of the nodes, checkpointed and plain in turn."""
+    group = np.full(g.num_nodes, -1)
+    names = []
+    for k, seg in enumerate(segments(np.arange(g.num_nodes), 12)):
+        group[seg] = len(names)
+        names.append("checkpoint" if k % 2 == 0 else "none")
+    return MemoryPolicies(group, tuple(names))
+
+
+@pytest.mark.parametrize("case", ["relu saved again", "small inputs"])
+def test_what_pieces_hold_for_each_other_is_predicted(case):
+    """Two tensors a layer's saved bytes did not count, measured against the simulator on one
+    rank. *relu saved again*: a checkpointed block's ReLU saves its output, which the next
+    block's plain convolutions save too (counted at the ReLU, it left with the ReLU's saved
+    bytes: 3.6 % under a bfloat16 CNN's measured peak, past its limit). *small inputs*: pieces
+    take tensors under 64 KiB from pieces of their rank as autograd leaves, held until their
+    backward (an LM cut into twelve pieces measured 35 KiB over its prediction)."""
+    from outcore.plan.plan import make_plan
+    from outcore.runtime.local_cluster import local_cluster
+    from outcore.sim.simulate import simulate
+
+    if case == "relu saved again":
+        model, policies = "outcore:resnet_k:depth=11,width=8", _named(
+            {"stage2_0_bn1": "checkpoint", "stage2_0_relu": "checkpoint"})
+    else:
+        model, policies = ("outcore:transformer:layers=2,d_model=64,heads=4,seq=16,vocab=2048",
+                           _alternating)
+    cfg = TrainConfig.make(model=model, batch_size=8, microbatches=2, steps=2,
+                           optimizer="sgd", momentum=0.0, track_memory=True)
+    graph_doc, plan_doc, g = docs_for(cfg, lambda g: np.zeros(g.num_nodes), 1,
+                                      policies=policies)
+    a = np.zeros(g.num_nodes, dtype=np.int64)
+    plan = make_plan(g, a, strategy="manual", devices=1, memory_bytes=None, microbatches=2,
+                     policies=policies(g, a), optimizer="sgd")
+    predicted = simulate(plan, g, cluster=local_cluster(1, True)).peak_bytes[0]
+    measured = run_local(train_worker, 1, (cfg, graph_doc, plan_doc),
+                         timeout_s=60)[0]["peak_bytes"][0]
+    # the CPU allocator's own record of one rank's program: exact, so no slack beyond a few
+    # KiB (the held leaves are 0.7 % of the LM's peak, inside the matrix's 1 % + 16 KiB)
+    assert measured <= predicted + 4096, (case, measured, predicted)
+    assert measured >= 0.9 * predicted, (case, measured, predicted)

@@ -498,6 +498,8 @@ def graph_from_fx(gm: fx.GraphModule, rec: Recorder, name: str,
             extra["flops"] = rec.flops[n.name]
         if n.name in rec.saved_inputs:
             extra["saved_inputs"] = rec.saved_inputs[n.name]
+        if rec.resaved_inputs.get(n.name):
+            extra["resaved_inputs"] = rec.resaved_inputs[n.name]
         if n.name in rec.storage_bytes and rec.out_bytes.get(n.name):
             # a view of a larger storage: how many times its own bytes that storage holds
             extra["storage_share"] = round(rec.storage_bytes[n.name] / rec.out_bytes[n.name], 6)

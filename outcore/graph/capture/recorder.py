@@ -61,24 +61,37 @@ class Recorder(fx.Interpreter):
         # that tensor is the received copy: the memory model counts it once)
         self.saved_inputs: dict[str, list[str]] = {}
         self._saved_input_storages: list[tuple[str, str, Any]] = []  # (saver, producer, key)
+        # per node, the input nodes whose output it saves after another node saved it first
+        # (counted there): where that node's piece recomputes or offloads what it saved, this
+        # one still holds the tensor
+        self.resaved_inputs: dict[str, list[str]] = {}
+        self._resaved_input_storages: list[tuple[str, str, Any]] = []
         self.input_storages: dict[Any, str] = {}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = StorageWeakRef(t.untyped_storage())
-        if key not in self.seen and self.current:
+        if not self.current:
+            return t
+        producer = self.input_storages.get(key)
+        if key not in self.seen:
             self.seen[key] = (self.current, t.untyped_storage().nbytes())
-            producer = self.input_storages.get(key)
             if producer is not None:
                 self._saved_input_storages.append((self.current, producer, key))
+        elif producer is not None and self.seen[key][0] != self.current:
+            self._resaved_input_storages.append((self.current, producer, key))
         return t
 
     def saved_by_node(self, exclude: set[Any]) -> dict[str, int]:
         """Bytes each node saves first, leaving out the storages in ``exclude`` (parameters,
         buffers and their views); :attr:`saved_inputs` leaves them out too."""
-        self.saved_inputs = {}
+        self.saved_inputs, self.resaved_inputs = {}, {}
         for saver, producer, key in self._saved_input_storages:
             if key not in exclude:
                 self.saved_inputs.setdefault(saver, []).append(producer)
+        for saver, producer, key in self._resaved_input_storages:
+            names = self.resaved_inputs.setdefault(saver, [])
+            if key not in exclude and producer not in names:
+                names.append(producer)
         out: dict[str, int] = {}
         for key, (node, nbytes) in self.seen.items():
             if key not in exclude:
