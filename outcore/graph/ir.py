@@ -117,6 +117,19 @@ class Graph:
         :attr:`saved_input_pairs`."""
         return self._input_pairs("resaved_inputs")
 
+    @cached_property
+    def storage_root(self) -> np.ndarray:
+        """Per node, the node that made the storage its output views (``attrs['storage_of']``,
+        recorded by the capture: a reshape, a chunk or an in-place result of it); the node
+        itself where its output has a storage of its own, or the graph does not say."""
+        root = np.arange(self.num_nodes, dtype=np.int64)
+        if self.attrs is not None and self.names is not None:
+            for v, a in enumerate(self.attrs):
+                owner = a.get("storage_of")
+                if owner is not None and owner in self.index_of_name:
+                    root[v] = self.index_of_name[owner]
+        return root
+
     def _input_pairs(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         savers: list[int] = []
         producers: list[int] = []
@@ -273,6 +286,7 @@ _STRUCTURE_CACHES = {
     "index_of_name": ("names", "ids"), "index_of_id": ("ids",),
     "saved_input_pairs": ("attrs", "names", "ids"),
     "resaved_input_pairs": ("attrs", "names", "ids"),
+    "storage_root": ("attrs", "names", "ids"),
     "fingerprint": ("names", "ids", "src", "dst"),
 }
 

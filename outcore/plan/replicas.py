@@ -155,6 +155,7 @@ def expand(g: Graph, plan: Plan) -> tuple[Graph, np.ndarray, int]:
     for pairs in ("saved_input_pairs", "resaved_input_pairs"):
         savers, producers = getattr(g, pairs)
         big.__dict__[pairs] = (tiled(savers, C, n), tiled(producers, C, n))
+    big.__dict__["storage_root"] = tiled(g.storage_root, C, n)
     m = g.num_edges
     for cache in ("_succ", "_pred"):
         ptr, idx, edge = getattr(g, cache)

@@ -13,7 +13,8 @@ from outcore.graph.ir import Graph, memo
 from outcore.graph.jit import njit
 from outcore.schedule.shared import tied_bytes
 
-__all__ = ["ALIASING_BACKWARD_OPS", "backward_working", "carries_gradient", "pinned_gradients"]
+__all__ = ["ALIASING_BACKWARD_OPS", "backward_working", "carries_gradient", "pinned_gradients",
+           "requires_gradient"]
 
 
 # ops whose backward returns a view of the output's gradient (no new memory): reshapes,
@@ -157,6 +158,38 @@ def carries_gradient(g: Graph) -> np.ndarray:
                                  for u in range(g.num_nodes)], dtype=bool)
         known[key] = carries
     return known[key]
+
+
+def requires_gradient(g: Graph) -> np.ndarray:
+    """Per node, whether its output requires a gradient at run time: it carries one
+    (:func:`carries_gradient`) and is a parameter, has parameters (its own or a layer's it
+    calls again), or reads an output that requires one (a slice of a causal-mask buffer or a
+    position table made from sizes does not)."""
+    known = memo(g.structure, "requires gradient")
+    key = (id(g.ops), id(g.attrs), id(g.param_bytes))
+    if key not in known:
+        carries = carries_gradient(g)
+        needs = carries & (np.asarray(g.param_bytes) > 0)
+        needs[g.nodes_with_op("param")] = True
+        if g.attrs is not None:  # a second call of a layer reads the first call's weights
+            needs |= carries & np.array([bool(a.get("shared_params")) for a in g.attrs])
+        needs = _requires_kernel(np.asarray(topological_order(g), np.int64), g.pred_ptr,
+                                 g.pred_idx, carries, needs)
+        known[key] = needs
+    return known[key]
+
+
+@njit
+def _requires_kernel(order, pred_ptr, pred_idx, carries, needs):
+    out = needs.copy()
+    for v in order:
+        if out[v] or not carries[v]:
+            continue
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            if out[pred_idx[k]]:
+                out[v] = True
+                break
+    return out
 
 
 _NO_GRAD_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8", "bool"})

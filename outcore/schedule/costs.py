@@ -42,7 +42,7 @@ from outcore.graph.batch import batch_factor, bytes_at_scale
 from outcore.graph.ir import Graph, memo
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
-from outcore.schedule.backward import backward_working, carries_gradient, pinned_gradients
+from outcore.schedule.backward import backward_working, pinned_gradients, requires_gradient
 from outcore.schedule.ir import ENTRY_MIN_BYTES
 from outcore.schedule.shared import shared_copies, shared_reads
 from outcore.schedule.workspace import gather_scratch, workspace_bytes
@@ -356,24 +356,29 @@ def _resaved_held(g: Graph, pieces: Pieces, dropped: np.ndarray) -> np.ndarray:
     savers, producers = g.resaved_input_pairs
     if not savers.size or not n_p:
         return np.zeros(n_p)
-    piece_of, device = pieces.piece_of, pieces.device_of
-    # the layer whose saved bytes count each output: its first saver, else the producer itself
+    piece_of, device, root = pieces.piece_of, pieces.device_of, g.storage_root
+    # the layer whose saved bytes count each storage: its first saver, else the node that
+    # made it
     counted = np.arange(g.num_nodes)
     first_s, first_u = g.saved_input_pairs
-    if first_s.size:
-        counted[first_u[::-1]] = first_s[::-1]  # the earliest saver where several are listed
+    if first_s.size:  # the earliest saver where several are listed
+        counted[root[first_u[::-1]]] = first_s[::-1]
     rank = device[piece_of[producers]]
-    c = counted[producers]
+    c = counted[root[producers]]
     held = (device[piece_of[savers]] == rank) & ~dropped[piece_of[savers]]
     held &= (device[piece_of[c]] != rank) | dropped[piece_of[c]]
     if not held.any():
         return np.zeros(n_p)
-    s, u = savers[held], producers[held]
-    o = np.lexsort((piece_of[s], u))
-    _, first = np.unique(u[o], return_index=True)
+    s, r = savers[held], root[producers[held]]
+    o = np.lexsort((piece_of[s], r))
+    _, first = np.unique(r[o], return_index=True)
     keep = o[first]
-    kept = g.out_bytes[u[keep]].astype(np.float64) * _storage_share(g)[u[keep]]
-    return np.bincount(piece_of[s[keep]], weights=kept, minlength=n_p)
+    return np.bincount(piece_of[s[keep]], weights=_storage_bytes(g, r[keep]), minlength=n_p)
+
+
+def _storage_bytes(g: Graph, nodes: np.ndarray) -> np.ndarray:
+    """The bytes of the storages the outputs of ``nodes`` (storage roots) hold."""
+    return g.out_bytes[nodes].astype(np.float64) * _storage_share(g)[nodes]
 
 
 def _taken_outputs(g: Graph, pieces: Pieces) -> np.ndarray:
@@ -461,34 +466,35 @@ def _held_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     local = pieces.transfer_local[tid]
     P = np.concatenate([piece_of[held], pieces.transfer_dst[tid[local]]])
     U = np.concatenate([held, pieces.tensor_idx[local]])
+    root = g.storage_root  # a view holds the storage it views: each storage once per rank
     is_param = np.zeros(n, dtype=bool)
     is_param[g.nodes_with_op("param")] = True
-    leaf = np.r_[np.zeros(held.size, bool),
-                 (g.out_bytes[U[held.size:]] < ENTRY_MIN_BYTES) & ~is_param[U[held.size:]]
-                 & carries_gradient(g)[U[held.size:]]]
+    rest = U[held.size:]
+    leaf = np.r_[np.zeros(held.size, bool), (g.out_bytes[rest] < ENTRY_MIN_BYTES)
+                 & ~is_param[root[rest]] & requires_gradient(g)[rest]]
     take = ckpt[P] | leaf
     P, U = P[take], U[take]
     if not P.size:
         return np.zeros(n_p)
-    key = device[P] * n + U
-    # held already: by a layer without a policy that saves it (first or again), or by its
-    # producer when that saves its output (a ReLU: what it saves beyond the inputs it first
-    # saves covers its output) and is not checkpointed itself
+    R = root[U]
+    key = device[P] * n + R
+    # held already: by a layer without a policy that saves it (first or again), or by the
+    # node that made it when that saves its output (a ReLU: what it saves beyond the inputs it
+    # first saves covers its output) and is not checkpointed itself
     savers, producers = g.saved_input_pairs
     own = g.saved_bytes.astype(np.float64)
     if savers.size:
         np.subtract.at(own, savers, _input_share(g, savers, producers))
     holds = (own >= g.out_bytes) & (g.out_bytes > 0) & ~ckpt[piece_of]
-    covered = holds[U] & (device[piece_of[U]] == device[P])
+    covered = (holds[U] | holds[R]) & (device[piece_of[R]] == device[P])
     for s, u in (g.saved_input_pairs, g.resaved_input_pairs):
         plain = ~ckpt[piece_of[s]]
-        covered |= np.isin(key, device[piece_of[s[plain]]] * n + u[plain])
+        covered |= np.isin(key, device[piece_of[s[plain]]] * n + root[u[plain]])
     o = np.lexsort((U, P))
     o = o[~covered[o]]  # uncovered, by consumer piece
-    _, first = np.unique(key[o], return_index=True)  # each tensor once per rank, first piece
+    _, first = np.unique(key[o], return_index=True)  # each storage once per rank, first piece
     keep = o[first]
-    kept = g.out_bytes[U[keep]].astype(np.float64) * _storage_share(g)[U[keep]]
-    return np.bincount(P[keep], weights=kept, minlength=n_p)
+    return np.bincount(P[keep], weights=_storage_bytes(g, R[keep]), minlength=n_p)
 
 
 def _storage_share(g: Graph) -> np.ndarray:

@@ -234,3 +234,33 @@ def test_a_tensor_saved_again_names_its_producer_at_each_later_saver():
     savers, producers = g.resaved_input_pairs
     assert sorted(savers.tolist()) == sorted([idx["a"], idx["b"]])
     assert producers.tolist() == [idx["relu"]] * 2
+
+
+def test_views_name_the_storage_they_share_and_buffers_need_no_gradient():
+    """Chunks and transposes of a layer's output share its storage (``storage_root``: what
+    holds any of them holds all of it, once); a slice of a mask buffer requires no gradient,
+    so no piece holds it as an autograd leaf (``requires_gradient``)."""
+    from outcore.schedule.backward import requires_gradient
+
+    class Views(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 16)
+            self.register_buffer("mask", torch.tril(torch.ones(16, 16)))
+
+        def forward(self, x):
+            a, b = self.fc(x).chunk(2, dim=1)
+            m = self.mask[: x.shape[0], :8]
+            return a.t().sum() + (b * m).sum()
+
+    g = capture(Views(), torch.randn(4, 8))
+    of_op = {g.op_of(v): v for v in range(g.num_nodes)}  # each op here is called once
+    root = g.storage_root
+    fc = of_op["linear"]
+    chunks = [v for v in range(g.num_nodes) if g.op_of(v) == "getitem"]
+    assert len(chunks) == 2 and all(root[v] == fc for v in chunks)
+    assert root[of_op["t"]] == fc and root[fc] == fc
+    needs = requires_gradient(g)
+    mask_slices = [v for v in range(g.num_nodes) if g.op_of(v) == "slice"]
+    assert mask_slices and not needs[mask_slices].any()
+    assert needs[fc] and needs[of_op["t"]] and needs[of_op["mul"]]

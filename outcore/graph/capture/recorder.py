@@ -67,6 +67,9 @@ class Recorder(fx.Interpreter):
         self.resaved_inputs: dict[str, list[str]] = {}
         self._resaved_input_storages: list[tuple[str, str, Any]] = []
         self.input_storages: dict[Any, str] = {}
+        # per node whose output shares an input's storage (a view, a chunk, an in-place
+        # result), the node that made that storage: what holds the view holds its bytes
+        self.storage_of: dict[str, str] = {}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = StorageWeakRef(t.untyped_storage())
@@ -115,6 +118,7 @@ class Recorder(fx.Interpreter):
         if counter.get_total_flops():
             self.flops[n.name] = int(counter.get_total_flops())
         self.out_bytes[n.name] = _nbytes(result)
+        self._note_storage(n.name, result)
         self.shapes[n.name] = _shape_of(result)
         first = next((t for t in tree_leaves(result) if isinstance(t, torch.Tensor)), None)
         if first is not None:
@@ -123,6 +127,21 @@ class Recorder(fx.Interpreter):
             if isinstance(result, torch.Tensor) and whole > self.out_bytes[n.name]:
                 self.storage_bytes[n.name] = whole
         return result
+
+
+    def _note_storage(self, name: str, result: Any) -> None:
+        """Record the node whose storage ``name``'s output shares, when it is one of this
+        node's inputs' (alive while the node runs, so no freed storage is mistaken for it)."""
+        for t in tree_leaves(result):
+            if not isinstance(t, torch.Tensor):
+                continue
+            try:
+                src = self.input_storages.get(StorageWeakRef(t.untyped_storage()))
+            except (RuntimeError, NotImplementedError):  # no storage (sparse, ...)
+                continue
+            if src is not None and src != name:
+                self.storage_of[name] = self.storage_of.get(src, src)
+            return
 
 
 def _storage_nbytes(t: torch.Tensor) -> int:
