@@ -125,10 +125,26 @@ def bytes_at_scale(g: Graph, scale: float) -> Graph:
         fixed[g.nodes_with_op(op)] = False
     keep = np.minimum(saved, np.bincount(
         savers, weights=np.asarray(g.out_bytes, np.float64)[producers] * fixed[producers],
-        minlength=g.num_nodes))
+        minlength=g.num_nodes) + _fixed_saved(g))
     return g.replace(out_bytes=scaled(g.out_bytes, act),
                      saved_bytes=(keep + scaled(saved - keep, act)).astype(g.saved_bytes.dtype),
                      edge_bytes=scaled(g.edge_bytes, act[g.src]))
+
+
+def _fixed_saved(g: Graph) -> np.ndarray:
+    """Per node, the saved bytes of tensors it makes from parameters alone inside itself
+    (``attrs['fixed_saved']``, recorded by the capture: an einsum's permuted copy of its
+    weight, 16 KiB a layer of hf:xlnet's attention that a micro-batch of half the samples
+    halved)."""
+    known = memo(g.structure, "fixed saved")
+    key = id(g.attrs)
+    if key not in known:
+        out = np.zeros(g.num_nodes)
+        if g.attrs is not None:
+            for v, a in enumerate(g.attrs):
+                out[v] = float(a.get("fixed_saved") or 0)
+        known[key] = out
+    return known[key]
 
 
 def divisors(n: int, *, at_most: int | None = None) -> list[int]:

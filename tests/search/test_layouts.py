@@ -52,10 +52,14 @@ class Net(nn.Module):
         self.conv = StdConv(3, 64, 3, padding=1)
         self.pos = nn.Parameter(torch.zeros(64, 8, 8))
         self.head = nn.Linear(64, 10)
+        self.mix = nn.Parameter(torch.randn(10, 4, 16))
 
     def forward(self, x):
         h = torch.relu(self.conv(x) + self.pos * 2.0)
-        return self.head(h.mean((2, 3)))
+        # an einsum saves a permuted copy of its weight
+        pixels = h.flatten(2).transpose(1, 2).reshape(x.shape[0], 64, 4, 16)
+        mixed = torch.einsum("ibnd,hnd->ibh", pixels, self.mix).mean(1)
+        return self.head(h.mean((2, 3))) + mixed
 
 
 def make():
@@ -65,8 +69,9 @@ def make():
 
 def test_what_parameters_alone_make_keeps_its_bytes_at_any_micro_batch(tmp_path):
     """The graph rescaled to a micro-batch has the bytes of the model captured at it: the
-    standardised weight a convolution saves and the scaled position table do not shrink
-    with the samples (they did, and a BiT ResNet's plan measured 7 % over its limit)."""
+    standardised weight a convolution saves, the scaled position table and an einsum's copy
+    of its weight do not shrink with the samples (they did, and a BiT ResNet's plan measured
+    7 % over its limit)."""
     f = tmp_path / "from_parameters.py"
     f.write_text(_FROM_PARAMETERS)
     whole = outcore.model_graph(f"{f}:make", input_shape=(4, 3, 8, 8), costs="none")
@@ -79,6 +84,7 @@ def test_what_parameters_alone_make_keeps_its_bytes_at_any_micro_batch(tmp_path)
     weight = whole.index_of_name["reshape_as"]
     assert not grows[weight] and whole.out_bytes[weight] == 64 * 3 * 3 * 3 * 4
     assert grows[whole.index_of_name["relu"]]
+    assert whole.attr(whole.index_of_name["einsum"], "fixed_saved") == 10 * 4 * 16 * 4
 
 
 def test_a_fixed_cost_per_node_does_not_shrink_with_the_samples(unet):

@@ -502,6 +502,8 @@ def graph_from_fx(gm: fx.GraphModule, rec: Recorder, name: str,
             extra["resaved_inputs"] = rec.resaved_inputs[n.name]
         if n.name in rec.storage_of:
             extra["storage_of"] = rec.storage_of[n.name]
+        if rec.fixed_saved.get(n.name):
+            extra["fixed_saved"] = rec.fixed_saved[n.name]
         if n.name in rec.storage_bytes and rec.out_bytes.get(n.name):
             # a view of a larger storage: how many times its own bytes that storage holds
             extra["storage_share"] = round(rec.storage_bytes[n.name] / rec.out_bytes[n.name], 6)

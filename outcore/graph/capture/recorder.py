@@ -70,6 +70,11 @@ class Recorder(fx.Interpreter):
         # per node whose output shares an input's storage (a view, a chunk, an in-place
         # result), the node that made that storage: what holds the view holds its bytes
         self.storage_of: dict[str, str] = {}
+        # per node, the bytes it saves of tensors it makes from parameters alone inside itself
+        # (an einsum's permuted copy of its weight): they do not grow with the batch
+        self.fixed_saved: dict[str, int] = {}
+        self._fixed_storages: list[tuple[str, Any, int]] = []  # (saver, key, bytes)
+        self._input_fns: set[int] = set()  # the autograd nodes of the running node's inputs
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = StorageWeakRef(t.untyped_storage())
@@ -80,9 +85,33 @@ class Recorder(fx.Interpreter):
             self.seen[key] = (self.current, t.untyped_storage().nbytes())
             if producer is not None:
                 self._saved_input_storages.append((self.current, producer, key))
+            elif self._from_parameters(t):
+                self._fixed_storages.append((self.current, key, self.seen[key][1]))
         elif producer is not None and self.seen[key][0] != self.current:
             self._resaved_input_storages.append((self.current, producer, key))
         return t
+
+    def _from_parameters(self, t: torch.Tensor, most: int = 64) -> bool:
+        """Whether autograd made ``t`` from parameters alone: every path back from it ends at
+        a parameter, none at the node's inputs or at a tensor without a gradient (then it may
+        be anything: not claimed), within ``most`` steps."""
+        fn, seen, stack = t.grad_fn, set(), []
+        if fn is None:
+            return False
+        stack.append(fn)
+        while stack:
+            f = stack.pop()
+            if type(f).__name__ == "AccumulateGrad":
+                continue
+            if id(f) in self._input_fns or len(seen) > most:
+                return False
+            for nxt, _ in f.next_functions:
+                if nxt is None:
+                    return False
+                if id(nxt) not in seen:
+                    seen.add(id(nxt))
+                    stack.append(nxt)
+        return True
 
     def saved_by_node(self, exclude: set[Any]) -> dict[str, int]:
         """Bytes each node saves first, leaving out the storages in ``exclude`` (parameters,
@@ -91,6 +120,10 @@ class Recorder(fx.Interpreter):
         for saver, producer, key in self._saved_input_storages:
             if key not in exclude:
                 self.saved_inputs.setdefault(saver, []).append(producer)
+        self.fixed_saved = {}
+        for saver, key, nbytes in self._fixed_storages:
+            if key not in exclude:
+                self.fixed_saved[saver] = self.fixed_saved.get(saver, 0) + nbytes
         for saver, producer, key in self._resaved_input_storages:
             names = self.resaved_inputs.setdefault(saver, [])
             if key not in exclude and producer not in names:
@@ -109,9 +142,10 @@ class Recorder(fx.Interpreter):
             self.in_shapes[n.name] = [list(t.shape) for t in ts]
             if ts and _channels_last(ts[0]):
                 self.channels_last.add(n.name)
-        self.input_storages = {
-            StorageWeakRef(t.untyped_storage()): inp.name for inp in n.all_input_nodes
-            for t in tree_leaves(self.env.get(inp)) if isinstance(t, torch.Tensor)}
+        inputs = [(inp.name, t) for inp in n.all_input_nodes
+                  for t in tree_leaves(self.env.get(inp)) if isinstance(t, torch.Tensor)]
+        self.input_storages = {StorageWeakRef(t.untyped_storage()): name for name, t in inputs}
+        self._input_fns = {id(t.grad_fn) for _, t in inputs if t.grad_fn is not None}
         counter = FlopCounterMode(display=False)
         with counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             result = super().run_node(n)
