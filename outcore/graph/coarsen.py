@@ -62,18 +62,22 @@ def groups(g: Graph, depth: int) -> tuple[np.ndarray, list[str]]:
 
 def _merged_params(g: Graph, nodes: np.ndarray) -> dict:
     """The parameter names a block owns and shares (so replicas and tied weights still get
-    their all-reduce buckets on a collapsed graph)."""
+    their all-reduce buckets on a collapsed graph), and its members' buffer bytes and saved
+    copies of their weights."""
     if g.attrs is None:
         return {}
     owned: list[str] = []
     shared: list[str] = []
     shared_bytes = 0
+    summed = {"buffer_bytes": 0, "fixed_saved": 0}  # the members' buffers and weight copies
     for i in nodes.tolist():
         owned += g.attrs[i].get("params", []) or []
         shared += g.attrs[i].get("shared_params", []) or []
         shared_bytes += int(g.attrs[i].get("shared_bytes", 0) or 0)
+        for key in summed:
+            summed[key] += int(g.attrs[i].get(key, 0) or 0)
     shared = [n for n in dict.fromkeys(shared) if n not in set(owned)]
-    out: dict = {}
+    out: dict = {key: v for key, v in summed.items() if v}
     if owned:
         out["params"] = owned
     if shared:

@@ -224,11 +224,12 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     # shared parameters' all-reduce sums it)
     copies = shared_copies(g, piece_of, rank_of_piece, n_p, reads)
     # and the buffers it reads through constant nodes (a causal mask of 128x128 positions per
-    # layer in hf:openai-gpt), held all run long as the parameters are, without gradients
+    # layer in hf:openai-gpt) or its layers hold (batch norm's running statistics: 28 KiB of a
+    # ShuffleNet stage past its limit), all run long as the parameters are, without gradients
     constants = g.nodes_with_op("constant")
     static_piece = (piece_params + copies) * factor + np.bincount(
         piece_of[constants], weights=np.asarray(g.out_bytes, np.float64)[constants],
-        minlength=n_p)
+        minlength=n_p) + np.bincount(piece_of, weights=buffer_bytes(g), minlength=n_p)
     if any(p != "none" for p in pol):
         _apply_policies(g, pieces, pol, host_bandwidth, host_is_device, fwd, bwd,
                         saved, transient, t_bwd, grad_tmp, static_piece, piece_params, inputs)
@@ -374,6 +375,21 @@ def _resaved_held(g: Graph, pieces: Pieces, dropped: np.ndarray) -> np.ndarray:
     _, first = np.unique(r[o], return_index=True)
     keep = o[first]
     return np.bincount(piece_of[s[keep]], weights=_storage_bytes(g, r[keep]), minlength=n_p)
+
+
+def buffer_bytes(g: Graph) -> np.ndarray:
+    """Per node, the bytes of its layer's buffers (``attrs['buffer_bytes']``, recorded by the
+    capture: batch norm's running statistics; a torch.export graph reads them through
+    constant nodes instead)."""
+    known = memo(g.structure, "buffer bytes")
+    key = id(g.attrs)
+    if key not in known:
+        out = np.zeros(g.num_nodes)
+        if g.attrs is not None:
+            for v, a in enumerate(g.attrs):
+                out[v] = float(a.get("buffer_bytes") or 0)
+        known[key] = out
+    return known[key]
 
 
 def _storage_bytes(g: Graph, nodes: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import outcore
 from outcore.errors import CaptureError, ModelError
 from outcore.graph import collapse, from_dict, to_dict
 from outcore.graph.algorithms import topological_order
@@ -264,3 +265,17 @@ def test_views_name_the_storage_they_share_and_buffers_need_no_gradient():
     mask_slices = [v for v in range(g.num_nodes) if g.op_of(v) == "slice"]
     assert mask_slices and not needs[mask_slices].any()
     assert needs[fc] and needs[of_op["t"]] and needs[of_op["mul"]]
+
+
+def test_a_layers_buffers_are_held_with_its_parameters():
+    """Batch norm's running statistics are held all run long (the measured baseline counts
+    them): the capture records them per layer and the plan's static memory adds them."""
+    from outcore.schedule.costs import buffer_bytes
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+    g = capture(net, torch.randn(2, 3, 8, 8))
+    buffers = sum(b.numel() * b.element_size() for b in net.buffers())
+    assert buffers == 8 * 4 * 2 + 8 and buffer_bytes(g).sum() == buffers
+    plan = outcore.plan(g, 1, optimizer="sgd-momentum")
+    static = outcore.lower(plan, g).costs.static_bytes[0]
+    assert static == 3 * int(g.param_bytes.sum()) + buffers

@@ -520,6 +520,10 @@ def graph_from_fx(gm: fx.GraphModule, rec: Recorder, name: str,
                 extra["config"] = config
             tensors = [(f"{n.target}.{k}" if k else str(n.target), p)
                        for k, p in mod.named_parameters()]
+            # the layer's buffers (batch norm's running statistics): held all run long
+            held = sum(b.numel() * b.element_size() for b in mod.buffers())
+            if held:
+                extra["buffer_bytes"] = int(held)
         elif n.op == "call_function":
             config = call_config(n, rec.in_shapes.get(n.name))
             if config:

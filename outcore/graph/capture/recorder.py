@@ -13,6 +13,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from outcore.graph.capture.mutation import writes_first_arg
+
 __all__ = ["Recorder", "compact"]
 
 
@@ -152,7 +154,9 @@ class Recorder(fx.Interpreter):
         if counter.get_total_flops():
             self.flops[n.name] = int(counter.get_total_flops())
         self.out_bytes[n.name] = _nbytes(result)
-        self._note_storage(n.name, result)
+        if not writes_first_arg(n, self.module):  # an in-place write's output: a storage of
+            # its own (a piece that takes its input from another piece writes into a copy)
+            self._note_storage(n.name, result)
         self.shapes[n.name] = _shape_of(result)
         first = next((t for t in tree_leaves(result) if isinstance(t, torch.Tensor)), None)
         if first is not None:
