@@ -120,8 +120,8 @@ class Graph:
     @cached_property
     def storage_root(self) -> np.ndarray:
         """Per node, the node that made the storage its output views (``attrs['storage_of']``,
-        recorded by the capture: a reshape, a chunk or an in-place result of it); the node
-        itself where its output has a storage of its own, or the graph does not say."""
+        recorded by the capture: a reshape or a chunk of it); the node itself where its
+        output has a storage of its own (an in-place write's too), or the graph does not say."""
         root = np.arange(self.num_nodes, dtype=np.int64)
         if self.attrs is not None and self.names is not None:
             for v, a in enumerate(self.attrs):

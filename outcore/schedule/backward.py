@@ -173,23 +173,13 @@ def requires_gradient(g: Graph) -> np.ndarray:
         needs[g.nodes_with_op("param")] = True
         if g.attrs is not None:  # a second call of a layer reads the first call's weights
             needs |= carries & np.array([bool(a.get("shared_params")) for a in g.attrs])
-        needs = _requires_kernel(np.asarray(topological_order(g), np.int64), g.pred_ptr,
-                                 g.pred_idx, carries, needs)
-        known[key] = needs
+        # in topological order, each node after the inputs it reads (once per structure)
+        out, ptr, idx = needs.tolist(), g.pred_ptr.tolist(), g.pred_idx.tolist()
+        for v in topological_order(g).tolist():
+            if not out[v] and carries[v]:
+                out[v] = any(out[u] for u in idx[ptr[v]:ptr[v + 1]])
+        known[key] = np.array(out, dtype=bool)
     return known[key]
-
-
-@njit
-def _requires_kernel(order, pred_ptr, pred_idx, carries, needs):
-    out = needs.copy()
-    for v in order:
-        if out[v] or not carries[v]:
-            continue
-        for k in range(pred_ptr[v], pred_ptr[v + 1]):
-            if out[pred_idx[k]]:
-                out[v] = True
-                break
-    return out
 
 
 _NO_GRAD_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8", "bool"})

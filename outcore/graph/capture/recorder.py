@@ -166,7 +166,6 @@ class Recorder(fx.Interpreter):
                 self.storage_bytes[n.name] = whole
         return result
 
-
     def _note_storage(self, name: str, result: Any) -> None:
         """Record the node whose storage ``name``'s output shares, when it is one of this
         node's inputs' (alive while the node runs, so no freed storage is mistaken for it)."""
