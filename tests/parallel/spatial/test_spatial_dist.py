@@ -44,7 +44,7 @@ SUITES = [
     # grid, ranks, checks: every layer alone; training with the join at a module (None: the
     # model's output is gathered)
     ("2x1", 2, [("layers",), ("train", "resnet", "fc"), ("train", "unet", None)]),
-    ("1x2", 2, [("layers",), ("train", "resnet", "gap")]),
+    pytest.param("1x2", 2, [("layers",), ("train", "resnet", "gap")], marks=pytest.mark.slow),
     pytest.param("2x2", 4, [("layers",), ("train", "resnet", "fc"), ("train", "unet", None)],
                  marks=pytest.mark.slow),
     pytest.param("4x1", 4, [("train", "resnet", "layer3"), ("train", "unet-nearest", None)],

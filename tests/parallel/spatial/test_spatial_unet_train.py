@@ -18,8 +18,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
 @pytest.mark.parametrize("grid,stages,join,boundary", [
     # join after the bottleneck: the skip connections enc1 (19 rows: 10/9) and enc2 (9: 5/4)
-    # are gathered with it; the decoder runs on tile 0 (2 ranks)
-    ("2x1", 1, "mid_1", None),
+    # are gathered with it; the decoder runs on tile 0 (2 ranks; slow: the pipelined join
+    # below gathers a skip too)
+    pytest.param("2x1", 1, "mid_1", None, marks=pytest.mark.slow),
     # join after the second encoder level, the decoder's second half on a second stage: the
     # gathered enc1 skip goes on to rank 1 (3 ranks: the extra tile rank is rank 2)
     ("2x1", 2, "enc2_2", "up1"),
