@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from outcore.errors import UsageError
-from outcore.graph.ir import Graph, memo
+from outcore.graph.ir import Graph, attr_values, memo
 from outcore.graph.order import topological_order
 
 __all__ = ["CONSTANT_OPS", "at_microbatch", "batch_dependent", "batch_factor", "bytes_at_scale",
@@ -136,15 +136,7 @@ def _fixed_saved(g: Graph) -> np.ndarray:
     (``attrs['fixed_saved']``, recorded by the capture: an einsum's permuted copy of its
     weight, 16 KiB a layer of hf:xlnet's attention that a micro-batch of half the samples
     halved)."""
-    known = memo(g.structure, "fixed saved")
-    key = id(g.attrs)
-    if key not in known:
-        out = np.zeros(g.num_nodes)
-        if g.attrs is not None:
-            for v, a in enumerate(g.attrs):
-                out[v] = float(a.get("fixed_saved") or 0)
-        known[key] = out
-    return known[key]
+    return attr_values(g, "fixed_saved")
 
 
 def divisors(n: int, *, at_most: int | None = None) -> list[int]:

@@ -277,6 +277,20 @@ def memo(owner: Graph | Structure, name: str) -> dict:
     return _MEMOS.setdefault(owner, {}).setdefault(name, {})
 
 
+def attr_values(g: Graph, key: str, default: float = 0.0) -> np.ndarray:
+    """Per node, the number ``attrs[key]`` records (``default`` where it records none or 0),
+    remembered with the graph's structure for its attributes (the rescaled copies share it)."""
+    known = memo(g.structure, f"attr {key}")
+    if id(g.attrs) not in known:
+        out = np.full(g.num_nodes, float(default))
+        if g.attrs is not None:
+            for v, a in enumerate(g.attrs):
+                if a.get(key):
+                    out[v] = float(a[key])
+        known[id(g.attrs)] = out
+    return known[id(g.attrs)]
+
+
 # cached properties of a Graph that depend only on the fields named (see Graph.replace)
 _STRUCTURE_CACHES = {
     "structure": ("src", "dst", "ids"),

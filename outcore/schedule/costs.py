@@ -39,7 +39,7 @@ import numpy as np
 from outcore.cost.analytical import HALF_DTYPES
 from outcore.cost.memory import state_factor
 from outcore.graph.batch import batch_factor, bytes_at_scale
-from outcore.graph.ir import Graph, memo
+from outcore.graph.ir import Graph, attr_values, memo
 from outcore.hardware.spec import DeviceSpec
 from outcore.plan.pieces import Pieces
 from outcore.schedule.backward import backward_working, pinned_gradients, requires_gradient
@@ -381,15 +381,7 @@ def buffer_bytes(g: Graph) -> np.ndarray:
     """Per node, the bytes of its layer's buffers (``attrs['buffer_bytes']``, recorded by the
     capture: batch norm's running statistics; a torch.export graph reads them through
     constant nodes instead)."""
-    known = memo(g.structure, "buffer bytes")
-    key = id(g.attrs)
-    if key not in known:
-        out = np.zeros(g.num_nodes)
-        if g.attrs is not None:
-            for v, a in enumerate(g.attrs):
-                out[v] = float(a.get("buffer_bytes") or 0)
-        known[key] = out
-    return known[key]
+    return attr_values(g, "buffer_bytes")
 
 
 def _storage_bytes(g: Graph, nodes: np.ndarray) -> np.ndarray:
@@ -518,16 +510,7 @@ def _storage_share(g: Graph) -> np.ndarray:
     ['storage_share']``, recorded by the capture; 1 for most): a chunk of a tensor keeps the
     whole tensor alive (ShuffleNet's checkpointed branches keep their inputs, half of a
     block's output each, and measured 1 % over without the other half)."""
-    known = memo(g.structure, "storage share")
-    key = id(g.attrs)
-    if key not in known:
-        share = np.ones(g.num_nodes)
-        if g.attrs is not None:
-            for v, a in enumerate(g.attrs):
-                if a.get("storage_share"):
-                    share[v] = max(1.0, float(a["storage_share"]))
-        known[key] = share
-    return known[key]
+    return attr_values(g, "storage_share", 1.0)  # recorded only where the storage is larger
 
 
 # torch.utils.checkpoint keeps the CPU generator's state (``torch.get_rng_state()``, a
