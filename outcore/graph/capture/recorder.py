@@ -69,8 +69,8 @@ class Recorder(fx.Interpreter):
         self.resaved_inputs: dict[str, list[str]] = {}
         self._resaved_input_storages: list[tuple[str, str, Any]] = []
         self.input_storages: dict[Any, str] = {}
-        # per node whose output shares an input's storage (a view, a chunk, an in-place
-        # result), the node that made that storage: what holds the view holds its bytes
+        # per node whose output shares an input's storage (a view, a chunk; not an in-place
+        # write's), the node that made that storage: what holds the view holds its bytes
         self.storage_of: dict[str, str] = {}
         # per node, the bytes it saves of tensors it makes from parameters alone inside itself
         # (an einsum's permuted copy of its weight): they do not grow with the batch
