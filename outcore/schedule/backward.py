@@ -110,9 +110,10 @@ def backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
     # place: a tied weight's two gradients and their sum at once (measured on a tp-2 LM whose
     # 32 MiB embedding is tied to its output layer); a plain tensor's are summed in place
     tied_sum = 1.0 if g.meta.get("tp", 1) > 1 else 0.0
-    out, out_first = _working_kernel(np.asarray(topological_order(g), np.int64),
-                                     np.asarray(piece_of, np.int64), n_p, g.src, g.dst,
-                                     _grad_edges(g),
+    order = np.asarray(topological_order(g), np.int64)
+    grad_edges = _grad_edges(g)
+    out, out_first = _working_kernel(order, np.asarray(piece_of, np.int64), n_p, g.src, g.dst,
+                                     grad_edges, _foreign_held(g, order, piece_of, grad_edges),
                                      np.asarray(g.saved_bytes, np.float64),
                                      np.asarray(g.out_bytes, np.float64), aliasing, summed,
                                      np.zeros(n) if workspace is None else workspace,
@@ -120,6 +121,32 @@ def backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
                                      shared, tied, tied_sum, pinned_gradients(g),
                                      np.zeros(n_p) if freed is None else freed)
     return (out, out_first) if first else out
+
+
+def _foreign_held(g: Graph, order: np.ndarray, piece_of: np.ndarray,
+                  grad_edges: np.ndarray) -> np.ndarray:
+    """Per node, the bytes of the gradients it makes for inputs from other pieces that stay
+    until its piece's backward ends: the piece hands each such gradient back (to the rank that
+    sent the input, or to the local piece that made it) only then, so it is held from the
+    backward of the input's first consumer in reverse order (counted there; later consumers
+    add into it). A tied output weight another rank sends in held its 128 KiB gradient through
+    the rest of hf:xlnet's backward, past the prediction."""
+    out = np.zeros(g.num_nodes)
+    piece_of = np.asarray(piece_of)
+    cross = np.flatnonzero((piece_of[g.src] != piece_of[g.dst]) & (grad_edges > 0)
+                           & requires_gradient(g)[g.src])
+    if not cross.size:
+        return out
+    position = np.empty(g.num_nodes, np.int64)
+    position[order] = np.arange(order.size)
+    src, dst = g.src[cross], g.dst[cross]
+    # per (input, consumer piece), the consumer latest in topological order
+    by = np.lexsort((-position[dst], piece_of[dst], src))
+    first = np.ones(by.size, dtype=bool)
+    first[1:] = (src[by][1:] != src[by][:-1]) | (piece_of[dst][by][1:] != piece_of[dst][by][:-1])
+    keep = cross[by[first]]
+    np.add.at(out, g.dst[keep], grad_edges[keep])
+    return out
 
 
 def _grad_edges(g: Graph) -> np.ndarray:
@@ -189,8 +216,8 @@ _NO_GRAD_OPS = ("input", "constant", "scalar_tensor", "full", "ones", "zeros", "
 
 
 @njit
-def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes, aliasing,
-                    summed, workspace, pred_ptr, pred_idx, layer_params, is_param, shared,
+def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, foreign, saved, out_bytes,
+                    aliasing, summed, workspace, pred_ptr, pred_idx, layer_params, is_param, shared,
                     tied, tied_sum, pinned, freed0):
     """:func:`backward_working` in two passes (compiled): the edges, then the nodes in
     reverse topological order, each piece's saved bytes freed so far summed as it goes; also
@@ -198,7 +225,8 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes
     A node reading a weight another node owns (``shared``) makes a gradient for it that
     waits, in every backward, until the owner's (``tied``: the weight's bytes) joins it; an
     out-of-place sum (``tied_sum`` 1) holds one more copy while it is made; ``pinned``: the
-    output gradient a parameter's ``.grad`` keeps, made with the node's."""
+    output gradient a parameter's ``.grad`` keeps, made with the node's; ``foreign``: the
+    gradients a node makes for other pieces' inputs that stay to the backward's end."""
     n = order.shape[0]
     grads_in = np.zeros(n)  # the gradients a node returns for its inputs, made at once
     consumers = np.zeros(n, np.int64)  # consumers in its own piece
@@ -214,6 +242,7 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes
         else:
             outside[u] = 1
     freed = freed0.copy()  # saved bytes of the piece's later nodes (and loss), freed already
+    handed = np.zeros(n_p)  # gradients for other pieces' inputs, held to the backward's end
     out = np.zeros(n_p)
     made = np.zeros(n_p)  # parameters' gradients its backward has made so far (.grad)
     out_first = np.zeros(n_p)
@@ -248,7 +277,7 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes
                         first_reads += out_bytes[u]
         # with the fresh gradient of its own weights, until it is added into .grad
         work = held * out_bytes[v] + (0.0 if aliasing[v] else grads_in[v]) + workspace[v] \
-            + waiting - freed[p] + layer_params[v] + shared[v] + tied_waiting[p]
+            + waiting - freed[p] + layer_params[v] + shared[v] + tied_waiting[p] + handed[p]
         if tied[v] > 0.0 and tied_waiting[p] > 0.0:  # a tied weight's gradients summed
             work += tied_sum * tied[v]
         if work > out[p]:
@@ -256,6 +285,7 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, saved, out_bytes
         if work + made[p] > out_first[p]:
             out_first[p] = work + made[p]
         freed[p] += saved[v]
+        handed[p] += foreign[v]
         tied_waiting[p] += shared[v] + first_reads
         if tied[v] > 0.0:
             tied_waiting[p] = max(tied_waiting[p] - tied[v], 0.0)

@@ -107,7 +107,7 @@ def test_a_plan_already_slower_than_a_bound_is_not_fitted():
 def test_the_search_gives_up_in_the_round_that_passes_its_bound(monkeypatch):
     """A plan that needs several rounds of policies stops at the first round whose simulated
     time reaches ``give_up_above_s`` (it cannot win: later rounds only add policies), not
-    after its last round (the generator's RNN on 2 devices, 4 micro-batches, at 0.97 of the
+    after its last round (the generator's RNN on 2 devices, 4 micro-batches, at 1.1 of the
     fair share: two rounds to fit, each keeping the last one's policies and slower, then one
     that drops what the fitted plan has room for)."""
     import outcore
@@ -118,7 +118,7 @@ def test_the_search_gives_up_in_the_round_that_passes_its_bound(monkeypatch):
 
     g = make("rnn", 1000)
     one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
-    req = outcore.plan_request(2, 0.97 * one / 2, bandwidth="16GB/s", microbatches=4)
+    req = outcore.plan_request(2, 1.1 * one / 2, bandwidth="16GB/s", microbatches=4)
     a = placements(g, 2, strategy="contiguous", cluster=req.cluster.slots(1),
                    optimizer=req.optimizer, microbatches=4)[0].assignment
     p = make_plan(g, a, strategy="contiguous", devices=2, memory_bytes=req.memory_bytes,
@@ -180,7 +180,7 @@ def test_policies_are_priced_by_what_they_free_at_the_simulated_peak(monkeypatch
 def test_options_a_fitted_plan_has_room_for_are_dropped_when_that_is_faster(monkeypatch):
     """Once every device fits, the options taken last on a device with room to spare are
     dropped when the simulator finds the plan still fits and is faster: the RNN generator's
-    600 nodes on 4 devices at 1.45x the placers' fair share, 2 micro-batches, 100.1 -> 95.0
+    600 nodes on 4 devices at 1.44x the placers' fair share, 2 micro-batches, 102.0 -> 99.0
     ms."""
     import outcore
     from outcore.graph.generators import make
@@ -190,7 +190,7 @@ def test_options_a_fitted_plan_has_room_for_are_dropped_when_that_is_faster(monk
 
     g = make("rnn", 600)
     one = float(make_context(g, 1).memory(np.zeros(g.num_nodes, dtype=np.int64)).max())
-    req = outcore.plan_request(4, 1.45 * one / 4, bandwidth="16GB/s", microbatches=2)
+    req = outcore.plan_request(4, 1.44 * one / 4, bandwidth="16GB/s", microbatches=2)
     a = placements(g, 4, strategy="contiguous", cluster=req.cluster.slots(1),
                    optimizer=req.optimizer, microbatches=2)[0].assignment
     p = make_plan(g, a, strategy="contiguous", devices=4, memory_bytes=req.memory_bytes,
@@ -199,5 +199,5 @@ def test_options_a_fitted_plan_has_room_for_are_dropped_when_that_is_faster(monk
     monkeypatch.setattr(memory_policy, "_trimmed", lambda g, plan, fitted, *rest: fitted)
     untrimmed, before = memory_policy.choose_simulated(g, p, cluster=req.cluster)
     assert sim.fits and before.fits
-    assert sim.iteration_s < 0.97 * before.iteration_s, (sim.iteration_s, before.iteration_s)
+    assert sim.iteration_s < 0.98 * before.iteration_s, (sim.iteration_s, before.iteration_s)
     assert len(trimmed.policies.policies) < len(untrimmed.policies.policies)
