@@ -86,6 +86,13 @@ _ITEMSIZE = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "
 RANDOM_OPS = ("dropout", "drop_path", "droppath", "stochastic_depth", "stochasticdepth",
               "bernoulli")
 HALF_DTYPES = frozenset({"float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
+
+
+def itemsize(dtype: str, default: int = 4) -> int:
+    """Bytes per element of a dtype named as torch prints it (``"bfloat16"``); ``default``
+    for a name it does not know."""
+    return _ITEMSIZE.get(dtype, default)
+
 _NON_DIFF = frozenset({"int64", "long", "int32", "int16", "int8", "uint8", "bool"})
 _DETACHING = frozenset({"detach", "detach_"})  # ops whose output leaves autograd
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from outcore.cost.analytical import HALF_DTYPES, draws_random
+from outcore.cost.analytical import HALF_DTYPES, draws_random, itemsize as dtype_itemsize
 from outcore.graph.ir import Graph
 
 __all__ = ["workspace", "workspace_bytes", "gather_scratch", "matmul_scratch"]
@@ -191,19 +191,19 @@ def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[floa
         _blocked(kernel[1]) > 1
     if padded:  # no groups: the gradient of an input of under 16 channels takes a copy of
         weight *= _blocked(kernel[1])  # the weight padded to 16 of them
-    # in bfloat16 / float16 a strided 1x1 convolution's backward makes its input's gradient
-    # channels-last, then a contiguous copy of it
-    strided_1x1 = list(cfg.get("kernel_size") or ()) == [1, 1] and \
-        any(s > 1 for s in cfg.get("stride") or ())
     dtype = str(g.attr(i, "dtype", ""))
     half = dtype in HALF_DTYPES
-    extra = in_bytes if grad_in and strided_1x1 and half else 0.0
     itemsize = 2 if half else 8 if dtype == "float64" else 4
     # the forward reorders the weight into oneDNN's blocks (a bfloat16 one its input too)
     copy = float(np.prod(kernel)) * itemsize if len(kernel) > 2 else weight
     fwd = max(1.1 * act, pin, pout) + copy + (in_bytes if half else 0.0)
-    bwd = max(2.0 * act, (pin if grad_in else 0.0) + pout) + weight + extra + \
-        _depthwise_nhwc(g, i, cfg, half)
+    # one sample's input (in its producer's precision: float32 for an image) and output
+    in_item = max([dtype_itemsize(str(g.attr(int(p), "dtype", "")), itemsize)
+                   for p in g.predecessors(i) if g.op_of(int(p)) != "param"] or [itemsize])
+    sample = float(np.prod(ins[0][1:])) * in_item + float(np.prod(shape[1:])) * itemsize
+    bwd = max(2.0 * act, (pin if grad_in else 0.0) + pout) + weight + \
+        _depthwise_nhwc(g, i, cfg, half) + \
+        _backward_beyond_blocks(cfg, kernel, float(np.prod(ins[0][2:])), sample, half)
     if g.attr(i, "channels_last") and len(kernel) > 2 and kernel[1] > 1:
         # a channels-last input keeps its layout, unblocked, and the weight is copied to and
         # from it, twice forward and three times backward (measured exactly, plus under 16 KiB
@@ -213,7 +213,61 @@ def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[floa
     gemm = _gemm_conv(kernel, cfg, ins, shape, itemsize)
     if gemm[0] or gemm[1]:  # im2col and a product: no channel blocks (a ViT's 3-channel image
         return gemm          # would count 5.3 copies of itself)
-    return fwd, bwd
+    native = _native_columns(cfg, ins, shape, kernel, in_bytes, dtype)
+    return max(fwd, native), max(bwd, native)
+
+
+# oneDNN's backward of a strided convolution takes this much beside its blocked copies, and
+# this much more per input pixel (of one channel of one sample): the most measured over 1x1
+# and 3x3 kernels, 3 to 192 channels, 7 to 56 pixels square, 1 to 8 samples
+_STRIDED_SCRATCH = 40 * 1024.0
+_STRIDED_PER_PIXEL = 24.0
+# and any other float32 one up to this much (a 3x3 of 3 channels at 8x8 pixels: 2 KiB)
+_DIRECT_SCRATCH = 4 * 1024.0
+# and in bfloat16 / float16, beside that, a part of one sample's input and output (float32
+# accumulators): the most measured over the same shapes, per kernel kind
+_HALF_SAMPLE_SHARE = {"1x1": 0.75, "1x1 strided": 0.4, "wider": 1.4}
+
+
+def _backward_beyond_blocks(cfg: dict, kernel: list[int], pixels: float, sample_bytes: float,
+                            half: bool) -> float:
+    """What a direct convolution's backward takes beyond its blocked copies and weight
+    gradients (:func:`workspace`), measured with the CPU allocator on one thread (oneDNN,
+    torch 2.14): in float32, a strided one's scratch (:data:`_STRIDED_SCRATCH`, and
+    :data:`_STRIDED_PER_PIXEL` for each of the input's ``pixels``), else
+    :data:`_DIRECT_SCRATCH`; in half precision, strided or not, a share of one sample's
+    input and output (``sample_bytes``; :data:`_HALF_SAMPLE_SHARE`) and
+    :data:`_STRIDED_SCRATCH`. The channel blocks alone bounded 0.2-0.5 of the measured
+    scratch of small strided convolutions, and 0.5 of bfloat16 3x3 ones of 96 channels at
+    56 pixels."""
+    strided = any(int(s) > 1 for s in cfg.get("stride") or ())
+    if not half:
+        return _STRIDED_SCRATCH + _STRIDED_PER_PIXEL * pixels if strided else _DIRECT_SCRATCH
+    if len(kernel) > 2 and max(kernel[2:]) > 1:
+        share = _HALF_SAMPLE_SHARE["wider"]
+    else:
+        share = _HALF_SAMPLE_SHARE["1x1 strided" if strided else "1x1"]
+    return share * sample_bytes + _STRIDED_SCRATCH
+
+
+def _native_columns(cfg: dict, ins: list, shape: list, kernel: list[int], in_bytes: float,
+                    dtype: str) -> float:
+    """The im2col buffer of a float32 convolution PyTorch runs without oneDNN, forward and
+    backward alike: one that is not grouped, of a kernel at most 3 wide in some dimension,
+    on one sample of at most 20480 elements (PyTorch's rule, ``use_mkldnn``): the input
+    channels x kernel x output positions (measured exactly, beside the weight's gradient);
+    0 otherwise. The blocked bound missed it, 0.36 of the measured scratch at 24 channels of
+    28x28 pixels."""
+    if dtype not in ("float32", "") or len(kernel) < 3 or not shape or len(shape) < 3:
+        return 0.0
+    if int(cfg.get("groups") or 1) > 1 or min(kernel[2:]) > 3:
+        return 0.0
+    if in_bytes / 4.0 > 20480:
+        return 0.0
+    per_sample = float(np.prod(ins[0][1:])) * 4.0 if ins and ins[0] else 0.0
+    if per_sample and in_bytes > per_sample:  # more than one sample: oneDNN
+        return 0.0
+    return float(np.prod(kernel[1:])) * float(np.prod(shape[2:])) * 4.0
 
 
 def _weight_shape(cfg: dict, ins: list) -> list[int]:

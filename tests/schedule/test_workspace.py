@@ -279,3 +279,39 @@ def test_a_dropout_on_a_tensor_parallel_shard_stays_inside_its_bound(samples, tp
     assert tuple(out.shape) == tuple(x.shape)
     taken -= out.numel() * out.element_size()  # the output is the graph's, not scratch
     assert 0 < taken <= bound, (taken, bound)
+
+
+# (channels in, out, kernel, stride, pixels, samples): direct convolutions oneDNN runs on
+# channel blocks, where the blocks alone missed scratch: a strided 1x1 at 56 pixels, a small
+# strided 3x3, a batch-1 3x3 PyTorch runs without oneDNN (im2col), bfloat16 3x3 and 1x1 ones
+# that keep float32 accumulators of a sample, and a ResNet's strided 1x1 shortcut
+DIRECT_CASES = [
+    (24, 96, 1, 2, 56, 1, torch.float32), (8, 8, 3, 2, 8, 2, torch.float32),
+    (24, 24, 3, 1, 28, 1, torch.float32), (96, 96, 3, 1, 56, 1, torch.bfloat16),
+    (24, 24, 1, 1, 56, 1, torch.bfloat16), (32, 64, 1, 2, 32, 4, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("cin,cout,kernel,stride,size,samples,dtype", DIRECT_CASES,
+                         ids=["1x1-s2-56", "3x3-s2-8", "3x3-batch1", "bf16-3x3-56",
+                              "bf16-1x1-56", "bf16-1x1-s2"])
+def test_a_direct_convolution_is_bounded_by_its_scratch(cin, cout, kernel, stride, size,
+                                                        samples, dtype):
+    from outcore.graph.capture import capture
+    from outcore.schedule.workspace import workspace_bytes
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as outcore's workers run
+    try:
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2).to(dtype)
+        model = _Conv(conv, False)
+        x = torch.randn(samples, cin, size, size, dtype=dtype)
+        g = capture(model, (x,))
+        node = int(g.nodes_with_op("conv2d")[0])
+        fwd, bwd = workspace_bytes(g)
+        _, taken = _conv_scratch(conv, x, grad_in=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert taken <= bwd[node], (taken, bwd[node])
+    assert bwd[node] <= 2.0 * taken + 65536, (taken, bwd[node])
