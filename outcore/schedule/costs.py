@@ -220,10 +220,9 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
         for v in g.nodes_with_op("output").tolist():
             p = piece_of[v]
             t_bwd[p] = max(t_bwd[p], 2.0 * loss_bytes(g, v))
-    # the .grad tensors a backward has made so far, beyond its working memory (none known
-    # for a piece under a memory policy: NaN)
-    made = np.where(np.array([p == "none" for p in pol], dtype=bool),
-                    np.maximum(t_first - t_bwd, 0.0), np.nan) if n_p else np.zeros(0)
+    # the .grad tensors a backward has made so far, beyond its working memory
+    made = np.maximum(t_first - t_bwd, 0.0) if n_p else np.zeros(0)
+    plain = np.array([p == "none" for p in pol], dtype=bool)
     # a rank's own copy of a shared weight another rank owns (not in the piece's bucket: the
     # shared parameters' all-reduce sums it)
     copies = shared_copies(g, piece_of, rank_of_piece, n_p, reads)
@@ -241,9 +240,8 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     if sharded_bytes is not None and depth > 1:
         inner = _shard(piece_of, n_p, np.asarray(sharded_bytes, dtype=np.float64), depth,
                        factor, gather_s, scatter_s, fwd, bwd, transient, t_bwd, static_piece,
-                       piece_params, grad_tmp, made)
+                       piece_params, grad_tmp, made, plain)
     # a sharded piece's gradient shard is made by its first reduce-scatter, like a whole one
-    plain = np.array([p == "none" for p in pol], dtype=bool)
     # (with the output gradients parameters' .grad views keep alive)
     pinned = np.bincount(piece_of, weights=pinned_gradients(g), minlength=n_p)
     grads = np.where(plain, piece_params + copies + pinned, 0.0) if n_p else np.zeros(0)
@@ -433,14 +431,15 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
            scatter_s: Callable[[np.ndarray], np.ndarray] | None,
            fwd: np.ndarray, bwd: np.ndarray, transient: np.ndarray, t_bwd: np.ndarray,
            static_piece: np.ndarray, piece_params: np.ndarray, grad_tmp: np.ndarray,
-           made: np.ndarray | None = None
+           made: np.ndarray, plain: np.ndarray
            ) -> dict[int, tuple[tuple[str, str, float, float], ...]]:
     """Apply FSDP / ZeRO-3 sharding to the piece costs in place (see the module docstring);
     ``gather_s`` / ``scatter_s`` take the pieces' sharded bytes as an array; ``made``: per
-    piece without a memory policy, what its backward holds beyond its working memory in
-    the whole gradients it has made so far (every backward of a sharded piece makes them
-    anew; else they count whole from its first node). Returns the gathers and
-    reduce-scatters per piece (:attr:`PieceCosts.collectives`)."""
+    piece, what its backward holds beyond its working memory in the whole gradients it has
+    made so far, which a ``plain`` piece (no memory policy) counts (every backward of a
+    sharded piece makes them anew; one under a policy counts them whole from its first
+    node). Returns the gathers and reduce-scatters per piece
+    (:attr:`PieceCosts.collectives`)."""
     sb = np.bincount(piece_of, weights=sharded, minlength=n_p)
     p = np.flatnonzero(sb > 0)
     b = sb[p]
@@ -452,11 +451,10 @@ def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, fact
     # the shard it returns (on a CPU a sum in place, without gloo's copy of the flat input:
     # ``parallel/sharding._sums_in_place``)
     scatter_bytes = b * (1 + 1 / depth)
-    whole = 2 * b - np.minimum(grad_tmp[p], b)
-    if made is not None:  # the gradients as its backward makes them (GPT-2's last stage
-        # counted them whole at its output layer, whose weight another piece owns: 13 %
-        # over what a bfloat16 rank measured)
-        whole = np.where(np.isnan(made[p]), whole, b + np.nan_to_num(made[p]))
+    # a plain piece's gradients as its backward makes them (GPT-2's last stage counted them
+    # whole at its output layer, whose weight another piece owns: 13 % over what a bfloat16
+    # rank measured)
+    whole = np.where(plain[p], b + made[p], 2 * b - np.minimum(grad_tmp[p], b))
     t_bwd[p] = np.maximum(t_bwd[p] + whole, scatter_bytes)
     gather = gather_s(b) if gather_s is not None else np.zeros_like(b)
     scatter = scatter_s(b) if scatter_s is not None else np.zeros_like(b)
