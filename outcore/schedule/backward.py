@@ -142,8 +142,8 @@ def _foreign_held(g: Graph, order: np.ndarray, piece_of: np.ndarray,
     src, dst = g.src[cross], g.dst[cross]
     # per (input, consumer piece), the consumer latest in topological order
     by = np.lexsort((-position[dst], piece_of[dst], src))
-    first = np.ones(by.size, dtype=bool)
-    first[1:] = (src[by][1:] != src[by][:-1]) | (piece_of[dst][by][1:] != piece_of[dst][by][:-1])
+    src, piece = src[by], piece_of[dst[by]]
+    first = np.r_[True, (src[1:] != src[:-1]) | (piece[1:] != piece[:-1])]
     keep = cross[by[first]]
     np.add.at(out, g.dst[keep], grad_edges[keep])
     return out
