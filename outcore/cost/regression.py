@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from outcore.cost.analytical import ZERO_COST_OPS, first_shape, kernel_elems, work
+from outcore.cost.analytical import ZERO_COST_OPS, first_shape, itemsize, kernel_elems, work
 from outcore.errors import FormatError, UsageError
 from outcore.graph.ir import Graph
 
@@ -142,10 +142,6 @@ def family_of(op: str, config: dict[str, Any] | None = None) -> str:
     return fam
 
 
-def _itemsize(dtype: str) -> int:
-    return {"float16": 2, "bfloat16": 2, "float64": 8}.get(dtype, 4)
-
-
 def _conv_vars(config: dict[str, Any], x: list[int], out_shape: Sequence[int]) -> list[float]:
     x4 = x if len(x) == 4 else [1, *x]
     o4 = list(out_shape) if len(out_shape) == 4 else [1, *out_shape]
@@ -196,7 +192,7 @@ def variables(op: str, config: dict[str, Any], in_shapes: Sequence[Sequence[int]
              kernel_elems(config, 2)]
     attrs = {"in_shapes": shapes, "shape": list(out_shape) if out_shape else None,
              "config": config, "dtype": dtype}
-    out_bytes = math.prod(out_shape) * _itemsize(dtype) if out_shape else 0
+    out_bytes = math.prod(out_shape) * itemsize(dtype) if out_shape else 0
     w = work(op, attrs, param_bytes=param_bytes, out_bytes=out_bytes)
     if fam not in FAMILY_VARIABLES:
         v = [w.fwd_bytes]

@@ -118,25 +118,19 @@ def bytes_at_scale(g: Graph, scale: float) -> Graph:
     saved = np.asarray(g.saved_bytes, np.float64)
     # what a node saves of an input computed from parameters alone (BiT's convolutions save
     # their standardised weights) stays as it is; parameters and buffers themselves are not in
-    # the saved bytes (the capture leaves them out)
+    # the saved bytes (the capture leaves them out); nor does what a node makes from
+    # parameters alone inside itself ("fixed_saved", recorded by the capture: an einsum's
+    # permuted copy of its weight)
     savers, producers = g.saved_input_pairs
     fixed = act == 1.0
     for op in ("param", "get_attr"):
         fixed[g.nodes_with_op(op)] = False
     keep = np.minimum(saved, np.bincount(
         savers, weights=np.asarray(g.out_bytes, np.float64)[producers] * fixed[producers],
-        minlength=g.num_nodes) + _fixed_saved(g))
+        minlength=g.num_nodes) + attr_values(g, "fixed_saved"))
     return g.replace(out_bytes=scaled(g.out_bytes, act),
                      saved_bytes=(keep + scaled(saved - keep, act)).astype(g.saved_bytes.dtype),
                      edge_bytes=scaled(g.edge_bytes, act[g.src]))
-
-
-def _fixed_saved(g: Graph) -> np.ndarray:
-    """Per node, the saved bytes of tensors it makes from parameters alone inside itself
-    (``attrs['fixed_saved']``, recorded by the capture: an einsum's permuted copy of its
-    weight, 16 KiB a layer of hf:xlnet's attention that a micro-batch of half the samples
-    halved)."""
-    return attr_values(g, "fixed_saved")
 
 
 def divisors(n: int, *, at_most: int | None = None) -> list[int]:

@@ -193,7 +193,7 @@ def workspace(g: Graph, i: int, in_bytes: float, out_bytes: float) -> tuple[floa
         weight *= _blocked(kernel[1])  # the weight padded to 16 of them
     dtype = str(g.attr(i, "dtype", ""))
     half = dtype in HALF_DTYPES
-    itemsize = 2 if half else 8 if dtype == "float64" else 4
+    itemsize = dtype_itemsize(dtype)
     # the forward reorders the weight into oneDNN's blocks (a bfloat16 one its input too)
     copy = float(np.prod(kernel)) * itemsize if len(kernel) > 2 else weight
     fwd = max(1.1 * act, pin, pout) + copy + (in_bytes if half else 0.0)
