@@ -28,11 +28,13 @@ import time
 import numpy as np
 
 import outcore
+from outcore.graph import jit
 from outcore.graph.generators import make
 from outcore.placers.context import make_context
 
 
 def main() -> int:
+    jit.compile_always()  # the compiled kernels' speed is measured
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("family", help="unet, rnn, resnet, nas, transformer, chain")

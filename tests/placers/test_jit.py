@@ -33,8 +33,7 @@ print(json.dumps(out))
 def _run(jit: bool) -> dict:
     env = dict(os.environ)
     env.pop("OUTCORE_NO_JIT", None)
-    if not jit:
-        env["OUTCORE_NO_JIT"] = "1"
+    env["OUTCORE_JIT"] = "always" if jit else "never"
     res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                          text=True, timeout=300, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])

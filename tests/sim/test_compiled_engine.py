@@ -12,6 +12,7 @@ import pytest
 
 import outcore
 from outcore.graph.generators import make
+from outcore.graph import jit
 from outcore.graph.jit import HAVE_NUMBA
 from outcore.plan import make_plan
 from outcore.sim import simulate
@@ -26,7 +27,9 @@ pytestmark = pytest.mark.skipif(not HAVE_NUMBA, reason="the compiled loop needs 
 
 @pytest.fixture
 def compared(monkeypatch):
-    """Every simulation runs on both loops; the list collects whether they agreed."""
+    """Every simulation runs on both loops, the new one compiled (not as Python, as a small
+    schedule would on a cold cache); the list collects whether they agreed."""
+    monkeypatch.setattr(jit, "MODE", "always")
     seen: list[bool] = []
 
     def both(s, costs, cluster, options=engine.SimOptions()):
@@ -42,7 +45,8 @@ def compared(monkeypatch):
         return ref
 
     monkeypatch.setattr(sim_module, "simulate_schedule", both)
-    return seen
+    yield seen
+    assert importlib.import_module("outcore.sim._engine_kernel").run_events.overloads
 
 
 @pytest.mark.parametrize("family", ["rnn", "nas", "unet"])
