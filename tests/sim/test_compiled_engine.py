@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import outcore
-from outcore.graph.generators import make
 from outcore.graph import jit
+from outcore.graph.generators import make
 from outcore.graph.jit import HAVE_NUMBA
 from outcore.plan import make_plan
 from outcore.sim import simulate
