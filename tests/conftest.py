@@ -13,8 +13,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # plans of local jobs do not depend on how busy the machine is while the suite runs (the
 # local cluster otherwise counts other processes' load: outcore.core.env.background_load)
 os.environ.setdefault("OUTCORE_HOST_LOAD", "0")
-# kernels that ran as Python are not compiled in the background when a test process ends (no
-# process outlives the suite; tests/graph/test_jit_tiers.py checks that warm-up itself)
+# the suite runs the numba kernels compiled, as a machine with a warm cache does: a test process
+# lives long enough to pay for compiling (tests/graph/test_jit_tiers.py checks the default way:
+# Python until compiling pays, and the background compile, which never starts here)
+os.environ.setdefault("OUTCORE_JIT", "always")
 os.environ.setdefault("OUTCORE_JIT_WARM", "0")
 
 
