@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import pytest
 import torch
 import torch.fx as fx
 from torch import nn
@@ -17,7 +16,9 @@ from outcore.cost.profile import profile
 from outcore.cost.profile_in_step import time_nodes_in_step
 from outcore.graph.capture import capture
 
-FWD_S, BWD_S = 3e-3, 5e-3
+# each longer than a busy machine's late wake-up (below): the other pass's time booked to the
+# wrong one shows
+FWD_S, BWD_S = 8e-3, 20e-3
 
 
 class _Slow(torch.autograd.Function):
@@ -52,10 +53,12 @@ def test_each_node_gets_its_own_forward_and_backward():
     names = [n.name for n in gm.graph.nodes]
     fwd, bwd = time_nodes_in_step(gm, names, (torch.randn(8, 16),), warmup=1, repeat=3)
     at = {name: i for i, name in enumerate(names)}
-    assert fwd[at["slow"]] == pytest.approx(FWD_S, rel=0.3, abs=1e-3)
-    assert bwd[at["slow"]] == pytest.approx(BWD_S, rel=0.3, abs=1e-3)
+    # a sleep never ends early, and a busy machine (the suite runs two test processes) wakes
+    # it a few ms late; the other pass's time would add 20 or 8 ms
+    assert 0.9 * FWD_S <= fwd[at["slow"]] < FWD_S + 6e-3, fwd
+    assert 0.9 * BWD_S <= bwd[at["slow"]] < BWD_S + 6e-3, bwd
     others = [i for n, i in at.items() if n != "slow"]
-    assert fwd[others].max() < 1e-3 and bwd[others].max() < 1e-3, (fwd, bwd)
+    assert fwd[others].max() < 2e-3 and bwd[others].max() < 2e-3, (fwd, bwd)
     assert fwd[at["x"]] == 0 and bwd[at["output"]] == 0  # no compute there
     assert bwd[at["a"]] > 0  # the weights' gradient (its input, the data, needs none)
 

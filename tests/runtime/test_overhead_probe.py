@@ -11,10 +11,14 @@ from outcore.runtime.overhead import piece_overhead_s
 
 
 def test_probe_measures_a_positive_backward_call_and_a_bounded_forward():
-    fwd, bwd = piece_overhead_s(repeat=3, inner=50)
-    assert 0.0 <= fwd < 0.01 and math.isfinite(fwd)
-    # one more autograd.backward call always costs something, and far less than 10 ms
-    assert 0.0 < bwd < 0.01
+    # one more autograd.backward call always costs something, and far less than 10 ms; the
+    # probe is a difference of best times, which a busy machine (the suite runs two test
+    # processes) can cut to nothing once: three probes, one of them must see it
+    probes = [piece_overhead_s(repeat=3, inner=50) for _ in range(3)]
+    for fwd, bwd in probes:
+        assert 0.0 <= fwd < 0.01 and math.isfinite(fwd)
+        assert 0.0 <= bwd < 0.01
+    assert max(bwd for _, bwd in probes) > 0.0
 
 
 def test_measured_overheads_travel_with_the_cluster():
