@@ -143,18 +143,19 @@ def _cached(d) -> bool:
         return True
 
 
-_large = [False]  # this process has met a large graph: every kernel compiles from then on
+_large = False  # this process has met a large graph: every kernel compiles from then on
 
 
 def _pays(d, args: tuple) -> bool:
-    if MODE != "auto" or d.overloads or _large[0]:
+    global _large
+    if MODE != "auto" or d.overloads or _large:
         return True
     if id(d) not in _cold:
         if _cached(d):
             return True
         _cold.add(id(d))
     if _elements(args) > BIG_ELEMENTS:
-        _large[0] = True
+        _large = True
         return True
     return _spent_s.get(id(d), 0.0) >= PYTHON_BUDGET_S
 
