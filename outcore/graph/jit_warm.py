@@ -37,6 +37,22 @@ def warm(path: str) -> int:
         return done
 
 
+def running(cache_dir: str) -> list:
+    """The background compiles now running into numba cache ``cache_dir`` (their
+    ``NUMBA_CACHE_DIR``), as ``psutil`` processes: for tests and benchmarks that wait for one
+    (psutil comes with the ``[test]`` extra)."""
+    import psutil
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if __spec__.name in " ".join(proc.info["cmdline"] or []) and \
+                    proc.environ().get("NUMBA_CACHE_DIR") == str(cache_dir):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
 if __name__ == "__main__":
     try:
         os.nice(10)

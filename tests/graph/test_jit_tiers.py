@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from outcore.graph import jit_warm
+
 pytest.importorskip("numba")
 
 PLAN = """
@@ -67,26 +69,13 @@ def test_a_small_plan_on_an_empty_cache_compiles_nothing_and_plans_as_python(tmp
         (plain["assignment"], plain["iteration_s"])
 
 
-def _warm_ups(cache: Path) -> list:
-    import psutil
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if "outcore.graph.jit_warm" in " ".join(proc.info["cmdline"] or []) and \
-                    proc.environ().get("NUMBA_CACHE_DIR") == str(cache):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
-
-
 def test_kernels_that_ran_as_python_are_compiled_for_the_next_process(tmp_path):
     cache = tmp_path / "numba"
     first = _run(LEVELS, tmp_path, OUTCORE_JIT="auto", OUTCORE_JIT_WARM="1")
     assert not first["compiled"] and first["python"]["outcore.graph.level_kernel.top_levels"]
     deadline = time.monotonic() + 180
     while True:  # the warm-up started as the first process ended: wait for it to end
-        running = _warm_ups(cache)
+        running = jit_warm.running(str(cache))
         if not running and list(cache.rglob("level_kernel.top_levels-*.nbi")):
             break
         if time.monotonic() > deadline:
