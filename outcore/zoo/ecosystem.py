@@ -221,11 +221,21 @@ def _made_config(model_type: str, kwargs: dict[str, Any], opts: dict[str, Any]) 
         config = AutoConfig.for_model(model_type, **kwargs)
     finally:
         said.removeFilter(_token_id_warning)
-    config.use_cache = False  # a cache in the output is not a pytree and training needs none
+    _no_cache(config)
     _fit_heads(config, opts)
-    _fit_token_ids(config, opts)
+    _fit_token_ids(config, opts, model_type)
     _no_dropout(config, float(opts.get("dropout", 0.0)))
     return config
+
+
+def _no_cache(config: Any) -> None:
+    """No key/value cache in the config or any part of a composite one (Gemma 3n's text
+    model): a cache in the output is not a pytree, and training needs none."""
+    config.use_cache = False
+    for name in getattr(type(config), "sub_configs", {}) or {}:
+        sub = getattr(config, name, None)
+        if sub is not None and hasattr(sub, "use_cache"):
+            sub.use_cache = False
 
 
 def _fit_heads(config: Any, opts: dict[str, Any]) -> None:
@@ -258,10 +268,14 @@ def _token_id_warning(record: logging.LogRecord) -> bool:
     return "within the vocabulary" not in record.getMessage()
 
 
-def _fit_token_ids(config: Any, opts: dict[str, Any]) -> None:
+def _fit_token_ids(config: Any, opts: dict[str, Any], model_type: str) -> None:
     """Special token ids of the full vocabulary (Marian pads with id 58100) past the tiny one
     (an embedding's ``padding_idx`` must lie inside it): the last ids of the tiny vocabulary,
-    unless given."""
+    unless given. A masked-LM encoder without a padding id (ESM's and Funnel's defaults; their
+    checkpoints have one) cannot run its own forward, which finds positions by comparing the
+    tokens with it: it gets the last id too."""
+    from transformers.models.auto import modeling_auto as ma
+
     vocab = getattr(config, "vocab_size", None)
     if not isinstance(vocab, int) or vocab < len(_TOKEN_IDS) + 1:
         return
@@ -269,6 +283,9 @@ def _fit_token_ids(config: Any, opts: dict[str, Any]) -> None:
         value = getattr(config, key, None)
         if key not in opts and isinstance(value, int) and value >= vocab:
             setattr(config, key, vocab - 1 - j)
+    if "pad_token_id" not in opts and model_type in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES and \
+            getattr(config, "pad_token_id", 0) is None:
+        config.pad_token_id = vocab - 1
 
 
 def hf_task(model_type: str, task: str | None) -> str:
@@ -439,7 +456,7 @@ def folder_config(folder: Path, opts: dict[str, Any]) -> Any:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    config.use_cache = False
+    _no_cache(config)
     if "dropout" in opts:
         _no_dropout(config, float(opts["dropout"]))
     return config

@@ -44,6 +44,10 @@ def test_timm_float64_and_regression_head():
      and c.text_config.num_hidden_layers == 2),
     # a layer pattern that does not allow 2 layers (GPT-Neo): its own layer count, tiny widths
     ("hf:gpt_neo", lambda c: c.hidden_size == 64),
+    # a masked LM without a padding id (ESM finds positions by comparing tokens with it)
+    ("hf:esm", lambda c: c.pad_token_id == c.vocab_size - 1),
+    # no key/value cache in any part of a composite model (a cache is not a pytree)
+    ("hf:gemma3", lambda c: c.use_cache is False and c.text_config.use_cache is False),
 ])
 def test_tiny_hugging_face_sizes_agree_with_each_model_type(name, check):
     pytest.importorskip("transformers")
@@ -105,3 +109,9 @@ def test_a_type_that_is_neither_a_language_model_nor_a_classifier_says_so():
     from outcore.errors import ModelError
     with pytest.raises(ModelError, match="not a language model, text classifier or image"):
         build_model("hf:maskformer-swin", batch_size=2)
+
+
+def test_a_masked_lm_without_a_padding_id_runs_its_forward():
+    pytest.importorskip("transformers")
+    spec, net = build_model("hf:esm", batch_size=2)
+    assert net(*spec.example_inputs).logits.shape[:2] == spec.example_inputs[0].shape
