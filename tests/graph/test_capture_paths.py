@@ -207,3 +207,122 @@ def test_a_linear_subclass_using_another_weight_is_not_rewritten():
 
     g = capture(Net(), torch.randn(2, 4), path="export")
     assert "linear" not in {g.op_of(i) for i in range(g.num_nodes)}
+
+
+class PreTrainedModel(nn.Module):
+    """Stands for transformers' base class (outcore recognises Hugging Face models by it)."""
+
+
+class PlainBranch(nn.Module):
+    """Branches on a tensor's value (Longformer's ``if is_global_attn:``): torch.export
+    cannot guard on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        if (mask > 1).any():
+            x = x * 2
+        return self.lin(x).sum(-1)
+
+
+class BranchOnValue(PlainBranch, PreTrainedModel):
+    """The same, as a Hugging Face model."""
+
+
+def test_a_branch_on_a_tensor_value_is_exported_as_the_example_takes_it(caplog, capsys):
+    """export fails on the branch; the draft export takes it as the example does, a warning
+    names it, the graph equals the model on such data at any batch, and torch's partial graph
+    is not printed."""
+    from outcore.graph.capture.export import export_trace
+
+    torch.manual_seed(0)
+    net = BranchOnValue()
+    x, mask = torch.randn(4, 8), torch.ones(4, 8, dtype=torch.long)
+    with caplog.at_level("WARNING", logger="outcore.graph.capture.export"):
+        gm, _ = export_trace(net, (x, mask))
+    assert "if (mask > 1).any(): -> False" in caplog.text
+    assert "def forward" not in capsys.readouterr().err
+    for rows in (4, 6):
+        xs, ms = torch.randn(rows, 8), torch.ones(rows, 8, dtype=torch.long)
+        torch.testing.assert_close(gm(xs, ms), net(xs, ms), rtol=0, atol=0)
+    assert not any("assert" in str(n.target) for n in gm.graph.nodes)
+
+
+def test_a_branch_on_a_value_of_a_model_not_hugging_faces_is_refused(capsys):
+    """Outside Hugging Face models a branch on a value is taken to follow the data (``if
+    x.sum() > 0``): specialising it would train another program on other batches. The error
+    is one line; torch's partial graph is not printed."""
+    from outcore.errors import CaptureError
+    from outcore.graph.capture.export import export_trace
+
+    with pytest.raises(CaptureError, match="GuardOnDataDependentSymNode"):
+        export_trace(PlainBranch(), (torch.randn(4, 8), torch.ones(4, 8, dtype=torch.long)))
+    assert "def forward" not in capsys.readouterr().err
+
+
+def test_an_export_failure_not_on_a_value_is_still_refused():
+    from outcore.errors import CaptureError
+    from outcore.graph.capture.export import export_trace
+
+    class Holder:
+        def __init__(self, t):
+            self.t = t
+
+    class Bad(nn.Module):
+        def forward(self, x):
+            return Holder(x * 2)  # not a pytree: export refuses the output
+
+    with pytest.raises(CaptureError, match="torch.export cannot capture Bad"):
+        export_trace(Bad(), (torch.randn(2, 3),))
+
+
+class Steps(nn.Module):
+    """Reads a 4-D tensor step by step (Mamba's scan: ``discrete_A[:, :, i]``), which exports
+    as two whole-dimension slices before each select."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):  # x: [b, 4, 6, 8]
+        a = torch.exp(self.lin(x))
+        s = torch.zeros_like(a[:, :, 0])
+        for i in range(a.shape[2]):
+            s = a[:, :, i] * s + 1
+        return s.sum(-1)
+
+
+def test_whole_dimension_slices_are_not_kept():
+    """The exported graph keeps no slice that spans a whole dimension (each one's backward
+    makes a zero tensor of its input's size); values and gradients equal the model's, at the
+    captured batch and another."""
+    from outcore.graph.capture.export import export_trace
+
+    torch.manual_seed(0)
+    net = Steps()
+    gm, _ = export_trace(net, (torch.randn(2, 4, 6, 8),))
+    slices = [n for n in gm.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    assert not slices
+    assert sum(n.target is torch.ops.aten.select.int for n in gm.graph.nodes) == 7  # and a[:, :, 0]
+    for rows in (2, 3):
+        x = torch.randn(rows, 4, 6, 8)
+        out = gm(x)
+        torch.testing.assert_close(out, net(x), rtol=0, atol=0)
+        got = torch.autograd.grad(out.sum(), gm.get_submodule("lin").weight)[0]
+        want = torch.autograd.grad(net(x).sum(), net.lin.weight)[0]
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_slice_that_cuts_stays():
+    from outcore.graph.capture.export import export_trace
+
+    class Cut(nn.Module):
+        def forward(self, x):
+            return x[:, 1:] * 2 + x[:, :3].sum()
+
+    gm, _ = export_trace(Cut(), (torch.randn(2, 5),))
+    assert sum(n.target is torch.ops.aten.slice.Tensor for n in gm.graph.nodes) == 2
+    x = torch.randn(4, 5)
+    torch.testing.assert_close(gm(x), Cut()(x))

@@ -66,8 +66,7 @@ def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     try:
         if cache:  # a cache object in the output is not a pytree; training never uses it
             config.use_cache = False
-        ep = torch.export.export(model, tuple(inputs), strict=False,
-                                 dynamic_shapes=_batch_dynamic(inputs))
+        ep = _exported(model, tuple(inputs))
     except Exception as e:  # export failures come in many types: one message for all
         text = str(e).strip().splitlines()
         raise CaptureError(
@@ -80,6 +79,7 @@ def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     unlifted = ep.module()
     graph = unlifted.graph
     _drop_checks(graph)
+    _drop_whole_slices(graph)
     key = _select_output(graph, unlifted, output_key)
     graph._codegen = fx.graph.CodeGen()  # plain positional inputs, plain outputs
     _canonical_linears(model, graph)
@@ -92,6 +92,110 @@ def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     follow_module_device(gm)  # no call pinned to the device of capture
     gm.recompile()
     return gm, key
+
+
+def _exported(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
+    """``torch.export`` of ``model`` (non-strict, batch dimension symbolic). A Hugging Face
+    model whose Python branches on a tensor's value (Longformer's and LED's ``if
+    is_global_attn:``, from the attention mask) cannot be exported soundly: it is exported
+    again by ``draft_export``, which takes each such branch the way the example inputs take
+    it, and a warning names the branches. outcore's own data (attention masks of ones) takes
+    them the same way every step. Other models are refused as before: a branch on the data
+    itself (``if x.sum() > 0``) would train another program on other batches.
+
+    The partial graph torch prints to stderr when an export fails (a graph's whole source) is
+    not shown; anything else written there is passed on."""
+    dynamic = _batch_dynamic(inputs)
+    try:
+        with _quiet_partial_graph():
+            return torch.export.export(model, inputs, strict=False, dynamic_shapes=dynamic)
+    except Exception as e:  # noqa: BLE001 - only a data-dependent branch is retried
+        if not (_data_dependent(e) and is_hf_model(model)):
+            raise
+        first = e
+    from torch.export import draft_export
+
+    with _quiet_partial_graph(all_text=True):
+        try:
+            ep = draft_export(model, inputs, dynamic_shapes=dynamic)
+        except Exception:  # noqa: BLE001 - the first failure says more
+            raise first from None
+    branches = _specialised_branches(getattr(ep, "_report", None))
+    key = (type(model).__name__, branches)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning("%s branches on tensor values (%s); its graph takes each branch as the "
+                    "example inputs do, and data that takes another trains another program",
+                    type(model).__name__, "; ".join(branches) or "unnamed")
+    return ep
+
+
+_WARNED: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _data_dependent(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it came from) is a guard on a tensor's value."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if any("DataDependent" in c.__name__ for c in type(seen).__mro__):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _specialised_branches(report: Any) -> tuple[str, ...]:
+    """``draft_export``'s specialised data-dependent branches, as ``line N: code (-> value)``."""
+    import ast
+
+    out: list[str] = []
+    for failure in getattr(report, "failures", ()) or ():
+        data = getattr(failure, "data", None)
+        if not isinstance(data, dict) or "expr" not in data:
+            continue
+        try:
+            frames = ast.literal_eval(str(data.get("user_stack", "[]")))
+            frame = frames[-1] if frames else {}
+        except (ValueError, SyntaxError):
+            frame = {}
+        where = f"line {frame.get('line', '?')}: {frame.get('loc', data['expr'])}"
+        out.append(f"{where} -> {data.get('result', '?')}")
+    return tuple(dict.fromkeys(out))
+
+
+class _quiet_partial_graph:
+    """Hold what is printed to ``sys.stderr`` while exporting; a failed export's partial graph
+    (torch prints ``partial_fx_graph`` before raising) is dropped, the rest written on. With
+    ``all_text`` (a draft export, whose report is turned into one warning) nothing is. The
+    shape solver's warnings about unbacked symbols ("Unable to find user code corresponding
+    to {u0}") are held back too: the error or the warning above says what they mean."""
+
+    _SOLVER = "torch.fx.experimental.symbolic_shapes"
+
+    def __init__(self, all_text: bool = False) -> None:
+        self.all_text = all_text
+
+    def __enter__(self) -> None:
+        import contextlib
+        import io
+
+        self.buffer = io.StringIO()
+        self.redirect = contextlib.redirect_stderr(self.buffer)
+        self.redirect.__enter__()
+        solver = logging.getLogger(self._SOLVER)
+        self.level = solver.level
+        solver.setLevel(logging.ERROR)
+
+    def __exit__(self, kind: Any, e: BaseException | None, tb: Any) -> None:
+        import sys
+
+        logging.getLogger(self._SOLVER).setLevel(self.level)
+        self.redirect.__exit__(kind, e, tb)
+        text = self.buffer.getvalue()
+        partial = str(getattr(e, "partial_fx_graph", "") or "")
+        if partial:
+            text = text.replace(partial, "")
+        if text.strip() and not self.all_text:
+            sys.stderr.write(text)
 
 
 def _batch_dynamic(inputs: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
@@ -115,6 +219,32 @@ def _drop_checks(graph: fx.Graph) -> None:
             graph.erase_node(n)
         elif n.op == "call_function" and not n.users and \
                 any(t in str(n.target) for t in _DROPPED_TARGETS):
+            graph.erase_node(n)
+
+
+def _drop_whole_slices(graph: fx.Graph) -> None:
+    """Slices that keep a whole dimension (``x[:, :, i]`` exports as two such slices before
+    the select) read their input itself. Each is a view in the forward, but its backward makes
+    a zero tensor of the input's size and copies the gradient into it: a Mamba scan's
+    ``discrete_A[:, :, i]`` made two extra full-size gradients per step, memory the program
+    does not need. Such a slice is replaced by its input (the same values, and the same
+    storage for writes through later views)."""
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target is not torch.ops.aten.slice.Tensor:
+            continue
+        x = n.args[0]
+        dim, start, end, step = (list(n.args[1:]) + [0, None, None, 1][len(n.args) - 1:])[:4]
+        dim = n.kwargs.get("dim", dim)
+        start, end, step = (n.kwargs.get("start", start), n.kwargs.get("end", end),
+                            n.kwargs.get("step", step))
+        val = x.meta.get("val") if isinstance(x, fx.Node) else None
+        if not isinstance(val, torch.Tensor) or step != 1 or start not in (0, None):
+            continue
+        size = val.shape[dim] if -val.dim() <= dim < val.dim() else None
+        whole = end is None or (isinstance(end, int) and
+                                (end >= 2 ** 62 or isinstance(size, int) and end >= size))
+        if whole:
+            n.replace_all_uses_with(x)
             graph.erase_node(n)
 
 
