@@ -45,7 +45,7 @@ from outcore.plan.pieces import Pieces
 from outcore.schedule.backward import backward_working, pinned_gradients, requires_gradient
 from outcore.schedule.ir import ENTRY_MIN_BYTES
 from outcore.schedule.shared import shared_copies, shared_reads
-from outcore.schedule.workspace import gather_scratch, workspace_bytes
+from outcore.schedule.workspace import broadcast_scratch, gather_scratch, workspace_bytes
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,6 +178,9 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     gathers = gather_scratch(g)  # tensor parallelism's gathered outputs, on every device
     if gathers is not None:
         ws_f, ws_b = ws_f + gathers[0], ws_b + gathers[1]
+    broadcast = broadcast_scratch(g)  # broadcast inputs' gradients at full size, likewise
+    if broadcast is not None:
+        ws_b = ws_b + broadcast
     if loss_s is not None:
         for v in g.nodes_with_op("output").tolist():
             f, b = loss_s(loss_bytes(g, v))

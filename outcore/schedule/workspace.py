@@ -14,7 +14,7 @@ import numpy as np
 from outcore.cost.analytical import HALF_DTYPES, draws_random, itemsize as dtype_itemsize
 from outcore.graph.ir import Graph
 
-__all__ = ["workspace", "workspace_bytes", "gather_scratch", "matmul_scratch"]
+__all__ = ["broadcast_scratch", "workspace", "workspace_bytes", "gather_scratch", "matmul_scratch"]
 
 
 def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -139,6 +139,52 @@ def gather_scratch(g: Graph) -> tuple[np.ndarray, np.ndarray] | None:
     fwd[idx] = out + out / tp
     bwd[idx] = out / tp
     return fwd, bwd
+
+
+# element-wise products and differences whose backward makes each input's gradient at the
+# output's size before the engine sums it down to a broadcast input's shape
+_BROADCAST_BACKWARD = {"mul": 1, "mul_": 1, "div": 1, "div_": 1, "truediv": 1, "sub": 1,
+                       "sub_": 1, "rsub": 1}
+
+
+def broadcast_scratch(g: Graph) -> np.ndarray | None:
+    """Per node, the memory the backward of an element-wise product (or quotient, or
+    difference) takes beyond the gradients the graph shows, on any device: the gradient of an
+    input broadcast to the output's shape (an RMSNorm's weight, Mamba's ``A * dt`` of shapes
+    ``[1, d, 1, n]`` and ``[b, d, l, 1]``) is made at the output's size and only then summed
+    down to the input's. A product makes both inputs' gradients before either is summed, so
+    their full sizes are held together. Inputs that need no gradient are not counted (an input
+    order the graph cannot tell counts every broadcast input). None when no node has one."""
+    if g.ops is None or g.attrs is None:
+        return None
+    from outcore.schedule.backward import requires_gradient
+
+    needs = requires_gradient(g)
+    out = np.zeros(g.num_nodes)
+    found = False
+    for op, idx in g._nodes_by_op.items():
+        if op.lower() not in _BROADCAST_BACKWARD:
+            continue
+        for i in idx.tolist():
+            if not needs[i]:
+                continue
+            shape, ins = g.attr(i, "shape"), g.attr(i, "in_shapes")
+            if not shape or not ins or not isinstance(shape, (list, tuple)):
+                continue
+            size = float(np.prod(shape, dtype=np.float64))
+            preds = g.predecessors(i).tolist()
+            known = len(preds) == len(ins)
+            extra = 0.0
+            for k, s in enumerate(ins):
+                if not isinstance(s, (list, tuple)):
+                    continue
+                part = float(np.prod(s, dtype=np.float64))
+                if 0 < part < size and (not known or needs[preds[k]]):
+                    extra += float(g.out_bytes[i]) * (1.0 - part / size)
+            if extra:
+                out[i] = extra
+                found = True
+    return out if found else None
 
 
 def _workspace_kind(op: str) -> str:
