@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_any, tree_map
 
 from outcore.graph.capture import weightless_mode
+from outcore.graph.capture.export import remember_values
 
 __all__ = ["built_in_part", "fake_inputs", "parameters_on_meta", "probe", "registered",
            "weightless"]
@@ -235,7 +236,12 @@ def fake_inputs(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[tor
     """``inputs`` as fake tensors of a :func:`weightless` model's mode (as they are for any
     other model)."""
     mode = weightless_mode(model)
-    return inputs if mode is None else tuple(mode.from_tensor(x) for x in inputs)
+    if mode is None:
+        return inputs
+    fakes = tuple(mode.from_tensor(x) for x in inputs)
+    for fake, x in zip(fakes, inputs):
+        remember_values(fake, x)  # for a capture that must run the model on values
+    return fakes
 
 
 def probe(build: Callable[[], Any]) -> None:

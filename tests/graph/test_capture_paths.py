@@ -231,12 +231,15 @@ class BranchOnValue(PlainBranch, PreTrainedModel):
     """The same, as a Hugging Face model."""
 
 
-def test_a_branch_on_a_tensor_value_is_exported_as_the_example_takes_it(caplog, capsys):
+def test_a_branch_on_a_tensor_value_is_exported_as_the_example_takes_it(caplog, capsys,
+                                                                       monkeypatch):
     """export fails on the branch; the draft export takes it as the example does, a warning
     names it, the graph equals the model on such data at any batch, and torch's partial graph
     is not printed."""
+    from outcore.graph.capture import export
     from outcore.graph.capture.export import export_trace
 
+    monkeypatch.setattr(export, "_WARNED", set())  # warned once per process
     torch.manual_seed(0)
     net = BranchOnValue()
     x, mask = torch.randn(4, 8), torch.ones(4, 8, dtype=torch.long)
@@ -326,3 +329,24 @@ def test_a_slice_that_cuts_stays():
     assert sum(n.target is torch.ops.aten.slice.Tensor for n in gm.graph.nodes) == 2
     x = torch.randn(4, 5)
     torch.testing.assert_close(gm(x), Cut()(x))
+
+
+def test_a_branch_on_a_value_is_taken_on_a_model_built_without_its_weights(caplog, monkeypatch):
+    """Planning builds the model without its weights and captures it on fake inputs: the draft
+    export runs it on stand-in weights and the inputs' own values, and the graph is the one
+    the model with weights gives."""
+    from outcore.graph.capture import export
+    from outcore.graph.capture.export import export_trace
+    from outcore.zoo.weightless import fake_inputs, weightless
+
+    monkeypatch.setattr(export, "_WARNED", set())  # warned once per process
+    torch.manual_seed(0)
+    net = weightless(BranchOnValue)
+    x, mask = torch.randn(4, 8), torch.ones(4, 8, dtype=torch.long)
+    with caplog.at_level("WARNING", logger="outcore.graph.capture.export"):
+        gm, _ = export_trace(net, fake_inputs(net, (x, mask)))
+    assert "-> False" in caplog.text
+    real, _ = export_trace(BranchOnValue(), (x, mask))
+    assert [n.name for n in gm.graph.nodes] == [n.name for n in real.graph.nodes]
+    assert all(type(p).__name__ == "FakeTensor" or p.device.type == "meta"
+               for p in net.parameters())  # its own parameters are back

@@ -25,6 +25,7 @@ match the graph whatever its micro-batch.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -115,9 +116,10 @@ def _exported(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
         first = e
     from torch.export import draft_export
 
-    with _quiet_partial_graph(all_text=True):
+    real = tuple(_values_of(x) for x in inputs)
+    with _quiet_partial_graph(all_text=True), _real_parameters(model):
         try:
-            ep = draft_export(model, inputs, dynamic_shapes=dynamic)
+            ep = draft_export(model, real, dynamic_shapes=dynamic)
         except Exception:  # noqa: BLE001 - the first failure says more
             raise first from None
     branches = _specialised_branches(getattr(ep, "_report", None))
@@ -131,6 +133,54 @@ def _exported(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
 
 
 _WARNED: set[tuple[str, tuple[str, ...]]] = set()
+_VALUES: dict[int, tuple[Any, torch.Tensor]] = {}  # id(fake) -> (weak ref to it, values)
+
+
+def remember_values(fake: torch.Tensor, real: torch.Tensor) -> None:
+    """The values of a fake input (a model built without its weights is captured on fake
+    tensors): ``draft_export`` runs the model on them to take its branches. Kept while the
+    fake tensor lives."""
+    key = id(fake)
+    _VALUES[key] = (weakref.ref(fake), real)
+    weakref.finalize(fake, _VALUES.pop, key, None)
+
+
+def _values_of(x: Any) -> Any:
+    """The values remembered for a fake tensor ``x``, else ``x``."""
+    entry = _VALUES.get(id(x))
+    return entry[1] if entry is not None and entry[0]() is x else x
+
+
+class _real_parameters:
+    """Real values, for the duration, for parameters built without them (fake tensors: a
+    model built for capture and estimated costs, or a rank's model before it builds its
+    part): ``draft_export`` runs the model on real tensors to take its branches. The values
+    are seeded random numbers (a branch on the attention mask does not read them); tied
+    parameters stay tied, and the model's own parameters are put back after."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
+
+    def __enter__(self) -> None:
+        from torch._subclasses.fake_tensor import is_fake
+
+        made: dict[int, nn.Parameter] = {}
+        gen = torch.Generator().manual_seed(0)
+        for owner in self.model.modules():
+            for name, p in list(owner._parameters.items()):
+                if p is None or not (is_fake(p) or p.device.type == "meta"):
+                    continue
+                if id(p) not in made:
+                    value = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.02
+                    made[id(p)] = nn.Parameter(value.to(p.dtype), requires_grad=p.requires_grad)
+                self.swapped.append((owner, name, p))
+                owner._parameters[name] = made[id(p)]
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, p in reversed(self.swapped):
+            owner._parameters[name] = p
+        self.swapped.clear()
 
 
 def _data_dependent(e: BaseException) -> bool:
