@@ -124,6 +124,9 @@ def one(model: str, run_dir: str, devices: int = 2, options: dict | None = None,
 
 
 def main() -> None:
+    from outcore.api import fixed_hash_seed
+
+    fixed_hash_seed()  # Gemma 4 iterates a set of strings: every process traces alike
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="*", help="model specs (default: the list above)")
     ap.add_argument("--hf", action="store_true", help="the Hugging Face types of HF_TYPES")

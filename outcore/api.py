@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -36,10 +37,26 @@ log = logging.getLogger(__name__)
 
 # the run configuration's command-line side (outcore.config), for the CLI
 __all__ = ["PlanRequest", "add_options", "capture", "check_fits", "estimate", "export",
-           "from_args",
+           "fixed_hash_seed", "from_args",
            "given", "load_graph", "load_plan", "lower", "make_cluster", "model_graph",
            "parallelize", "plan", "plan_request", "plan_request_of", "profile", "save_graph",
            "save_plan", "simulate", "strategies"]
+
+
+def fixed_hash_seed() -> None:
+    """Run this program with ``PYTHONHASHSEED=0`` (started again so, once, when it is not
+    set: call it first, before any work), which its worker processes inherit; the ``outcore``
+    command does. Python hashes strings with a seed of its own in
+    each process, and a model's code that iterates a set of strings (Gemma 4 computes its
+    rotary tables over ``set(config.layer_types)``) traced in another order in the planning
+    process than in the workers; with one seed every process traces alike. A seed the user
+    sets is kept."""
+    if "PYTHONHASHSEED" in os.environ or not getattr(sys, "orig_argv", None):
+        return
+    os.environ["PYTHONHASHSEED"] = "0"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, sys.orig_argv)
 
 
 @speaks_api

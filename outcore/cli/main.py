@@ -12,6 +12,7 @@ import os
 import sys
 
 from outcore import __version__
+from outcore.api import fixed_hash_seed
 from outcore.errors import OutcoreError, cli_spelling
 
 
@@ -70,6 +71,7 @@ def run() -> None:
     skipping C++ static destructors, one of which intermittently aborted a finished rank under
     mpirun ("terminate called without an active exception", exit 134) after the run had
     written everything."""
+    fixed_hash_seed()  # planning process and workers trace alike (a seed set is kept)
     code = main()
     from outcore.api import launcher
     if launcher()[0] != "none":

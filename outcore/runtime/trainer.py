@@ -58,6 +58,14 @@ from outcore.schedule.lower import Lowered, lower
 log = logging.getLogger(__name__)
 
 
+def _first_difference(traced: list[str], planned: list[str]) -> str:
+    """Where two lists of node names first differ, in words."""
+    for i, (a, b) in enumerate(zip(traced, planned)):
+        if a != b:
+            return f"node {i} is {a} here, {b} in the graph"
+    return f"{len(traced)} nodes here, {len(planned)} in the graph"
+
+
 def layer_plan(fine: Graph, plan: Plan) -> Plan:
     """``plan`` on the layer-level nodes of ``fine`` (a plan may be made at any collapse depth
     of the graph): assignment and memory-policy groups of every layer."""
@@ -179,9 +187,15 @@ class Trainer:
             par.on_model(build)
         gm = build.gm = retrace(model, tuple(micro_inputs), graph.meta).gm
         set_shards(0, 1, {}, 0)  # no value is split (tensor parallelism says otherwise)
-        if [n.name for n in gm.graph.nodes] != [graph.name_of(i) for i in range(graph.num_nodes)]:
-            raise PlanError("the graph does not match the model's trace: capture the graph "
-                            "from this model (same options) and plan again")
+        traced = [n.name for n in gm.graph.nodes]
+        planned = [graph.name_of(i) for i in range(graph.num_nodes)]
+        if traced != planned:
+            where = _first_difference(traced, planned)
+            raise PlanError(f"the graph does not match the model's trace ({where}): "
+                            "capture the graph from this model (same options) and plan "
+                            "again; if it was, the model traces differently in each process "
+                            "(a set of strings iterated in hash order: set PYTHONHASHSEED=0 "
+                            "before starting Python)")
         for par in parallelisms:
             par.on_trace(build)
         low = build.lowered = lower_for_training(
