@@ -24,9 +24,12 @@ match the graph whatever its micro-batch.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -151,36 +154,32 @@ def _values_of(x: Any) -> Any:
     return entry[1] if entry is not None and entry[0]() is x else x
 
 
-class _real_parameters:
+@contextlib.contextmanager
+def _real_parameters(model: nn.Module) -> Iterator[None]:
     """Real values, for the duration, for parameters built without them (fake tensors: a
     model built for capture and estimated costs, or a rank's model before it builds its
     part): ``draft_export`` runs the model on real tensors to take its branches. The values
     are seeded random numbers (a branch on the attention mask does not read them); tied
     parameters stay tied, and the model's own parameters are put back after."""
+    from torch._subclasses.fake_tensor import is_fake
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
-
-    def __enter__(self) -> None:
-        from torch._subclasses.fake_tensor import is_fake
-
-        made: dict[int, nn.Parameter] = {}
-        gen = torch.Generator().manual_seed(0)
-        for owner in self.model.modules():
+    made: dict[int, nn.Parameter] = {}
+    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for owner in model.modules():
             for name, p in list(owner._parameters.items()):
                 if p is None or not (is_fake(p) or p.device.type == "meta"):
                     continue
                 if id(p) not in made:
                     value = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.02
                     made[id(p)] = nn.Parameter(value.to(p.dtype), requires_grad=p.requires_grad)
-                self.swapped.append((owner, name, p))
+                swapped.append((owner, name, p))
                 owner._parameters[name] = made[id(p)]
-
-    def __exit__(self, *exc: Any) -> None:
-        for owner, name, p in reversed(self.swapped):
+        yield
+    finally:
+        for owner, name, p in reversed(swapped):
             owner._parameters[name] = p
-        self.swapped.clear()
 
 
 def _data_dependent(e: BaseException) -> bool:
@@ -212,39 +211,31 @@ def _specialised_branches(report: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-class _quiet_partial_graph:
+_SOLVER = "torch.fx.experimental.symbolic_shapes"
+
+
+@contextlib.contextmanager
+def _quiet_partial_graph(all_text: bool = False) -> Iterator[None]:
     """Hold what is printed to ``sys.stderr`` while exporting; a failed export's partial graph
     (torch prints ``partial_fx_graph`` before raising) is dropped, the rest written on. With
     ``all_text`` (a draft export, whose report is turned into one warning) nothing is. The
     shape solver's warnings about unbacked symbols ("Unable to find user code corresponding
     to {u0}") are held back too: the error or the warning above says what they mean."""
-
-    _SOLVER = "torch.fx.experimental.symbolic_shapes"
-
-    def __init__(self, all_text: bool = False) -> None:
-        self.all_text = all_text
-
-    def __enter__(self) -> None:
-        import contextlib
-        import io
-
-        self.buffer = io.StringIO()
-        self.redirect = contextlib.redirect_stderr(self.buffer)
-        self.redirect.__enter__()
-        solver = logging.getLogger(self._SOLVER)
-        self.level = solver.level
-        solver.setLevel(logging.ERROR)
-
-    def __exit__(self, kind: Any, e: BaseException | None, tb: Any) -> None:
-        import sys
-
-        logging.getLogger(self._SOLVER).setLevel(self.level)
-        self.redirect.__exit__(kind, e, tb)
-        text = self.buffer.getvalue()
+    buffer = io.StringIO()
+    solver = logging.getLogger(_SOLVER)
+    level = solver.level
+    solver.setLevel(logging.ERROR)
+    partial = ""
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    except Exception as e:
         partial = str(getattr(e, "partial_fx_graph", "") or "")
-        if partial:
-            text = text.replace(partial, "")
-        if text.strip() and not self.all_text:
+        raise
+    finally:
+        solver.setLevel(level)
+        text = buffer.getvalue().replace(partial, "") if partial else buffer.getvalue()
+        if text.strip() and not all_text:
             sys.stderr.write(text)
 
 
@@ -282,11 +273,10 @@ def _drop_whole_slices(graph: fx.Graph) -> None:
     for n in list(graph.nodes):
         if n.op != "call_function" or n.target is not torch.ops.aten.slice.Tensor:
             continue
-        x = n.args[0]
-        dim, start, end, step = (list(n.args[1:]) + [0, None, None, 1][len(n.args) - 1:])[:4]
-        dim = n.kwargs.get("dim", dim)
-        start, end, step = (n.kwargs.get("start", start), n.kwargs.get("end", end),
-                            n.kwargs.get("step", step))
+        x, given = n.args[0], list(n.args[1:])
+        dim, start, end, step = given + [0, None, None, 1][len(given):]
+        dim, start, end, step = (n.kwargs.get(k, v) for k, v in
+                                 zip(("dim", "start", "end", "step"), (dim, start, end, step)))
         val = x.meta.get("val") if isinstance(x, fx.Node) else None
         if not isinstance(val, torch.Tensor) or step != 1 or start not in (0, None):
             continue

@@ -132,6 +132,7 @@ def _thread_view_writes(graph: fx.Graph) -> int:
     many uses were moved."""
     moved = 0
     latest: dict[fx.Node, fx.Node] = {}  # base -> the node holding its newest value
+    order: dict[fx.Node, float] = {n: i for i, n in enumerate(graph.nodes)}
     for w in list(graph.nodes):
         if w.op != "call_function" or not isinstance(w.target, torch._ops.OpOverload) \
                 or not w.args or not isinstance(w.args[0], fx.Node):
@@ -146,7 +147,6 @@ def _thread_view_writes(graph: fx.Graph) -> int:
             base = base.args[0]
         if not chain:
             continue  # a direct write: threaded above
-        order = {n: i for i, n in enumerate(graph.nodes)}
         current = latest.get(base, base)
         readers = [r for v in dict.fromkeys((base, current)) for r in v.users
                    if order[r] > order[w]]
@@ -154,6 +154,7 @@ def _thread_view_writes(graph: fx.Graph) -> int:
             continue
         with graph.inserting_after(w):
             new = graph.call_function(written_base, (current, w, tuple(reversed(chain))))
+        order[new] = order[w] + 0.5  # right after the write, before the next node
         for r in readers:
             for v in (base, current):
                 if v in r.all_input_nodes and r is not new:
