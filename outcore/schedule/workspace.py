@@ -143,8 +143,8 @@ def gather_scratch(g: Graph) -> tuple[np.ndarray, np.ndarray] | None:
 
 # element-wise products and differences whose backward makes each input's gradient at the
 # output's size before the engine sums it down to a broadcast input's shape
-_BROADCAST_BACKWARD = {"mul": 1, "mul_": 1, "div": 1, "div_": 1, "truediv": 1, "sub": 1,
-                       "sub_": 1, "rsub": 1}
+_BROADCAST_BACKWARD = frozenset({"mul", "mul_", "div", "div_", "truediv", "sub", "sub_",
+                                 "rsub"})
 
 
 def broadcast_scratch(g: Graph) -> np.ndarray | None:
@@ -161,7 +161,6 @@ def broadcast_scratch(g: Graph) -> np.ndarray | None:
 
     needs = requires_gradient(g)
     out = np.zeros(g.num_nodes)
-    found = False
     for op, idx in g._nodes_by_op.items():
         if op.lower() not in _BROADCAST_BACKWARD:
             continue
@@ -174,17 +173,13 @@ def broadcast_scratch(g: Graph) -> np.ndarray | None:
             size = float(np.prod(shape, dtype=np.float64))
             preds = g.predecessors(i).tolist()
             known = len(preds) == len(ins)
-            extra = 0.0
             for k, s in enumerate(ins):
                 if not isinstance(s, (list, tuple)):
                     continue
                 part = float(np.prod(s, dtype=np.float64))
                 if 0 < part < size and (not known or needs[preds[k]]):
-                    extra += float(g.out_bytes[i]) * (1.0 - part / size)
-            if extra:
-                out[i] = extra
-                found = True
-    return out if found else None
+                    out[i] += float(g.out_bytes[i]) * (1.0 - part / size)
+    return out if out.any() else None
 
 
 def _workspace_kind(op: str) -> str:

@@ -94,7 +94,7 @@ def thread_in_place(graph: fx.Graph, root: nn.Module) -> int:
             if r is not w and order[r] > order[w]:
                 r.replace_input_with(x, w)
                 moved += 1
-    return moved + _thread_view_writes(graph)
+    return moved + _thread_view_writes(graph, root)
 
 
 def written_base(base: torch.Tensor, value: torch.Tensor, chain: tuple) -> torch.Tensor:
@@ -126,7 +126,7 @@ def _aliasing_view(n: fx.Node) -> bool:
         and isinstance(n.args[0], fx.Node)
 
 
-def _thread_view_writes(graph: fx.Graph) -> int:
+def _thread_view_writes(graph: fx.Graph, root: nn.Module) -> int:
     """For each ATen write into a view of another node's tensor (in graph order), make the
     base's readers after it read :func:`written_base` (see the module docstring). Returns how
     many uses were moved."""
@@ -134,12 +134,9 @@ def _thread_view_writes(graph: fx.Graph) -> int:
     latest: dict[fx.Node, fx.Node] = {}  # base -> the node holding its newest value
     order: dict[fx.Node, float] = {n: i for i, n in enumerate(graph.nodes)}
     for w in list(graph.nodes):
-        if w.op != "call_function" or not isinstance(w.target, torch._ops.OpOverload) \
-                or not w.args or not isinstance(w.args[0], fx.Node):
-            continue
-        schema = w.target._schema
-        first = schema.arguments[0].alias_info if schema.arguments else None
-        if first is None or not first.is_write or not _returns_first_arg(w):
+        if not isinstance(w.target, torch._ops.OpOverload) or not w.args \
+                or not isinstance(w.args[0], fx.Node) or not writes_first_arg(w, root) \
+                or not _returns_first_arg(w):
             continue
         chain, base = [], w.args[0]
         while _aliasing_view(base):
@@ -157,9 +154,8 @@ def _thread_view_writes(graph: fx.Graph) -> int:
         order[new] = order[w] + 0.5  # right after the write, before the next node
         for r in readers:
             for v in (base, current):
-                if v in r.all_input_nodes and r is not new:
+                if v in r.all_input_nodes:
                     r.replace_input_with(v, new)
                     moved += 1
         latest[base] = new
     return moved
-
