@@ -147,6 +147,29 @@ def test_model_failing_on_the_input_names_the_shape():
         capture(nn.Linear(4, 2), torch.randn(3, 5))
 
 
+class BranchesThenBreaks(nn.Module):
+    """fx cannot trace it (a branch on a value at the root) and its own addition fails on
+    an input of 3 tokens (a position table of 5, as a ViT's fixed for one image size)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.pos = nn.Parameter(torch.zeros(1, 5, 4))
+
+    def forward(self, x):
+        y = self.lin(x) + self.pos
+        return y * 2 if y.sum() > 0 else y
+
+
+def test_a_model_no_tracer_captures_is_named_when_it_fails_by_itself(capfd):
+    with pytest.raises(ModelError, match="shape 2x3x4: RuntimeError.*--input-shape"):
+        capture(BranchesThenBreaks(), torch.randn(2, 3, 4))
+    assert "Traceback" not in capfd.readouterr().err  # fake mode's log is held back
+    # the same model on an input it takes is refused for its branch, as before
+    with pytest.raises(CaptureError, match="cannot trace BranchesThenBreaks"):
+        capture(BranchesThenBreaks(), torch.randn(2, 5, 4))
+
+
 def test_shared_module_params_counted_once():
     class Tied(nn.Module):
         def __init__(self):

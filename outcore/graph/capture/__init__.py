@@ -131,6 +131,7 @@ def trace_model(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, leaves: I
             traced = Traced(gm, ())
         except CaptureError as export_error:
             if traced is None:
+                _raise_if_model_fails(model, inputs)
                 if fx_error is not None:  # both failed: say both
                     raise CaptureError(f"{fx_error}. Tried torch.export too: "
                                        f"{export_error}") from export_error
@@ -147,6 +148,35 @@ def trace_model(model: nn.Module, inputs: tuple[torch.Tensor, ...], *, leaves: I
     if key is not None:
         meta["output"] = key
     return traced, meta
+
+
+def _raise_if_model_fails(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    """Raise :class:`ModelError` when ``model`` itself fails on ``inputs`` (a patch size that
+    does not divide the image, a fixed-size attention bias): run once in fake mode, no memory,
+    no compute. Called when no tracer could capture it, so the user hears that the model, not
+    the tracer, refuses the input. A failure of fake mode itself (a value read with
+    ``.item()``) says nothing about the model and is not reported."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from outcore.graph.capture.export import held_logs
+
+    try:
+        with held_logs(), torch.no_grad(), weightless_mode(model) or \
+                FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            model(*(mode.from_tensor(x) for x in inputs))
+    except _MODEL_FAULTS as e:
+        if type(e).__module__.startswith("torch") or any(
+                w in str(e).lower() for w in ("fake", "meta tensor", "data-dependent")):
+            return
+        shapes = ", ".join("x".join(map(str, x.shape)) for x in inputs)
+        raise ModelError(f"the model fails on an input of shape {shapes}: "
+                         f"{type(e).__name__}: {_first_line(e)}; check --input-shape") from e
+    except Exception:  # noqa: BLE001 - fake mode could not run it: nothing to conclude
+        return
+
+
+# errors a model's own code raises on an input it cannot take (fake mode's own are torch's)
+_MODEL_FAULTS = (RuntimeError, ValueError, AssertionError, IndexError, TypeError)
 
 
 def retrace(model: nn.Module, inputs: tuple[torch.Tensor, ...], meta: dict[str, Any]) -> Traced:

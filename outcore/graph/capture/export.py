@@ -211,7 +211,23 @@ def _specialised_branches(report: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-_SOLVER = "torch.fx.experimental.symbolic_shapes"
+# loggers held to a level while exporting: the shape solver's warnings, fake mode's errors
+_HELD_LOGS = {"torch.fx.experimental.symbolic_shapes": logging.ERROR,
+              "torch._subclasses.fake_tensor": logging.CRITICAL}
+
+
+@contextlib.contextmanager
+def held_logs() -> Iterator[None]:
+    """Within the block the loggers of :data:`_HELD_LOGS` are held to their levels."""
+    held = {name: logging.getLogger(name) for name in _HELD_LOGS}
+    levels = {name: lg.level for name, lg in held.items()}
+    for name, lg in held.items():
+        lg.setLevel(_HELD_LOGS[name])
+    try:
+        yield
+    finally:
+        for name, lg in held.items():
+            lg.setLevel(levels[name])
 
 
 @contextlib.contextmanager
@@ -220,20 +236,17 @@ def _quiet_partial_graph(all_text: bool = False) -> Iterator[None]:
     (torch prints ``partial_fx_graph`` before raising) is dropped, the rest written on. With
     ``all_text`` (a draft export, whose report is turned into one warning) nothing is. The
     shape solver's warnings about unbacked symbols ("Unable to find user code corresponding
-    to {u0}") are held back too: the error or the warning above says what they mean."""
+    to {u0}") are held back too, and fake mode's traceback of an operator that fails on the
+    example's shapes: the error or the warning above says what they mean."""
     buffer = io.StringIO()
-    solver = logging.getLogger(_SOLVER)
-    level = solver.level
-    solver.setLevel(logging.ERROR)
     partial = ""
     try:
-        with contextlib.redirect_stderr(buffer):
+        with held_logs(), contextlib.redirect_stderr(buffer):
             yield
     except Exception as e:
         partial = str(getattr(e, "partial_fx_graph", "") or "")
         raise
     finally:
-        solver.setLevel(level)
         text = buffer.getvalue().replace(partial, "") if partial else buffer.getvalue()
         if text.strip() and not all_text:
             sys.stderr.write(text)
