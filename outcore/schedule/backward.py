@@ -151,15 +151,18 @@ def _foreign_held(g: Graph, order: np.ndarray, piece_of: np.ndarray,
 
 def _grad_edges(g: Graph) -> np.ndarray:
     """Per edge, the bytes of the gradient its consumer's backward returns along it: each
-    input it reads once (``x * x`` returns one gradient), none for an integer or boolean
-    tensor or the model's inputs, which have none. A backward makes all of them at once (a
-    product's two factors: GPT-2's GELU held three activations, measured, where the largest
-    input alone counted two)."""
+    input it reads once (``x * x`` returns one gradient), none for a tensor that requires
+    none (:func:`requires_gradient`: an integer or boolean tensor, the model's inputs, a float
+    copy of a one-hot or of a mask). A backward makes all of them at once (a product's two
+    factors: GPT-2's GELU held three activations, measured, where the largest input alone
+    counted two)."""
     # the same for the rescaled copies, which share the structure, ops and attributes
     known = memo(g.structure, "gradient edges")
-    key = (id(g.ops), id(g.attrs))
+    key = (id(g.ops), id(g.attrs), id(g.param_bytes))
     if key not in known:
-        carries = carries_gradient(g)
+        carries = requires_gradient(g)
+        if not carries.any():  # a graph without parameters (a synthetic one): every float
+            carries = carries_gradient(g)  # tensor is taken to carry one
         first = np.ones(g.num_edges, dtype=bool)  # the first edge of each (producer, consumer)
         if g.num_edges:
             order = np.lexsort((np.arange(g.num_edges), g.dst, g.src))
