@@ -45,7 +45,12 @@ from outcore.plan.pieces import Pieces
 from outcore.schedule.backward import backward_working, pinned_gradients, requires_gradient
 from outcore.schedule.ir import ENTRY_MIN_BYTES
 from outcore.schedule.shared import shared_copies, shared_reads
-from outcore.schedule.workspace import broadcast_scratch, gather_scratch, workspace_bytes
+from outcore.schedule.workspace import (
+    broadcast_scratch,
+    gather_scratch,
+    matmul_broadcast_scratch,
+    workspace_bytes,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,6 +186,9 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
     broadcast = broadcast_scratch(g)  # broadcast inputs' gradients at full size, likewise
     if broadcast is not None:
         ws_b = ws_b + broadcast
+    products = matmul_broadcast_scratch(g)  # a broadcast operand of a batched product, too
+    if products is not None:
+        ws_f, ws_b = ws_f + products[0], ws_b + products[1]
     if loss_s is not None:
         for v in g.nodes_with_op("output").tolist():
             f, b = loss_s(loss_bytes(g, v))

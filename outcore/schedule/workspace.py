@@ -7,14 +7,17 @@ add it on CPU devices."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from outcore.cost.analytical import HALF_DTYPES, draws_random, itemsize as dtype_itemsize
 from outcore.graph.ir import Graph
 
-__all__ = ["broadcast_scratch", "workspace", "workspace_bytes", "gather_scratch", "matmul_scratch"]
+__all__ = ["broadcast_scratch", "gather_scratch", "matmul_broadcast_scratch", "matmul_scratch",
+           "workspace", "workspace_bytes"]
 
 
 def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -171,15 +174,76 @@ def broadcast_scratch(g: Graph) -> np.ndarray | None:
             if not shape or not ins or not isinstance(shape, (list, tuple)):
                 continue
             size = float(np.prod(shape, dtype=np.float64))
-            preds = g.predecessors(i).tolist()
-            known = len(preds) == len(ins)
-            for k, s in enumerate(ins):
+            for s, grad in zip(ins, _inputs_need(g, i, ins, needs)):
                 if not isinstance(s, (list, tuple)):
                     continue
                 part = float(np.prod(s, dtype=np.float64))
-                if 0 < part < size and (not known or needs[preds[k]]):
+                if 0 < part < size and grad:
                     out[i] += float(g.out_bytes[i]) * (1.0 - part / size)
     return out if out.any() else None
+
+
+def matmul_broadcast_scratch(g: Graph) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per node, the memory (forward, backward) a batched matrix product with a broadcast
+    operand takes beyond the tensors the graph shows, on any device. ``a @ b`` with both
+    operands of three or more dimensions expands each to the output's batch dimensions and
+    copies it into one batch of matrices for ``bmm``: a broadcast operand (a table of shape
+    ``[2, k, n]`` against ``[b, 2, m, k]``, Gemma 4's position embeddings) is copied at the
+    output's batch size. The copy is saved for the backward when the other operand needs a
+    gradient (then the graph's saved bytes hold it) and is scratch of the forward when not; the
+    backward makes the broadcast operand's gradient at that size before summing it down.
+    (With one operand of at most two dimensions torch folds the batch into the rows instead:
+    no copy.) None when no node has such an operand."""
+    if g.ops is None or g.attrs is None:
+        return None
+    from outcore.schedule.backward import requires_gradient
+
+    needs = requires_gradient(g)
+    fwd, bwd = np.zeros(g.num_nodes), np.zeros(g.num_nodes)
+    for op, idx in g._nodes_by_op.items():
+        if op.lower() not in ("matmul", "__matmul__"):
+            continue
+        for i in idx.tolist():
+            shape, ins = g.attr(i, "shape"), g.attr(i, "in_shapes") or ()
+            if not isinstance(shape, (list, tuple)) or len(shape) < 3 or len(ins) != 2 or \
+                    not all(isinstance(s, (list, tuple)) and len(s) >= 3 for s in ins):
+                continue
+            batch = float(np.prod(shape[:-2], dtype=np.float64))
+            matrix = float(shape[-2]) * float(shape[-1])
+            grads = _inputs_need(g, i, ins, needs)
+            for k, s in enumerate(ins):
+                if float(np.prod(s[:-2], dtype=np.float64)) >= batch or not matrix:
+                    continue
+                copy = float(g.out_bytes[i]) * float(s[-2]) * float(s[-1]) / matrix
+                if not grads[1 - k]:
+                    fwd[i] += copy
+                if grads[k] and needs[i]:
+                    bwd[i] += copy
+    return (fwd, bwd) if fwd.any() or bwd.any() else None
+
+
+def _inputs_need(g: Graph, i: int, ins: Sequence[Any], needs: np.ndarray) -> list[bool]:
+    """Per input of node ``i`` (``in_shapes`` order), whether it needs a gradient. The graph's
+    edges do not say which argument each is, nor name a layer's own parameters: inputs are
+    matched to predecessors by shape, and an input no predecessor matches (a parameter, a
+    constant) is taken to need one, as is one that predecessors of differing needs match."""
+    preds = g.predecessors(i).tolist()
+    shapes = [g.attr(p, "shape") for p in preds]
+    free = list(range(len(preds)))
+    out = []
+    for s in ins:
+        same = [j for j in free if _same_shape(shapes[j], s)]
+        if not same:
+            out.append(True)
+            continue
+        free.remove(same[0])
+        out.append(any(bool(needs[preds[j]]) for j in same))
+    return out
+
+
+def _same_shape(a: object, b: object) -> bool:
+    return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and \
+        [int(x) for x in a] == [int(x) for x in b]
 
 
 def _workspace_kind(op: str) -> str:

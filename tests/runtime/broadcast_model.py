@@ -20,3 +20,28 @@ class Outer(nn.Module):
 
 def outer():
     return Outer(), torch.randn(8, 32, 16)
+
+
+class Table(nn.Module):
+    """Gemma 4's vision position embeddings: a one-hot of each token's (x, y) position, of
+    shape ``[b, 2, l, size]``, times a table of ``[2, size, width]``. The batched product
+    copies the table once per sample, and its backward makes the table's gradient at that size
+    before summing it down."""
+
+    def __init__(self, size: int = 2048, width: int = 64):
+        super().__init__()
+        self.size = size
+        self.table = nn.Parameter(torch.randn(2, size, width) * 0.02)
+        self.proj = nn.Linear(width, width)
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x):  # x: [b, l, width]
+        b, length, _ = x.shape
+        pos = torch.arange(length, device=x.device) % self.size
+        one_hot = nn.functional.one_hot(torch.stack([pos, pos.flip(0)]), self.size)
+        one_hot = one_hot[None].expand(b, -1, -1, -1).to(x.dtype)  # [b, 2, l, size]
+        return self.out(self.proj(x) + (one_hot @ self.table).sum(1)).mean(1)
+
+
+def table():
+    return Table(), torch.randn(8, 16, 64)

@@ -123,3 +123,14 @@ def test_a_product_of_broadcast_inputs_holds_their_full_size_gradients(tmp_path)
                       run_dir=str(tmp_path / "run"))
     (m,), (p,) = [float(x) for x in r.peak_bytes], [float(x) for x in r.per_rank("peak_bytes")]
     assert 0.9 * p <= m <= p * 1.01 + 16 * 1024, (m, p)
+
+
+def test_a_batched_product_with_a_broadcast_table_holds_its_copies(tmp_path):
+    """``one_hot @ table`` with a one-hot of ``[b, 2, l, size]`` and a table of ``[2, size,
+    width]`` (Gemma 4's vision position embeddings) copies the table once per sample for
+    ``bmm`` and makes its gradient at that size before summing it down."""
+    r = outcore.train("tests/runtime/broadcast_model.py:table", 1, steps=2, optimizer="sgd",
+                      momentum=0.0, costs="estimate:cpu", timeline=False, task="regression",
+                      run_dir=str(tmp_path / "run"))
+    (m,), (p,) = [float(x) for x in r.peak_bytes], [float(x) for x in r.per_rank("peak_bytes")]
+    assert 0.9 * p <= m <= p * 1.01 + 16 * 1024, (m, p)

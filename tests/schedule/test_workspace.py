@@ -315,3 +315,35 @@ def test_a_direct_convolution_is_bounded_by_its_scratch(cin, cout, kernel, strid
         torch.set_num_threads(threads)
     assert taken <= bwd[node], (taken, bwd[node])
     assert bwd[node] <= 2.0 * taken + 65536, (taken, bwd[node])
+
+
+class _Products(torch.nn.Module):
+    """A table product with a broadcast operand, and a linear-style one torch folds; with
+    ``grad_in``, the product's other operand needs a gradient (it passes a linear layer)."""
+
+    def __init__(self, grad_in: bool):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(2, 32, 8))
+        self.weight = torch.nn.Parameter(torch.randn(16, 8))
+        self.pre = torch.nn.Linear(32, 32) if grad_in else torch.nn.Identity()
+
+    def forward(self, x):  # x: [b, 2, l, 32]
+        x = self.pre(x)
+        return (x @ self.table).sum(1) + x[:, 0, :, :16] @ self.weight
+
+
+@pytest.mark.parametrize("grad_in", [False, True])
+def test_a_batched_product_copies_its_broadcast_operand_at_the_output_batch(grad_in):
+    """``x @ table`` of ``[b, 2, l, k]`` and ``[2, k, n]``: the table is copied for each of the
+    ``b`` samples (scratch of the forward when nothing saves it, held when ``x`` needs a
+    gradient and the product saves it), and its gradient made at that size; the folded
+    ``[b, l, 16] @ [16, 8]`` copies nothing."""
+    from outcore.graph.capture import capture
+    from outcore.schedule.workspace import matmul_broadcast_scratch
+
+    g = capture(_Products(grad_in), torch.randn(4, 2, 6, 32))
+    fwd, bwd = matmul_broadcast_scratch(g)
+    products = [i for i in range(g.num_nodes) if g.ops[i] == "matmul"]
+    copy = 4 * 2 * 32 * 8 * 4
+    assert [fwd[i] for i in products] == [0 if grad_in else copy, 0]
+    assert [bwd[i] for i in products] == [copy, 0]
