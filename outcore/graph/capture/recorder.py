@@ -151,6 +151,8 @@ class Recorder(fx.Interpreter):
         counter = FlopCounterMode(display=False)
         with counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             result = super().run_node(n)
+        if n.op == "call_module":
+            self._note_rnn_workspace(n, *self.fetch_args_kwargs_from_env(n))
         if counter.get_total_flops():
             self.flops[n.name] = int(counter.get_total_flops())
         self.out_bytes[n.name] = _nbytes(result)
@@ -166,6 +168,24 @@ class Recorder(fx.Interpreter):
                 self.storage_bytes[n.name] = whole
         return result
 
+    def _note_rnn_workspace(self, n: fx.Node, args: tuple, kwargs: dict) -> None:
+        """A recurrent layer (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) recorded in fake mode saves
+        what its fake kernel saves, not oneDNN's workspace, which the CPU kernel saves for its
+        backward (an LSTM layer of hidden size 48 over 16 steps: 2.4 MiB real, 0.2 MiB fake).
+        The layer is run once more on real tensors of the same shapes, and once in fake mode
+        the same way, and the difference is counted as saved by the node."""
+        module = self.module.get_submodule(str(n.target))
+        if not isinstance(module, torch.nn.RNNBase):
+            return
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+        if not any(isinstance(t, FakeTensor) for t in tree_leaves((args, kwargs))):
+            return
+        fake = _saved_anew(module, args, kwargs)
+        with unset_fake_temporarily():
+            real = _saved_anew(module, args, kwargs)
+        if real > fake:
+            self.seen[("recurrent workspace", n.name)] = (n.name, real - fake)
+
     def _note_storage(self, name: str, result: Any) -> None:
         """Record the node whose storage ``name``'s output shares, when it is one of this
         node's inputs' (alive while the node runs, so no freed storage is mistaken for it)."""
@@ -179,6 +199,32 @@ class Recorder(fx.Interpreter):
             if src is not None and src != name:
                 self.storage_of[name] = self.storage_of.get(src, src)
             return
+
+
+def _saved_anew(module: torch.nn.Module, args: tuple, kwargs: dict) -> int:
+    """Bytes of the tensors autograd saves when ``module`` runs on zeros shaped as ``args``
+    with stand-in parameters (made in the fake mode in force, if any): those it makes itself,
+    not its inputs or parameters."""
+    def zeros(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        return torch.zeros(x.shape, dtype=x.dtype).requires_grad_(
+            x.requires_grad and x.is_floating_point())
+    params = {name: torch.zeros(p.shape, dtype=p.dtype).requires_grad_(p.requires_grad)
+              for name, p in module.named_parameters()}
+    args, kwargs = torch.utils._pytree.tree_map(zeros, (args, kwargs))
+    given = {StorageWeakRef(t.untyped_storage())
+             for t in tree_leaves((args, kwargs, params)) if isinstance(t, torch.Tensor)}
+    saved: dict[Any, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = StorageWeakRef(t.untyped_storage())
+        if key not in given:
+            saved[key] = t.untyped_storage().nbytes()
+        return t
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch.func.functional_call(module, params, args, kwargs)
+    return sum(saved.values())
 
 
 def _storage_nbytes(t: torch.Tensor) -> int:
