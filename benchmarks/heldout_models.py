@@ -8,6 +8,7 @@ included), and per rank the measured peak against the prediction (over: by 1 % a
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf --tp 2   # 40 HF types, tp 2
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf-more     # 35 more HF types
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --hf-images   # 20 HF image models
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --timm-more   # 50 timm families
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --batch-size 8 --options '{"dp": 2}'
     PYTHONPATH=. .venv/bin/python benchmarks/heldout_models.py --memory-fraction 0.6
 
@@ -80,6 +81,24 @@ HF_MORE_TYPES = [f"hf:{t}" for t in (
     "youtu", "yoso", "gemma4", "bert-generation")]
 
 
+# one model of each timm family (module) the lists above leave out, the smallest by parameters
+# (64-pixel images), for --timm-more; crossvit_tiny_240, deepseek_vit_412m, efficientformer_l1,
+# inception_resnet_v2 and inception_v4, also drawn, refuse 64-pixel images themselves
+TIMM_MORE = [f"timm:{m}:image_size=64" for m in (
+    "beit_base_patch16_224", "cait_xxs24_224", "convit_tiny", "convmixer_768_32",
+    "cpubone_nano", "csatv2", "cspnext_tiny", "deit_tiny_patch16_224", "efficientformerv2_s0",
+    "efficientvim_m1", "efficientvit_m0", "vit_tiny_patch16_dinov3_qkvb", "fasternet_t0",
+    "gemma4_vit_167m", "hardcorenas_b", "hiera_tiny_224", "sam2_hiera_tiny",
+    "hrnet_w18_small", "iformer_t", "lcnetv2_small", "lowformer_b0", "test_coatnet",
+    "gmlp_ti16_224", "mobilenetv5_base", "mvitv2_tiny", "naflexvit_base_patch16_parfac_gap",
+    "nasnetalarge", "nest_tiny", "nextvit_small", "pnasnet5large", "qwen3_vit_88m",
+    "rdnet_tiny", "repghostnet_050", "repvit_m1", "res2next50", "legacy_seresnet18",
+    "sequencer2d_s", "shvit_s1", "starnet_s050", "swiftformer_xs", "swinv2_tiny_window8_256",
+    "swinv2_cr_tiny_224", "tiny_vit_5m_224", "vit_tiny_r_s16_p8_224", "test_vit_relpos",
+    "samvit_base_patch16_224", "vitamin_small_224", "volo_d1_224", "legacy_xception",
+    "xcit_nano_12_p8_224")]
+
+
 # Hugging Face image classifiers (32-pixel images; Swin-style windows: 128), for --hf-images
 HF_IMAGE_TYPES = [f"hf:{t}" for t in (
     "vit", "deit", "beit", "dinov2", "convnext", "convnextv2", "swin", "swinv2", "resnet",
@@ -134,6 +153,8 @@ def main() -> None:
                     help="the 35 more Hugging Face types of HF_MORE_TYPES")
     ap.add_argument("--hf-images", action="store_true",
                     help="the Hugging Face image classifiers of HF_IMAGE_TYPES")
+    ap.add_argument("--timm-more", action="store_true",
+                    help="one model of each timm family the default list leaves out (TIMM_MORE)")
     ap.add_argument("--tp", type=int, help="train the multi-device run with --tp N")
     ap.add_argument("--devices", type=int, default=2, help="devices of the second run")
     ap.add_argument("--options", default="{}",
@@ -145,7 +166,7 @@ def main() -> None:
     args = ap.parse_args()
     options = {**json.loads(args.options), **({"tp": args.tp} if args.tp else {})}
     name = "heldout_models" + ("_hf" if args.hf else "") + ("_hf_more" if args.hf_more else "") + \
-        ("_hf_images" if args.hf_images else "") + \
+        ("_hf_images" if args.hf_images else "") + ("_timm_more" if args.timm_more else "") + \
         (f"_d{args.devices}" if args.devices != 2 else "") + \
         (f"_b{args.batch_size}" if args.batch_size != 4 else "") + \
         "".join(f"_{k}{v}".replace(" ", "") for k, v in sorted(options.items())) + \
@@ -154,7 +175,7 @@ def main() -> None:
     logging.disable(logging.WARNING)
     rows = []
     chosen = HF_TYPES if args.hf else HF_MORE_TYPES if args.hf_more else \
-        HF_IMAGE_TYPES if args.hf_images else MODELS
+        HF_IMAGE_TYPES if args.hf_images else TIMM_MORE if args.timm_more else MODELS
     for m in args.models or chosen:
         t0 = time.perf_counter()
         try:
