@@ -33,6 +33,8 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     np.maximum.at(largest_in, g.dst, np.asarray(g.edge_bytes, np.float64))
     out = np.asarray(g.out_bytes, np.float64)
     shares = _TPShares.of(g)
+    for i, share in _measured_backward(g):  # measured at capture (a recurrent layer's)
+        bwd[i] += share * float(out[i])
     for op, idx in g._nodes_by_op.items():
         if op.lower() in _MATMULS:
             for i in idx.tolist():
@@ -81,6 +83,16 @@ class _TPShares:
             return frozenset(int(v) for v in g.meta.get(key) or ())
         return _TPShares(int(g.meta.get("tp") or 1), nodes("tp_split_cols"),
                          nodes("tp_split_inner"), nodes("tp_gathered"))
+
+
+def _measured_backward(g: Graph) -> list[tuple[int, float]]:
+    """The nodes whose backward scratch the capture measured (a recurrent layer's oneDNN
+    kernel, :mod:`outcore.graph.capture.recorder`), each with that scratch in its output's
+    bytes."""
+    if g.attrs is None:
+        return []
+    return [(i, float(a["bwd_scratch_share"])) for i, a in enumerate(g.attrs)
+            if a.get("bwd_scratch_share")]
 
 
 def matmul_scratch(g: Graph, i: int, out_bytes: float,

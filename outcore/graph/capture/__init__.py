@@ -534,6 +534,9 @@ def graph_from_fx(gm: fx.GraphModule, rec: Recorder, name: str,
             extra["storage_of"] = rec.storage_of[n.name]
         if rec.fixed_saved.get(n.name):
             extra["fixed_saved"] = rec.fixed_saved[n.name]
+        if rec.bwd_scratch.get(n.name) and rec.out_bytes.get(n.name):  # measured: in its
+            # output's bytes, as it scales with the micro-batch
+            extra["bwd_scratch_share"] = round(rec.bwd_scratch[n.name] / rec.out_bytes[n.name], 6)
         if n.name in rec.storage_bytes and rec.out_bytes.get(n.name):
             # a view of a larger storage: how many times its own bytes that storage holds
             extra["storage_share"] = round(rec.storage_bytes[n.name] / rec.out_bytes[n.name], 6)

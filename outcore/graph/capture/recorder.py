@@ -77,6 +77,9 @@ class Recorder(fx.Interpreter):
         self.fixed_saved: dict[str, int] = {}
         self._fixed_storages: list[tuple[str, Any, int]] = []  # (saver, key, bytes)
         self._input_fns: set[int] = set()  # the autograd nodes of the running node's inputs
+        # per node, the memory its backward takes beyond the gradients it returns, where it
+        # was measured (a recurrent layer's oneDNN kernel)
+        self.bwd_scratch: dict[str, int] = {}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = StorageWeakRef(t.untyped_storage())
@@ -173,18 +176,22 @@ class Recorder(fx.Interpreter):
         what its fake kernel saves, not oneDNN's workspace, which the CPU kernel saves for its
         backward (an LSTM layer of hidden size 48 over 16 steps: 2.4 MiB real, 0.2 MiB fake).
         The layer is run once more on real tensors of the same shapes, and once in fake mode
-        the same way, and the difference is counted as saved by the node."""
+        the same way, and the difference is counted as saved by the node; the real run's
+        backward gives the scratch it takes beyond the gradients it returns
+        (:attr:`bwd_scratch`)."""
         module = self.module.get_submodule(str(n.target))
         if not isinstance(module, torch.nn.RNNBase):
             return
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
         if not any(isinstance(t, FakeTensor) for t in tree_leaves((args, kwargs))):
             return
-        fake = _saved_anew(module, args, kwargs)
+        fake = _saved_anew(module, args, kwargs)[0]
         with unset_fake_temporarily():
-            real = _saved_anew(module, args, kwargs)
+            real, scratch = _saved_anew(module, args, kwargs, backward=True)
         if real > fake:
             self.seen[("recurrent workspace", n.name)] = (n.name, real - fake)
+        if scratch:
+            self.bwd_scratch[n.name] = scratch
 
     def _note_storage(self, name: str, result: Any) -> None:
         """Record the node whose storage ``name``'s output shares, when it is one of this
@@ -201,10 +208,12 @@ class Recorder(fx.Interpreter):
             return
 
 
-def _saved_anew(module: torch.nn.Module, args: tuple, kwargs: dict) -> int:
+def _saved_anew(module: torch.nn.Module, args: tuple, kwargs: dict,
+                backward: bool = False) -> tuple[int, int]:
     """Bytes of the tensors autograd saves when ``module`` runs on zeros shaped as ``args``
     with stand-in parameters (made in the fake mode in force, if any): those it makes itself,
-    not its inputs or parameters."""
+    not its inputs or parameters. With ``backward`` (real tensors only), also the most its
+    backward allocates at once beyond the gradients it returns (0 without)."""
     def zeros(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
@@ -223,8 +232,19 @@ def _saved_anew(module: torch.nn.Module, args: tuple, kwargs: dict) -> int:
             saved[key] = t.untyped_storage().nbytes()
         return t
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        torch.func.functional_call(module, params, args, kwargs)
-    return sum(saved.values())
+        result = torch.func.functional_call(module, params, args, kwargs)
+    if not backward:
+        return sum(saved.values()), 0
+    from outcore.core.memtrack import MemoryTracker
+
+    outs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor) and t.requires_grad]
+    grads = [torch.zeros_like(t) for t in outs]
+    wanted = [t for t in tree_leaves((args, kwargs, params))
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    returned = sum(t.numel() * t.element_size() for t in wanted)
+    with MemoryTracker(torch.device("cpu")) as tracker:
+        torch.autograd.backward(outs, grads)
+    return sum(saved.values()), max(0, int(tracker.peak_bytes) - returned)
 
 
 def _storage_nbytes(t: torch.Tensor) -> int:
