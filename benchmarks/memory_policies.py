@@ -4,7 +4,7 @@ offload, pinned, non-blocking, pinned + non-blocking, checkpointing) for ResNet5
 VGG19-sized models.
 
 Single process, one thread, synthetic data, Adam. Peak memory is the CPU tensor tracker's
-(outcore/core/memtrack.py); times are medians of the timed steps. This machine has no
+(outcore/hardware/memtrack.py); times are medians of the timed steps. This machine has no
 accelerator: the host *is* the device, so offloading moves nothing (the hooks keep each tensor
 where it is) and pinned / non-blocking transfers cannot exist — those rows say so rather than
 pretend. Checkpointing is what saves memory here.

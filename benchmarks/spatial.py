@@ -4,7 +4,7 @@ by the pure cost functions (outcore/cost/spatial.py).
 
 Each configuration runs on its own set of local gloo workers (one thread each); every rank
 generates only its own tile of a synthetic image, trains ``--steps`` SGD steps after one warm-up,
-and measures one step's peak with the CPU tensor tracker (outcore/core/memtrack.py: every
+and measures one step's peak with the CPU tensor tracker (outcore/hardware/memtrack.py: every
 tensor an operator makes, parameters included; a lower bound of RSS). 1 tile is the plain model,
 no outcore code. This machine has 2 cores: 4 ranks oversubscribe it, so time per image at 4 tiles
 shows the halo/collective overhead plus contention, not a speed-up.
@@ -77,7 +77,7 @@ def worker(ctx, size: int, tiles: int, steps: int):
     import torch
     import torch.nn.functional as F
 
-    from outcore.core.memtrack import MemoryTracker
+    from outcore.hardware.memtrack import MemoryTracker
     from outcore.parallel.spatial import TileGrid, spatialize
     model = build_net()
     shape = (1, 3, size, size)

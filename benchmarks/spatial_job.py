@@ -76,7 +76,7 @@ def torch_checkpointing(size: int, steps: int, segments: int) -> dict:
     import torch
     from torch.utils.checkpoint import checkpoint_sequential
 
-    from outcore.core.memtrack import MemoryTracker
+    from outcore.hardware.memtrack import MemoryTracker
     from outcore.units import format_bytes
     torch.set_num_threads(1)
     scope: dict = {}

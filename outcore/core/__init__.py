@@ -6,6 +6,6 @@ piece modules cut from the traced model (:mod:`~outcore.core.modules`), the back
 piece boundaries (:mod:`~outcore.core.boundary`), and the executor that runs a rank's action
 list (:mod:`~outcore.core.executor`) with its memory policies (:mod:`~outcore.core.offload`),
 random streams (:mod:`~outcore.core.randomness`) and memory tracker
-(:mod:`~outcore.core.memtrack`). The parallelisms (:mod:`outcore.parallel`) plug in above it;
+(:mod:`~outcore.hardware.memtrack`). The parallelisms (:mod:`outcore.parallel`) plug in above it;
 the trainer (:mod:`outcore.runtime.trainer`) assembles a rank from both.
 """

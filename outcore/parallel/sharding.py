@@ -38,10 +38,10 @@ from torch import nn
 
 from outcore.core.collectives import CollectiveLog
 from outcore.core.comm import settled
-from outcore.core.memtrack import storage_resized
 from outcore.core.modules import has_no_storage, module_params
 from outcore.core.values import local
 from outcore.errors import RuntimeFailure
+from outcore.hardware.memtrack import storage_resized
 from outcore.parallel.base import Parallelism, RankBuild
 
 log = logging.getLogger(__name__)

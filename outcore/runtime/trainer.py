@@ -25,7 +25,6 @@ from torch import nn
 
 from outcore.core.comm import Messenger
 from outcore.core.executor import RankExecutor, StepResult
-from outcore.core.memtrack import MemoryTracker
 from outcore.core.modules import (
     BUILD_BATCH_FLOOR,
     adopt_values,
@@ -44,6 +43,7 @@ from outcore.errors import PlanError
 from outcore.graph.capture import retrace
 from outcore.graph.coarsen import collapse, groups
 from outcore.graph.ir import Graph
+from outcore.hardware.memtrack import MemoryTracker
 from outcore.hardware.precision import LossScaler, autocast, canonical
 from outcore.parallel import Parallelism, RankBuild, active as active_parallelisms
 from outcore.parallel.replicas import StatGroup, sync_running_stats

@@ -123,7 +123,7 @@ def _conv_scratch(conv: torch.nn.Module, x: torch.Tensor, grad_in: bool) -> tupl
     """What the allocator hands out inside ``conv``'s forward and backward beyond the
     forward's output and the backward's gradients, after a first call that builds oneDNN's
     kernels."""
-    from outcore.core.memtrack import allocated_peak
+    from outcore.hardware.memtrack import allocated_peak
 
     x = x.detach().requires_grad_(grad_in)
     conv(x).backward(torch.randn_like(conv(x)))

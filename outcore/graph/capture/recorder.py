@@ -235,7 +235,7 @@ def _saved_anew(module: torch.nn.Module, args: tuple, kwargs: dict,
         result = torch.func.functional_call(module, params, args, kwargs)
     if not backward:
         return sum(saved.values()), 0
-    from outcore.core.memtrack import MemoryTracker
+    from outcore.hardware.memtrack import MemoryTracker
 
     outs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor) and t.requires_grad]
     grads = [torch.zeros_like(t) for t in outs]

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent('''
     import json, torch
     from torch import nn
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from outcore.core.memtrack import MemoryTracker
+    from outcore.hardware.memtrack import MemoryTracker
     torch.set_num_threads(1)
     with FakeTensorMode():  # the imports a worker's runtime makes anyway (its value metas)
         torch.ones(2) + 1
@@ -68,7 +68,7 @@ def test_tracking_leaves_autograd_summing_in_place():
     import torch
     from torch import nn
 
-    from outcore.core.memtrack import MemoryTracker
+    from outcore.hardware.memtrack import MemoryTracker
 
     def summed_in_place(track: bool) -> bool:
         torch.manual_seed(0)
