@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 
 @dataclass(frozen=True)
@@ -82,13 +82,38 @@ class _MetaRecorder(fx.Interpreter):
         self.meta: dict[str, ValueMeta] = {}
 
     def run_node(self, n: fx.Node) -> Any:
-        result = super().run_node(n)
+        try:
+            result = super().run_node(n)
+        except Exception as e:  # noqa: BLE001 - only a leaf that reads a value is retried
+            if n.op != "call_module" or "DataDependent" not in type(e).__name__:
+                raise
+            result = self._run_on_zeros(n)
         leaves, spec = tree_flatten(result)
         self.meta[n.name] = ValueMeta(spec, tuple(
             # a tensor-parallel shard (DTensor) travels as its local tensor
             LeafMeta(tuple(local(x).shape), x.dtype, bool(x.requires_grad))
             if isinstance(x, torch.Tensor) else x for x in leaves), self._aliases(n, leaves))
         return result
+
+    def _run_on_zeros(self, n: fx.Node) -> Any:
+        """A leaf module that reads a tensor's value (``if x.sum() > 0``, which a fake tensor
+        cannot answer), run on real zeros of its inputs' shapes with zeros for weights; its
+        outputs, made fake again, carry the shapes and dtypes on."""
+        from torch._guards import detect_fake_mode
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        from outcore.graph.capture.recorder import stand_ins
+
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        mode = detect_fake_mode((args, kwargs))
+        module = self.module.get_submodule(str(n.target))
+        with unset_fake_temporarily():
+            params, args, kwargs = stand_ins(module, args, kwargs)
+            result = torch.func.functional_call(module, params, args, kwargs)
+        if mode is None:
+            return result
+        return tree_map(lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x,
+                        result)
 
     def _aliases(self, n: fx.Node, leaves: list[Any]) -> bool:
         if n.op not in ("call_function", "call_method", "call_module"):

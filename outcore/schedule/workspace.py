@@ -33,8 +33,9 @@ def workspace_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     np.maximum.at(largest_in, g.dst, np.asarray(g.edge_bytes, np.float64))
     out = np.asarray(g.out_bytes, np.float64)
     shares = _TPShares.of(g)
-    for i, share in _measured_backward(g):  # measured at capture (a recurrent layer's)
-        bwd[i] += share * float(out[i])
+    for i, f, b in _measured(g):  # measured at capture (a recurrent layer, a leaf module)
+        fwd[i] += f * float(out[i])
+        bwd[i] += b * float(out[i])
     for op, idx in g._nodes_by_op.items():
         if op.lower() in _MATMULS:
             for i in idx.tolist():
@@ -85,14 +86,15 @@ class _TPShares:
                          nodes("tp_split_inner"), nodes("tp_gathered"))
 
 
-def _measured_backward(g: Graph) -> list[tuple[int, float]]:
-    """The nodes whose backward scratch the capture measured (a recurrent layer's oneDNN
-    kernel, :mod:`outcore.graph.capture.recorder`), each with that scratch in its output's
-    bytes."""
+def _measured(g: Graph) -> list[tuple[int, float, float]]:
+    """The nodes whose scratch the capture measured on real tensors (a recurrent layer's
+    oneDNN kernel, a leaf module's inner tensors: :mod:`outcore.graph.capture.recorder`),
+    each with its forward's and its backward's in its output's bytes."""
     if g.attrs is None:
         return []
-    return [(i, float(a["bwd_scratch_share"])) for i, a in enumerate(g.attrs)
-            if a.get("bwd_scratch_share")]
+    return [(i, float(a.get("fwd_scratch_share", 0.0)), float(a.get("bwd_scratch_share", 0.0)))
+            for i, a in enumerate(g.attrs)
+            if a.get("fwd_scratch_share") or a.get("bwd_scratch_share")]
 
 
 def matmul_scratch(g: Graph, i: int, out_bytes: float,

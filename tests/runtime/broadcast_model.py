@@ -45,3 +45,33 @@ class Table(nn.Module):
 
 def table():
     return Table(), torch.randn(8, 16, 64)
+
+
+class Widening(nn.Module):
+    """A block torch.fx cannot trace (it branches on a value): one leaf node whose forward and
+    backward hold tensors 512 times its output's size inside."""
+
+    def __init__(self, width: int = 64, wide: int = 512):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(wide) * 0.1)
+
+    def forward(self, h):  # h: [b, width]
+        big = h[:, :, None] * self.scale  # [b, width, wide]
+        if big.sum() > -1e30:
+            big = torch.tanh(big)
+        return big.mean(-1)
+
+
+class WithLeaf(nn.Module):
+    def __init__(self, width: int = 64):
+        super().__init__()
+        self.inp = nn.Linear(16, width)
+        self.block = Widening(width)
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x):
+        return self.out(self.block(self.inp(x)))
+
+
+def leaf():
+    return WithLeaf(), torch.randn(64, 16)

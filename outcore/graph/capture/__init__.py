@@ -308,12 +308,13 @@ def _first_line(e: BaseException) -> str:
     return text[0][:200] if text else type(e).__name__
 
 
-def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bool) -> Recorder:
+def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bool,
+                  measure: Iterable[str] = ()) -> Recorder:
     # an input that views a larger tensor (a micro-batch sliced off an example batch) would be
     # counted at its whole storage where a layer saves it: record on compact copies
     inputs = tuple(compact(x) for x in inputs)
     state = list(gm.parameters()) + list(gm.buffers())
-    rec = Recorder(gm)
+    rec = Recorder(gm, measure)
     kept = [(b, b.detach().clone()) for b in gm.buffers()]  # batch norm counts even when fake
     with torch.enable_grad():
         if fake:
@@ -427,11 +428,10 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
     ``meta['capture']`` records how the model was traced; the runtime traces it the same way.
     """
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    traced, how = trace_model(model, inputs,
-                              leaves=tuple(leaves) + leaf_paths(model, leaf_modules),
-                              path=path, output=output)
+    given = tuple(leaves) + leaf_paths(model, leaf_modules)
+    traced, how = trace_model(model, inputs, leaves=given, path=path, output=output)
     with autocast(precision := canonical(precision), inputs[0].device if inputs else "cpu"):
-        rec = record(traced.gm, inputs, fake=fake)
+        rec = record(traced.gm, inputs, fake=fake, measure=given + traced.forced_leaves)
     g = graph_from_fx(traced.gm, rec, name or type(model).__name__,
                       batch_size=int(inputs[0].shape[0]) if inputs and inputs[0].dim() else None)
     meta = {**g.meta, "capture": how, "precision": precision}
@@ -463,11 +463,13 @@ def leaf_paths(model: nn.Module, names: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(paths))
 
 
-def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool = True) -> Recorder:
-    """Run ``gm`` once on ``inputs``, recording bytes and shapes; model failures → ModelError."""
+def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool = True,
+           measure: Iterable[str] = ()) -> Recorder:
+    """Run ``gm`` once on ``inputs``, recording bytes and shapes; model failures → ModelError.
+    The leaf modules ``measure`` names are measured on real tensors too (:class:`Recorder`)."""
     shapes = ", ".join("x".join(map(str, x.shape)) for x in inputs)
     try:
-        return _run_recorder(gm, inputs, fake)
+        return _run_recorder(gm, inputs, fake, measure)
     except Exception as fake_error:
         if not fake and "more than 1 value per channel" in str(fake_error):  # batch norm
             raise ModelError(f"batch norm cannot train on a micro-batch of {inputs[0].shape[0]} "
@@ -478,7 +480,11 @@ def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool =
                              f"{type(fake_error).__name__}: {_first_line(fake_error)}; check "
                              "--input-shape") from fake_error
         log.debug("fake-tensor run failed (%s); running for real", fake_error)
-        return record(gm, inputs, fake=False)
+        # a model built without its weights (or fake inputs) runs on stand-in values
+        from outcore.graph.capture.export import real_parameters, values_of
+        with real_parameters(gm):
+            return record(gm, tuple(values_of(x) for x in inputs), fake=False,
+                          measure=measure)
 
 
 def _computed_sizes(n: fx.Node) -> list[int]:
@@ -534,9 +540,11 @@ def graph_from_fx(gm: fx.GraphModule, rec: Recorder, name: str,
             extra["storage_of"] = rec.storage_of[n.name]
         if rec.fixed_saved.get(n.name):
             extra["fixed_saved"] = rec.fixed_saved[n.name]
-        if rec.bwd_scratch.get(n.name) and rec.out_bytes.get(n.name):  # measured: in its
-            # output's bytes, as it scales with the micro-batch
-            extra["bwd_scratch_share"] = round(rec.bwd_scratch[n.name] / rec.out_bytes[n.name], 6)
+        for key, measured in (("fwd_scratch_share", rec.fwd_scratch),
+                              ("bwd_scratch_share", rec.bwd_scratch)):
+            if measured.get(n.name) and rec.out_bytes.get(n.name):  # in the output's bytes,
+                # as it scales with the micro-batch
+                extra[key] = round(measured[n.name] / rec.out_bytes[n.name], 6)
         if n.name in rec.storage_bytes and rec.out_bytes.get(n.name):
             # a view of a larger storage: how many times its own bytes that storage holds
             extra["storage_share"] = round(rec.storage_bytes[n.name] / rec.out_bytes[n.name], 6)

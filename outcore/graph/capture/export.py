@@ -119,8 +119,8 @@ def _exported(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
         first = e
     from torch.export import draft_export
 
-    real = tuple(_values_of(x) for x in inputs)
-    with _quiet_partial_graph(all_text=True), _real_parameters(model):
+    real = tuple(values_of(x) for x in inputs)
+    with _quiet_partial_graph(all_text=True), real_parameters(model):
         try:
             ep = draft_export(model, real, dynamic_shapes=dynamic)
         except Exception:  # noqa: BLE001 - the first failure says more
@@ -148,14 +148,14 @@ def remember_values(fake: torch.Tensor, real: torch.Tensor) -> None:
     weakref.finalize(fake, _VALUES.pop, key, None)
 
 
-def _values_of(x: Any) -> Any:
+def values_of(x: Any) -> Any:
     """The values remembered for a fake tensor ``x``, else ``x``."""
     entry = _VALUES.get(id(x))
     return entry[1] if entry is not None and entry[0]() is x else x
 
 
 @contextlib.contextmanager
-def _real_parameters(model: nn.Module) -> Iterator[None]:
+def real_parameters(model: nn.Module) -> Iterator[None]:
     """Real values, for the duration, for parameters built without them (fake tensors: a
     model built for capture and estimated costs, or a rank's model before it builds its
     part): ``draft_export`` runs the model on real tensors to take its branches. The values

@@ -4,6 +4,8 @@ flops, and whether its first input is laid out channels-last (NHWC) in memory.""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -15,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from outcore.graph.capture.mutation import writes_first_arg
 
-__all__ = ["Recorder", "compact"]
+__all__ = ["Recorder", "compact", "stand_ins"]
 
 
 def _nbytes(value: Any) -> int:
@@ -46,8 +48,9 @@ def _channels_last(t: torch.Tensor) -> bool:
 class Recorder(fx.Interpreter):
     """Runs the graph once, recording output values' bytes and autograd-saved bytes per node."""
 
-    def __init__(self, gm: fx.GraphModule):
+    def __init__(self, gm: fx.GraphModule, measure: Iterable[str] = ()):
         super().__init__(gm)
+        self.measure = frozenset(measure)  # leaf modules measured on real tensors
         self.current: str | None = None
         self.saved: dict[str, int] = {}
         self.seen: dict[Any, tuple[str, int]] = {}
@@ -77,8 +80,9 @@ class Recorder(fx.Interpreter):
         self.fixed_saved: dict[str, int] = {}
         self._fixed_storages: list[tuple[str, Any, int]] = []  # (saver, key, bytes)
         self._input_fns: set[int] = set()  # the autograd nodes of the running node's inputs
-        # per node, the memory its backward takes beyond the gradients it returns, where it
-        # was measured (a recurrent layer's oneDNN kernel)
+        # per node measured on real tensors (a recurrent layer, a leaf module): the memory its
+        # forward takes beyond its output, and its backward beyond the gradients it returns
+        self.fwd_scratch: dict[str, int] = {}
         self.bwd_scratch: dict[str, int] = {}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -155,7 +159,7 @@ class Recorder(fx.Interpreter):
         with counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             result = super().run_node(n)
         if n.op == "call_module":
-            self._note_rnn_workspace(n, *self.fetch_args_kwargs_from_env(n))
+            self._note_measured_module(n, *self.fetch_args_kwargs_from_env(n))
         if counter.get_total_flops():
             self.flops[n.name] = int(counter.get_total_flops())
         self.out_bytes[n.name] = _nbytes(result)
@@ -171,27 +175,40 @@ class Recorder(fx.Interpreter):
                 self.storage_bytes[n.name] = whole
         return result
 
-    def _note_rnn_workspace(self, n: fx.Node, args: tuple, kwargs: dict) -> None:
-        """A recurrent layer (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) recorded in fake mode saves
+    def _note_measured_module(self, n: fx.Node, args: tuple, kwargs: dict) -> None:
+        """Measure a layer whose memory the fake run cannot show, on real tensors.
+
+        A recurrent layer (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) recorded in fake mode saves
         what its fake kernel saves, not oneDNN's workspace, which the CPU kernel saves for its
         backward (an LSTM layer of hidden size 48 over 16 steps: 2.4 MiB real, 0.2 MiB fake).
-        The layer is run once more on real tensors of the same shapes, and once in fake mode
-        the same way, and the difference is counted as saved by the node; the real run's
-        backward gives the scratch it takes beyond the gradients it returns
-        (:attr:`bwd_scratch`)."""
+        A leaf module (one torch.fx could not trace, or one the user named) is one node, whose
+        forward and backward hold its inner tensors at once (an attention block's scores and
+        their gradients), which no operator's scratch in :mod:`outcore.schedule.workspace`
+        counts. Such a layer (its parameters and inputs up to :data:`MEASURED_MOST` bytes) is
+        run once more on real zeros with stand-in weights, forward and backward: what it saves
+        beyond what the fake run recorded is counted as saved by its node, and the most its
+        forward and its backward allocate beyond their results is its scratch
+        (:attr:`fwd_scratch`, :attr:`bwd_scratch`)."""
         module = self.module.get_submodule(str(n.target))
-        if not isinstance(module, torch.nn.RNNBase):
+        if not (isinstance(module, torch.nn.RNNBase) or str(n.target) in self.measure):
             return
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-        if not any(isinstance(t, FakeTensor) for t in tree_leaves((args, kwargs))):
+        size = sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs))
+                   if isinstance(t, torch.Tensor)) + \
+            sum(p.numel() * p.element_size() for p in module.parameters())
+        if size > MEASURED_MOST:
             return
-        fake = _saved_anew(module, args, kwargs)[0]
+        fake = None
+        if any(isinstance(t, FakeTensor) for t in tree_leaves((args, kwargs))):
+            fake = _measured_run(module, args, kwargs)[0]
         with unset_fake_temporarily():
-            real, scratch = _saved_anew(module, args, kwargs, backward=True)
-        if real > fake:
-            self.seen[("recurrent workspace", n.name)] = (n.name, real - fake)
-        if scratch:
-            self.bwd_scratch[n.name] = scratch
+            real, fwd, bwd = _measured_run(module, args, kwargs, scratch=True)
+        if fake is not None and real > fake:
+            self.seen[("measured workspace", n.name)] = (n.name, real - fake)
+        if fwd:
+            self.fwd_scratch[n.name] = fwd
+        if bwd:
+            self.bwd_scratch[n.name] = bwd
 
     def _note_storage(self, name: str, result: Any) -> None:
         """Record the node whose storage ``name``'s output shares, when it is one of this
@@ -208,20 +225,35 @@ class Recorder(fx.Interpreter):
             return
 
 
-def _saved_anew(module: torch.nn.Module, args: tuple, kwargs: dict,
-                backward: bool = False) -> tuple[int, int]:
-    """Bytes of the tensors autograd saves when ``module`` runs on zeros shaped as ``args``
-    with stand-in parameters (made in the fake mode in force, if any): those it makes itself,
-    not its inputs or parameters. With ``backward`` (real tensors only), also the most its
-    backward allocates at once beyond the gradients it returns (0 without)."""
+def stand_ins(module: torch.nn.Module, args: tuple, kwargs: dict
+              ) -> tuple[dict[str, torch.Tensor], tuple, dict]:
+    """Zeros (made in the fake mode in force, if any) for ``module``'s parameters, by name,
+    and for the tensors of ``args`` and ``kwargs``: the same shapes, dtypes and devices, and
+    requiring a gradient where they do, to run it with ``torch.func.functional_call``."""
     def zeros(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
-        return torch.zeros(x.shape, dtype=x.dtype).requires_grad_(
+        return torch.zeros(x.shape, dtype=x.dtype, device=x.device).requires_grad_(
             x.requires_grad and x.is_floating_point())
-    params = {name: torch.zeros(p.shape, dtype=p.dtype).requires_grad_(p.requires_grad)
-              for name, p in module.named_parameters()}
+    params = {name: zeros(p) for name, p in module.named_parameters()}
     args, kwargs = torch.utils._pytree.tree_map(zeros, (args, kwargs))
+    return params, args, kwargs
+
+
+# the most parameter and input bytes a layer may have to be measured on real tensors
+MEASURED_MOST = 256 * 2**20
+
+
+def _measured_run(module: torch.nn.Module, args: tuple, kwargs: dict,
+                  scratch: bool = False) -> tuple[int, int, int]:
+    """Bytes of the tensors autograd saves when ``module`` runs on zeros shaped as ``args``
+    with stand-in parameters (made in the fake mode in force, if any): those it makes itself,
+    not its inputs or parameters. With ``scratch`` (real tensors only), also the most its
+    forward allocates at once beyond its results, and the most its backward allocates beyond
+    the gradients it returns (0 and 0 without)."""
+    from outcore.hardware.memtrack import MemoryTracker
+
+    params, args, kwargs = stand_ins(module, args, kwargs)
     given = {StorageWeakRef(t.untyped_storage())
              for t in tree_leaves((args, kwargs, params)) if isinstance(t, torch.Tensor)}
     saved: dict[Any, int] = {}
@@ -231,20 +263,24 @@ def _saved_anew(module: torch.nn.Module, args: tuple, kwargs: dict,
         if key not in given:
             saved[key] = t.untyped_storage().nbytes()
         return t
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    tracker = MemoryTracker(torch.device("cpu")) if scratch else contextlib.nullcontext()
+    with tracker, torch.enable_grad(), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         result = torch.func.functional_call(module, params, args, kwargs)
-    if not backward:
-        return sum(saved.values()), 0
-    from outcore.hardware.memtrack import MemoryTracker
-
-    outs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor) and t.requires_grad]
-    grads = [torch.zeros_like(t) for t in outs]
+    if not scratch:
+        return sum(saved.values()), 0, 0
+    assert isinstance(tracker, MemoryTracker)
+    outs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+    fwd = max(0, int(tracker.peak_bytes) - _nbytes(outs))
+    outs = [t for t in outs if t.requires_grad]
     wanted = [t for t in tree_leaves((args, kwargs, params))
               if isinstance(t, torch.Tensor) and t.requires_grad]
-    returned = sum(t.numel() * t.element_size() for t in wanted)
-    with MemoryTracker(torch.device("cpu")) as tracker:
+    if not outs or not wanted:
+        return sum(saved.values()), fwd, 0
+    grads = [torch.zeros_like(t) for t in outs]
+    with MemoryTracker(torch.device("cpu")) as back:
         torch.autograd.backward(outs, grads)
-    return sum(saved.values()), max(0, int(tracker.peak_bytes) - returned)
+    return sum(saved.values()), fwd, max(0, int(back.peak_bytes) - _nbytes(wanted))
 
 
 def _storage_nbytes(t: torch.Tensor) -> int:
