@@ -75,3 +75,25 @@ class WithLeaf(nn.Module):
 
 def leaf():
     return WithLeaf(), torch.randn(64, 16)
+
+
+class BiasedAttention(nn.Module):
+    """Attention with a learned position bias as its mask (timm's TinyViT, Swin): the CPU
+    runs the math path, which holds the scores and their softmax in full."""
+
+    def __init__(self, width: int = 64, heads: int = 4, length: int = 64):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.bias = nn.Parameter(torch.zeros(heads, length, length))
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x):  # x: [b, length, width]
+        b, n, w = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+        return self.out(y.transpose(1, 2).reshape(b, n, w)).mean(1)
+
+
+def biased_attention():
+    return BiasedAttention(), torch.randn(16, 64, 64)

@@ -156,3 +156,13 @@ def test_a_leaf_module_holds_its_inner_tensors(tmp_path):
                       run_dir=str(tmp_path / "run"))
     (m,), (p,) = [float(x) for x in r.peak_bytes], [float(x) for x in r.per_rank("peak_bytes")]
     assert 0.9 * p <= m <= p * 1.01 + 16 * 1024, (m, p)
+
+
+def test_attention_with_a_learned_bias_holds_its_scores(tmp_path):
+    """``scaled_dot_product_attention`` with a mask that needs a gradient runs the CPU's math
+    path: its forward and backward hold the scores and their softmax in full."""
+    r = outcore.train("tests/runtime/broadcast_model.py:biased_attention", 1, steps=2,
+                      optimizer="sgd", momentum=0.0, costs="estimate:cpu", timeline=False,
+                      task="regression", run_dir=str(tmp_path / "run"))
+    (m,), (p,) = [float(x) for x in r.peak_bytes], [float(x) for x in r.per_rank("peak_bytes")]
+    assert 0.9 * p <= m <= p * 1.01 + 16 * 1024, (m, p)
