@@ -67,7 +67,7 @@ class WithLeaf(nn.Module):
         super().__init__()
         self.inp = nn.Linear(16, width)
         self.block = Widening(width)
-        self.out = nn.Linear(width, 1)
+        self.out = nn.Linear(width, 4)
 
     def forward(self, x):
         return self.out(self.block(self.inp(x)))
