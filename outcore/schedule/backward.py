@@ -119,8 +119,20 @@ def backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
                                      np.zeros(n) if workspace is None else workspace,
                                      g.pred_ptr, g.pred_idx, layer_params, is_param,
                                      shared, tied, tied_sum, pinned_gradients(g),
-                                     np.zeros(n_p) if freed is None else freed)
+                                     np.zeros(n_p) if freed is None else freed,
+                                     *_in_edges(g))
     return (out, out_first) if first else out
+
+
+def _in_edges(g: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """``(ptr, edges)``: the edges into node ``v`` are ``edges[ptr[v]:ptr[v + 1]]``."""
+    known = memo(g.structure, "in edges")
+    if "csr" not in known:
+        edges = np.argsort(g.dst, kind="stable").astype(np.int64)
+        ptr = np.zeros(g.num_nodes + 1, np.int64)
+        np.cumsum(np.bincount(g.dst, minlength=g.num_nodes), out=ptr[1:])
+        known["csr"] = (ptr, edges)
+    return known["csr"]
 
 
 def _foreign_held(g: Graph, order: np.ndarray, piece_of: np.ndarray,
@@ -221,7 +233,7 @@ _NO_GRAD_OPS = ("input", "constant", "scalar_tensor", "full", "ones", "zeros", "
 @njit
 def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, foreign, saved, out_bytes,
                     aliasing, summed, workspace, pred_ptr, pred_idx, layer_params, is_param, shared,
-                    tied, tied_sum, pinned, freed0):
+                    tied, tied_sum, pinned, freed0, in_ptr, in_edge):
     """:func:`backward_working` in two passes (compiled): the edges, then the nodes in
     reverse topological order, each piece's saved bytes freed so far summed as it goes; also
     the largest with the parameters' gradients made so far added (a step's first backward).
@@ -252,6 +264,12 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, foreign, saved, 
     credited = np.zeros(n, np.bool_)
     begun = np.zeros(n, np.bool_)  # a fork whose first consumer's backward has run
     tied_waiting = np.zeros(n_p)  # shared weights' gradients waiting for their owner's
+    # an activation's gradient, from the backward of its last reader (in forward order) to its
+    # own: counted here while the nodes between run (Mamba-2's chunked C: 64 MiB from the last
+    # einsum that reads it to the first, 46 nodes earlier), where no other term holds it
+    pending = np.zeros(n_p)
+    pend = np.zeros(n)  # its bytes while pending
+    state = np.zeros(n, np.int64)  # 0: no gradient yet, 1: pending, 2: its backward has run
     for i in range(n - 1, -1, -1):
         v = order[i]
         p = piece_of[v]
@@ -278,9 +296,16 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, foreign, saved, 
                     begun[u] = True
                     if is_param[u]:
                         first_reads += out_bytes[u]
+        # the pending gradients its own terms do not count (its output's, its inputs')
+        between = pending[p] - (pend[v] if state[v] == 1 else 0.0)
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = pred_idx[k]
+            if state[u] == 1 and piece_of[u] == p:
+                between -= pend[u]
         # with the fresh gradient of its own weights, until it is added into .grad
         work = held * out_bytes[v] + (0.0 if aliasing[v] else grads_in[v]) + workspace[v] \
-            + waiting - freed[p] + layer_params[v] + shared[v] + tied_waiting[p] + handed[p]
+            + waiting - freed[p] + layer_params[v] + shared[v] + tied_waiting[p] + handed[p] \
+            + max(between, 0.0)
         if tied[v] > 0.0 and tied_waiting[p] > 0.0:  # a tied weight's gradients summed
             work += tied_sum * tied[v]
         if work > out[p]:
@@ -289,6 +314,16 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, foreign, saved, 
             out_first[p] = work + made[p]
         freed[p] += saved[v]
         handed[p] += foreign[v]
+        if state[v] == 1:
+            pending[p] -= pend[v]
+        state[v] = 2
+        for e in range(in_ptr[v], in_ptr[v + 1]):
+            u = src[in_edge[e]]
+            if state[u] == 0 and piece_of[u] == p and not is_param[u] \
+                    and grad_edges[in_edge[e]] > 0.0:
+                state[u] = 1
+                pend[u] = grad_edges[in_edge[e]]
+                pending[p] += pend[u]
         tied_waiting[p] += shared[v] + first_reads
         if tied[v] > 0.0:
             tied_waiting[p] = max(tied_waiting[p] - tied[v], 0.0)

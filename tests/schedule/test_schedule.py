@@ -172,8 +172,9 @@ def testbackward_working_memory_matches_a_node_by_node_reading(seed):
     """The compiled pass of :func:`backward_working` against its definition read node by
     node: per piece, the largest of (gradients held for a node's output, plus the gradients
     it returns for its inputs, one per producer, unless its op aliases them, plus the
-    gradients other consumers returned already for its inputs, less the saved bytes of the
-    piece's nodes after it), and never below 0."""
+    gradients other consumers returned already for its inputs, plus the gradients later
+    readers made for earlier nodes that wait for their own backward, less the saved bytes of
+    the piece's nodes after it), and never below 0."""
     from outcore.graph.algorithms import topological_order
     from outcore.schedule.backward import ALIASING_BACKWARD_OPS, backward_working
 
@@ -215,7 +216,19 @@ def testbackward_working_memory_matches_a_node_by_node_reading(seed):
                          if g.src[e] == u and piece_of[g.dst[e]] == piece_of[u]]
                 if piece_of[u] == p and len(users) >= 2 and v != max(users, key=pos.__getitem__):
                     waiting += g.out_bytes[u]
-            want[p] = max(want[p], held * g.out_bytes[v] + grad_in + waiting - freed)
+            # the gradients a later reader in the piece made for an earlier node of it, which
+            # wait for that node's own backward while this one runs (unless it reads them)
+            between = 0.0
+            for u in range(n):
+                if piece_of[u] != p or pos[u] >= pos[v] or u in ins:
+                    continue
+                users = [e for e in range(g.num_edges)
+                         if g.src[e] == u and piece_of[g.dst[e]] == p]
+                if users:
+                    first = max(users, key=lambda e: pos[g.dst[e]])
+                    if pos[g.dst[first]] > pos[v]:
+                        between += g.edge_bytes[first]
+            want[p] = max(want[p], held * g.out_bytes[v] + grad_in + waiting + between - freed)
         assert np.allclose(backward_working(g, piece_of, k, summed), want)
 
 
