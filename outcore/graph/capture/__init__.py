@@ -18,12 +18,17 @@ from typing import Any, Iterable
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_map_only
 
 from outcore.errors import CaptureError, ModelError, UsageError
 from outcore.graph.capture.mutation import thread_in_place
-from outcore.graph.capture.recorder import Recorder, call_config, compact
+from outcore.graph.capture.recorder import (
+    Recorder,
+    call_config,
+    first_line,
+    record,
+    weightless_mode,
+)
 from outcore.graph.coarsen import collapse
 from outcore.graph.ir import Graph, build
 from outcore.hardware.precision import autocast, canonical
@@ -71,10 +76,10 @@ def trace(model: nn.Module, leaves: Iterable[str] = (), n_inputs: int | None = N
             if culprit is None or culprit == "" or culprit in leaf_set:
                 raise CaptureError(
                     f"torch.fx cannot trace {type(model).__name__}: {type(e).__name__}: "
-                    f"{_first_line(e)}; make the data-dependent part a submodule, or pass "
+                    f"{first_line(e)}; make the data-dependent part a submodule, or pass "
                     "it as a leaf module") from e
             log.warning("torch.fx cannot trace module %r (%s: %s); treating it as one leaf "
-                        "layer", culprit, type(e).__name__, _first_line(e))
+                        "layer", culprit, type(e).__name__, first_line(e))
             leaf_set.add(culprit)
             forced.append(culprit)
             continue
@@ -170,7 +175,7 @@ def _raise_if_model_fails(model: nn.Module, inputs: tuple[torch.Tensor, ...]) ->
             return
         shapes = ", ".join("x".join(map(str, x.shape)) for x in inputs)
         raise ModelError(f"the model fails on an input of shape {shapes}: "
-                         f"{type(e).__name__}: {_first_line(e)}; check --input-shape") from e
+                         f"{type(e).__name__}: {first_line(e)}; check --input-shape") from e
     except Exception:  # noqa: BLE001 - fake mode could not run it: nothing to conclude
         return
 
@@ -303,49 +308,6 @@ def _innermost_module(e: BaseException, names: dict[int, str]) -> str | None:
     return found
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
-
-
-def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bool,
-                  measure: Iterable[str] = ()) -> Recorder:
-    # an input that views a larger tensor (a micro-batch sliced off an example batch) would be
-    # counted at its whole storage where a layer saves it: record on compact copies
-    inputs = tuple(compact(x) for x in inputs)
-    state = list(gm.parameters()) + list(gm.buffers())
-    rec = Recorder(gm, measure)
-    kept = [(b, b.detach().clone()) for b in gm.buffers()]  # batch norm counts even when fake
-    with torch.enable_grad():
-        if fake:
-            from torch._subclasses.fake_tensor import FakeTensorMode
-            with weightless_mode(gm) or FakeTensorMode(allow_non_fake_inputs=True) as mode:
-                rec.run(*(mode.from_tensor(x) for x in inputs))
-                # parameters were converted to fake tensors on first use (memoised): exclude
-                # what autograd saved of them by their fake storages
-                exclude = {StorageWeakRef(mode.from_tensor(t).untyped_storage()) for t in state}
-        else:
-            rec.run(*inputs)
-            exclude = set()
-    with torch.no_grad():
-        for b, value in kept:
-            b.copy_(value)
-    exclude |= {StorageWeakRef(t.untyped_storage()) for t in state}
-    rec.saved = rec.saved_by_node(exclude)
-    return rec
-
-
-def weightless_mode(model: nn.Module) -> Any:
-    """The ``FakeTensorMode`` ``model`` was built in (:func:`outcore.zoo.build_model` with
-    ``weights=False``: its parameters are fake tensors, shapes without memory), or None."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    for t in (*model.parameters(), *model.buffers()):
-        if isinstance(t, FakeTensor):
-            return t.fake_mode
-    return None
-
-
 def _op_name(n: fx.Node, gm: fx.GraphModule) -> str:
     if n.op == "placeholder":
         return "input"
@@ -461,30 +423,6 @@ def leaf_paths(model: nn.Module, names: Iterable[str]) -> tuple[str, ...]:
             raise UsageError(f"leaf module {name!r} is neither a module path nor a module "
                              f"class of {type(model).__name__}{hint}")
     return tuple(dict.fromkeys(paths))
-
-
-def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool = True,
-           measure: Iterable[str] = ()) -> Recorder:
-    """Run ``gm`` once on ``inputs``, recording bytes and shapes; model failures → ModelError.
-    The leaf modules ``measure`` names are measured on real tensors too (:class:`Recorder`)."""
-    shapes = ", ".join("x".join(map(str, x.shape)) for x in inputs)
-    try:
-        return _run_recorder(gm, inputs, fake, measure)
-    except Exception as fake_error:
-        if not fake and "more than 1 value per channel" in str(fake_error):  # batch norm
-            raise ModelError(f"batch norm cannot train on a micro-batch of {inputs[0].shape[0]} "
-                             f"(input {shapes}): it needs more than one value per channel; use "
-                             "a larger batch or fewer micro-batches") from fake_error
-        if not fake:
-            raise ModelError(f"the model fails on an input of shape {shapes}: "
-                             f"{type(fake_error).__name__}: {_first_line(fake_error)}; check "
-                             "--input-shape") from fake_error
-        log.debug("fake-tensor run failed (%s); running for real", fake_error)
-        # a model built without its weights (or fake inputs) runs on stand-in values
-        from outcore.graph.capture.export import real_parameters, values_of
-        with real_parameters(gm):
-            return record(gm, tuple(values_of(x) for x in inputs), fake=False,
-                          measure=measure)
 
 
 def _computed_sizes(n: fx.Node) -> list[int]:

@@ -1,10 +1,12 @@
-"""The run that measures a traced graph: per node, its output's bytes, shape and dtype, the
-bytes autograd saves for its backward (first saver of each storage), its inputs' shapes, its
-flops, and whether its first input is laid out channels-last (NHWC) in memory."""
+"""The run that measures a traced graph (:func:`record`): per node, its output's bytes,
+shape and dtype, the bytes autograd saves for its backward (first saver of each storage), its
+inputs' shapes, its flops, and whether its first input is laid out channels-last (NHWC) in
+memory; a recurrent layer's and a leaf module's memory measured on real tensors too."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,9 +17,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from outcore.errors import ModelError
 from outcore.graph.capture.mutation import writes_first_arg
 
-__all__ = ["Recorder", "compact", "stand_ins"]
+__all__ = ["Recorder", "compact", "first_line", "record", "stand_ins", "weightless_mode"]
+
+log = logging.getLogger(__name__)
 
 
 def _nbytes(value: Any) -> int:
@@ -343,3 +348,70 @@ def call_config(n: fx.Node, in_shapes: list | None) -> dict[str, Any]:
         if value is not None:
             config[key] = value
     return config
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bool,
+                  measure: Iterable[str] = ()) -> Recorder:
+    # an input that views a larger tensor (a micro-batch sliced off an example batch) would be
+    # counted at its whole storage where a layer saves it: record on compact copies
+    inputs = tuple(compact(x) for x in inputs)
+    state = list(gm.parameters()) + list(gm.buffers())
+    rec = Recorder(gm, measure)
+    kept = [(b, b.detach().clone()) for b in gm.buffers()]  # batch norm counts even when fake
+    with torch.enable_grad():
+        if fake:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            with weightless_mode(gm) or FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                rec.run(*(mode.from_tensor(x) for x in inputs))
+                # parameters were converted to fake tensors on first use (memoised): exclude
+                # what autograd saved of them by their fake storages
+                exclude = {StorageWeakRef(mode.from_tensor(t).untyped_storage()) for t in state}
+        else:
+            rec.run(*inputs)
+            exclude = set()
+    with torch.no_grad():
+        for b, value in kept:
+            b.copy_(value)
+    exclude |= {StorageWeakRef(t.untyped_storage()) for t in state}
+    rec.saved = rec.saved_by_node(exclude)
+    return rec
+
+
+def weightless_mode(model: torch.nn.Module) -> Any:
+    """The ``FakeTensorMode`` ``model`` was built in (:func:`outcore.zoo.build_model` with
+    ``weights=False``: its parameters are fake tensors, shapes without memory), or None."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for t in (*model.parameters(), *model.buffers()):
+        if isinstance(t, FakeTensor):
+            return t.fake_mode
+    return None
+
+
+def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool = True,
+           measure: Iterable[str] = ()) -> Recorder:
+    """Run ``gm`` once on ``inputs``, recording bytes and shapes; model failures → ModelError.
+    The leaf modules ``measure`` names are measured on real tensors too (:class:`Recorder`)."""
+    shapes = ", ".join("x".join(map(str, x.shape)) for x in inputs)
+    try:
+        return _run_recorder(gm, inputs, fake, measure)
+    except Exception as fake_error:
+        if not fake and "more than 1 value per channel" in str(fake_error):  # batch norm
+            raise ModelError(f"batch norm cannot train on a micro-batch of {inputs[0].shape[0]} "
+                             f"(input {shapes}): it needs more than one value per channel; use "
+                             "a larger batch or fewer micro-batches") from fake_error
+        if not fake:
+            raise ModelError(f"the model fails on an input of shape {shapes}: "
+                             f"{type(fake_error).__name__}: {first_line(fake_error)}; check "
+                             "--input-shape") from fake_error
+        log.debug("fake-tensor run failed (%s); running for real", fake_error)
+        # a model built without its weights (or fake inputs) runs on stand-in values
+        from outcore.graph.capture.export import real_parameters, values_of
+        with real_parameters(gm):
+            return record(gm, tuple(values_of(x) for x in inputs), fake=False,
+                          measure=measure)
