@@ -331,3 +331,28 @@ def test_a_recurrent_layer_saves_in_fake_mode_what_it_saves_for_real(rnn):
     assert capture(weightless(Net), x).saved_bytes[i] == real.saved_bytes[i]
     if rnn is nn.LSTM:  # and the scratch its backward takes beyond the gradients
         assert fake.attr(i, "bwd_scratch_share") > 0
+
+
+def test_a_leaf_that_fails_on_zeros_is_captured_unmeasured():
+    """A leaf is measured on zeros; one that cannot take them (a Cholesky factor of a zero
+    matrix) keeps what the recording saw, and the capture goes on."""
+
+    class Factor(nn.Module):
+        def forward(self, h):
+            if h.sum() > -1e30:  # a branch on a value: torch.fx makes this a leaf
+                h = h * 1.0
+            return torch.linalg.cholesky(h.T @ h + 0.0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(4, 4)
+            self.factor = Factor()
+
+        def forward(self, x):
+            return self.factor(self.inp(x)).sum(0, keepdim=True)
+
+    torch.manual_seed(0)
+    g = capture(Net(), torch.randn(16, 4))
+    i = g.names.index("factor")
+    assert g.meta["forced_leaves"] == ["factor"] and g.attr(i, "bwd_scratch_share") is None
