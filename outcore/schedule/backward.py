@@ -120,19 +120,8 @@ def backward_working(g: Graph, piece_of: np.ndarray, n_p: int, summed: int = 2,
                                      g.pred_ptr, g.pred_idx, layer_params, is_param,
                                      shared, tied, tied_sum, pinned_gradients(g),
                                      np.zeros(n_p) if freed is None else freed,
-                                     *_in_edges(g))
+                                     g.pred_edge)
     return (out, out_first) if first else out
-
-
-def _in_edges(g: Graph) -> tuple[np.ndarray, np.ndarray]:
-    """``(ptr, edges)``: the edges into node ``v`` are ``edges[ptr[v]:ptr[v + 1]]``."""
-    known = memo(g.structure, "in edges")
-    if "csr" not in known:
-        edges = np.argsort(g.dst, kind="stable").astype(np.int64)
-        ptr = np.zeros(g.num_nodes + 1, np.int64)
-        np.cumsum(np.bincount(g.dst, minlength=g.num_nodes), out=ptr[1:])
-        known["csr"] = (ptr, edges)
-    return known["csr"]
 
 
 def _foreign_held(g: Graph, order: np.ndarray, piece_of: np.ndarray,
@@ -233,7 +222,7 @@ _NO_GRAD_OPS = ("input", "constant", "scalar_tensor", "full", "ones", "zeros", "
 @njit
 def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, foreign, saved, out_bytes,
                     aliasing, summed, workspace, pred_ptr, pred_idx, layer_params, is_param, shared,
-                    tied, tied_sum, pinned, freed0, in_ptr, in_edge):
+                    tied, tied_sum, pinned, freed0, pred_edge):
     """:func:`backward_working` in two passes (compiled): the edges, then the nodes in
     reverse topological order, each piece's saved bytes freed so far summed as it goes; also
     the largest with the parameters' gradients made so far added (a step's first backward).
@@ -317,12 +306,12 @@ def _working_kernel(order, piece_of, n_p, src, dst, grad_edges, foreign, saved, 
         if state[v] == 1:
             pending[p] -= pend[v]
         state[v] = 2
-        for e in range(in_ptr[v], in_ptr[v + 1]):
-            u = src[in_edge[e]]
+        for k in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = pred_idx[k]
             if state[u] == 0 and piece_of[u] == p and not is_param[u] \
-                    and grad_edges[in_edge[e]] > 0.0:
+                    and grad_edges[pred_edge[k]] > 0.0:
                 state[u] = 1
-                pend[u] = grad_edges[in_edge[e]]
+                pend[u] = grad_edges[pred_edge[k]]
                 pending[p] += pend[u]
         tied_waiting[p] += shared[v] + first_reads
         if tied[v] > 0.0:
