@@ -45,6 +45,7 @@ from outcore.plan.pieces import Pieces
 from outcore.schedule.backward import backward_working, pinned_gradients, requires_gradient
 from outcore.schedule.ir import ENTRY_MIN_BYTES
 from outcore.schedule.shared import shared_copies, shared_reads
+from outcore.schedule.waiting import waiting_outputs
 from outcore.schedule.workspace import (
     broadcast_scratch,
     gather_scratch,
@@ -92,6 +93,9 @@ class PieceCosts:
         first_bwd_extra: ``[pieces]`` what a step's first backward of the piece holds beyond
             ``transient_bwd_bytes``: the ``.grad`` tensors it has made so far at its costliest
             node (later backwards add into them, one fresh gradient at a time).
+        fwd_held: ``[pieces]`` what the end of a piece's forward adds beside its saved
+            bytes: its outputs waiting for later pieces of its rank, less those it was the
+            last to wait for (:mod:`~outcore.schedule.waiting`).
     """
 
     fwd_s: np.ndarray
@@ -109,6 +113,7 @@ class PieceCosts:
     collectives: dict[int, tuple[tuple[str, str, float, float], ...]] | None = None
     out_grad_cap: np.ndarray | None = None
     first_bwd_extra: np.ndarray | None = None
+    fwd_held: np.ndarray | None = None
 
     @property
     def bwd_transient(self) -> np.ndarray:
@@ -282,8 +287,9 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 names = (g.attr(v, "params", []) or []) + (g.attr(v, "shared_params", []) or [])
                 held[rank_of_piece[piece_of[v]]].update(names)
             tensors = np.array([len(h) for h in held], dtype=np.float64)
+    held = waiting_outputs(g, pieces, _storage_bytes(g, np.arange(g.num_nodes)))
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
-                      pol, tensors, grads, inner, _taken_outputs(g, pieces), first_extra)
+                      pol, tensors, grads, inner, _taken_outputs(g, pieces), first_extra, held)
 
 
 def _layer_inputs(g: Graph) -> np.ndarray:

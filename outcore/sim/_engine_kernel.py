@@ -167,8 +167,8 @@ def _finish_compute(A, P, D, rf, ri, cnt, E, M, H, k, t, end):
         work += P[18][p]
     _mem(M, cnt, r, t, work)
     _mem(M, cnt, r, end, -work)
-    if op == OP_F:
-        _mem(M, cnt, r, end, saved[p])
+    if op == OP_F:  # what it saves, and its outputs waiting for later pieces
+        _mem(M, cnt, r, end, saved[p] + P[19][p])
         return end
     h = held_p[p * nmb + mb]
     held_p[p * nmb + mb] = 0.0

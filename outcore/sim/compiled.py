@@ -141,7 +141,9 @@ def _pieces(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, op, mbs, pcs,
             np.asarray(costs.bwd_transient, np.float64),
             np.asarray(costs.saved_bytes, np.float64), in_grad, grads, last_b, pparam, ph, rph,
             np.zeros(ports), port_of, total, local_ptr, src[lo].astype(np.int64),
-            tb[lo].copy(), cap, first_extra), left
+            tb[lo].copy(), cap, first_extra,
+            np.asarray(costs.fwd_held, np.float64) if costs.fwd_held is not None
+            else np.zeros(P)), left
 
 
 def _dp_phases(s: Schedule, costs: PieceCosts, cluster: Cluster, opt, last_b, pparam, R: int):

@@ -93,6 +93,8 @@ class _Engine:
         self.fwd, self.bwd = costs.fwd_s.tolist(), costs.bwd_s.tolist()
         self.work_f, self.work_b = costs.transient_bytes.tolist(), costs.bwd_transient.tolist()
         self.saved = costs.saved_bytes.tolist()
+        self.fwd_held = costs.fwd_held.tolist() if costs.fwd_held is not None \
+            else [0.0] * len(self.saved)
         self.tbytes = np.asarray(costs.transfer_bytes, np.float64).tolist()
         self.last_b = {}
         for r, acts in enumerate(s.actions):
@@ -231,8 +233,8 @@ class _Engine:
             work += float(self.c.first_bwd_extra[a.piece])  # the .grad tensors made so far
         self.add_mem(r, t, work)
         self.add_mem(r, end, -work)
-        if a.op == "F":
-            self.add_mem(r, end, self.saved[a.piece])
+        if a.op == "F":  # what it saves, and its outputs waiting for later pieces
+            self.add_mem(r, end, self.saved[a.piece] + self.fwd_held[a.piece])
         else:  # the gradients of its received inputs stay until they are sent
             self.add_mem(r, end, self.in_grad[a.piece] - self.saved[a.piece]
                          - self.held.pop((a.piece, a.mb), 0.0))

@@ -473,3 +473,40 @@ def test_a_rank_s_next_compute_is_not_ended_by_a_stale_rate_change():
     for label, span in expected.items():
         assert spans[label] == pytest.approx(span), label
     assert r.iteration_s == pytest.approx(10.8)
+
+
+def test_an_output_waiting_for_a_later_piece_of_its_rank_is_held_until_that_piece_runs():
+    """A bias table gathered in a piece of its own (TinyViT's attention biases) is made before
+    the piece that reads it and waits, whatever runs on the rank between: rank 1's first
+    piece {1, 2} gathers 1000 B per micro-batch from a weight, which its second piece {3, 4}
+    reads after its input from rank 0 arrives."""
+    from outcore.plan.pieces import cut
+    from outcore.schedule.costs import piece_costs
+    from outcore.schedule.waiting import waiting_outputs
+    # 0 (rank 0, 5 s) -> 3; 1 (a weight) -> 2 (the table) -> 3 (adds it, saves nothing) -> 4
+    g = gbuild("wait", fwd_s=[5.0, 1.0, 1.0, 1.0, 1.0], bwd_s=[1.0] * 5, src=[0, 1, 2, 3],
+               dst=[3, 2, 3, 4],
+               edge_bytes=[10, 40, 1000, 10], out_bytes=[10, 40, 1000, 10, 10],
+               saved_bytes=[0, 0, 0, 0, 10], ops=["linear", "param", "index", "add", "linear"])
+    device = np.array([0, 1, 1, 1, 1])
+    pieces = cut(g, device)
+    p1, p2 = int(pieces.piece_of[2]), int(pieces.piece_of[3])
+    assert p1 != p2 and pieces.device_of[p1] == pieces.device_of[p2] == 1
+    held = waiting_outputs(g, pieces, g.out_bytes.astype(float))
+    assert held[p1] == 1000.0 and held[p2] == -1000.0 and held.sum() == 0.0
+    assert piece_costs(g, pieces, 2).fwd_held[p1] == 1000.0
+    p = make_plan(g, device, strategy="manual", devices=2, memory_bytes=None, microbatches=2,
+                  schedule="gpipe", cluster=flat_cluster_doc({"bandwidth": 1e9,
+                                                              "latency_s": 0.0}, 2))
+    r = simulate(p, g)
+    times, level = r.timeline.memory[1]
+    for mb in (0, 1):  # the table waits from its piece's forward to the reader's
+        made = min(e.end_s for e in r.timeline.events if e.label == f"{p1}F{mb}")
+        read = min(e.start_s for e in r.timeline.events if e.label == f"{p2}F{mb}")
+        assert made < read
+        # the level after everything at each moment between them (1000 B, plus the 10 B
+        # received and the 10 B saved of the micro-batch before)
+        moments = np.unique(np.r_[times[(times > made) & (times < read)], made])
+        between = level[np.searchsorted(times, moments, side="right") - 1]
+        assert between.min() >= 1000.0, (mb, between)
+
