@@ -279,7 +279,8 @@ def _relayed(a: np.ndarray, b: np.ndarray, prod: np.ndarray, nbytes: np.ndarray,
 def _transfers(g: Graph, piece_of: np.ndarray, dev: np.ndarray, *, relay: bool = True
                ) -> tuple[np.ndarray, ...]:
     """One transfer per (source piece, destination piece) pair of crossing edges, in that
-    order; its tensors are the distinct producers, each counted once at its largest edge.
+    order; its tensors are the distinct producers, each counted once at its largest edge (a
+    tuple's whole bytes where a getitem reads it).
     With ``relay``, a tensor crosses to a device once (:func:`_relayed`). Returns the columns
     ``(src, dst, bytes, local, tensor_ptr, tensor_idx)``."""
     ps, pd = piece_of[g.src], piece_of[g.dst]
@@ -287,6 +288,11 @@ def _transfers(g: Graph, piece_of: np.ndarray, dev: np.ndarray, *, relay: bool =
     a, b = ps[crossing], pd[crossing]
     prod = np.asarray(g.src, np.int64)[crossing]
     nbytes = np.asarray(g.edge_bytes, np.int64)[crossing]
+    # an element of a tuple (a getitem's edge carries its bytes) crosses with the whole tuple:
+    # the executor sends a producer's value as it is (a split's three parts for one of them)
+    parts = np.isin(np.asarray(g.dst, np.int64)[crossing], g.nodes_with_op("getitem"))
+    if parts.any():
+        nbytes[parts] = np.maximum(nbytes[parts], np.asarray(g.out_bytes, np.int64)[prod[parts]])
     o = _by_keys(prod, b, a)
     a, b, prod, nbytes = a[o], b[o], prod[o], nbytes[o]
     new = np.ones(a.size, dtype=bool)

@@ -510,3 +510,16 @@ def test_an_output_waiting_for_a_later_piece_of_its_rank_is_held_until_that_piec
         between = level[np.searchsorted(times, moments, side="right") - 1]
         assert between.min() >= 1000.0, (mb, between)
 
+
+def test_a_tuple_crosses_to_another_piece_whole():
+    """The executor sends a producer's value as it is: a split's three parts cross when a
+    piece on another rank reads one of them (tinyvit's q, k and v: 0.72 MiB, counted 0.24)."""
+    from outcore.plan.pieces import cut
+    t = gbuild("split", fwd_s=[1.0] * 3, bwd_s=[1.0] * 3, src=[0, 1], dst=[1, 2],
+               edge_bytes=[30, 10], out_bytes=[30, 30, 10], saved_bytes=[0, 0, 0],
+               ops=["linear", "split", "getitem"])
+    assert cut(t, np.array([0, 0, 1])).transfer_bytes.tolist() == [30]
+    plain = gbuild("plain", fwd_s=[1.0] * 3, bwd_s=[1.0] * 3, src=[0, 1], dst=[1, 2],
+                   edge_bytes=[30, 10], out_bytes=[30, 30, 10], saved_bytes=[0, 0, 0],
+                   ops=["linear", "linear", "relu"])
+    assert cut(plain, np.array([0, 0, 1])).transfer_bytes.tolist() == [10]
