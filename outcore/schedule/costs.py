@@ -287,9 +287,10 @@ def piece_costs(g: Graph, pieces: Pieces, num_ranks: int, *, scale: float = 1.0,
                 names = (g.attr(v, "params", []) or []) + (g.attr(v, "shared_params", []) or [])
                 held[rank_of_piece[piece_of[v]]].update(names)
             tensors = np.array([len(h) for h in held], dtype=np.float64)
-    held = waiting_outputs(g, pieces, _storage_bytes(g, np.arange(g.num_nodes)))
+    waiting = waiting_outputs(g, pieces, _storage_bytes(g, np.arange(g.num_nodes)))
     return PieceCosts(fwd, bwd, saved, transient, tbytes, static, params, piece_params, t_bwd,
-                      pol, tensors, grads, inner, _taken_outputs(g, pieces), first_extra, held)
+                      pol, tensors, grads, inner, _taken_outputs(g, pieces), first_extra,
+                      waiting)
 
 
 def _layer_inputs(g: Graph) -> np.ndarray:
