@@ -356,3 +356,35 @@ def test_a_leaf_that_fails_on_zeros_is_captured_unmeasured():
     g = capture(Net(), torch.randn(16, 4))
     i = g.names.index("factor")
     assert g.meta["forced_leaves"] == ["factor"] and g.attr(i, "bwd_scratch_share") is None
+
+
+def test_a_write_to_a_parameters_data_in_the_forward_exports_on_a_model_without_weights(
+        caplog):
+    """Gemma 3n clamps ``prediction_coefs.weight.data`` in its forward while training:
+    torch.export makes the ``.data`` a constant, which on a model built without its weights
+    (every rank's, before it builds its part) is a fake tensor that export refuses with real
+    inputs. It is exported in the model's own fake mode; the constant, only written, becomes
+    real zeros, and a warning says the write does not reach the parameter."""
+    from outcore.graph.capture.export import export_trace
+    from outcore.zoo.weightless import weightless
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(4, 8)
+            self.coefs = nn.Linear(2, 2, bias=False)
+
+        def forward(self, x):
+            if self.training:
+                self.coefs.weight.data.clamp_(-1.0, 1.0)
+            return self.inp(x).sum(-1, keepdim=True) * self.coefs.weight.sum()
+
+    model = weightless(Net)
+    with caplog.at_level(logging.WARNING):
+        gm, _ = export_trace(model, (torch.randn(3, 4),))
+    constants = [n for n in gm.graph.nodes if n.op == "get_attr" and "lifted" in str(n.target)]
+    assert len(constants) == 1 and [str(u.target) for u in constants[0].users] == \
+        ["aten.clamp_.default"]
+    value = getattr(gm, str(constants[0].target))
+    assert type(value) is torch.Tensor and value.shape == (2, 2) and not value.any()
+    assert "does not reach the parameter" in caplog.text

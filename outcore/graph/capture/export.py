@@ -92,6 +92,8 @@ def export_trace(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     graph.eliminate_dead_code(is_impure_node=_is_impure)
     thread_in_place(graph, model)  # later readers of a tensor written in place
     gm = fx.GraphModule(_attr_root(model, unlifted, graph), graph, type(model).__name__)
+    if getattr(ep, "_outcore_stand_in", False):
+        _give_constants_values(gm, model)
     _register_buffers(gm, model, graph)
     follow_module_device(gm)  # no call pinned to the device of capture
     gm.recompile()
@@ -114,6 +116,13 @@ def _exported(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
         with _quiet_partial_graph():
             return torch.export.export(model, inputs, strict=False, dynamic_shapes=dynamic)
     except Exception as e:  # noqa: BLE001 - only a data-dependent branch is retried
+        mode = weightless_mode(model)
+        if mode is not None and _fake_constant(e):
+            with _quiet_partial_graph():
+                ep = torch.export.export(model, tuple(mode.from_tensor(x) for x in inputs),
+                                         strict=False, dynamic_shapes=dynamic)
+            ep._outcore_stand_in = True  # its constants are to be given values
+            return ep
         if not (_data_dependent(e) and is_hf_model(model)):
             raise
         first = e
@@ -133,6 +142,63 @@ def _exported(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
                     "example inputs do, and data that takes another trains another program",
                     type(model).__name__, "; ".join(branches) or "unnamed")
     return ep
+
+
+def weightless_mode(model: nn.Module) -> Any:
+    """The ``FakeTensorMode`` ``model`` was built in (:func:`outcore.zoo.build_model` with
+    ``weights=False``: its parameters are fake tensors, shapes without memory), or None."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for t in (*model.parameters(), *model.buffers()):
+        if isinstance(t, FakeTensor):
+            return t.fake_mode
+    return None
+
+
+def _fake_constant(e: BaseException) -> bool:
+    """Whether ``e`` is export's refusal of a constant that is a fake tensor: one the forward
+    takes from a parameter's ``.data`` in training (Gemma 3n's
+    ``self.prediction_coefs.weight.data.clamp_(...)``), which torch.export makes a constant
+    of the parameter's traced value."""
+    return "fake tensor in the exported program constant" in str(e)
+
+
+def _give_constants_values(gm: fx.GraphModule, model: nn.Module) -> None:
+    """A model built without weights, exported in its own fake mode (:func:`_exported`): its
+    lifted constants are fake. One only written in place (the ``.data`` a forward clamps)
+    becomes real zeros: the graph writes into its own copy, which nothing reads, and a
+    warning says the write does not reach the parameter. A constant the graph reads keeps
+    the value torch recorded for it, or is refused."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    named = {n for n, _ in model.named_parameters(remove_duplicate=False)} | \
+        {n for n, _ in model.named_buffers(remove_duplicate=False)}
+    written = []
+    for n in gm.graph.nodes:
+        if n.op != "get_attr" or str(n.target) in named:
+            continue
+        owner, _, attr = str(n.target).rpartition(".")
+        holder = gm.get_submodule(owner) if owner else gm
+        value = getattr(holder, attr)
+        if not isinstance(value, FakeTensor):
+            continue
+        if value.constant is not None:
+            setattr(holder, attr, value.constant.clone())
+        elif n.users and all(str(u.target).endswith("_.default") and u.args[0] is n
+                             for u in n.users):
+            setattr(holder, attr, torch.zeros(value.shape, dtype=value.dtype))
+            written.append(str(n.target))
+        else:
+            raise CaptureError(f"torch.export cannot capture {type(model).__name__} built "
+                               f"without its weights: its constant {n.target} has no value; "
+                               "pass leaf modules, or capture a wrapper whose forward takes "
+                               "and returns tensors")
+    key = (type(model).__name__, ("a write to a parameter's .data",))
+    if written and key not in _WARNED:
+        _WARNED.add(key)
+        log.warning("%s writes into a parameter's `.data` in its forward (%s); torch.export "
+                    "makes that a constant, so the write does not reach the parameter",
+                    type(model).__name__, ", ".join(written[:3]))
 
 
 _WARNED: set[tuple[str, tuple[str, ...]]] = set()

@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from outcore.errors import ModelError
+from outcore.graph.capture.export import weightless_mode
 from outcore.graph.capture.mutation import writes_first_arg
 
 __all__ = ["Recorder", "compact", "first_line", "record", "stand_ins", "weightless_mode"]
@@ -426,17 +427,6 @@ def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bo
     exclude |= {StorageWeakRef(t.untyped_storage()) for t in state}
     rec.saved = rec.saved_by_node(exclude)
     return rec
-
-
-def weightless_mode(model: torch.nn.Module) -> Any:
-    """The ``FakeTensorMode`` ``model`` was built in (:func:`outcore.zoo.build_model` with
-    ``weights=False``: its parameters are fake tensors, shapes without memory), or None."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    for t in (*model.parameters(), *model.buffers()):
-        if isinstance(t, FakeTensor):
-            return t.fake_mode
-    return None
 
 
 def record(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], *, fake: bool = True,
