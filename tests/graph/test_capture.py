@@ -388,3 +388,38 @@ def test_a_write_to_a_parameters_data_in_the_forward_exports_on_a_model_without_
     value = getattr(gm, str(constants[0].target))
     assert type(value) is torch.Tensor and value.shape == (2, 2) and not value.any()
     assert "does not reach the parameter" in caplog.text
+
+
+def test_a_graph_that_carries_no_gradient_to_the_parameters_is_refused():
+    """torch.export traces an ``autograd.Function``'s forward, not the function: one that
+    computes under ``no_grad`` (Reformer's reversible layers) leaves an output no gradient
+    reaches, and training it would update nothing. Capture refuses it; torch.fx keeps the
+    function as one call, whose output does require a gradient."""
+
+    class Rev(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            with torch.no_grad():
+                y = x @ w
+            ctx.save_for_backward(x, w)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            return g @ w.T, x.T @ g
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return Rev.apply(x, self.w)
+
+    x = torch.randn(3, 4)
+    with pytest.raises(CaptureError, match="carries no gradient from the parameters"):
+        capture(Net(), (x,), path="export")
+    assert capture(Net(), (x,), path="fx").num_nodes >= 3
+    frozen = Net().requires_grad_(False)  # nothing to train: nothing refused
+    assert capture(frozen, (x,), path="export").num_nodes >= 2

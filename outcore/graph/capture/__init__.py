@@ -394,6 +394,12 @@ def capture(model: nn.Module, example_inputs: Any, *, name: str | None = None,
     traced, how = trace_model(model, inputs, leaves=given, path=path, output=output)
     with autocast(precision := canonical(precision), inputs[0].device if inputs else "cpu"):
         rec = record(traced.gm, inputs, fake=fake, measure=given + traced.forced_leaves)
+    if not rec.differentiable:
+        raise CaptureError(
+            f"{name or type(model).__name__}: its traced graph carries no gradient from the "
+            f"parameters to the output ({how.get('path')} path): an autograd.Function the "
+            "trace does not differentiate through (Reformer's reversible layers) would train "
+            "nothing; pass that module as a leaf (--leaf) or capture a wrapper around it")
     g = graph_from_fx(traced.gm, rec, name or type(model).__name__,
                       batch_size=int(inputs[0].shape[0]) if inputs and inputs[0].dim() else None)
     meta = {**g.meta, "capture": how, "precision": precision}

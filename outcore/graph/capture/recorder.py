@@ -97,6 +97,7 @@ class Recorder(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, measure: Iterable[str] = ()):
         super().__init__(gm)
         self.measure = frozenset(measure)  # leaf modules measured on real tensors
+        self.differentiable = True  # a floating output requires a gradient (or no parameter)
         self.current: str | None = None
         self.saved: dict[str, int] = {}
         self.seen: dict[Any, tuple[str, int]] = {}
@@ -414,13 +415,17 @@ def _run_recorder(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], fake: bo
         if fake:
             from torch._subclasses.fake_tensor import FakeTensorMode
             with weightless_mode(gm) or FakeTensorMode(allow_non_fake_inputs=True) as mode:
-                rec.run(*(mode.from_tensor(x) for x in inputs))
+                result = rec.run(*(mode.from_tensor(x) for x in inputs))
                 # parameters were converted to fake tensors on first use (memoised): exclude
                 # what autograd saved of them by their fake storages
                 exclude = {StorageWeakRef(mode.from_tensor(t).untyped_storage()) for t in state}
         else:
-            rec.run(*inputs)
+            result = rec.run(*inputs)
             exclude = set()
+    outs = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor) and
+            t.is_floating_point()]
+    rec.differentiable = not outs or any(t.requires_grad for t in outs) or \
+        not any(p.requires_grad for p in gm.parameters())
     with torch.no_grad():
         for b, value in kept:
             b.copy_(value)
