@@ -363,12 +363,13 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
         config.problem_type = "regression"
     seq_from_shape = input_shape[1] if input_shape is not None and len(input_shape) > 1 \
         else None
+    seq = int(opts.get("seq", seq_from_shape or 16))
+    _fit_axial_positions(config, seq, opts)
 
     # the weights in another precision (the inputs are token ids)
     build = _builder(spec, task, make, config, _dtype(opts["dtype"]) if "dtype" in opts else None)
     probe(build)
     batch = batch_size or 2
-    seq = int(opts.get("seq", seq_from_shape or 16))
     vocab = int(config.vocab_size)
     gen = _generator()
     ids = torch.randint(0, vocab, (batch, seq), generator=gen)
@@ -383,6 +384,17 @@ def hf_model(spec: str, rest: str, parse: Callable[[str, str], dict[str, Any]],
     return {"build": build, "example_inputs": inputs, "int_high": high, "task": task,
             "task_options": {"mask_token_id": int(mask_id)},
             "weights": str(folder) if folder is not None else None}
+
+
+def _fit_axial_positions(config: Any, seq: int, opts: dict[str, Any]) -> None:
+    """Axial position embeddings (Reformer's) as a grid of ``seq`` positions: a model in
+    training takes only sequences as long as its grid (64 x 64 by default, for a sequence of
+    16 tokens). Left as given where ``axial_pos_shape`` is an option."""
+    shape = getattr(config, "axial_pos_shape", None)
+    if not getattr(config, "axial_pos_embds", False) or not shape or "axial_pos_shape" in opts:
+        return
+    rows = max(d for d in range(1, int(seq ** 0.5) + 1) if seq % d == 0)
+    config.axial_pos_shape = (rows, seq // rows) if len(shape) == 2 else shape
 
 
 def _builder(spec: str, task: str, make: Callable[[Any], nn.Module], config: Any,

@@ -115,3 +115,16 @@ def test_a_masked_lm_without_a_padding_id_runs_its_forward():
     pytest.importorskip("transformers")
     spec, net = build_model("hf:esm", batch_size=2)
     assert net(*spec.example_inputs).logits.shape[:2] == spec.example_inputs[0].shape
+
+
+def test_axial_position_embeddings_cover_the_sequence():
+    """Reformer in training takes only sequences as long as its axial position grid (64 x 64
+    by default): the tiny model's grid is fitted to the sequence, unless the user gives it."""
+    pytest.importorskip("transformers")
+    from outcore.zoo import resolve_model
+
+    spec = resolve_model("hf:reformer")
+    assert spec.example_inputs[0].shape == (2, 16)
+    assert spec.build().config.axial_pos_shape == (4, 4)
+    given = resolve_model("hf:reformer:seq=24")
+    assert given.build().config.axial_pos_shape == (4, 6)
