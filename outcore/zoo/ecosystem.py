@@ -187,19 +187,25 @@ def _tiny_sizes(base: Any, tiny: dict[str, Any], user: dict[str, Any]) -> dict[s
 def _agreeing(fields: dict[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
     """Fields of a config (``fields``: its attributes) that must agree with the tiny
     ``sizes``: the width of a head (``head_dim``, XLNet's ``d_head``: a config keeping its own
-    makes some models multiply mismatched widths), key/value heads (a config without a count
-    of its own leaves them None), an embedding as wide as the layers (SqueezeBERT), no layers
-    sharing another's cache and per-layer embeddings of the tiny vocabulary (Gemma 3n)."""
+    makes some models multiply mismatched widths; but not where it is latent attention's
+    rotary width, ``qk_rope_head_dim``, as DeepSeek's and Youtu's are), key/value heads (a
+    config without a count of its own leaves them None), experts per token where the default
+    names none, an embedding as wide as the layers (SqueezeBERT), no layers sharing another's
+    cache and per-layer embeddings of the tiny vocabulary (Gemma 3n)."""
     hidden, heads = sizes.get("hidden_size"), sizes.get("num_attention_heads")
     out: dict[str, Any] = {}
     if not isinstance(hidden, int) or not isinstance(heads, int):  # (an image model's per-stage)
         return out
     if hidden % heads == 0:
         out.update({k: hidden // heads for k in ("head_dim", "d_head") if k in fields})
+    if "qk_rope_head_dim" in fields and fields.get("head_dim") == fields["qk_rope_head_dim"]:
+        out.pop("head_dim", None)  # latent attention's: the rotary width (Youtu's rotations)
     if "num_key_value_heads" in fields:
         out["num_key_value_heads"] = heads
     if "embedding_size" in fields:
         out["embedding_size"] = hidden
+    if "num_experts_per_tok" in fields and fields["num_experts_per_tok"] is None:
+        out["num_experts_per_tok"] = 2  # a default without one routes to none (DeepSeek-V2)
     if "num_kv_shared_layers" in fields:
         out["num_kv_shared_layers"] = 0
     if "vocab_size_per_layer_input" in fields:

@@ -128,3 +128,20 @@ def test_axial_position_embeddings_cover_the_sequence():
     assert spec.build().config.axial_pos_shape == (4, 4)
     given = resolve_model("hf:reformer:seq=24")
     assert given.build().config.axial_pos_shape == (4, 6)
+
+
+@pytest.mark.parametrize("name,check", [
+    # latent attention's head width is its rotary width: Youtu rotates by it
+    ("hf:youtu", lambda c: c.head_dim == c.qk_rope_head_dim),
+    # a default that routes each token to no expert (num_experts_per_tok None)
+    ("hf:deepseek_v2", lambda c: c.num_experts_per_tok == 2),
+])
+def test_tiny_hugging_face_models_run_on_their_own_inputs(name, check):
+    pytest.importorskip("transformers")
+    from outcore.graph.capture import capture
+
+    spec, net = build_model(name, batch_size=2)
+    assert check(net.config), net.config
+    g = capture(net, spec.example_inputs)  # as training traces it (failed on the model before)
+    out = int(g.nodes_with_op("output")[0])
+    assert g.attr(int(g.predecessors(out)[0]), "shape")[:2] == list(spec.example_inputs[0].shape)
