@@ -40,7 +40,11 @@ def waiting_outputs(g: Graph, pieces: Pieces, storage_bytes: np.ndarray) -> np.n
     fixed = np.zeros(g.num_nodes, dtype=bool)  # held all step
     for op in ("param", "constant", "input"):
         fixed[g.nodes_with_op(op)] = True
-    keep = ~fixed[R] & ~fixed[U] & (storage_bytes[R] > 0)
+    # made on this rank (a tensor received from another rank and handed on by its first
+    # reader is held as received, where the simulator counts it)
+    device = pieces.device_of
+    keep = ~fixed[R] & ~fixed[U] & (storage_bytes[R] > 0) & \
+        (device[piece_of[U]] == device[Q])
     # saved in the producer's piece: by the producer itself, or by a layer reading it there
     own = g.saved_bytes.astype(np.float64)
     savers, producers = g.saved_input_pairs

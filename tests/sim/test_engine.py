@@ -511,6 +511,24 @@ def test_an_output_waiting_for_a_later_piece_of_its_rank_is_held_until_that_piec
         assert between.min() >= 1000.0, (mb, between)
 
 
+def test_a_received_tensor_handed_on_is_not_held_as_waiting():
+    """A tensor from another rank crosses once, to its first reader there, which hands it on
+    to the next: it is held as received (the simulator counts it so), not as an output of the
+    rank that made it waiting for a piece of the other rank (the LM pipeline's rank 1 was
+    predicted 32 KiB under what it measured when it was)."""
+    from outcore.plan.pieces import cut
+    from outcore.schedule.waiting import waiting_outputs
+    # 0 (rank 0) -> 1, 2 (rank 1, pieces of their own) -> 3
+    g = gbuild("relay", fwd_s=[1.0] * 4, bwd_s=[1.0] * 4, src=[0, 0, 1, 2], dst=[1, 2, 3, 3],
+               edge_bytes=[100, 100, 10, 10], out_bytes=[100, 10, 10, 10],
+               saved_bytes=[0, 0, 0, 10], ops=["linear", "relu", "relu", "add"])
+    pieces = cut(g, np.array([0, 1, 1, 1]), np.array([0, 1, 2, 2]))
+    assert [(t.src, t.dst, t.local) for t in pieces.transfers][:2] == [(0, 1, False),
+                                                                         (1, 2, True)]
+    held = waiting_outputs(g, pieces, g.out_bytes.astype(float))
+    assert held.tolist() == [0.0, 10.0, 10.0, -20.0]
+
+
 def test_a_tuple_crosses_to_another_piece_whole():
     """The executor sends a producer's value as it is: a split's three parts cross when a
     piece on another rank reads one of them (tinyvit's q, k and v: 0.72 MiB, counted 0.24)."""
