@@ -45,7 +45,7 @@ from outcore.plan.pieces import Pieces
 from outcore.schedule.backward import backward_working, pinned_gradients, requires_gradient
 from outcore.schedule.ir import ENTRY_MIN_BYTES
 from outcore.schedule.shared import shared_copies, shared_reads
-from outcore.schedule.waiting import waiting_outputs
+from outcore.schedule.waiting import input_share, saves_own_output, waiting_outputs
 from outcore.schedule.workspace import (
     broadcast_scratch,
     gather_scratch,
@@ -362,7 +362,7 @@ def _saved_received(g: Graph, piece_of: np.ndarray, rank_of_piece: np.ndarray,
     if not cross.any():
         return np.zeros(n_p)
     s, u = savers[cross], producers[cross]
-    return np.bincount(piece_of[s], weights=_input_share(g, s, u), minlength=n_p)
+    return np.bincount(piece_of[s], weights=input_share(g, s, u), minlength=n_p)
 
 
 def _resaved_held(g: Graph, pieces: Pieces, dropped: np.ndarray) -> np.ndarray:
@@ -430,18 +430,6 @@ def _transfer_bytes(g: Graph, pieces: Pieces, scale: float) -> np.ndarray:
         np.add.at(const, tid[fixed], g.out_bytes[pieces.tensor_idx[fixed]].astype(np.float64))
         const = np.minimum(const, total)
     return (total - const) * scale + const
-
-
-def _input_share(g: Graph, savers: np.ndarray, producers: np.ndarray) -> np.ndarray:
-    """Of each saver's saved bytes, those that are its input's tensor (the producer's output,
-    at most what the saver saves); none for a parameter node's, which saved bytes never count
-    (a GPT-2 stage's lm_head saving its received tied weight had 16 KiB of its own input
-    taken off)."""
-    share = np.minimum(g.out_bytes[producers], g.saved_bytes[savers]).astype(np.float64)
-    is_param = np.zeros(g.num_nodes, dtype=np.bool_)
-    is_param[g.nodes_with_op("param")] = True
-    share[is_param[producers]] = 0.0
-    return share
 
 
 def _shard(piece_of: np.ndarray, n_p: int, sharded: np.ndarray, depth: int, factor: float,
@@ -518,11 +506,7 @@ def _held_inputs(g: Graph, pieces: Pieces, pol: tuple[str, ...]) -> np.ndarray:
     # held already: by a layer without a policy that saves it (first or again), or by the
     # node that made it when that saves its output (a ReLU: what it saves beyond the inputs it
     # first saves covers its output) and is not checkpointed itself
-    savers, producers = g.saved_input_pairs
-    own = g.saved_bytes.astype(np.float64)
-    if savers.size:
-        np.subtract.at(own, savers, _input_share(g, savers, producers))
-    holds = (own >= g.out_bytes) & (g.out_bytes > 0) & ~ckpt[piece_of]
+    holds = saves_own_output(g) & ~ckpt[piece_of]
     covered = (holds[U] | holds[R]) & (device[piece_of[R]] == device[P])
     for s, u in (g.saved_input_pairs, g.resaved_input_pairs):
         plain = ~ckpt[piece_of[s]]

@@ -15,7 +15,7 @@ import numpy as np
 from outcore.graph.ir import Graph
 from outcore.plan.pieces import Pieces
 
-__all__ = ["waiting_outputs"]
+__all__ = ["input_share", "saves_own_output", "waiting_outputs"]
 
 
 def waiting_outputs(g: Graph, pieces: Pieces, storage_bytes: np.ndarray) -> np.ndarray:
@@ -46,12 +46,7 @@ def waiting_outputs(g: Graph, pieces: Pieces, storage_bytes: np.ndarray) -> np.n
     keep = ~fixed[R] & ~fixed[U] & (storage_bytes[R] > 0) & \
         (device[piece_of[U]] == device[Q])
     # saved in the producer's piece: by the producer itself, or by a layer reading it there
-    own = g.saved_bytes.astype(np.float64)
-    savers, producers = g.saved_input_pairs
-    if savers.size:
-        share = np.minimum(g.saved_bytes[savers], g.out_bytes[producers]).astype(np.float64)
-        np.subtract.at(own, savers, share)
-    holds = (own >= g.out_bytes) & (g.out_bytes > 0)
+    holds = saves_own_output(g)
     keep &= ~holds[U] & ~holds[R]
     made_in = piece_of[U]
     saved_there = np.zeros(0, np.int64)
@@ -74,3 +69,25 @@ def waiting_outputs(g: Graph, pieces: Pieces, storage_bytes: np.ndarray) -> np.n
     np.add.at(out, first, nbytes)
     np.subtract.at(out, last, nbytes)
     return out
+
+
+def input_share(g: Graph, savers: np.ndarray, producers: np.ndarray) -> np.ndarray:
+    """Of each saver's saved bytes, those that are its input's tensor (the producer's output,
+    at most what the saver saves); none for a parameter node's, which saved bytes never count
+    (a GPT-2 stage's lm_head saving its received tied weight had 16 KiB of its own input
+    taken off)."""
+    share = np.minimum(g.out_bytes[producers], g.saved_bytes[savers]).astype(np.float64)
+    is_param = np.zeros(g.num_nodes, dtype=np.bool_)
+    is_param[g.nodes_with_op("param")] = True
+    share[is_param[producers]] = 0.0
+    return share
+
+
+def saves_own_output(g: Graph) -> np.ndarray:
+    """Per node, whether what it saves beyond its inputs (:func:`input_share`) covers its own
+    output (a ReLU's): its saved bytes hold that output until its backward."""
+    own = g.saved_bytes.astype(np.float64)
+    savers, producers = g.saved_input_pairs
+    if savers.size:
+        np.subtract.at(own, savers, input_share(g, savers, producers))
+    return (own >= g.out_bytes) & (g.out_bytes > 0)
